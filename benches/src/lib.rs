@@ -1,0 +1,1 @@
+//! Shared loaders for the benches.

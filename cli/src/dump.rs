@@ -1,0 +1,772 @@
+//! Reading and writing KV dumps (safetensors files), and atomic file output.
+//!
+//! A dump holds, per layer `i`, `k.{i}` and `v.{i}` shaped `[tokens, kv_heads, head_dim]` in one
+//! float dtype (F16, BF16 or F32), optionally `q.{i}` shaped `[n_q, q_heads, head_dim]` (any of
+//! those float dtypes), and string metadata (`layers`, `kv_heads`, `q_heads`, `head_dim`,
+//! `tokens`, `q_start`, `rope_theta`, `rope_style`, `pre_rope`, `model`, ...).
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use codec_core::{Dtype, KvCache, KvMeta, KvShape, Rope, RopeStyle, Tensor};
+use half::{bf16, f16};
+use safetensors::tensor::{SafeTensors, TensorView};
+use safetensors::Dtype as StDtype;
+
+/// A KV dump loaded from a safetensors file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dump {
+    /// The K/V tensors in the file's dtype, with metadata derived from the file's metadata.
+    pub kv: KvCache,
+    /// Per layer, the queries `[n_q, q_heads, head_dim]` widened to f32 (`None` if the file has
+    /// no `q.{i}` tensors).
+    pub q: Option<Vec<Vec<f32>>>,
+    /// Query heads (the `q` tensors' second dimension; without queries, the `q_heads` metadata,
+    /// else `kv_heads`).
+    pub q_heads: usize,
+    /// Token position (index into the cache) of the first query.
+    pub q_start: u64,
+    /// All of the file's metadata, unchanged.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Dump {
+    /// Number of queries per layer (0 without queries).
+    pub fn n_q(&self) -> usize {
+        match &self.q {
+            Some(q) if !q.is_empty() => {
+                let row = self.q_heads * self.kv.shape.head_dim as usize;
+                if row == 0 {
+                    0
+                } else {
+                    q[0].len() / row
+                }
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Why a dump could not be read or written.
+#[derive(Debug)]
+pub enum DumpError {
+    /// An I/O operation on `path` failed.
+    Io {
+        /// The file (or directory) concerned.
+        path: PathBuf,
+        /// What was being done ("read", "create temporary file", ...).
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The file is not a valid safetensors file.
+    NotSafetensors {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// A required tensor is absent.
+    MissingTensor {
+        /// Name of the tensor.
+        name: String,
+    },
+    /// A tensor has an unsupported element type, or a different one from its siblings.
+    WrongDtype {
+        /// Name of the tensor.
+        name: String,
+        /// Its dtype (safetensors spelling).
+        dtype: String,
+        /// What was expected ("F16, BF16 or F32", or the dtype of `k.0`).
+        expected: String,
+    },
+    /// A tensor has the wrong shape.
+    WrongShape {
+        /// Name of the tensor.
+        name: String,
+        /// Its shape.
+        got: Vec<usize>,
+        /// The expected shape (`0` where any value would be accepted).
+        expected: Vec<usize>,
+    },
+    /// A metadata value is malformed or disagrees with the tensors.
+    InconsistentMetadata {
+        /// The metadata key.
+        key: String,
+        /// Its value in the file.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The dump has no `k.0` tensor.
+    NoLayers,
+    /// The tensors have zero tokens (or zero heads or head dimension).
+    Empty {
+        /// Which dimension is zero ("tokens", "kv_heads", "head_dim").
+        dim: &'static str,
+    },
+    /// A dimension does not fit the codec's 32-bit limits.
+    TooLarge {
+        /// Which dimension.
+        dim: &'static str,
+        /// Its value.
+        value: usize,
+    },
+    /// A cache handed to [`write_dump`] is internally inconsistent.
+    InvalidCache {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The safetensors serializer failed.
+    Serialize {
+        /// The serializer's complaint.
+        reason: String,
+    },
+}
+
+impl fmt::Display for DumpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DumpError::Io { path, op, source } => {
+                write!(f, "{}: {op} failed: {source}", path.display())
+            }
+            DumpError::NotSafetensors { path, reason } => {
+                write!(f, "{}: not a valid safetensors file: {reason}", path.display())
+            }
+            DumpError::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
+            DumpError::WrongDtype {
+                name,
+                dtype,
+                expected,
+            } => write!(f, "tensor `{name}` has dtype {dtype}, expected {expected}"),
+            DumpError::WrongShape {
+                name,
+                got,
+                expected,
+            } => write!(
+                f,
+                "tensor `{name}` has shape {got:?}, expected {expected:?} (0 = any)"
+            ),
+            DumpError::InconsistentMetadata { key, value, reason } => {
+                write!(f, "metadata `{key}` = {value:?}: {reason}")
+            }
+            DumpError::NoLayers => write!(f, "no layers: tensor `k.0` not found"),
+            DumpError::Empty { dim } => write!(f, "the dump has zero {dim}"),
+            DumpError::TooLarge { dim, value } => {
+                write!(f, "{dim} = {value} exceeds the supported maximum {}", u32::MAX)
+            }
+            DumpError::InvalidCache { reason } => write!(f, "invalid KV cache: {reason}"),
+            DumpError::Serialize { reason } => write!(f, "safetensors serialization failed: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for DumpError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DumpError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+fn io_err(path: &Path, op: &'static str, source: io::Error) -> DumpError {
+    DumpError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
+}
+
+fn codec_dtype(d: StDtype) -> Option<Dtype> {
+    match d {
+        StDtype::F16 => Some(Dtype::F16),
+        StDtype::BF16 => Some(Dtype::Bf16),
+        StDtype::F32 => Some(Dtype::F32),
+        _ => None,
+    }
+}
+
+fn st_dtype(d: Dtype) -> StDtype {
+    match d {
+        Dtype::F16 => StDtype::F16,
+        Dtype::Bf16 => StDtype::BF16,
+        Dtype::F32 => StDtype::F32,
+    }
+}
+
+/// Decodes little-endian bytes (whose length the parser has checked) into a tensor.
+fn tensor_from_le(dtype: Dtype, bytes: &[u8]) -> Tensor {
+    match dtype {
+        Dtype::F16 => Tensor::F16(
+            bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        Dtype::Bf16 => Tensor::Bf16(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        Dtype::F32 => Tensor::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+    }
+}
+
+fn tensor_to_le(t: &Tensor) -> Vec<u8> {
+    match t {
+        Tensor::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Tensor::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Tensor::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// Parses metadata `key` as a `T`, if present.
+fn parse_meta<T: std::str::FromStr>(
+    md: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<T>, DumpError> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|_| DumpError::InconsistentMetadata {
+                key: key.to_string(),
+                value: v.clone(),
+                reason: format!("not a valid {}", std::any::type_name::<T>()),
+            }),
+    }
+}
+
+/// Checks that metadata `key`, if present, equals `actual`.
+fn check_meta_usize(
+    md: &BTreeMap<String, String>,
+    key: &str,
+    actual: usize,
+    what: &str,
+) -> Result<(), DumpError> {
+    if let Some(v) = parse_meta::<usize>(md, key)? {
+        if v != actual {
+            return Err(DumpError::InconsistentMetadata {
+                key: key.to_string(),
+                value: md[key].clone(),
+                reason: format!("the tensors have {actual} {what}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The rotary style named by a `rope_style` metadata value.
+pub fn parse_rope_style(s: &str) -> RopeStyle {
+    let s = s.trim().to_ascii_lowercase();
+    if s.starts_with("rotate_half") || s.contains("neox") {
+        RopeStyle::NeoX
+    } else if s.contains("interleave") || s.contains("gptj") || s.contains("gpt-j") {
+        RopeStyle::GptJ
+    } else {
+        RopeStyle::None
+    }
+}
+
+fn rope_style_name(s: RopeStyle) -> &'static str {
+    match s {
+        RopeStyle::NeoX => "rotate_half",
+        RopeStyle::GptJ => "interleaved",
+        RopeStyle::None => "none",
+    }
+}
+
+/// Derives the stream metadata from the file's metadata.
+fn kv_meta(md: &BTreeMap<String, String>) -> Result<KvMeta, DumpError> {
+    let theta = parse_meta::<f32>(md, "rope_theta")?.unwrap_or(10000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(DumpError::InconsistentMetadata {
+            key: "rope_theta".into(),
+            value: md["rope_theta"].clone(),
+            reason: "must be a positive finite number".into(),
+        });
+    }
+    let scaling = parse_meta::<f32>(md, "rope_scaling")?.unwrap_or(1.0);
+    if !(scaling.is_finite() && scaling > 0.0) {
+        return Err(DumpError::InconsistentMetadata {
+            key: "rope_scaling".into(),
+            value: md["rope_scaling"].clone(),
+            reason: "must be a positive finite number".into(),
+        });
+    }
+    let style = md
+        .get("rope_style")
+        .map(|s| parse_rope_style(s))
+        .unwrap_or(RopeStyle::None);
+    let k_pre_rope = md.get("pre_rope").is_some_and(|s| s.trim() == "1");
+    let first_position = parse_meta::<u64>(md, "first_position")?.unwrap_or(0);
+    Ok(KvMeta {
+        model_id: md.get("model").cloned().unwrap_or_default(),
+        rope: Rope {
+            theta,
+            style,
+            scaling,
+            k_pre_rope,
+        },
+        first_position,
+    })
+}
+
+fn to_u32(dim: &'static str, value: usize) -> Result<u32, DumpError> {
+    u32::try_from(value).map_err(|_| DumpError::TooLarge { dim, value })
+}
+
+/// Reads a KV dump from a safetensors file (see the module documentation for the layout).
+pub fn load_dump(path: &Path) -> Result<Dump, DumpError> {
+    let bytes = fs::read(path).map_err(|e| io_err(path, "read", e))?;
+    parse_dump(path, &bytes)
+}
+
+/// Parses a KV dump from the bytes of a safetensors file (`path` is used in errors only).
+pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
+    let not_st = |e: safetensors::SafeTensorError| DumpError::NotSafetensors {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(not_st)?;
+    let st = SafeTensors::deserialize(bytes).map_err(not_st)?;
+    let metadata: BTreeMap<String, String> = header
+        .metadata()
+        .as_ref()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let views: HashMap<String, TensorView<'_>> = st.tensors().into_iter().collect();
+
+    // Layers: consecutive k.0, k.1, ...
+    let mut layers = 0usize;
+    while views.contains_key(&format!("k.{layers}")) {
+        layers += 1;
+    }
+    // A stray k.N beyond the run means k.{layers} is missing.
+    let stray = views.keys().any(|n| {
+        n.strip_prefix("k.")
+            .and_then(|s| s.parse::<usize>().ok())
+            .is_some_and(|i| i >= layers)
+    });
+    if let Some(md_layers) = parse_meta::<usize>(&metadata, "layers")? {
+        if md_layers > layers {
+            return Err(DumpError::MissingTensor {
+                name: format!("k.{layers}"),
+            });
+        }
+        if md_layers < layers {
+            return Err(DumpError::InconsistentMetadata {
+                key: "layers".into(),
+                value: metadata["layers"].clone(),
+                reason: format!("the file has {layers} layers (k.0..k.{})", layers - 1),
+            });
+        }
+    }
+    if stray {
+        if layers == 0 {
+            return Err(DumpError::MissingTensor { name: "k.0".into() });
+        }
+        return Err(DumpError::MissingTensor {
+            name: format!("k.{layers}"),
+        });
+    }
+    if layers == 0 {
+        return Err(DumpError::NoLayers);
+    }
+
+    let get = |name: &str| {
+        views.get(name).ok_or_else(|| DumpError::MissingTensor {
+            name: name.to_string(),
+        })
+    };
+
+    // Dtype and shape from k.0.
+    let k0 = get("k.0")?;
+    let dtype = codec_dtype(k0.dtype()).ok_or_else(|| DumpError::WrongDtype {
+        name: "k.0".into(),
+        dtype: k0.dtype().to_string(),
+        expected: "F16, BF16 or F32".into(),
+    })?;
+    let shape = k0.shape().to_vec();
+    if shape.len() != 3 {
+        return Err(DumpError::WrongShape {
+            name: "k.0".into(),
+            got: shape,
+            expected: vec![0, 0, 0],
+        });
+    }
+    let (tokens, kv_heads, head_dim) = (shape[0], shape[1], shape[2]);
+    for (dim, v) in [
+        ("tokens", tokens),
+        ("kv_heads", kv_heads),
+        ("head_dim", head_dim),
+    ] {
+        if v == 0 {
+            return Err(DumpError::Empty { dim });
+        }
+    }
+    check_meta_usize(&metadata, "tokens", tokens, "tokens")?;
+    check_meta_usize(&metadata, "kv_heads", kv_heads, "KV heads")?;
+    check_meta_usize(&metadata, "head_dim", head_dim, "as head dimension")?;
+    let kv_shape = KvShape {
+        layers: to_u32("layers", layers)?,
+        kv_heads: to_u32("kv_heads", kv_heads)?,
+        head_dim: to_u32("head_dim", head_dim)?,
+        tokens: to_u32("tokens", tokens)?,
+    };
+
+    let mut k = Vec::with_capacity(layers);
+    let mut v = Vec::with_capacity(layers);
+    for i in 0..layers {
+        for (kind, out) in [("k", &mut k), ("v", &mut v)] {
+            let name = format!("{kind}.{i}");
+            let t = get(&name)?;
+            if t.dtype() != k0.dtype() {
+                let expected = if codec_dtype(t.dtype()).is_some() {
+                    format!("{} (the dtype of k.0)", k0.dtype())
+                } else {
+                    "F16, BF16 or F32".to_string()
+                };
+                return Err(DumpError::WrongDtype {
+                    name,
+                    dtype: t.dtype().to_string(),
+                    expected,
+                });
+            }
+            if t.shape() != shape.as_slice() {
+                return Err(DumpError::WrongShape {
+                    name,
+                    got: t.shape().to_vec(),
+                    expected: shape.clone(),
+                });
+            }
+            out.push(tensor_from_le(dtype, t.data()));
+        }
+    }
+
+    // Queries: all layers or none.
+    let md_q_heads = parse_meta::<usize>(&metadata, "q_heads")?;
+    let md_q_start = parse_meta::<u64>(&metadata, "q_start")?;
+    let any_q = views.keys().any(|n| {
+        n.strip_prefix("q.")
+            .is_some_and(|s| s.parse::<usize>().is_ok())
+    });
+    let (q, q_heads, q_start) = if any_q {
+        let mut qs = Vec::with_capacity(layers);
+        let mut q_shape: Option<Vec<usize>> = None;
+        for i in 0..layers {
+            let name = format!("q.{i}");
+            let t = get(&name)?;
+            let qd = codec_dtype(t.dtype()).ok_or_else(|| DumpError::WrongDtype {
+                name: name.clone(),
+                dtype: t.dtype().to_string(),
+                expected: "F16, BF16 or F32".into(),
+            })?;
+            let s = t.shape();
+            match &q_shape {
+                None => {
+                    if s.len() != 3 || s[2] != head_dim || s[0] == 0 || s[1] == 0 {
+                        return Err(DumpError::WrongShape {
+                            name,
+                            got: s.to_vec(),
+                            expected: vec![0, 0, head_dim],
+                        });
+                    }
+                    q_shape = Some(s.to_vec());
+                }
+                Some(expected) => {
+                    if s != expected.as_slice() {
+                        return Err(DumpError::WrongShape {
+                            name,
+                            got: s.to_vec(),
+                            expected: expected.clone(),
+                        });
+                    }
+                }
+            }
+            qs.push(tensor_from_le(qd, t.data()).to_f32_vec());
+        }
+        let qsh = q_shape.unwrap_or_default();
+        let (n_q, q_heads) = (qsh[0], qsh[1]);
+        check_meta_usize(&metadata, "q_heads", q_heads, "query heads in q.0")?;
+        if q_heads % kv_heads != 0 {
+            return Err(DumpError::WrongShape {
+                name: "q.0".into(),
+                got: qsh.clone(),
+                expected: vec![n_q, kv_heads * q_heads.div_ceil(kv_heads), head_dim],
+            });
+        }
+        let q_start = md_q_start.unwrap_or((tokens - n_q.min(tokens)) as u64);
+        if q_start + n_q as u64 > tokens as u64 {
+            return Err(DumpError::InconsistentMetadata {
+                key: "q_start".into(),
+                value: metadata
+                    .get("q_start")
+                    .cloned()
+                    .unwrap_or_else(|| "(absent)".into()),
+                reason: format!(
+                    "{n_q} queries from position {q_start} run past the {tokens} tokens"
+                ),
+            });
+        }
+        (Some(qs), q_heads, q_start)
+    } else {
+        let q_heads = md_q_heads.unwrap_or(kv_heads);
+        (None, q_heads, md_q_start.unwrap_or(0))
+    };
+
+    let meta = kv_meta(&metadata)?;
+    Ok(Dump {
+        kv: KvCache {
+            shape: kv_shape,
+            k,
+            v,
+            meta,
+        },
+        q,
+        q_heads,
+        q_start,
+        metadata,
+    })
+}
+
+/// Validates a cache before writing it.
+fn check_cache(kv: &KvCache) -> Result<(), DumpError> {
+    let s = kv.shape;
+    let bad = |reason: String| Err(DumpError::InvalidCache { reason });
+    if s.layers == 0 {
+        return Err(DumpError::NoLayers);
+    }
+    if s.tokens == 0 {
+        return Err(DumpError::Empty { dim: "tokens" });
+    }
+    if s.kv_heads == 0 {
+        return Err(DumpError::Empty { dim: "kv_heads" });
+    }
+    if s.head_dim == 0 {
+        return Err(DumpError::Empty { dim: "head_dim" });
+    }
+    if kv.k.len() != s.layers as usize || kv.v.len() != s.layers as usize {
+        return bad(format!(
+            "shape says {} layers but there are {} K and {} V tensors",
+            s.layers,
+            kv.k.len(),
+            kv.v.len()
+        ));
+    }
+    let dtype = kv.dtype();
+    let n = s.tensor_len();
+    for (kind, ts) in [("k", &kv.k), ("v", &kv.v)] {
+        for (i, t) in ts.iter().enumerate() {
+            if t.dtype() != dtype {
+                return bad(format!(
+                    "{kind}.{i} is {} but k.0 is {}",
+                    t.dtype().name(),
+                    dtype.name()
+                ));
+            }
+            if t.len() != n {
+                return bad(format!(
+                    "{kind}.{i} has {} elements, the shape needs {n}",
+                    t.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The metadata [`write_dump`] stores: `metadata`, with the dimensions set from `kv`, and the
+/// keys [`load_dump`] derives `kv.meta` from overwritten where they would not reproduce it.
+fn output_metadata(kv: &KvCache, metadata: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut md = metadata.clone();
+    let s = kv.shape;
+    md.insert("layers".into(), s.layers.to_string());
+    md.insert("kv_heads".into(), s.kv_heads.to_string());
+    md.insert("head_dim".into(), s.head_dim.to_string());
+    md.insert("tokens".into(), s.tokens.to_string());
+
+    let meta = &kv.meta;
+    let current = kv_meta(&md).ok();
+    let cur = current.as_ref();
+    if cur.map(|m| &m.model_id) != Some(&meta.model_id) {
+        if meta.model_id.is_empty() {
+            md.remove("model");
+        } else {
+            md.insert("model".into(), meta.model_id.clone());
+        }
+    }
+    if cur.map(|m| m.rope.theta) != Some(meta.rope.theta) {
+        md.insert("rope_theta".into(), format!("{:?}", meta.rope.theta));
+    }
+    if cur.map(|m| m.rope.scaling) != Some(meta.rope.scaling) {
+        md.insert("rope_scaling".into(), format!("{:?}", meta.rope.scaling));
+    }
+    if cur.map(|m| m.rope.style) != Some(meta.rope.style) {
+        md.insert(
+            "rope_style".into(),
+            rope_style_name(meta.rope.style).to_string(),
+        );
+    }
+    if cur.map(|m| m.rope.k_pre_rope) != Some(meta.rope.k_pre_rope) {
+        md.insert(
+            "pre_rope".into(),
+            if meta.rope.k_pre_rope { "1" } else { "0" }.into(),
+        );
+    }
+    if cur.map(|m| m.first_position) != Some(meta.first_position) {
+        md.insert("first_position".into(), meta.first_position.to_string());
+    }
+    md
+}
+
+/// Writes `kv` as a dump (`k.{i}`, `v.{i}` in the cache's dtype) with `metadata` (normally the
+/// original file's), atomically: the file appears complete or not at all.
+///
+/// `layers`, `kv_heads`, `head_dim` and `tokens` are set from the cache. The keys `model`,
+/// `rope_theta`, `rope_scaling`, `rope_style`, `pre_rope` and `first_position` are kept as given
+/// when they already describe `kv.meta`, and overwritten otherwise, so that [`load_dump`] of the
+/// written file returns a cache equal to `kv`. Queries are not written.
+pub fn write_dump(
+    path: &Path,
+    kv: &KvCache,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), DumpError> {
+    check_cache(kv)?;
+    let s = kv.shape;
+    let shape = vec![s.tokens as usize, s.kv_heads as usize, s.head_dim as usize];
+    let dtype = st_dtype(kv.dtype());
+    let mut data: Vec<(String, Vec<u8>)> = Vec::with_capacity(2 * s.layers as usize);
+    for i in 0..s.layers as usize {
+        data.push((format!("k.{i}"), tensor_to_le(&kv.k[i])));
+        data.push((format!("v.{i}"), tensor_to_le(&kv.v[i])));
+    }
+    let mut views = Vec::with_capacity(data.len());
+    for (name, bytes) in &data {
+        let view = TensorView::new(dtype, shape.clone(), bytes).map_err(|e| {
+            DumpError::Serialize {
+                reason: e.to_string(),
+            }
+        })?;
+        views.push((name.as_str(), view));
+    }
+    let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();
+    let bytes = safetensors::serialize(views, Some(md)).map_err(|e| DumpError::Serialize {
+        reason: e.to_string(),
+    })?;
+    drop(data);
+    write_file_atomic(path, &bytes)
+}
+
+/// Removes the temporary file on drop unless disarmed.
+struct TempGuard {
+    path: Option<PathBuf>,
+}
+
+impl Drop for TempGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.path.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `bytes` to `path` atomically: into a new temporary file in the same directory, flushed
+/// to disk, then renamed over `path`. On any error the temporary file is removed and `path` is
+/// left as it was.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<(), DumpError> {
+    let file_name = path.file_name().ok_or_else(|| DumpError::Io {
+        path: path.to_path_buf(),
+        op: "write",
+        source: io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"),
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // Find a fresh temporary name (create_new never clobbers anything).
+    let (tmp, mut file) = loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut name = std::ffi::OsString::from(".");
+        name.push(file_name);
+        name.push(format!(".tmp-{}-{n}", std::process::id()));
+        let tmp = dir.join(name);
+        match File::options().write(true).create_new(true).open(&tmp) {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < u64::MAX => continue,
+            Err(e) => return Err(io_err(&tmp, "create temporary file", e)),
+        }
+    };
+    let mut guard = TempGuard {
+        path: Some(tmp.clone()),
+    };
+    file.write_all(bytes)
+        .map_err(|e| io_err(&tmp, "write", e))?;
+    file.sync_all().map_err(|e| io_err(&tmp, "sync", e))?;
+    drop(file);
+    fs::rename(&tmp, path).map_err(|e| io_err(path, "rename temporary file onto", e))?;
+    guard.path = None;
+    // Make the rename durable where the platform allows; failure here loses nothing written.
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_style_names() {
+        assert_eq!(parse_rope_style("rotate_half: j pairs"), RopeStyle::NeoX);
+        assert_eq!(parse_rope_style("GPT-NeoX"), RopeStyle::NeoX);
+        assert_eq!(parse_rope_style("interleaved"), RopeStyle::GptJ);
+        assert_eq!(parse_rope_style("gptj"), RopeStyle::GptJ);
+        assert_eq!(parse_rope_style("whatever"), RopeStyle::None);
+        for s in [RopeStyle::NeoX, RopeStyle::GptJ, RopeStyle::None] {
+            assert_eq!(parse_rope_style(rope_style_name(s)), s);
+        }
+    }
+
+    #[test]
+    fn le_roundtrip_all_dtypes() {
+        let vals = [0.0f32, -1.5, 3.25, 1e-3, -65504.0];
+        for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
+            let mut t = Tensor::zeros(dtype, vals.len());
+            t.as_mut().write_f32(0, &vals);
+            let back = tensor_from_le(dtype, &tensor_to_le(&t));
+            assert_eq!(back, t, "{dtype:?}");
+        }
+        // Byte order is little-endian.
+        let t = Tensor::F32(vec![1.0]);
+        assert_eq!(tensor_to_le(&t), 1.0f32.to_le_bytes().to_vec());
+    }
+
+    #[test]
+    fn atomic_write_replaces_existing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.bin");
+        fs::write(&p, b"old").unwrap();
+        write_file_atomic(&p, b"new contents").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"new contents");
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+}

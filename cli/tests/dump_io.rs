@@ -1,0 +1,394 @@
+//! Loading and writing KV dumps: round trips on the shipped sample and every error path.
+
+#[path = "../src/dump.rs"]
+mod dump;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use codec_core::{Dtype, RopeStyle, Tensor};
+use dump::{load_dump, write_dump, write_file_atomic, DumpError};
+use safetensors::tensor::{SafeTensors, TensorView};
+use safetensors::Dtype as StDtype;
+
+fn sample() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors")
+}
+
+/// The sample's tensors and metadata, for building modified files.
+struct Raw {
+    tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)>,
+    metadata: HashMap<String, String>,
+}
+
+impl Raw {
+    fn sample() -> Raw {
+        let bytes = fs::read(sample()).unwrap();
+        let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let tensors = st
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+            .collect();
+        Raw {
+            tensors,
+            metadata: header.metadata().clone().unwrap(),
+        }
+    }
+    fn remove(&mut self, name: &str) {
+        let before = self.tensors.len();
+        self.tensors.retain(|t| t.0 != name);
+        assert_eq!(self.tensors.len() + 1, before, "no tensor {name}");
+    }
+    fn set(&mut self, name: &str, dtype: StDtype, shape: Vec<usize>, data: Vec<u8>) {
+        self.tensors.retain(|t| t.0 != name);
+        self.tensors.push((name.to_string(), dtype, shape, data));
+    }
+    fn write(&self, path: &Path) {
+        let views: Vec<(String, TensorView<'_>)> = self
+            .tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        let bytes = safetensors::serialize(views, Some(self.metadata.clone())).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+    fn load(&self) -> Result<dump::Dump, DumpError> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.safetensors");
+        self.write(&p);
+        load_dump(&p)
+    }
+}
+
+#[test]
+fn loads_sample() {
+    let d = load_dump(&sample()).unwrap();
+    let s = d.kv.shape;
+    assert_eq!((s.layers, s.kv_heads, s.head_dim, s.tokens), (30, 3, 64, 512));
+    assert_eq!(d.kv.dtype(), Dtype::F16);
+    assert_eq!(d.kv.k.len(), 30);
+    assert!(d.kv.k.iter().chain(&d.kv.v).all(|t| t.len() == 512 * 3 * 64));
+    assert_eq!(d.q_heads, 9);
+    assert_eq!(d.q_start, 448);
+    assert_eq!(d.n_q(), 64);
+    let q = d.q.as_ref().unwrap();
+    assert_eq!(q.len(), 30);
+    assert!(q.iter().all(|l| l.len() == 64 * 9 * 64));
+    assert_eq!(d.kv.meta.rope.theta, 100000.0);
+    assert_eq!(d.kv.meta.rope.style, RopeStyle::NeoX);
+    assert_eq!(d.kv.meta.rope.scaling, 1.0);
+    assert!(!d.kv.meta.rope.k_pre_rope);
+    assert_eq!(d.kv.meta.first_position, 0);
+    assert!(d.kv.meta.model_id.starts_with("SmolLM2-135M-Instruct"));
+    assert_eq!(d.metadata["text"], "/usr/share/common-licenses/GPL-3");
+
+    // Values agree with the raw little-endian bytes (spot checks), and are finite.
+    let raw = Raw::sample();
+    let (_, _, _, v7) = raw.tensors.iter().find(|t| t.0 == "v.7").unwrap();
+    let Tensor::F16(v) = &d.kv.v[7] else {
+        panic!("not f16")
+    };
+    for i in [0usize, 1, 1000, v.len() - 1] {
+        let want = half::f16::from_bits(u16::from_le_bytes([v7[2 * i], v7[2 * i + 1]]));
+        assert_eq!(v[i].to_bits(), want.to_bits(), "v.7[{i}]");
+    }
+    assert!(d.kv.k[0].to_f32_vec().iter().all(|x| x.is_finite()));
+    assert!(d.kv.k[0].to_f32_vec().iter().any(|x| *x != 0.0));
+}
+
+#[test]
+fn roundtrip_preserves_cache_and_metadata() {
+    let d = load_dump(&sample()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rt.safetensors");
+    write_dump(&out, &d.kv, &d.metadata).unwrap();
+    let e = load_dump(&out).unwrap();
+    assert_eq!(e.kv, d.kv);
+    assert_eq!(e.metadata, d.metadata);
+    assert!(e.q.is_none(), "queries are not written");
+    assert_eq!(e.q_heads, 9);
+    // Only the output file is in the directory (no temporary left over).
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn roundtrip_other_dtypes_and_changed_meta() {
+    let d = load_dump(&sample()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [Dtype::Bf16, Dtype::F32] {
+        let mut kv = d.kv.clone();
+        for t in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            let f = t.to_f32_vec();
+            let mut n = Tensor::zeros(dtype, f.len());
+            n.as_mut().write_f32(0, &f);
+            *t = n;
+        }
+        kv.meta.first_position = 1000;
+        kv.meta.rope.style = RopeStyle::GptJ;
+        kv.meta.rope.theta = 5e5;
+        kv.meta.rope.k_pre_rope = true;
+        kv.meta.model_id = "other".into();
+        let out = dir.path().join(format!("{dtype:?}.safetensors"));
+        // Empty metadata: write_dump adds what is needed to reproduce the cache.
+        write_dump(&out, &kv, &BTreeMap::new()).unwrap();
+        let e = load_dump(&out).unwrap();
+        assert_eq!(e.kv.dtype(), dtype);
+        assert_eq!(e.kv, kv);
+        assert_eq!(e.metadata["tokens"], "512");
+        assert_eq!(e.metadata["layers"], "30");
+        // With the original metadata, stale keys are overwritten.
+        write_dump(&out, &kv, &d.metadata).unwrap();
+        let e = load_dump(&out).unwrap();
+        assert_eq!(e.kv, kv);
+        assert_eq!(e.metadata["text"], d.metadata["text"]);
+    }
+}
+
+#[test]
+fn missing_file_is_io_error_with_path() {
+    let p = Path::new("/nonexistent/dir/none.safetensors");
+    match load_dump(p) {
+        Err(DumpError::Io { path, .. }) => assert_eq!(path, p),
+        other => panic!("expected Io, got {other:?}"),
+    }
+    let msg = load_dump(p).unwrap_err().to_string();
+    assert!(msg.contains("none.safetensors"), "{msg}");
+}
+
+#[test]
+fn truncated_or_garbage_is_not_safetensors() {
+    let bytes = fs::read(sample()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("trunc.safetensors");
+    for cut in [bytes.len() - 1, bytes.len() / 2, 100, 4, 0] {
+        fs::write(&p, &bytes[..cut]).unwrap();
+        match load_dump(&p) {
+            Err(DumpError::NotSafetensors { path, .. }) => assert_eq!(path, p),
+            other => panic!("cut {cut}: expected NotSafetensors, got {other:?}"),
+        }
+    }
+    fs::write(&p, b"this is plainly not a safetensors file at all").unwrap();
+    assert!(matches!(
+        load_dump(&p),
+        Err(DumpError::NotSafetensors { .. })
+    ));
+}
+
+#[test]
+fn missing_v3_is_missing_tensor() {
+    let mut raw = Raw::sample();
+    raw.remove("v.3");
+    match raw.load() {
+        Err(DumpError::MissingTensor { name }) => assert_eq!(name, "v.3"),
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+}
+
+#[test]
+fn missing_last_k_or_query_is_missing_tensor() {
+    // Metadata says 30 layers, k.29 absent.
+    let mut raw = Raw::sample();
+    raw.remove("k.29");
+    match raw.load() {
+        Err(DumpError::MissingTensor { name }) => assert_eq!(name, "k.29"),
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+    // A gap in the k run without layer metadata.
+    let mut raw = Raw::sample();
+    raw.metadata.remove("layers");
+    raw.remove("k.4");
+    match raw.load() {
+        Err(DumpError::MissingTensor { name }) => assert_eq!(name, "k.4"),
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+    // Queries present for some layers only.
+    let mut raw = Raw::sample();
+    raw.remove("q.12");
+    match raw.load() {
+        Err(DumpError::MissingTensor { name }) => assert_eq!(name, "q.12"),
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+}
+
+#[test]
+fn no_queries_is_fine() {
+    let mut raw = Raw::sample();
+    for i in 0..30 {
+        raw.remove(&format!("q.{i}"));
+    }
+    let d = raw.load().unwrap();
+    assert!(d.q.is_none());
+    assert_eq!(d.n_q(), 0);
+    assert_eq!(d.q_heads, 9);
+}
+
+#[test]
+fn wrong_dtype() {
+    // An integer K tensor.
+    let mut raw = Raw::sample();
+    raw.set("k.2", StDtype::I16, vec![512, 3, 64], vec![0; 512 * 3 * 64 * 2]);
+    match raw.load() {
+        Err(DumpError::WrongDtype { name, dtype, .. }) => {
+            assert_eq!(name, "k.2");
+            assert_eq!(dtype, "I16");
+        }
+        other => panic!("expected WrongDtype, got {other:?}"),
+    }
+    // A float dtype differing from k.0.
+    let mut raw = Raw::sample();
+    raw.set("v.5", StDtype::F32, vec![512, 3, 64], vec![0; 512 * 3 * 64 * 4]);
+    match raw.load() {
+        Err(DumpError::WrongDtype { name, dtype, .. }) => {
+            assert_eq!(name, "v.5");
+            assert_eq!(dtype, "F32");
+        }
+        other => panic!("expected WrongDtype, got {other:?}"),
+    }
+    // F64 everywhere: rejected at k.0.
+    let mut raw = Raw::sample();
+    raw.set("k.0", StDtype::F64, vec![512, 3, 64], vec![0; 512 * 3 * 64 * 8]);
+    assert!(matches!(raw.load(), Err(DumpError::WrongDtype { name, .. }) if name == "k.0"));
+    // Queries of an integer type.
+    let mut raw = Raw::sample();
+    raw.set("q.0", StDtype::U8, vec![64, 9, 64], vec![0; 64 * 9 * 64]);
+    assert!(matches!(raw.load(), Err(DumpError::WrongDtype { name, .. }) if name == "q.0"));
+}
+
+#[test]
+fn wrong_shape() {
+    let mut raw = Raw::sample();
+    raw.set("v.1", StDtype::F16, vec![512, 3, 63], vec![0; 512 * 3 * 63 * 2]);
+    match raw.load() {
+        Err(DumpError::WrongShape {
+            name,
+            got,
+            expected,
+        }) => {
+            assert_eq!(name, "v.1");
+            assert_eq!(got, vec![512, 3, 63]);
+            assert_eq!(expected, vec![512, 3, 64]);
+        }
+        other => panic!("expected WrongShape, got {other:?}"),
+    }
+    // Two-dimensional k.0.
+    let mut raw = Raw::sample();
+    raw.set("k.0", StDtype::F16, vec![512, 192], vec![0; 512 * 192 * 2]);
+    assert!(matches!(raw.load(), Err(DumpError::WrongShape { name, .. }) if name == "k.0"));
+    // Queries with the wrong head dimension.
+    let mut raw = Raw::sample();
+    raw.set("q.3", StDtype::F16, vec![64, 9, 32], vec![0; 64 * 9 * 32 * 2]);
+    assert!(matches!(raw.load(), Err(DumpError::WrongShape { name, .. }) if name == "q.3"));
+}
+
+#[test]
+fn inconsistent_metadata() {
+    for (key, value) in [
+        ("tokens", "511"),
+        ("kv_heads", "4"),
+        ("head_dim", "128"),
+        ("q_heads", "12"),
+        ("layers", "29"),
+        ("tokens", "many"),
+        ("rope_theta", "-1"),
+        ("q_start", "460"),
+    ] {
+        let mut raw = Raw::sample();
+        raw.metadata.insert(key.into(), value.into());
+        match raw.load() {
+            Err(DumpError::InconsistentMetadata { key: k, value: v, .. }) => {
+                assert_eq!((k.as_str(), v.as_str()), (key, value));
+            }
+            other => panic!("{key}={value}: expected InconsistentMetadata, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn zero_layers_or_tokens() {
+    // Only queries, no metadata: no layers.
+    let mut raw = Raw::sample();
+    raw.tensors.retain(|t| t.0.starts_with("q."));
+    raw.metadata.clear();
+    assert!(matches!(raw.load(), Err(DumpError::NoLayers)));
+    // Zero tokens.
+    let raw = Raw {
+        tensors: vec![
+            ("k.0".into(), StDtype::F16, vec![0, 3, 64], vec![]),
+            ("v.0".into(), StDtype::F16, vec![0, 3, 64], vec![]),
+        ],
+        metadata: HashMap::new(),
+    };
+    assert!(matches!(
+        raw.load(),
+        Err(DumpError::Empty { dim: "tokens" })
+    ));
+}
+
+#[test]
+fn failed_write_leaves_nothing() {
+    let d = load_dump(&sample()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    // The target is an existing (non-empty) directory: the final rename fails.
+    let target = dir.path().join("out.safetensors");
+    fs::create_dir(&target).unwrap();
+    fs::write(target.join("keep"), b"x").unwrap();
+    let err = write_dump(&target, &d.kv, &d.metadata).unwrap_err();
+    assert!(matches!(err, DumpError::Io { .. }), "{err:?}");
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("out.safetensors")]);
+    assert!(target.is_dir());
+    let err = write_file_atomic(&target, b"bytes").unwrap_err();
+    assert!(matches!(err, DumpError::Io { .. }), "{err:?}");
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // The directory does not exist.
+    let missing = dir.path().join("no/such/dir/out.safetensors");
+    assert!(matches!(
+        write_dump(&missing, &d.kv, &d.metadata),
+        Err(DumpError::Io { .. })
+    ));
+    assert!(!dir.path().join("no").exists());
+
+    // An inconsistent cache is refused before anything is created.
+    let mut kv = d.kv.clone();
+    kv.v.pop();
+    let out = dir.path().join("bad.safetensors");
+    assert!(matches!(
+        write_dump(&out, &kv, &d.metadata),
+        Err(DumpError::InvalidCache { .. })
+    ));
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // An existing file survives a failed replacement untouched.
+    let keep = dir.path().join("keep.bin");
+    fs::write(&keep, b"original").unwrap();
+    assert!(write_dump(&keep, &kv, &d.metadata).is_err());
+    assert_eq!(fs::read(&keep).unwrap(), b"original");
+}
+
+#[test]
+fn error_messages_name_the_problem() {
+    let e = DumpError::WrongShape {
+        name: "v.1".into(),
+        got: vec![1, 2, 3],
+        expected: vec![1, 2, 4],
+    };
+    let s = e.to_string();
+    assert!(s.contains("v.1") && s.contains("[1, 2, 3]") && s.contains("[1, 2, 4]"), "{s}");
+    let s = DumpError::MissingTensor { name: "v.3".into() }.to_string();
+    assert!(s.contains("v.3"), "{s}");
+    let s = DumpError::WrongDtype {
+        name: "k.2".into(),
+        dtype: "I16".into(),
+        expected: "F16".into(),
+    }
+    .to_string();
+    assert!(s.contains("k.2") && s.contains("I16"), "{s}");
+}

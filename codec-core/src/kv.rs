@@ -1,0 +1,356 @@
+//! The KV-cache model: shape, element types, borrowed views and owned caches.
+//!
+//! A cache has `layers` layers; each layer holds a K and a V tensor laid out `[tokens, kv_heads,
+//! head_dim]` (token-major, as servers hand them over). A *channel* is one `(head, dim)` pair, so a
+//! token row of one tensor has `channels = kv_heads * head_dim` values.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use half::{bf16, f16};
+
+/// Element type of a tensor, as stored in the stream header (`spec/FORMAT.md`, "Header").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Dtype {
+    /// IEEE 754 binary16.
+    F16 = 0,
+    /// bfloat16.
+    Bf16 = 1,
+    /// IEEE 754 binary32.
+    F32 = 2,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+    /// The wire code of this dtype.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+    /// Parses a wire code.
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(Dtype::F16),
+            1 => Some(Dtype::Bf16),
+            2 => Some(Dtype::F32),
+            _ => None,
+        }
+    }
+    /// Name as used by safetensors (`F16`, `BF16`, `F32`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dtype::F16 => "F16",
+            Dtype::Bf16 => "BF16",
+            Dtype::F32 => "F32",
+        }
+    }
+}
+
+/// The dimensions of a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvShape {
+    /// Number of transformer layers.
+    pub layers: u32,
+    /// Number of KV heads per layer.
+    pub kv_heads: u32,
+    /// Dimension of one head.
+    pub head_dim: u32,
+    /// Number of tokens.
+    pub tokens: u32,
+}
+
+impl KvShape {
+    /// Values in one token row of one tensor (`kv_heads * head_dim`).
+    pub fn channels(&self) -> usize {
+        self.kv_heads as usize * self.head_dim as usize
+    }
+    /// Values in one tensor (`tokens * channels`).
+    pub fn tensor_len(&self) -> usize {
+        self.tokens as usize * self.channels()
+    }
+    /// Values in the whole cache (`layers * 2 * tokens * channels`).
+    pub fn total_elements(&self) -> u64 {
+        self.layers as u64 * 2 * self.tensor_len() as u64
+    }
+}
+
+/// How rotary position embedding pairs channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RopeStyle {
+    /// No rotary embedding (or unknown).
+    None = 0,
+    /// "rotate_half" (GPT-NeoX, Llama): channel `j` pairs with `j + head_dim/2`.
+    NeoX = 1,
+    /// Interleaved (GPT-J): channel `2j` pairs with `2j + 1`.
+    GptJ = 2,
+}
+
+impl RopeStyle {
+    /// Parses a wire code.
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(RopeStyle::None),
+            1 => Some(RopeStyle::NeoX),
+            2 => Some(RopeStyle::GptJ),
+            _ => None,
+        }
+    }
+}
+
+/// Rotary settings that travel with the stream so a consumer can re-position K.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// Base `theta` of the rotary frequencies (`angle = pos * theta^(-2j/head_dim)`).
+    pub theta: f32,
+    /// Pairing of channels.
+    pub style: RopeStyle,
+    /// Linear position scaling factor (1.0 for none).
+    pub scaling: f32,
+    /// `true` if K is stored before the rotary embedding was applied.
+    pub k_pre_rope: bool,
+}
+
+impl Default for Rope {
+    fn default() -> Self {
+        Rope {
+            theta: 10000.0,
+            style: RopeStyle::None,
+            scaling: 1.0,
+            k_pre_rope: false,
+        }
+    }
+}
+
+/// Metadata that travels with a stream.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct KvMeta {
+    /// Free-form model identifier (UTF-8, at most [`crate::limits::MAX_MODEL_ID_BYTES`] bytes).
+    pub model_id: String,
+    /// Rotary settings.
+    pub rope: Rope,
+    /// Absolute position of the first token.
+    pub first_position: u64,
+}
+
+/// A borrowed tensor of one of the supported element types.
+#[derive(Clone, Copy, Debug)]
+pub enum TensorRef<'a> {
+    /// f16 elements.
+    F16(&'a [f16]),
+    /// bf16 elements.
+    Bf16(&'a [bf16]),
+    /// f32 elements.
+    F32(&'a [f32]),
+}
+
+impl TensorRef<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorRef::F16(s) => s.len(),
+            TensorRef::Bf16(s) => s.len(),
+            TensorRef::F32(s) => s.len(),
+        }
+    }
+    /// `true` if there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            TensorRef::F16(_) => Dtype::F16,
+            TensorRef::Bf16(_) => Dtype::Bf16,
+            TensorRef::F32(_) => Dtype::F32,
+        }
+    }
+    /// Element `i` widened to f32 (exact for every supported dtype).
+    #[inline]
+    pub fn get_f32(&self, i: usize) -> f32 {
+        match self {
+            TensorRef::F16(s) => s[i].to_f32(),
+            TensorRef::Bf16(s) => s[i].to_f32(),
+            TensorRef::F32(s) => s[i],
+        }
+    }
+    /// Copies `dst.len()` elements starting at `start`, widened to f32.
+    pub fn read_f32(&self, start: usize, dst: &mut [f32]) {
+        let n = dst.len();
+        match self {
+            TensorRef::F16(s) => {
+                for (d, x) in dst.iter_mut().zip(&s[start..start + n]) {
+                    *d = x.to_f32();
+                }
+            }
+            TensorRef::Bf16(s) => {
+                for (d, x) in dst.iter_mut().zip(&s[start..start + n]) {
+                    *d = x.to_f32();
+                }
+            }
+            TensorRef::F32(s) => dst.copy_from_slice(&s[start..start + n]),
+        }
+    }
+}
+
+/// An owned tensor of one of the supported element types.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tensor {
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    Bf16(Vec<bf16>),
+    /// f32 elements.
+    F32(Vec<f32>),
+}
+
+impl Tensor {
+    /// A zero-filled tensor of `len` elements.
+    pub fn zeros(dtype: Dtype, len: usize) -> Self {
+        match dtype {
+            Dtype::F16 => Tensor::F16(alloc::vec![f16::ZERO; len]),
+            Dtype::Bf16 => Tensor::Bf16(alloc::vec![bf16::ZERO; len]),
+            Dtype::F32 => Tensor::F32(alloc::vec![0.0; len]),
+        }
+    }
+    /// Borrows the tensor.
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        match self {
+            Tensor::F16(v) => TensorRef::F16(v),
+            Tensor::Bf16(v) => TensorRef::Bf16(v),
+            Tensor::F32(v) => TensorRef::F32(v),
+        }
+    }
+    /// Borrows the tensor mutably.
+    pub fn as_mut(&mut self) -> TensorMut<'_> {
+        match self {
+            Tensor::F16(v) => TensorMut::F16(v),
+            Tensor::Bf16(v) => TensorMut::Bf16(v),
+            Tensor::F32(v) => TensorMut::F32(v),
+        }
+    }
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        self.as_ref().dtype()
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.as_ref().len()
+    }
+    /// `true` if there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// All elements widened to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let r = self.as_ref();
+        let mut out = alloc::vec![0.0; r.len()];
+        r.read_f32(0, &mut out);
+        out
+    }
+}
+
+/// A mutably borrowed tensor (the caller's output buffer).
+#[derive(Debug)]
+pub enum TensorMut<'a> {
+    /// f16 elements.
+    F16(&'a mut [f16]),
+    /// bf16 elements.
+    Bf16(&'a mut [bf16]),
+    /// f32 elements.
+    F32(&'a mut [f32]),
+}
+
+impl TensorMut<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorMut::F16(s) => s.len(),
+            TensorMut::Bf16(s) => s.len(),
+            TensorMut::F32(s) => s.len(),
+        }
+    }
+    /// `true` if there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            TensorMut::F16(_) => Dtype::F16,
+            TensorMut::Bf16(_) => Dtype::Bf16,
+            TensorMut::F32(_) => Dtype::F32,
+        }
+    }
+    /// Writes `src` at `start`, rounding to nearest-even into the tensor's dtype.
+    pub fn write_f32(&mut self, start: usize, src: &[f32]) {
+        let n = src.len();
+        match self {
+            TensorMut::F16(d) => {
+                for (o, x) in d[start..start + n].iter_mut().zip(src) {
+                    *o = f16::from_f32(*x);
+                }
+            }
+            TensorMut::Bf16(d) => {
+                for (o, x) in d[start..start + n].iter_mut().zip(src) {
+                    *o = bf16::from_f32(*x);
+                }
+            }
+            TensorMut::F32(d) => d[start..start + n].copy_from_slice(src),
+        }
+    }
+}
+
+/// A borrowed KV cache: the encoder's input.
+#[derive(Clone, Debug)]
+pub struct KvView<'a> {
+    /// Dimensions.
+    pub shape: KvShape,
+    /// Per layer, K `[tokens, kv_heads, head_dim]`.
+    pub k: Vec<TensorRef<'a>>,
+    /// Per layer, V `[tokens, kv_heads, head_dim]`.
+    pub v: Vec<TensorRef<'a>>,
+    /// Metadata stored in the stream.
+    pub meta: KvMeta,
+}
+
+/// An owned KV cache: the decoder's output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCache {
+    /// Dimensions.
+    pub shape: KvShape,
+    /// Per layer, K `[tokens, kv_heads, head_dim]`.
+    pub k: Vec<Tensor>,
+    /// Per layer, V `[tokens, kv_heads, head_dim]`.
+    pub v: Vec<Tensor>,
+    /// Metadata read from the stream.
+    pub meta: KvMeta,
+}
+
+impl KvCache {
+    /// A zero-filled cache.
+    pub fn zeros(shape: KvShape, dtype: Dtype, meta: KvMeta) -> Self {
+        let n = shape.tensor_len();
+        let k = (0..shape.layers).map(|_| Tensor::zeros(dtype, n)).collect();
+        let v = (0..shape.layers).map(|_| Tensor::zeros(dtype, n)).collect();
+        KvCache { shape, k, v, meta }
+    }
+    /// Borrows the cache as an encoder input.
+    pub fn view(&self) -> KvView<'_> {
+        KvView {
+            shape: self.shape,
+            k: self.k.iter().map(Tensor::as_ref).collect(),
+            v: self.v.iter().map(Tensor::as_ref).collect(),
+            meta: self.meta.clone(),
+        }
+    }
+    /// Element type of the tensors (F32 for an empty cache).
+    pub fn dtype(&self) -> Dtype {
+        self.k.first().map(Tensor::dtype).unwrap_or(Dtype::F32)
+    }
+}

@@ -1,0 +1,189 @@
+//! Anchor/delta quantization of one block (one layer's K or V over one chunk's tokens)
+//! (`spec/FORMAT.md`, "Quantization").
+//!
+//! Tokens of a chunk form groups of `group` rows starting at the chunk's first row. The first row
+//! of a group is its *anchor*: each channel is coded as `round((x - mean) / anchor_step)`. Every
+//! other row is a *delta* against the predictor `mean + w * (a' - mean)`, where `a'` is the
+//! anchor as the decoder reconstructs it (closed loop) and `w = weight / 16`. Rows whose absolute
+//! position is below the stream's sink count are stored exactly and produce no symbols.
+//!
+//! All arithmetic is f32 with round-to-nearest-even and no fused multiply-add, in the order
+//! written here, so that every implementation reconstructs identical values.
+
+use crate::profile::ChannelParams;
+use alloc::vec::Vec;
+
+/// Largest magnitude of a quantized symbol; the encoder clamps to it and decoders reject larger
+/// escapes. 2^24 keeps `symbol as f32` exact.
+pub const MAX_SYMBOL: i32 = 1 << 24;
+
+/// Per-channel constants of one block at one level, precomputed once.
+#[derive(Clone, Debug, Default)]
+pub struct BlockConsts {
+    /// Channel means.
+    pub mean: Vec<f32>,
+    /// Anchor steps (`anchor_step * multiplier`).
+    pub anchor_step: Vec<f32>,
+    /// Delta steps (`delta_step * multiplier`).
+    pub delta_step: Vec<f32>,
+    /// Anchor weights as f32 (`weight / 16`, exact).
+    pub weight: Vec<f32>,
+}
+
+impl BlockConsts {
+    /// Derives the block constants of one `(layer, K/V)` at a level multiplier.
+    pub fn new(params: &[ChannelParams], mult: f32) -> Self {
+        let mut k = BlockConsts::default();
+        k.fill(params, mult);
+        k
+    }
+    /// Refills the constants, reusing the allocations.
+    pub fn fill(&mut self, params: &[ChannelParams], mult: f32) {
+        self.mean.clear();
+        self.anchor_step.clear();
+        self.delta_step.clear();
+        self.weight.clear();
+        for p in params {
+            self.mean.push(p.mean);
+            self.anchor_step.push(p.anchor_step * mult);
+            self.delta_step.push(p.delta_step * mult);
+            self.weight.push(p.weight as f32 * 0.0625);
+        }
+    }
+    /// Channels.
+    pub fn channels(&self) -> usize {
+        self.mean.len()
+    }
+}
+
+/// Quantizes to a symbol: `round_half_away_from_zero(r / step)`, clamped to ±[`MAX_SYMBOL`].
+#[inline]
+fn quantize(r: f32, step: f32) -> i32 {
+    let q = libm::roundf(r / step);
+    if q >= MAX_SYMBOL as f32 {
+        MAX_SYMBOL
+    } else if q <= -(MAX_SYMBOL as f32) {
+        -MAX_SYMBOL
+    } else {
+        q as i32
+    }
+}
+
+/// The delta predictor `mean + w * (anchor - mean)`, in this operation order.
+#[inline]
+pub fn predict(mean: f32, w: f32, anchor: f32) -> f32 {
+    mean + w * (anchor - mean)
+}
+
+/// Quantizes one block.
+///
+/// `x` holds `rows * C` values (row-major, `C = consts.channels()`); the first `sink_rows` rows
+/// are sinks. Symbols of the non-sink rows are appended to `symbols` in row-major order, and
+/// `recon` (same size as `x`) receives the decoder's reconstruction (sinks: `x` itself).
+pub fn quantize_block(
+    x: &[f32],
+    consts: &BlockConsts,
+    group: usize,
+    sink_rows: usize,
+    symbols: &mut Vec<i32>,
+    recon: &mut [f32],
+) {
+    let c = consts.channels();
+    let rows = x.len() / c;
+    debug_assert_eq!(recon.len(), x.len());
+    for row in 0..rows {
+        let xr = &x[row * c..(row + 1) * c];
+        if row < sink_rows {
+            recon[row * c..(row + 1) * c].copy_from_slice(xr);
+            continue;
+        }
+        if row % group == 0 {
+            let out = &mut recon[row * c..(row + 1) * c];
+            for ch in 0..c {
+                let s = quantize(xr[ch] - consts.mean[ch], consts.anchor_step[ch]);
+                symbols.push(s);
+                out[ch] = consts.mean[ch] + s as f32 * consts.anchor_step[ch];
+            }
+        } else {
+            let a0 = (row - row % group) * c;
+            let (head, tail) = recon.split_at_mut(row * c);
+            let anchor = &head[a0..a0 + c];
+            let out = &mut tail[..c];
+            for ch in 0..c {
+                let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
+                let s = quantize(xr[ch] - pred, consts.delta_step[ch]);
+                symbols.push(s);
+                out[ch] = pred + s as f32 * consts.delta_step[ch];
+            }
+        }
+    }
+}
+
+/// Reconstructs one block from its symbols (the decoder's arithmetic, reference form).
+///
+/// `recon` holds `rows * C` values; its first `sink_rows` rows must already hold the sink values.
+/// `symbols` holds the non-sink rows' symbols in row-major order.
+pub fn dequantize_block(symbols: &[i32], consts: &BlockConsts, group: usize, sink_rows: usize, recon: &mut [f32]) {
+    let c = consts.channels();
+    let rows = recon.len() / c;
+    let mut si = 0;
+    for row in sink_rows..rows {
+        let s = &symbols[si..si + c];
+        si += c;
+        if row % group == 0 {
+            let out = &mut recon[row * c..(row + 1) * c];
+            for ch in 0..c {
+                out[ch] = consts.mean[ch] + s[ch] as f32 * consts.anchor_step[ch];
+            }
+        } else {
+            let a0 = (row - row % group) * c;
+            let (head, tail) = recon.split_at_mut(row * c);
+            let anchor = &head[a0..a0 + c];
+            let out = &mut tail[..c];
+            for ch in 0..c {
+                let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
+                out[ch] = pred + s[ch] as f32 * consts.delta_step[ch];
+            }
+        }
+    }
+}
+
+/// `true` if row `row` of a chunk is an anchor row.
+#[inline]
+pub fn is_anchor(row: usize, group: usize) -> bool {
+    row % group == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    fn consts(c: usize) -> BlockConsts {
+        let params: Vec<ChannelParams> = (0..c)
+            .map(|i| ChannelParams { mean: i as f32 * 0.1, delta_step: 0.05, anchor_step: 0.025, weight: (i % 17) as u8 })
+            .collect();
+        BlockConsts::new(&params, 1.0)
+    }
+
+    #[test]
+    fn closed_loop_error_is_bounded_by_half_step() {
+        let c = 8;
+        let k = consts(c);
+        let rows = 23;
+        let x: Vec<f32> = (0..rows * c).map(|i| libm::sinf(i as f32 * 0.37) * 3.0).collect();
+        let mut sym = Vec::new();
+        let mut rec = vec![0.0; x.len()];
+        quantize_block(&x, &k, 10, 2, &mut sym, &mut rec);
+        assert_eq!(sym.len(), (rows - 2) * c);
+        for (i, (a, b)) in x.iter().zip(&rec).enumerate() {
+            let row = i / c;
+            let step = if row < 2 { 0.0 } else if row % 10 == 0 { 0.025 } else { 0.05 };
+            assert!((a - b).abs() <= step * 0.5 + 1e-6, "row {row}: {a} vs {b}");
+        }
+        let mut dec = vec![0.0; x.len()];
+        dec[..2 * c].copy_from_slice(&x[..2 * c]);
+        dequantize_block(&sym, &k, 10, 2, &mut dec);
+        assert_eq!(dec, rec, "decoder must reproduce the encoder's reconstruction bit for bit");
+    }
+}

@@ -1,0 +1,178 @@
+//! The 32-lane decoder.
+
+use core::fmt;
+
+use super::table::{DecodeTable, BIAS_SHIFT, FREQ_SHIFT};
+use super::{RansError, LANES, PRECISION, TOTAL};
+
+/// Stands in for an empty lane so that every lane slice has at least one element (the
+/// branch-free refill always loads a word, and uses it only if one is unread).
+static EMPTY_LANE: [u32; 1] = [0];
+
+/// Decoder over 32 interleaved rANS lanes (see the [module documentation](super) for the
+/// arithmetic).
+///
+/// Symbols must be decoded in order: each [`decode`](Self::decode) call continues where the
+/// previous one stopped. Never panics, whatever the words; corrupted input yields an error or
+/// valid-but-wrong symbols, which [`finish`](Self::finish) then most likely reports.
+pub struct LaneDecoder<'a> {
+    /// Each lane's words; an empty lane is replaced by `EMPTY_LANE` (with `unread == 0`).
+    words: [&'a [u32]; LANES],
+    /// Number of unread words of each lane: `words[l][..unread[l]]` is unread, read backwards.
+    unread: [usize; LANES],
+    state: [u64; LANES],
+    /// Global index of the next symbol to decode.
+    next: usize,
+}
+
+impl fmt::Debug for LaneDecoder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LaneDecoder")
+            .field("next", &self.next)
+            .field("state", &self.state)
+            .field("unread", &self.unread)
+            .finish()
+    }
+}
+
+/// One decode step of one lane. Branch-free apart from the (always passing) bounds check on the
+/// word load.
+#[inline(always)]
+fn decode_step(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
+    let s = *x;
+    let e = table.entries[(s & u64::from(TOTAL - 1)) as usize];
+    let freq = u64::from((e >> FREQ_SHIFT) & (TOTAL - 1));
+    let bias = u64::from(e >> BIAS_SHIFT);
+    // (s >> 12) < 2^52 and freq < 2^12, bias < freq: no overflow.
+    let s = (s >> PRECISION) * freq + bias;
+    let u = *unread;
+    // `words` is never empty and `u <= words.len()`, so this index is in bounds; when `u == 0`
+    // the loaded word is not used.
+    let w = words.get(u.saturating_sub(1)).copied().unwrap_or(0);
+    let refill = (s >> 32 == 0) & (u != 0);
+    *x = if refill { (s << 32) | u64::from(w) } else { s };
+    *unread = u - usize::from(refill);
+    e as u8
+}
+
+impl<'a> LaneDecoder<'a> {
+    /// Starts decoding: reads each lane's initial state from the end of its words (constriction's
+    /// `from_compressed`): an empty lane starts in state 0; otherwise the last word `t` must be
+    /// nonzero ([`RansError::ZeroFinalWord`]) and the state is `t`, or `(t << 32) | w` with `w`
+    /// the word before `t` if there is one.
+    pub fn new(lane_words: [&'a [u32]; LANES]) -> Result<Self, RansError> {
+        let mut words = lane_words;
+        let mut unread = [0usize; LANES];
+        let mut state = [0u64; LANES];
+        for (lane, ((w, u), x)) in words
+            .iter_mut()
+            .zip(unread.iter_mut())
+            .zip(state.iter_mut())
+            .enumerate()
+        {
+            match **w {
+                [] => *w = &EMPTY_LANE,
+                [.., 0] => return Err(RansError::ZeroFinalWord { lane }),
+                [t] => *x = u64::from(t),
+                [ref rest @ .., lo, hi] => {
+                    *x = u64::from(hi) << 32 | u64::from(lo);
+                    *u = rest.len();
+                }
+            }
+        }
+        Ok(LaneDecoder {
+            words,
+            unread,
+            state,
+            next: 0,
+        })
+    }
+
+    /// Global index of the next symbol [`decode`](Self::decode) expects (number decoded so far).
+    pub fn position(&self) -> usize {
+        self.next
+    }
+
+    /// Decodes `out.len()` symbols, the symbols with global indices `start..start + out.len()`;
+    /// the symbol with global index `g` comes from lane `g % 32` and is decoded with `tables[g -
+    /// start]`.
+    ///
+    /// `start` must equal [`position()`](Self::position), the number of symbols decoded so far
+    /// ([`RansError::PositionMismatch`] otherwise), and `tables.len() >= out.len()`
+    /// ([`RansError::TooFewTables`]; extra tables are ignored). On error nothing is decoded.
+    pub fn decode(
+        &mut self,
+        start: usize,
+        tables: &[&DecodeTable],
+        out: &mut [u8],
+    ) -> Result<(), RansError> {
+        if start != self.next {
+            return Err(RansError::PositionMismatch {
+                expected: self.next,
+                got: start,
+            });
+        }
+        let Some(tables) = tables.get(..out.len()) else {
+            return Err(RansError::TooFewTables {
+                needed: out.len(),
+                got: tables.len(),
+            });
+        };
+        let Some(end) = start.checked_add(out.len()) else {
+            // Unreachable in practice (`start` counts decoded symbols).
+            return Err(RansError::PositionMismatch {
+                expected: self.next,
+                got: start,
+            });
+        };
+
+        let words = self.words;
+        let mut state = self.state;
+        let mut unread = self.unread;
+
+        // Head: single symbols until the next global index is a multiple of 32.
+        let head = ((LANES - start % LANES) % LANES).min(out.len());
+        let (out_head, out_body) = out.split_at_mut(head);
+        let (tables_head, tables_body) = tables.split_at(head);
+        for (j, (o, t)) in out_head.iter_mut().zip(tables_head).enumerate() {
+            let l = (start + j) % LANES;
+            *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+        }
+
+        // Body: full rounds of 32, lane l = position within the round.
+        let mut out_rounds = out_body.chunks_exact_mut(LANES);
+        let mut table_rounds = tables_body.chunks_exact(LANES);
+        for (o, t) in (&mut out_rounds).zip(&mut table_rounds) {
+            for (l, (o, t)) in o.iter_mut().zip(t).enumerate() {
+                *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+            }
+        }
+
+        // Tail: a partial round, lanes 0.. in order.
+        let out_tail = out_rounds.into_remainder();
+        let tables_tail = table_rounds.remainder();
+        for (l, (o, t)) in out_tail.iter_mut().zip(tables_tail).enumerate() {
+            *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+        }
+
+        self.state = state;
+        self.unread = unread;
+        self.next = end;
+        Ok(())
+    }
+
+    /// Ends decoding: checks that every lane read all its words ([`RansError::TrailingData`])
+    /// and is back in constriction's initial state 0 ([`RansError::BadFinalState`]); reports
+    /// the lowest failing lane.
+    pub fn finish(self) -> Result<(), RansError> {
+        for (lane, (&u, &x)) in self.unread.iter().zip(&self.state).enumerate() {
+            if u != 0 {
+                return Err(RansError::TrailingData { lane });
+            }
+            if x != 0 {
+                return Err(RansError::BadFinalState { lane });
+            }
+        }
+        Ok(())
+    }
+}
