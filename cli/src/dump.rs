@@ -41,11 +41,7 @@ impl Dump {
         match &self.q {
             Some(q) if !q.is_empty() => {
                 let row = self.q_heads * self.kv.shape.head_dim as usize;
-                if row == 0 {
-                    0
-                } else {
-                    q[0].len() / row
-                }
+                q[0].len().checked_div(row).unwrap_or(0)
             }
             _ => 0,
         }
@@ -136,7 +132,11 @@ impl fmt::Display for DumpError {
                 write!(f, "{}: {op} failed: {source}", path.display())
             }
             DumpError::NotSafetensors { path, reason } => {
-                write!(f, "{}: not a valid safetensors file: {reason}", path.display())
+                write!(
+                    f,
+                    "{}: not a valid safetensors file: {reason}",
+                    path.display()
+                )
             }
             DumpError::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
             DumpError::WrongDtype {
@@ -158,10 +158,16 @@ impl fmt::Display for DumpError {
             DumpError::NoLayers => write!(f, "no layers: tensor `k.0` not found"),
             DumpError::Empty { dim } => write!(f, "the dump has zero {dim}"),
             DumpError::TooLarge { dim, value } => {
-                write!(f, "{dim} = {value} exceeds the supported maximum {}", u32::MAX)
+                write!(
+                    f,
+                    "{dim} = {value} exceeds the supported maximum {}",
+                    u32::MAX
+                )
             }
             DumpError::InvalidCache { reason } => write!(f, "invalid KV cache: {reason}"),
-            DumpError::Serialize { reason } => write!(f, "safetensors serialization failed: {reason}"),
+            DumpError::Serialize { reason } => {
+                write!(f, "safetensors serialization failed: {reason}")
+            }
         }
     }
 }
@@ -657,11 +663,10 @@ pub fn write_dump(
     }
     let mut views = Vec::with_capacity(data.len());
     for (name, bytes) in &data {
-        let view = TensorView::new(dtype, shape.clone(), bytes).map_err(|e| {
-            DumpError::Serialize {
+        let view =
+            TensorView::new(dtype, shape.clone(), bytes).map_err(|e| DumpError::Serialize {
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         views.push((name.as_str(), view));
     }
     let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();

@@ -18,9 +18,9 @@ impl Progress {
             return Progress { bar: None };
         }
         let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta})")
-        {
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta})",
+        ) {
             bar.set_style(style);
         }
         bar.set_message(msg.to_string());

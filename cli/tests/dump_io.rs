@@ -67,10 +67,18 @@ impl Raw {
 fn loads_sample() {
     let d = load_dump(&sample()).unwrap();
     let s = d.kv.shape;
-    assert_eq!((s.layers, s.kv_heads, s.head_dim, s.tokens), (30, 3, 64, 512));
+    assert_eq!(
+        (s.layers, s.kv_heads, s.head_dim, s.tokens),
+        (30, 3, 64, 512)
+    );
     assert_eq!(d.kv.dtype(), Dtype::F16);
     assert_eq!(d.kv.k.len(), 30);
-    assert!(d.kv.k.iter().chain(&d.kv.v).all(|t| t.len() == 512 * 3 * 64));
+    assert!(d
+        .kv
+        .k
+        .iter()
+        .chain(&d.kv.v)
+        .all(|t| t.len() == 512 * 3 * 64));
     assert_eq!(d.q_heads, 9);
     assert_eq!(d.q_start, 448);
     assert_eq!(d.n_q(), 64);
@@ -229,7 +237,12 @@ fn no_queries_is_fine() {
 fn wrong_dtype() {
     // An integer K tensor.
     let mut raw = Raw::sample();
-    raw.set("k.2", StDtype::I16, vec![512, 3, 64], vec![0; 512 * 3 * 64 * 2]);
+    raw.set(
+        "k.2",
+        StDtype::I16,
+        vec![512, 3, 64],
+        vec![0; 512 * 3 * 64 * 2],
+    );
     match raw.load() {
         Err(DumpError::WrongDtype { name, dtype, .. }) => {
             assert_eq!(name, "k.2");
@@ -239,7 +252,12 @@ fn wrong_dtype() {
     }
     // A float dtype differing from k.0.
     let mut raw = Raw::sample();
-    raw.set("v.5", StDtype::F32, vec![512, 3, 64], vec![0; 512 * 3 * 64 * 4]);
+    raw.set(
+        "v.5",
+        StDtype::F32,
+        vec![512, 3, 64],
+        vec![0; 512 * 3 * 64 * 4],
+    );
     match raw.load() {
         Err(DumpError::WrongDtype { name, dtype, .. }) => {
             assert_eq!(name, "v.5");
@@ -249,7 +267,12 @@ fn wrong_dtype() {
     }
     // F64 everywhere: rejected at k.0.
     let mut raw = Raw::sample();
-    raw.set("k.0", StDtype::F64, vec![512, 3, 64], vec![0; 512 * 3 * 64 * 8]);
+    raw.set(
+        "k.0",
+        StDtype::F64,
+        vec![512, 3, 64],
+        vec![0; 512 * 3 * 64 * 8],
+    );
     assert!(matches!(raw.load(), Err(DumpError::WrongDtype { name, .. }) if name == "k.0"));
     // Queries of an integer type.
     let mut raw = Raw::sample();
@@ -260,7 +283,12 @@ fn wrong_dtype() {
 #[test]
 fn wrong_shape() {
     let mut raw = Raw::sample();
-    raw.set("v.1", StDtype::F16, vec![512, 3, 63], vec![0; 512 * 3 * 63 * 2]);
+    raw.set(
+        "v.1",
+        StDtype::F16,
+        vec![512, 3, 63],
+        vec![0; 512 * 3 * 63 * 2],
+    );
     match raw.load() {
         Err(DumpError::WrongShape {
             name,
@@ -279,7 +307,12 @@ fn wrong_shape() {
     assert!(matches!(raw.load(), Err(DumpError::WrongShape { name, .. }) if name == "k.0"));
     // Queries with the wrong head dimension.
     let mut raw = Raw::sample();
-    raw.set("q.3", StDtype::F16, vec![64, 9, 32], vec![0; 64 * 9 * 32 * 2]);
+    raw.set(
+        "q.3",
+        StDtype::F16,
+        vec![64, 9, 32],
+        vec![0; 64 * 9 * 32 * 2],
+    );
     assert!(matches!(raw.load(), Err(DumpError::WrongShape { name, .. }) if name == "q.3"));
 }
 
@@ -298,7 +331,9 @@ fn inconsistent_metadata() {
         let mut raw = Raw::sample();
         raw.metadata.insert(key.into(), value.into());
         match raw.load() {
-            Err(DumpError::InconsistentMetadata { key: k, value: v, .. }) => {
+            Err(DumpError::InconsistentMetadata {
+                key: k, value: v, ..
+            }) => {
                 assert_eq!((k.as_str(), v.as_str()), (key, value));
             }
             other => panic!("{key}={value}: expected InconsistentMetadata, got {other:?}"),
@@ -381,7 +416,10 @@ fn error_messages_name_the_problem() {
         expected: vec![1, 2, 4],
     };
     let s = e.to_string();
-    assert!(s.contains("v.1") && s.contains("[1, 2, 3]") && s.contains("[1, 2, 4]"), "{s}");
+    assert!(
+        s.contains("v.1") && s.contains("[1, 2, 3]") && s.contains("[1, 2, 4]"),
+        "{s}"
+    );
     let s = DumpError::MissingTensor { name: "v.3".into() }.to_string();
     assert!(s.contains("v.3"), "{s}");
     let s = DumpError::WrongDtype {

@@ -118,7 +118,10 @@ fn attention_matches_f64_reference() {
         let slow = reference_attention(&d, layer, &k, &v);
         let fast64: Vec<f64> = fast.iter().map(|x| *x as f64).collect();
         let err = rel64(&slow, &fast64);
-        assert!(err < 1e-5, "layer {layer}: f32 vs f64 attention differ by {err}");
+        assert!(
+            err < 1e-5,
+            "layer {layer}: f32 vs f64 attention differ by {err}"
+        );
     }
 }
 
@@ -130,9 +133,8 @@ fn attention_is_causal_and_uses_gqa_mapping() {
     let q = &d.q.as_ref().unwrap()[5];
     let k = d.kv.k[5].to_f32_vec();
     let v = d.kv.v[5].to_f32_vec();
-    let run = |k: &[f32], v: &[f32]| {
-        attention_output(q, d.n_q(), d.q_heads, k, v, t, hk, hd, d.q_start)
-    };
+    let run =
+        |k: &[f32], v: &[f32]| attention_output(q, d.n_q(), d.q_heads, k, v, t, hk, hd, d.q_start);
     let base = run(&k, &v);
     // Changing the last token only affects the last query.
     let mut v2 = v.clone();
@@ -228,7 +230,10 @@ fn minmax_quantize_matches_reference() {
         // ties-away), by one quantization step, and rarely.
         let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
         eprintln!("bits {bits}: {differ} of {} differ", a.len());
-        assert!(differ * 1000 < a.len(), "bits {bits}: {differ} elements differ");
+        assert!(
+            differ * 1000 < a.len(),
+            "bits {bits}: {differ} elements differ"
+        );
         let e = rel_error(&k, &a);
         assert!((e - rel32(&k, &b)).abs() < 1e-3 * e, "bits {bits}");
     }
@@ -254,11 +259,7 @@ fn baselines_match_published_figures_on_2048_fixture() {
     for (r, p) in rows.iter().zip(published) {
         eprintln!(
             "{}: {:.2} bpe  attn {:.4}  K {:.4}  V {:.4}",
-            r.name,
-            r.bits_per_element,
-            r.attn,
-            r.k_rel,
-            r.v_rel
+            r.name, r.bits_per_element, r.attn, r.k_rel, r.v_rel
         );
         assert_eq!(r.bits_per_element, p.0);
         assert!(close(r.attn, p.1, 0.10), "{r:?} vs {p:?}");

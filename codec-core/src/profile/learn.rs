@@ -318,8 +318,9 @@ fn recon_error(tensors: &[(Vec<f32>, usize)], p: &[ChannelParams], c: usize, gro
     for (x, _) in tensors {
         let rec = simulate(x, p, 1.0, c, group, params, u64::MAX / 2, |_, _| {});
         for (a, b) in x.iter().zip(&rec) {
-            e += ((a - b) as f64).powi(2);
-            s += (*a as f64).powi(2);
+            let d = (a - b) as f64;
+            e += d * d;
+            s += *a as f64 * *a as f64;
         }
     }
     libm::sqrt(e / s.max(1e-30))

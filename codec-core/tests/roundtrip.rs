@@ -1,0 +1,301 @@
+//! Round trips, error bounds, corruption, profiles and determinism on real and synthetic caches.
+
+mod common;
+
+use codec_core::quant::{quantize_block, BlockConsts};
+use codec_core::{
+    decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape, LearnParams, Limits, Profile, ProfileMode, Queries,
+    Sample, Stream, Tensor,
+};
+use half::{bf16, f16};
+use proptest::prelude::*;
+use sha2::Digest;
+
+fn learn_plain(cache: &KvCache, params: &LearnParams) -> Profile {
+    learn_profile(&[Sample { kv: cache.view(), queries: None }], params).unwrap()
+}
+
+/// The reconstruction the format promises, computed with the reference quantizer chunk by chunk.
+fn expected(cache: &KvCache, profile: &Profile, params: &EncodeParams) -> KvCache {
+    let s = cache.shape;
+    let c = s.channels();
+    let mut out = KvCache::zeros(s, cache.dtype(), cache.meta.clone());
+    for layer in 0..s.layers {
+        for kv in 0..2 {
+            let src = if kv == 0 { &cache.k[layer as usize] } else { &cache.v[layer as usize] };
+            let x = src.to_f32_vec();
+            let mut rec = vec![0f32; x.len()];
+            let mut start = 0;
+            let mut chunk = 0;
+            while start < s.tokens as usize {
+                let end = (start + params.chunk_tokens as usize).min(s.tokens as usize);
+                let level = params.levels[if params.levels.len() == 1 { 0 } else { chunk }];
+                let consts = BlockConsts::new(profile.channel_params(layer, kv), profile.level_multipliers()[level as usize]);
+                let sink = (params.n_sink as u64).saturating_sub(cache.meta.first_position + start as u64).min((end - start) as u64) as usize;
+                let mut sym = Vec::new();
+                quantize_block(&x[start * c..end * c], &consts, params.group as usize, sink, &mut sym, &mut rec[start * c..end * c]);
+                start = end;
+                chunk += 1;
+            }
+            let dst = if kv == 0 { &mut out.k[layer as usize] } else { &mut out.v[layer as usize] };
+            dst.as_mut().write_f32(0, &rec);
+        }
+    }
+    out
+}
+
+#[test]
+fn testdata_sample_is_the_pinned_fixture() {
+    let bytes = std::fs::read(common::SAMPLE).unwrap();
+    let hash = sha2::Sha256::digest(&bytes);
+    assert_eq!(codec_core::profile::hex(&hash), common::SAMPLE_SHA256);
+}
+
+#[test]
+fn real_sample_round_trip_every_level() {
+    let (cache, q, q_heads, q_start) = common::load(common::SAMPLE, 4);
+    let queries = Queries { q: q.iter().map(|l| l.as_slice()).collect(), q_heads, q_start };
+    let lp = LearnParams { chunk_tokens: 200, ..LearnParams::default() };
+    let profile = learn_profile(&[Sample { kv: cache.view(), queries: Some(queries) }], &lp).unwrap();
+    let mut prev_bytes = usize::MAX;
+    for level in 0..profile.levels() {
+        let params = EncodeParams { chunk_tokens: 200, levels: vec![level], ..EncodeParams::default() };
+        let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+        let dec = decode(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+        assert_eq!(dec, expected(&cache, &profile, &params), "level {level}");
+        assert!(bytes.len() < prev_bytes, "coarser levels must be smaller");
+        prev_bytes = bytes.len();
+        // Sink token 0 is exact.
+        assert_eq!(dec.k[0].as_ref().get_f32(5), cache.k[0].as_ref().get_f32(5));
+    }
+}
+
+#[test]
+fn self_contained_needs_no_profile_and_referenced_does() {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 2);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    let params = EncodeParams::default();
+    let embedded = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let referenced = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    assert_eq!(embedded.len(), referenced.len() + profile.as_bytes().len());
+    let a = decode(&embedded, None, &Limits::DEFAULT).unwrap();
+    let b = decode(&referenced, Some(&profile), &Limits::DEFAULT).unwrap();
+    assert_eq!(a, b);
+    assert!(matches!(decode(&referenced, None, &Limits::DEFAULT), Err(DecodeError::ProfileRequired { .. })));
+    let other = learn_plain(&cache, &LearnParams { target_error: 0.2, ..LearnParams::default() });
+    assert!(matches!(decode(&referenced, Some(&other), &Limits::DEFAULT), Err(DecodeError::ProfileMismatch { .. })));
+}
+
+#[test]
+fn token_ranges_decode_only_what_they_need_and_match() {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 2);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    let params = EncodeParams { chunk_tokens: 100, group: 7, ..EncodeParams::default() };
+    let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    let s = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+    let full = s.decode().unwrap();
+    let part = s.decode_tokens(150..333).unwrap();
+    let c = full.shape.channels();
+    for l in 0..2 {
+        let a = full.k[l].to_f32_vec();
+        assert_eq!(part.k[l].to_f32_vec(), a[150 * c..333 * c].to_vec());
+    }
+    assert_eq!(part.meta.first_position, 150);
+    // A corrupt chunk outside the range does not matter to a range decode.
+    let mut bad = bytes.clone();
+    let e = s.header().chunks[4];
+    bad[e.offset as usize + 10] ^= 1;
+    let s2 = Stream::open(&bad, Some(&profile), &Limits::DEFAULT).unwrap();
+    assert!(s2.decode_tokens(0..300).is_ok());
+    assert!(matches!(s2.decode_tokens(0..401), Err(DecodeError::ChunkCrc { chunk: 4, .. })));
+}
+
+#[test]
+fn decode_into_caller_buffers_of_any_dtype() {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 2);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &EncodeParams::default()).unwrap();
+    let s = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+    let owned = s.decode().unwrap();
+    let n = cache.shape.tensor_len();
+    let mut kb: Vec<Tensor> = (0..2).map(|_| Tensor::zeros(Dtype::F32, n)).collect();
+    let mut vb: Vec<Tensor> = (0..2).map(|_| Tensor::zeros(Dtype::F32, n)).collect();
+    {
+        let mut k: Vec<_> = kb.iter_mut().map(|t| t.as_mut()).collect();
+        let mut v: Vec<_> = vb.iter_mut().map(|t| t.as_mut()).collect();
+        s.decode_into(&mut k, &mut v).unwrap();
+    }
+    // f16 output is the f32 reconstruction rounded once.
+    let f32k = kb[1].to_f32_vec();
+    let f16k = owned.k[1].to_f32_vec();
+    for (a, b) in f32k.iter().zip(&f16k) {
+        assert_eq!(f16::from_f32(*a).to_f32(), *b);
+    }
+    let mut short: Vec<Tensor> = (0..2).map(|_| Tensor::zeros(Dtype::F32, n - 1)).collect();
+    let mut k: Vec<_> = short.iter_mut().map(|t| t.as_mut()).collect();
+    let mut v: Vec<_> = vb.iter_mut().map(|t| t.as_mut()).collect();
+    assert!(matches!(s.decode_into(&mut k, &mut v), Err(DecodeError::OutputMismatch { .. })));
+}
+
+fn small_stream() -> (Vec<u8>, Profile) {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 1);
+    let mut c = cache;
+    c.shape.tokens = 40;
+    let n = c.shape.tensor_len();
+    for t in c.k.iter_mut().chain(c.v.iter_mut()) {
+        if let Tensor::F16(v) = t {
+            v.truncate(n);
+        }
+    }
+    let profile = learn_plain(&c, &LearnParams::default());
+    let bytes = encode(&c.view(), ProfileMode::Embedded(&profile), &EncodeParams { chunk_tokens: 16, ..EncodeParams::default() }).unwrap();
+    (bytes, profile)
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let (bytes, _) = small_stream();
+    for len in 0..bytes.len() {
+        assert!(decode(&bytes[..len], None, &Limits::DEFAULT).is_err(), "prefix of {len} bytes decoded");
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(matches!(decode(&long, None, &Limits::DEFAULT), Err(DecodeError::Inconsistent { .. })));
+}
+
+#[test]
+fn every_single_byte_change_is_detected() {
+    let (bytes, _) = small_stream();
+    let good = decode(&bytes, None, &Limits::DEFAULT).unwrap();
+    for i in 0..bytes.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[i] ^= flip;
+            match decode(&b, None, &Limits::DEFAULT) {
+                Err(_) => {}
+                Ok(d) => panic!("byte {i} ^ {flip:#x} went unnoticed (same output: {})", d == good),
+            }
+        }
+    }
+}
+
+#[test]
+fn limits_are_enforced_before_decoding() {
+    let (bytes, _) = small_stream();
+    let tight = Limits { max_tokens: 39, ..Limits::DEFAULT };
+    assert!(matches!(decode(&bytes, None, &tight), Err(DecodeError::LimitExceeded { what: "tokens", .. })));
+    let tight = Limits { max_profile_bytes: 100, ..Limits::DEFAULT };
+    assert!(matches!(decode(&bytes, None, &tight), Err(DecodeError::LimitExceeded { .. })));
+    let tight = Limits { max_elements: 100, ..Limits::DEFAULT };
+    assert!(matches!(decode(&bytes, None, &tight), Err(DecodeError::LimitExceeded { .. })));
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    assert!(matches!(decode(&bad, None, &Limits::DEFAULT), Err(DecodeError::BadMagic { .. })));
+}
+
+#[test]
+fn streams_are_identical_across_runs_and_threads() {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 3);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    let params = EncodeParams { chunk_tokens: 128, ..EncodeParams::default() };
+    let a = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    let b = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    assert_eq!(a, b);
+    // Encode each chunk on its own thread; the chunks must equal the single-threaded stream's.
+    let s = Stream::open(&a, Some(&profile), &Limits::DEFAULT).unwrap();
+    let ctx = s.context();
+    let view = cache.view();
+    let chunks: Vec<Vec<u8>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = s
+            .header()
+            .chunks
+            .iter()
+            .map(|e| {
+                let (ctx, view) = (&ctx, &view);
+                sc.spawn(move || ctx.encode_chunk(view, e.token_start..e.token_start + e.tokens, e.level).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, c) in chunks.iter().enumerate() {
+        assert_eq!(c.as_slice(), s.chunk_bytes(i).unwrap());
+    }
+    // The profile itself is deterministic.
+    assert_eq!(learn_plain(&cache, &LearnParams::default()).as_bytes(), profile.as_bytes());
+}
+
+#[test]
+fn profile_bytes_round_trip_and_reject_corruption() {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 1);
+    let p = learn_plain(&cache, &LearnParams::default());
+    let q = Profile::from_bytes(p.as_bytes(), &Limits::DEFAULT).unwrap();
+    assert_eq!(q.as_bytes(), p.as_bytes());
+    assert_eq!(q.hash(), p.hash());
+    for i in (0..p.as_bytes().len()).step_by(97) {
+        let mut b = p.as_bytes().to_vec();
+        b[i] ^= 0x10;
+        assert!(Profile::from_bytes(&b, &Limits::DEFAULT).is_err(), "byte {i}");
+    }
+    for len in (0..p.as_bytes().len()).step_by(101) {
+        assert!(Profile::from_bytes(&p.as_bytes()[..len], &Limits::DEFAULT).is_err());
+    }
+}
+
+fn synthetic(layers: u32, heads: u32, dim: u32, tokens: u32, dtype: Dtype, seed: u64) -> KvCache {
+    let shape = KvShape { layers, kv_heads: heads, head_dim: dim, tokens };
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f32 / (1u64 << 53) as f32 - 0.5
+    };
+    let n = shape.tensor_len();
+    let mut make = |scale: f32| -> Tensor {
+        let v: Vec<f32> = (0..n).map(|i| (next() + (i % 5) as f32 * 0.1) * scale).collect();
+        match dtype {
+            Dtype::F16 => Tensor::F16(v.iter().map(|x| f16::from_f32(*x)).collect()),
+            Dtype::Bf16 => Tensor::Bf16(v.iter().map(|x| bf16::from_f32(*x)).collect()),
+            Dtype::F32 => Tensor::F32(v),
+        }
+    };
+    let k = (0..layers).map(|l| make(1.0 + l as f32)).collect();
+    let v = (0..layers).map(|_| make(0.3)).collect();
+    KvCache { shape, k, v, meta: KvMeta { model_id: "synthetic".into(), ..KvMeta::default() } }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn random_shapes_round_trip_within_half_a_step(
+        layers in 1u32..3, heads in 1u32..3, dim in 1u32..9, tokens in 1u32..60,
+        dtype in prop_oneof![Just(Dtype::F16), Just(Dtype::Bf16), Just(Dtype::F32)],
+        chunk in 1u32..40, group in 1u32..13, sink in 0u16..3, level in 0u8..5, seed in any::<u64>(),
+    ) {
+        let cache = synthetic(layers, heads, dim, tokens, dtype, seed);
+        let lp = LearnParams { group, chunk_tokens: chunk, n_sink: sink, ..LearnParams::default() };
+        let profile = learn_plain(&cache, &lp);
+        let params = EncodeParams { chunk_tokens: chunk, group, n_sink: sink, levels: vec![level] };
+        let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+        let dec = decode(&bytes, None, &Limits::DEFAULT).unwrap();
+        prop_assert_eq!(&dec, &expected(&cache, &profile, &params));
+        let c = cache.shape.channels();
+        let mult = profile.level_multipliers()[level as usize];
+        for l in 0..layers as usize {
+            for (kv, (a, b)) in [(&cache.k[l], &dec.k[l]), (&cache.v[l], &dec.v[l])].into_iter().enumerate() {
+                let (a, b) = (a.to_f32_vec(), b.to_f32_vec());
+                let p = profile.channel_params(l as u32, kv);
+                for i in 0..a.len() {
+                    let (t, ch) = (i / c, i % c);
+                    let row = t % chunk as usize;
+                    let bound = if (t as u64) < sink as u64 { 0.0 }
+                        else if row % group as usize == 0 { p[ch].anchor_step * mult * 0.5 }
+                        else { p[ch].delta_step * mult * 0.5 };
+                    // Output rounding to the dtype adds at most half an ulp of the value.
+                    let ulp = match dtype { Dtype::F16 => 1e-3, Dtype::Bf16 => 8e-3, Dtype::F32 => 1e-6 } * (a[i].abs() + bound + 1e-3);
+                    prop_assert!((a[i] - b[i]).abs() <= bound * 1.0001 + ulp, "t {} ch {}: {} vs {}", t, ch, a[i], b[i]);
+                }
+            }
+        }
+    }
+}
