@@ -6,7 +6,9 @@
 //! table `g % 6`.
 
 use codec_core::rans::{encode_lanes_into, DecodeTable, FreqTable, LaneDecoder, LANES};
-use constriction::stream::model::{ContiguousCategoricalEntropyModel, ContiguousLookupDecoderModel};
+use constriction::stream::model::{
+    ContiguousCategoricalEntropyModel, ContiguousLookupDecoderModel,
+};
 use constriction::stream::stack::DefaultAnsCoder;
 use constriction::stream::Decode;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -109,11 +111,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("encode_32_lanes", |b| {
         let mut bufs: [Vec<u32>; LANES] = std::array::from_fn(|_| Vec::new());
         b.iter(|| {
-            encode_lanes_into(
-                black_box(&d.symbols),
-                |g| &d.tables[g % NTABLES],
-                &mut bufs,
-            );
+            encode_lanes_into(black_box(&d.symbols), |g| &d.tables[g % NTABLES], &mut bufs);
             black_box(&bufs);
         })
     });
@@ -139,7 +137,8 @@ fn bench(c: &mut Criterion) {
     group.bench_function("constriction_decode_1_lane_lookup", |b| {
         let mut out = vec![0u8; N];
         b.iter(|| {
-            let mut coder = DefaultAnsCoder::from_compressed_slice(black_box(&single_lane)).unwrap();
+            let mut coder =
+                DefaultAnsCoder::from_compressed_slice(black_box(&single_lane)).unwrap();
             for (g, o) in out.iter_mut().enumerate() {
                 *o = coder.decode_symbol(&lookup[g % NTABLES]).unwrap() as u8;
             }

@@ -6,7 +6,9 @@ mod progress;
 
 use clap::{Parser, Subcommand};
 use codec_core::profile::hex;
-use codec_core::{EncodeParams, KvCache, LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream};
+use codec_core::{
+    EncodeParams, KvCache, LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream,
+};
 use dump::{load_dump, write_dump, write_file_atomic, Dump};
 use progress::Progress;
 use std::path::{Path, PathBuf};
@@ -14,10 +16,17 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// The built-in sample: 512 tokens of SmolLM2-135M's KV cache (see testdata/).
-const BUILTIN_SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/smollm2-gpl3-512.safetensors");
+const BUILTIN_SAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../testdata/smollm2-gpl3-512.safetensors"
+);
 
 #[derive(Parser)]
-#[command(name = "kvc", version, about = "Compact, checksummed, chunked bitstreams for LLM KV caches")]
+#[command(
+    name = "kvc",
+    version,
+    about = "Compact, checksummed, chunked bitstreams for LLM KV caches"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -93,14 +102,37 @@ type Result<T> = std::result::Result<T, String>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Encode { input, output, level, levels, profile, chunk_tokens, group, sink } => {
-            let params = EncodeParams { chunk_tokens, group, n_sink: sink, levels: levels.unwrap_or_else(|| vec![level]) };
+        Cmd::Encode {
+            input,
+            output,
+            level,
+            levels,
+            profile,
+            chunk_tokens,
+            group,
+            sink,
+        } => {
+            let params = EncodeParams {
+                chunk_tokens,
+                group,
+                n_sink: sink,
+                levels: levels.unwrap_or_else(|| vec![level]),
+            };
             cmd_encode(&input, &output, profile.as_deref(), params)
         }
-        Cmd::Decode { input, output, profile, level } => cmd_decode(&input, &output, profile.as_deref(), level),
+        Cmd::Decode {
+            input,
+            output,
+            profile,
+            level,
+        } => cmd_decode(&input, &output, profile.as_deref(), level),
         Cmd::Inspect { input } => cmd_inspect(&input),
         Cmd::Profile { output, samples } => cmd_profile(&output, &samples),
-        Cmd::Eval { input, profile, json } => cmd_eval(&input, profile.as_deref(), json),
+        Cmd::Eval {
+            input,
+            profile,
+            json,
+        } => cmd_eval(&input, profile.as_deref(), json),
         Cmd::Demo { json } => cmd_eval(Path::new(BUILTIN_SAMPLE), None, json),
     };
     match r {
@@ -128,24 +160,35 @@ fn load_profile(path: &Path) -> Result<Profile> {
 fn sample_of(d: &Dump) -> Sample<'_> {
     Sample {
         kv: d.kv.view(),
-        queries: d.q.as_ref().map(|q| Queries { q: q.iter().map(|l| l.as_slice()).collect(), q_heads: d.q_heads, q_start: d.q_start }),
+        queries: d.q.as_ref().map(|q| Queries {
+            q: q.iter().map(|l| l.as_slice()).collect(),
+            q_heads: d.q_heads,
+            q_start: d.q_start,
+        }),
     }
 }
 
 fn learn(dumps: &[&Dump]) -> Result<Profile> {
     let samples: Vec<Sample<'_>> = dumps.iter().map(|d| sample_of(d)).collect();
     let bar = Progress::new(1, "learning profile");
-    let p = codec_core::learn_profile(&samples, &LearnParams::default()).map_err(|e| e.to_string())?;
+    let p =
+        codec_core::learn_profile(&samples, &LearnParams::default()).map_err(|e| e.to_string())?;
     bar.finish();
     Ok(p)
 }
 
-fn cmd_encode(input: &Path, output: &Path, profile: Option<&Path>, params: EncodeParams) -> Result<()> {
+fn cmd_encode(
+    input: &Path,
+    output: &Path,
+    profile: Option<&Path>,
+    params: EncodeParams,
+) -> Result<()> {
     let d = load(input)?;
     let (bytes, mode) = match profile {
         Some(pp) => {
             let p = load_profile(pp)?;
-            let b = codec_core::encode(&d.kv.view(), ProfileMode::Referenced(&p), &params).map_err(|e| e.to_string())?;
+            let b = codec_core::encode(&d.kv.view(), ProfileMode::Referenced(&p), &params)
+                .map_err(|e| e.to_string())?;
             (b, format!("referencing profile {}", &p.hash_hex()[..16]))
         }
         None => {
@@ -154,36 +197,65 @@ fn cmd_encode(input: &Path, output: &Path, profile: Option<&Path>, params: Encod
             used.sort_unstable();
             used.dedup();
             if let Some(&bad) = used.iter().find(|&&l| l >= full.levels()) {
-                return Err(format!("level {bad} does not exist (levels 0..{})", full.levels()));
+                return Err(format!(
+                    "level {bad} does not exist (levels 0..{})",
+                    full.levels()
+                ));
             }
             let p = full.with_levels(&used);
             let mut params = params;
-            params.levels = params.levels.iter().map(|l| used.iter().position(|u| u == l).unwrap_or(0) as u8).collect();
-            let b = codec_core::encode(&d.kv.view(), ProfileMode::Embedded(&p), &params).map_err(|e| e.to_string())?;
+            params.levels = params
+                .levels
+                .iter()
+                .map(|l| used.iter().position(|u| u == l).unwrap_or(0) as u8)
+                .collect();
+            let b = codec_core::encode(&d.kv.view(), ProfileMode::Embedded(&p), &params)
+                .map_err(|e| e.to_string())?;
             (b, "self-contained".to_string())
         }
     };
     write_file_atomic(output, &bytes).map_err(|e| e.to_string())?;
     let bpe = bytes.len() as f64 * 8.0 / d.kv.shape.total_elements() as f64;
-    eprintln!("{}: {} bytes, {bpe:.3} bits/element, {mode}", output.display(), bytes.len());
+    eprintln!(
+        "{}: {} bytes, {bpe:.3} bits/element, {mode}",
+        output.display(),
+        bytes.len()
+    );
     Ok(())
 }
 
-fn cmd_decode(input: &Path, output: &Path, profile: Option<&Path>, level: Option<u8>) -> Result<()> {
+fn cmd_decode(
+    input: &Path,
+    output: &Path,
+    profile: Option<&Path>,
+    level: Option<u8>,
+) -> Result<()> {
     let bytes = read(input)?;
     let p = profile.map(load_profile).transpose()?;
-    let s = Stream::open(&bytes, p.as_ref(), &Limits::DEFAULT).map_err(|e| format!("{}: {e}", input.display()))?;
+    let s = Stream::open(&bytes, p.as_ref(), &Limits::DEFAULT)
+        .map_err(|e| format!("{}: {e}", input.display()))?;
     if let Some(l) = level {
         if let Some(e) = s.header().chunks.iter().find(|e| e.level != l) {
             return Err(format!("chunk at token {} is coded at level {}, not {l} (levels are chosen at encode time)", e.token_start, e.level));
         }
     }
-    let cache = s.decode().map_err(|e| format!("{}: {e}", input.display()))?;
+    let cache = s
+        .decode()
+        .map_err(|e| format!("{}: {e}", input.display()))?;
     let mut meta = std::collections::BTreeMap::new();
     meta.insert("model".to_string(), cache.meta.model_id.clone());
-    meta.insert("rope_theta".to_string(), format!("{}", cache.meta.rope.theta));
-    meta.insert("pre_rope".to_string(), (cache.meta.rope.k_pre_rope as u8).to_string());
-    meta.insert("first_position".to_string(), cache.meta.first_position.to_string());
+    meta.insert(
+        "rope_theta".to_string(),
+        format!("{}", cache.meta.rope.theta),
+    );
+    meta.insert(
+        "pre_rope".to_string(),
+        (cache.meta.rope.k_pre_rope as u8).to_string(),
+    );
+    meta.insert(
+        "first_position".to_string(),
+        cache.meta.first_position.to_string(),
+    );
     meta.insert(
         "rope_style".to_string(),
         match cache.meta.rope.style {
@@ -194,39 +266,104 @@ fn cmd_decode(input: &Path, output: &Path, profile: Option<&Path>, level: Option
         .to_string(),
     );
     write_dump(output, &cache, &meta).map_err(|e| e.to_string())?;
-    eprintln!("{}: {} layers x {} tokens, {}", output.display(), cache.shape.layers, cache.shape.tokens, cache.dtype().name());
+    eprintln!(
+        "{}: {} layers x {} tokens, {}",
+        output.display(),
+        cache.shape.layers,
+        cache.shape.tokens,
+        cache.dtype().name()
+    );
     Ok(())
 }
 
 fn cmd_inspect(input: &Path) -> Result<()> {
     let bytes = read(input)?;
-    let h = codec_core::codec::Header::parse(&bytes, &Limits::DEFAULT).map_err(|e| format!("{}: {e}", input.display()))?;
+    let h = codec_core::codec::Header::parse(&bytes, &Limits::DEFAULT)
+        .map_err(|e| format!("{}: {e}", input.display()))?;
     let s = h.shape;
-    println!("file            {} ({} bytes)", input.display(), bytes.len());
+    println!(
+        "file            {} ({} bytes)",
+        input.display(),
+        bytes.len()
+    );
     println!("format          kvc stream v{}", h.version);
-    println!("model           {}", if h.meta.model_id.is_empty() { "(none)" } else { &h.meta.model_id });
-    println!("shape           {} layers x {} kv heads x {} head dim, {} tokens, {}", s.layers, s.kv_heads, s.head_dim, s.tokens, h.dtype.name());
-    println!("rope            {:?}, theta {}, scaling {}, K {}-RoPE", h.meta.rope.style, h.meta.rope.theta, h.meta.rope.scaling, if h.meta.rope.k_pre_rope { "pre" } else { "post" });
+    println!(
+        "model           {}",
+        if h.meta.model_id.is_empty() {
+            "(none)"
+        } else {
+            &h.meta.model_id
+        }
+    );
+    println!(
+        "shape           {} layers x {} kv heads x {} head dim, {} tokens, {}",
+        s.layers,
+        s.kv_heads,
+        s.head_dim,
+        s.tokens,
+        h.dtype.name()
+    );
+    println!(
+        "rope            {:?}, theta {}, scaling {}, K {}-RoPE",
+        h.meta.rope.style,
+        h.meta.rope.theta,
+        h.meta.rope.scaling,
+        if h.meta.rope.k_pre_rope {
+            "pre"
+        } else {
+            "post"
+        }
+    );
     println!("first position  {}", h.meta.first_position);
-    println!("chunking        {} tokens/chunk, groups of {}, {} sink token(s)", h.chunk_tokens, h.group, h.n_sink);
-    println!("profile         {} ({})", hex(&h.profile_hash), if h.profile_len > 0 { format!("embedded, {} bytes", h.profile_len) } else { "referenced".to_string() });
+    println!(
+        "chunking        {} tokens/chunk, groups of {}, {} sink token(s)",
+        h.chunk_tokens, h.group, h.n_sink
+    );
+    println!(
+        "profile         {} ({})",
+        hex(&h.profile_hash),
+        if h.profile_len > 0 {
+            format!("embedded, {} bytes", h.profile_len)
+        } else {
+            "referenced".to_string()
+        }
+    );
     let total = s.total_elements().max(1) as f64;
     println!("header          {} bytes", h.header_len());
-    println!("total           {:.4} bits/element", bytes.len() as f64 * 8.0 / total);
+    println!(
+        "total           {:.4} bits/element",
+        bytes.len() as f64 * 8.0 / total
+    );
     println!("chunk  tokens          level  bytes       bits/element");
     for (i, e) in h.chunks.iter().enumerate() {
         let el = s.layers as f64 * 2.0 * e.tokens as f64 * s.channels() as f64;
-        println!("{i:<6} {:>6}..{:<7} {:>5}  {:<10}  {:.4}", e.token_start, e.token_start + e.tokens, e.level, e.len_bytes, e.len_bytes as f64 * 8.0 / el);
+        println!(
+            "{i:<6} {:>6}..{:<7} {:>5}  {:<10}  {:.4}",
+            e.token_start,
+            e.token_start + e.tokens,
+            e.level,
+            e.len_bytes,
+            e.len_bytes as f64 * 8.0 / el
+        );
     }
     Ok(())
 }
 
 fn cmd_profile(output: &Path, samples: &[PathBuf]) -> Result<()> {
-    let dumps = samples.iter().map(|p| load(p)).collect::<Result<Vec<_>>>()?;
+    let dumps = samples
+        .iter()
+        .map(|p| load(p))
+        .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&Dump> = dumps.iter().collect();
     let p = learn(&refs)?;
     write_file_atomic(output, p.as_bytes()).map_err(|e| e.to_string())?;
-    eprintln!("{}: profile {} ({} bytes, {} levels)", output.display(), p.hash_hex(), p.as_bytes().len(), p.levels());
+    eprintln!(
+        "{}: profile {} ({} bytes, {} levels)",
+        output.display(),
+        p.hash_hex(),
+        p.as_bytes().len(),
+        p.levels()
+    );
     Ok(())
 }
 
@@ -259,7 +396,10 @@ fn errors(d: &Dump, rec: &KvCache, name: String, bpe: f64) -> Row {
         let (k2, v2) = (rec.k[l].to_f32_vec(), rec.v[l].to_f32_vec());
         kl.push(metrics::rel_error(&k, &k2));
         vl.push(metrics::rel_error(&v, &v2));
-        if let (Some(a), Some(b)) = (metrics::dump_attention_output(d, l, &k, &v), metrics::dump_attention_output(d, l, &k2, &v2)) {
+        if let (Some(a), Some(b)) = (
+            metrics::dump_attention_output(d, l, &k, &v),
+            metrics::dump_attention_output(d, l, &k2, &v2),
+        ) {
             al.push(metrics::rel_error(&a, &b));
         }
     }
@@ -290,7 +430,10 @@ fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
     let mut rows = Vec::new();
     let bar = Progress::new(full.levels() as u64, "levels");
     for level in 0..full.levels() {
-        let params = EncodeParams { levels: vec![if profile.is_some() { level } else { 0 }], ..EncodeParams::default() };
+        let params = EncodeParams {
+            levels: vec![if profile.is_some() { level } else { 0 }],
+            ..EncodeParams::default()
+        };
         let embedded;
         let (mode, prof) = if profile.is_some() {
             (ProfileMode::Referenced(&full), &full)
@@ -303,11 +446,20 @@ fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
         let bytes = codec_core::encode(&view, mode, &params).map_err(|e| e.to_string())?;
         let enc_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let stream = Stream::open(&bytes, Some(prof), &Limits::DEFAULT).map_err(|e| e.to_string())?;
+        let stream =
+            Stream::open(&bytes, Some(prof), &Limits::DEFAULT).map_err(|e| e.to_string())?;
         let rec = stream.decode().map_err(|e| e.to_string())?;
         let dec_s = t1.elapsed().as_secs_f64();
         let bpe = bytes.len() as f64 * 8.0 / elements as f64;
-        let mut row = errors(&d, &rec, format!("kvc level {level} (x{})", full.level_multipliers()[level as usize]), bpe);
+        let mut row = errors(
+            &d,
+            &rec,
+            format!(
+                "kvc level {level} (x{})",
+                full.level_multipliers()[level as usize]
+            ),
+            bpe,
+        );
         row.encode_mb_s = Some(f16_mb / enc_s);
         row.decode_mb_s = Some(f16_mb / dec_s);
         row.bytes = Some(bytes.len());
@@ -343,13 +495,35 @@ fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
                 "encode_mb_s": r.encode_mb_s, "decode_mb_s": r.decode_mb_s,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
+        );
     } else {
-        println!("{} ({} layers x {} tokens x {} channels, {}), {mode}", input.display(), shape.layers, shape.tokens, shape.channels(), d.kv.dtype().name());
-        println!("{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}", "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s");
+        println!(
+            "{} ({} layers x {} tokens x {} channels, {}), {mode}",
+            input.display(),
+            shape.layers,
+            shape.tokens,
+            shape.channels(),
+            d.kv.dtype().name()
+        );
+        println!(
+            "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}",
+            "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s"
+        );
         for r in &rows {
             let f = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
-            println!("{:<28} {:>8.3} {:>9.4} {:>8.4} {:>8.4} {:>10} {:>10}", r.name, r.bits_per_element, r.attn, r.k_rel, r.v_rel, f(r.encode_mb_s), f(r.decode_mb_s));
+            println!(
+                "{:<28} {:>8.3} {:>9.4} {:>8.4} {:>8.4} {:>10} {:>10}",
+                r.name,
+                r.bits_per_element,
+                r.attn,
+                r.k_rel,
+                r.v_rel,
+                f(r.encode_mb_s),
+                f(r.decode_mb_s)
+            );
         }
         println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
     }

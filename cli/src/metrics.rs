@@ -32,7 +32,8 @@ pub fn rel_error(orig: &[f32], recon: &[f32]) -> f64 {
     }
 }
 
-/// Query rows processed together (they share every K and V load).
+/// Query rows processed together (they share every K and V load). The kernels below are
+/// written out for exactly four.
 const ROWS: usize = 4;
 /// Tokens per tile of the score pass (keeps the score rows in L1).
 const TILE: usize = 512;
@@ -50,8 +51,9 @@ fn exp_nonpos(x: f32) -> f32 {
     let xc = if x < -87.0 { -87.0 } else { x };
     let shifted = xc * LOG2E + MAGIC;
     let n = shifted - MAGIC;
-    let r = (xc - n * LN2_HI) - n * LN2_LO; // |r| <= ln2 / 2
-                                            // Taylor series to r^7: truncation error below 1e-8 on |r| <= 0.35.
+    // Reduced argument, |r| <= ln2 / 2.
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    // Taylor series to r^7: truncation error below 1e-8 on |r| <= 0.35.
     let p = 1.0
         + r * (1.0
             + r * (1.0 / 2.0
@@ -314,12 +316,17 @@ pub fn minmax_quantize(x: &[f32], group: usize, bits: u32) -> Vec<f32> {
             continue;
         }
         for &v in chunk {
-            let q = ((v - mn) / scale).round_ties_even().clamp(0.0, levels);
+            // Clamp, then round half to even by adding and removing 1.5 * 2^23 (exact for
+            // values below 2^22, which the clamp guarantees).
+            let c = ((v - mn) / scale).clamp(0.0, levels);
+            let q = (c + ROUND_MAGIC) - ROUND_MAGIC;
             out.push(mn + q * scale);
         }
     }
     out
 }
+
+const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// One line of the baseline table.
 #[derive(Clone, Debug, PartialEq)]

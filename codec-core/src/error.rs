@@ -271,7 +271,9 @@ impl fmt::Display for EncodeError {
         match self {
             InvalidParam { what, got } => write!(f, "invalid parameter {what}: {got}"),
             ShapeMismatch { what } => write!(f, "input does not match its shape: {what}"),
-            ProfileShape => f.write_str("profile shape (layers, heads, head_dim) differs from the input's"),
+            ProfileShape => {
+                f.write_str("profile shape (layers, heads, head_dim) differs from the input's")
+            }
             UnknownLevel { level, levels } => {
                 write!(f, "level {level} not in profile (it has {levels} levels)")
             }

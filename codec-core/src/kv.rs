@@ -75,7 +75,7 @@ impl KvShape {
     }
     /// Values in the whole cache (`layers * 2 * tokens * channels`).
     pub fn total_elements(&self) -> u64 {
-        self.layers as u64 * 2 * self.tensor_len() as u64
+        self.layers as u64 * 2 * self.tokens as u64 * self.kv_heads as u64 * self.head_dim as u64
     }
 }
 

@@ -24,6 +24,8 @@ pub mod rans;
 
 pub use codec::{decode, encode, ChunkContext, EncodeParams, ProfileMode, Stream};
 pub use error::{DecodeError, EncodeError, Kv};
-pub use kv::{Dtype, KvCache, KvMeta, KvShape, KvView, Rope, RopeStyle, Tensor, TensorMut, TensorRef};
+pub use kv::{
+    Dtype, KvCache, KvMeta, KvShape, KvView, Rope, RopeStyle, Tensor, TensorMut, TensorRef,
+};
 pub use limits::Limits;
 pub use profile::{learn_profile, LearnParams, Profile, Queries, Sample};

@@ -4,15 +4,22 @@ mod common;
 
 use codec_core::quant::{quantize_block, BlockConsts};
 use codec_core::{
-    decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape, LearnParams, Limits, Profile, ProfileMode, Queries,
-    Sample, Stream, Tensor,
+    decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape,
+    LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream, Tensor,
 };
 use half::{bf16, f16};
 use proptest::prelude::*;
 use sha2::Digest;
 
 fn learn_plain(cache: &KvCache, params: &LearnParams) -> Profile {
-    learn_profile(&[Sample { kv: cache.view(), queries: None }], params).unwrap()
+    learn_profile(
+        &[Sample {
+            kv: cache.view(),
+            queries: None,
+        }],
+        params,
+    )
+    .unwrap()
 }
 
 /// The reconstruction the format promises, computed with the reference quantizer chunk by chunk.
@@ -22,7 +29,11 @@ fn expected(cache: &KvCache, profile: &Profile, params: &EncodeParams) -> KvCach
     let mut out = KvCache::zeros(s, cache.dtype(), cache.meta.clone());
     for layer in 0..s.layers {
         for kv in 0..2 {
-            let src = if kv == 0 { &cache.k[layer as usize] } else { &cache.v[layer as usize] };
+            let src = if kv == 0 {
+                &cache.k[layer as usize]
+            } else {
+                &cache.v[layer as usize]
+            };
             let x = src.to_f32_vec();
             let mut rec = vec![0f32; x.len()];
             let mut start = 0;
@@ -30,14 +41,30 @@ fn expected(cache: &KvCache, profile: &Profile, params: &EncodeParams) -> KvCach
             while start < s.tokens as usize {
                 let end = (start + params.chunk_tokens as usize).min(s.tokens as usize);
                 let level = params.levels[if params.levels.len() == 1 { 0 } else { chunk }];
-                let consts = BlockConsts::new(profile.channel_params(layer, kv), profile.level_multipliers()[level as usize]);
-                let sink = (params.n_sink as u64).saturating_sub(cache.meta.first_position + start as u64).min((end - start) as u64) as usize;
+                let consts = BlockConsts::new(
+                    profile.channel_params(layer, kv),
+                    profile.level_multipliers()[level as usize],
+                );
+                let sink = (params.n_sink as u64)
+                    .saturating_sub(cache.meta.first_position + start as u64)
+                    .min((end - start) as u64) as usize;
                 let mut sym = Vec::new();
-                quantize_block(&x[start * c..end * c], &consts, params.group as usize, sink, &mut sym, &mut rec[start * c..end * c]);
+                quantize_block(
+                    &x[start * c..end * c],
+                    &consts,
+                    params.group as usize,
+                    sink,
+                    &mut sym,
+                    &mut rec[start * c..end * c],
+                );
                 start = end;
                 chunk += 1;
             }
-            let dst = if kv == 0 { &mut out.k[layer as usize] } else { &mut out.v[layer as usize] };
+            let dst = if kv == 0 {
+                &mut out.k[layer as usize]
+            } else {
+                &mut out.v[layer as usize]
+            };
             dst.as_mut().write_f32(0, &rec);
         }
     }
@@ -54,12 +81,30 @@ fn testdata_sample_is_the_pinned_fixture() {
 #[test]
 fn real_sample_round_trip_every_level() {
     let (cache, q, q_heads, q_start) = common::load(common::SAMPLE, 4);
-    let queries = Queries { q: q.iter().map(|l| l.as_slice()).collect(), q_heads, q_start };
-    let lp = LearnParams { chunk_tokens: 200, ..LearnParams::default() };
-    let profile = learn_profile(&[Sample { kv: cache.view(), queries: Some(queries) }], &lp).unwrap();
+    let queries = Queries {
+        q: q.iter().map(|l| l.as_slice()).collect(),
+        q_heads,
+        q_start,
+    };
+    let lp = LearnParams {
+        chunk_tokens: 200,
+        ..LearnParams::default()
+    };
+    let profile = learn_profile(
+        &[Sample {
+            kv: cache.view(),
+            queries: Some(queries),
+        }],
+        &lp,
+    )
+    .unwrap();
     let mut prev_bytes = usize::MAX;
     for level in 0..profile.levels() {
-        let params = EncodeParams { chunk_tokens: 200, levels: vec![level], ..EncodeParams::default() };
+        let params = EncodeParams {
+            chunk_tokens: 200,
+            levels: vec![level],
+            ..EncodeParams::default()
+        };
         let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
         let dec = decode(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
         assert_eq!(dec, expected(&cache, &profile, &params), "level {level}");
@@ -81,16 +126,32 @@ fn self_contained_needs_no_profile_and_referenced_does() {
     let a = decode(&embedded, None, &Limits::DEFAULT).unwrap();
     let b = decode(&referenced, Some(&profile), &Limits::DEFAULT).unwrap();
     assert_eq!(a, b);
-    assert!(matches!(decode(&referenced, None, &Limits::DEFAULT), Err(DecodeError::ProfileRequired { .. })));
-    let other = learn_plain(&cache, &LearnParams { target_error: 0.2, ..LearnParams::default() });
-    assert!(matches!(decode(&referenced, Some(&other), &Limits::DEFAULT), Err(DecodeError::ProfileMismatch { .. })));
+    assert!(matches!(
+        decode(&referenced, None, &Limits::DEFAULT),
+        Err(DecodeError::ProfileRequired { .. })
+    ));
+    let other = learn_plain(
+        &cache,
+        &LearnParams {
+            target_error: 0.2,
+            ..LearnParams::default()
+        },
+    );
+    assert!(matches!(
+        decode(&referenced, Some(&other), &Limits::DEFAULT),
+        Err(DecodeError::ProfileMismatch { .. })
+    ));
 }
 
 #[test]
 fn token_ranges_decode_only_what_they_need_and_match() {
     let (cache, _, _, _) = common::load(common::SAMPLE, 2);
     let profile = learn_plain(&cache, &LearnParams::default());
-    let params = EncodeParams { chunk_tokens: 100, group: 7, ..EncodeParams::default() };
+    let params = EncodeParams {
+        chunk_tokens: 100,
+        group: 7,
+        ..EncodeParams::default()
+    };
     let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
     let s = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
     let full = s.decode().unwrap();
@@ -107,14 +168,22 @@ fn token_ranges_decode_only_what_they_need_and_match() {
     bad[e.offset as usize + 10] ^= 1;
     let s2 = Stream::open(&bad, Some(&profile), &Limits::DEFAULT).unwrap();
     assert!(s2.decode_tokens(0..300).is_ok());
-    assert!(matches!(s2.decode_tokens(0..401), Err(DecodeError::ChunkCrc { chunk: 4, .. })));
+    assert!(matches!(
+        s2.decode_tokens(0..401),
+        Err(DecodeError::ChunkCrc { chunk: 4, .. })
+    ));
 }
 
 #[test]
 fn decode_into_caller_buffers_of_any_dtype() {
     let (cache, _, _, _) = common::load(common::SAMPLE, 2);
     let profile = learn_plain(&cache, &LearnParams::default());
-    let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &EncodeParams::default()).unwrap();
+    let bytes = encode(
+        &cache.view(),
+        ProfileMode::Referenced(&profile),
+        &EncodeParams::default(),
+    )
+    .unwrap();
     let s = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
     let owned = s.decode().unwrap();
     let n = cache.shape.tensor_len();
@@ -134,7 +203,10 @@ fn decode_into_caller_buffers_of_any_dtype() {
     let mut short: Vec<Tensor> = (0..2).map(|_| Tensor::zeros(Dtype::F32, n - 1)).collect();
     let mut k: Vec<_> = short.iter_mut().map(|t| t.as_mut()).collect();
     let mut v: Vec<_> = vb.iter_mut().map(|t| t.as_mut()).collect();
-    assert!(matches!(s.decode_into(&mut k, &mut v), Err(DecodeError::OutputMismatch { .. })));
+    assert!(matches!(
+        s.decode_into(&mut k, &mut v),
+        Err(DecodeError::OutputMismatch { .. })
+    ));
 }
 
 fn small_stream() -> (Vec<u8>, Profile) {
@@ -148,7 +220,15 @@ fn small_stream() -> (Vec<u8>, Profile) {
         }
     }
     let profile = learn_plain(&c, &LearnParams::default());
-    let bytes = encode(&c.view(), ProfileMode::Embedded(&profile), &EncodeParams { chunk_tokens: 16, ..EncodeParams::default() }).unwrap();
+    let bytes = encode(
+        &c.view(),
+        ProfileMode::Embedded(&profile),
+        &EncodeParams {
+            chunk_tokens: 16,
+            ..EncodeParams::default()
+        },
+    )
+    .unwrap();
     (bytes, profile)
 }
 
@@ -156,11 +236,17 @@ fn small_stream() -> (Vec<u8>, Profile) {
 fn every_truncation_is_an_error() {
     let (bytes, _) = small_stream();
     for len in 0..bytes.len() {
-        assert!(decode(&bytes[..len], None, &Limits::DEFAULT).is_err(), "prefix of {len} bytes decoded");
+        assert!(
+            decode(&bytes[..len], None, &Limits::DEFAULT).is_err(),
+            "prefix of {len} bytes decoded"
+        );
     }
     let mut long = bytes.clone();
     long.push(0);
-    assert!(matches!(decode(&long, None, &Limits::DEFAULT), Err(DecodeError::Inconsistent { .. })));
+    assert!(matches!(
+        decode(&long, None, &Limits::DEFAULT),
+        Err(DecodeError::Inconsistent { .. })
+    ));
 }
 
 #[test]
@@ -173,7 +259,10 @@ fn every_single_byte_change_is_detected() {
             b[i] ^= flip;
             match decode(&b, None, &Limits::DEFAULT) {
                 Err(_) => {}
-                Ok(d) => panic!("byte {i} ^ {flip:#x} went unnoticed (same output: {})", d == good),
+                Ok(d) => panic!(
+                    "byte {i} ^ {flip:#x} went unnoticed (same output: {})",
+                    d == good
+                ),
             }
         }
     }
@@ -182,22 +271,46 @@ fn every_single_byte_change_is_detected() {
 #[test]
 fn limits_are_enforced_before_decoding() {
     let (bytes, _) = small_stream();
-    let tight = Limits { max_tokens: 39, ..Limits::DEFAULT };
-    assert!(matches!(decode(&bytes, None, &tight), Err(DecodeError::LimitExceeded { what: "tokens", .. })));
-    let tight = Limits { max_profile_bytes: 100, ..Limits::DEFAULT };
-    assert!(matches!(decode(&bytes, None, &tight), Err(DecodeError::LimitExceeded { .. })));
-    let tight = Limits { max_elements: 100, ..Limits::DEFAULT };
-    assert!(matches!(decode(&bytes, None, &tight), Err(DecodeError::LimitExceeded { .. })));
+    let tight = Limits {
+        max_tokens: 39,
+        ..Limits::DEFAULT
+    };
+    assert!(matches!(
+        decode(&bytes, None, &tight),
+        Err(DecodeError::LimitExceeded { what: "tokens", .. })
+    ));
+    let tight = Limits {
+        max_profile_bytes: 100,
+        ..Limits::DEFAULT
+    };
+    assert!(matches!(
+        decode(&bytes, None, &tight),
+        Err(DecodeError::LimitExceeded { .. })
+    ));
+    let tight = Limits {
+        max_elements: 100,
+        ..Limits::DEFAULT
+    };
+    assert!(matches!(
+        decode(&bytes, None, &tight),
+        Err(DecodeError::LimitExceeded { .. })
+    ));
     let mut bad = bytes.clone();
     bad[0] = b'X';
-    assert!(matches!(decode(&bad, None, &Limits::DEFAULT), Err(DecodeError::BadMagic { .. })));
+    assert!(matches!(
+        decode(&bad, None, &Limits::DEFAULT),
+        Err(DecodeError::BadMagic { .. })
+    ));
 }
 
 #[test]
 fn streams_are_identical_across_runs_and_threads() {
     let (cache, _, _, _) = common::load(common::SAMPLE, 3);
     let profile = learn_plain(&cache, &LearnParams::default());
-    let params = EncodeParams { chunk_tokens: 128, ..EncodeParams::default() };
+    let params = EncodeParams {
+        chunk_tokens: 128,
+        ..EncodeParams::default()
+    };
     let a = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
     let b = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
     assert_eq!(a, b);
@@ -212,7 +325,10 @@ fn streams_are_identical_across_runs_and_threads() {
             .iter()
             .map(|e| {
                 let (ctx, view) = (&ctx, &view);
-                sc.spawn(move || ctx.encode_chunk(view, e.token_start..e.token_start + e.tokens, e.level).unwrap())
+                sc.spawn(move || {
+                    ctx.encode_chunk(view, e.token_start..e.token_start + e.tokens, e.level)
+                        .unwrap()
+                })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -221,7 +337,10 @@ fn streams_are_identical_across_runs_and_threads() {
         assert_eq!(c.as_slice(), s.chunk_bytes(i).unwrap());
     }
     // The profile itself is deterministic.
-    assert_eq!(learn_plain(&cache, &LearnParams::default()).as_bytes(), profile.as_bytes());
+    assert_eq!(
+        learn_plain(&cache, &LearnParams::default()).as_bytes(),
+        profile.as_bytes()
+    );
 }
 
 #[test]
@@ -234,7 +353,10 @@ fn profile_bytes_round_trip_and_reject_corruption() {
     for i in (0..p.as_bytes().len()).step_by(97) {
         let mut b = p.as_bytes().to_vec();
         b[i] ^= 0x10;
-        assert!(Profile::from_bytes(&b, &Limits::DEFAULT).is_err(), "byte {i}");
+        assert!(
+            Profile::from_bytes(&b, &Limits::DEFAULT).is_err(),
+            "byte {i}"
+        );
     }
     for len in (0..p.as_bytes().len()).step_by(101) {
         assert!(Profile::from_bytes(&p.as_bytes()[..len], &Limits::DEFAULT).is_err());
@@ -242,7 +364,12 @@ fn profile_bytes_round_trip_and_reject_corruption() {
 }
 
 fn synthetic(layers: u32, heads: u32, dim: u32, tokens: u32, dtype: Dtype, seed: u64) -> KvCache {
-    let shape = KvShape { layers, kv_heads: heads, head_dim: dim, tokens };
+    let shape = KvShape {
+        layers,
+        kv_heads: heads,
+        head_dim: dim,
+        tokens,
+    };
     let mut state = seed | 1;
     let mut next = move || {
         state ^= state << 13;
@@ -252,7 +379,9 @@ fn synthetic(layers: u32, heads: u32, dim: u32, tokens: u32, dtype: Dtype, seed:
     };
     let n = shape.tensor_len();
     let mut make = |scale: f32| -> Tensor {
-        let v: Vec<f32> = (0..n).map(|i| (next() + (i % 5) as f32 * 0.1) * scale).collect();
+        let v: Vec<f32> = (0..n)
+            .map(|i| (next() + (i % 5) as f32 * 0.1) * scale)
+            .collect();
         match dtype {
             Dtype::F16 => Tensor::F16(v.iter().map(|x| f16::from_f32(*x)).collect()),
             Dtype::Bf16 => Tensor::Bf16(v.iter().map(|x| bf16::from_f32(*x)).collect()),
@@ -261,7 +390,15 @@ fn synthetic(layers: u32, heads: u32, dim: u32, tokens: u32, dtype: Dtype, seed:
     };
     let k = (0..layers).map(|l| make(1.0 + l as f32)).collect();
     let v = (0..layers).map(|_| make(0.3)).collect();
-    KvCache { shape, k, v, meta: KvMeta { model_id: "synthetic".into(), ..KvMeta::default() } }
+    KvCache {
+        shape,
+        k,
+        v,
+        meta: KvMeta {
+            model_id: "synthetic".into(),
+            ..KvMeta::default()
+        },
+    }
 }
 
 proptest! {

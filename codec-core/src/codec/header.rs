@@ -138,42 +138,75 @@ impl Header {
         let mut r = Reader::new(bytes, "stream header");
         let magic: [u8; 4] = r.bytes_n::<4>()?;
         if magic != STREAM_MAGIC {
-            return Err(DecodeError::BadMagic { what: "stream", got: magic });
+            return Err(DecodeError::BadMagic {
+                what: "stream",
+                got: magic,
+            });
         }
         let version = r.u16()?;
         if version != STREAM_VERSION {
-            return Err(DecodeError::UnsupportedVersion { what: "stream", got: version });
+            return Err(DecodeError::UnsupportedVersion {
+                what: "stream",
+                got: version,
+            });
         }
         let flags = r.u16()?;
         let header_len = r.u32()? as usize;
         if header_len < HEADER_FIXED_LEN + 4 {
-            return Err(DecodeError::InvalidField { what: "header_len", got: header_len as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "header_len",
+                got: header_len as u64,
+            });
         }
         if header_len > bytes.len() {
-            return Err(DecodeError::Truncated { what: "stream header", needed: header_len as u64, available: bytes.len() as u64 });
+            return Err(DecodeError::Truncated {
+                what: "stream header",
+                needed: header_len as u64,
+                available: bytes.len() as u64,
+            });
         }
         let body = &bytes[..header_len - 4];
-        let stored = u32::from_le_bytes([bytes[header_len - 4], bytes[header_len - 3], bytes[header_len - 2], bytes[header_len - 1]]);
+        let stored = u32::from_le_bytes([
+            bytes[header_len - 4],
+            bytes[header_len - 3],
+            bytes[header_len - 2],
+            bytes[header_len - 1],
+        ]);
         let computed = crc32c(body);
         if stored != computed {
             return Err(DecodeError::HeaderCrc { stored, computed });
         }
         if flags != 0 {
-            return Err(DecodeError::InvalidField { what: "flags", got: flags as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "flags",
+                got: flags as u64,
+            });
         }
         let mut r = Reader::new(body, "stream header");
         r.take(12)?;
         let dtype_code = r.u8()?;
-        let dtype = Dtype::from_code(dtype_code).ok_or(DecodeError::InvalidField { what: "dtype", got: dtype_code as u64 })?;
+        let dtype = Dtype::from_code(dtype_code).ok_or(DecodeError::InvalidField {
+            what: "dtype",
+            got: dtype_code as u64,
+        })?;
         let style_code = r.u8()?;
-        let style = RopeStyle::from_code(style_code).ok_or(DecodeError::InvalidField { what: "rope style", got: style_code as u64 })?;
+        let style = RopeStyle::from_code(style_code).ok_or(DecodeError::InvalidField {
+            what: "rope style",
+            got: style_code as u64,
+        })?;
         let pre = r.u8()?;
         if pre > 1 {
-            return Err(DecodeError::InvalidField { what: "k_pre_rope", got: pre as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "k_pre_rope",
+                got: pre as u64,
+            });
         }
         let reserved = r.u8()?;
         if reserved != 0 {
-            return Err(DecodeError::InvalidField { what: "reserved byte", got: reserved as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "reserved byte",
+                got: reserved as u64,
+            });
         }
         let layers = r.u32()?;
         let kv_heads = r.u32()?;
@@ -181,51 +214,104 @@ impl Header {
         let tokens = r.u32()?;
         crate::profile::check_shape(layers, kv_heads, head_dim, limits)?;
         if tokens > limits.max_tokens {
-            return Err(DecodeError::LimitExceeded { what: "tokens", got: tokens as u64, max: limits.max_tokens as u64 });
+            return Err(DecodeError::LimitExceeded {
+                what: "tokens",
+                got: tokens as u64,
+                max: limits.max_tokens as u64,
+            });
         }
-        let shape = KvShape { layers, kv_heads, head_dim, tokens };
+        let shape = KvShape {
+            layers,
+            kv_heads,
+            head_dim,
+            tokens,
+        };
         let elements = shape.total_elements();
         if elements > limits.max_elements {
-            return Err(DecodeError::LimitExceeded { what: "decoded elements", got: elements, max: limits.max_elements });
+            return Err(DecodeError::LimitExceeded {
+                what: "decoded elements",
+                got: elements,
+                max: limits.max_elements,
+            });
+        }
+        // Sizes below are computed in usize: make sure one tensor fits on this platform.
+        let tensor_elems = tokens as u64 * kv_heads as u64 * head_dim as u64;
+        if tensor_elems > (usize::MAX / 8) as u64 {
+            return Err(DecodeError::LimitExceeded {
+                what: "tensor elements on this platform",
+                got: tensor_elems,
+                max: (usize::MAX / 8) as u64,
+            });
         }
         let theta = r.f32()?;
         let scaling = r.f32()?;
         if !theta.is_finite() || !scaling.is_finite() {
-            return Err(DecodeError::InvalidField { what: "rope theta/scaling", got: theta.to_bits() as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "rope theta/scaling",
+                got: theta.to_bits() as u64,
+            });
         }
         let first_position = r.u64()?;
         let chunk_tokens = r.u32()?;
         let group = r.u16()?;
         let n_sink = r.u16()?;
         if chunk_tokens == 0 {
-            return Err(DecodeError::InvalidField { what: "chunk_tokens", got: 0 });
+            return Err(DecodeError::InvalidField {
+                what: "chunk_tokens",
+                got: 0,
+            });
         }
         if group == 0 || group as u32 > MAX_GROUP {
-            return Err(DecodeError::InvalidField { what: "group", got: group as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "group",
+                got: group as u64,
+            });
         }
         let profile_hash = r.bytes32()?;
         let profile_len = r.u64()?;
         if profile_len > limits.max_profile_bytes {
-            return Err(DecodeError::LimitExceeded { what: "embedded profile size", got: profile_len, max: limits.max_profile_bytes });
+            return Err(DecodeError::LimitExceeded {
+                what: "embedded profile size",
+                got: profile_len,
+                max: limits.max_profile_bytes,
+            });
         }
         let n_chunks = r.u32()?;
         if n_chunks > limits.max_chunks {
-            return Err(DecodeError::LimitExceeded { what: "chunks", got: n_chunks as u64, max: limits.max_chunks as u64 });
+            return Err(DecodeError::LimitExceeded {
+                what: "chunks",
+                got: n_chunks as u64,
+                max: limits.max_chunks as u64,
+            });
         }
         let id_len = r.u16()? as usize;
         if id_len > MAX_MODEL_ID_BYTES {
-            return Err(DecodeError::LimitExceeded { what: "model id length", got: id_len as u64, max: MAX_MODEL_ID_BYTES as u64 });
+            return Err(DecodeError::LimitExceeded {
+                what: "model id length",
+                got: id_len as u64,
+                max: MAX_MODEL_ID_BYTES as u64,
+            });
         }
-        let expected_len = HEADER_FIXED_LEN as u64 + id_len as u64 + INDEX_ENTRY_LEN as u64 * n_chunks as u64 + 4;
+        let expected_len =
+            HEADER_FIXED_LEN as u64 + id_len as u64 + INDEX_ENTRY_LEN as u64 * n_chunks as u64 + 4;
         if expected_len != header_len as u64 {
-            return Err(DecodeError::Inconsistent { what: "header_len does not match model id and chunk count" });
+            return Err(DecodeError::Inconsistent {
+                what: "header_len does not match model id and chunk count",
+            });
         }
-        let model_id = core::str::from_utf8(r.take(id_len)?)
-            .map_err(|_| DecodeError::InvalidField { what: "model id (not UTF-8)", got: id_len as u64 })?;
+        let model_id =
+            core::str::from_utf8(r.take(id_len)?).map_err(|_| DecodeError::InvalidField {
+                what: "model id (not UTF-8)",
+                got: id_len as u64,
+            })?;
         let model_id = String::from(model_id);
         let mut offset = header_len as u64 + profile_len;
         if offset > bytes.len() as u64 {
-            return Err(DecodeError::Truncated { what: "embedded profile", needed: profile_len, available: (bytes.len() - header_len) as u64 });
+            return Err(DecodeError::Truncated {
+                what: "embedded profile",
+                needed: profile_len,
+                available: (bytes.len() - header_len) as u64,
+            });
         }
         let mut chunks = Vec::with_capacity(n_chunks as usize);
         let mut next_token = 0u32;
@@ -238,35 +324,71 @@ impl Header {
                 level: r.u8()?,
             };
             if r.take(3)? != [0, 0, 0] {
-                return Err(DecodeError::InvalidField { what: "chunk index reserved bytes", got: 1 });
+                return Err(DecodeError::InvalidField {
+                    what: "chunk index reserved bytes",
+                    got: 1,
+                });
             }
             if e.offset != offset {
-                return Err(DecodeError::Inconsistent { what: "chunk offsets are not contiguous" });
+                return Err(DecodeError::Inconsistent {
+                    what: "chunk offsets are not contiguous",
+                });
             }
             if e.len_bytes < 4 {
-                return Err(DecodeError::InvalidField { what: "chunk len_bytes", got: e.len_bytes as u64 });
+                return Err(DecodeError::InvalidField {
+                    what: "chunk len_bytes",
+                    got: e.len_bytes as u64,
+                });
             }
-            if e.token_start != next_token || e.tokens == 0 || e.tokens > chunk_tokens {
-                return Err(DecodeError::Inconsistent { what: "chunk token ranges do not tile the stream" });
+            let is_last = chunks.len() + 1 == n_chunks as usize;
+            if e.token_start != next_token
+                || e.tokens == 0
+                || e.tokens > chunk_tokens
+                || (!is_last && e.tokens != chunk_tokens)
+            {
+                return Err(DecodeError::Inconsistent {
+                    what: "chunk token ranges do not tile the stream",
+                });
             }
             offset += e.len_bytes as u64;
             if offset > bytes.len() as u64 {
-                return Err(DecodeError::Truncated { what: "chunk", needed: offset, available: bytes.len() as u64 });
+                return Err(DecodeError::Truncated {
+                    what: "chunk",
+                    needed: offset,
+                    available: bytes.len() as u64,
+                });
             }
-            next_token = next_token.checked_add(e.tokens).ok_or(DecodeError::Inconsistent { what: "chunk token ranges overflow" })?;
+            next_token = next_token
+                .checked_add(e.tokens)
+                .ok_or(DecodeError::Inconsistent {
+                    what: "chunk token ranges overflow",
+                })?;
             chunks.push(e);
         }
         if next_token != tokens {
-            return Err(DecodeError::Inconsistent { what: "chunk token ranges do not add up to tokens" });
+            return Err(DecodeError::Inconsistent {
+                what: "chunk token ranges do not add up to tokens",
+            });
         }
         if offset != bytes.len() as u64 {
-            return Err(DecodeError::Inconsistent { what: "trailing bytes after the last chunk" });
+            return Err(DecodeError::Inconsistent {
+                what: "trailing bytes after the last chunk",
+            });
         }
         Ok(Header {
             version,
             shape,
             dtype,
-            meta: KvMeta { model_id, rope: Rope { theta, style, scaling, k_pre_rope: pre == 1 }, first_position },
+            meta: KvMeta {
+                model_id,
+                rope: Rope {
+                    theta,
+                    style,
+                    scaling,
+                    k_pre_rope: pre == 1,
+                },
+                first_position,
+            },
             chunk_tokens,
             group,
             n_sink,

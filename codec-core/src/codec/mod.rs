@@ -10,7 +10,9 @@
 
 mod header;
 
-pub use header::{ChunkEntry, Header, HEADER_FIXED_LEN, INDEX_ENTRY_LEN, STREAM_MAGIC, STREAM_VERSION};
+pub use header::{
+    ChunkEntry, Header, HEADER_FIXED_LEN, INDEX_ENTRY_LEN, STREAM_MAGIC, STREAM_VERSION,
+};
 
 use crate::bytes::{crc32c, PutLe, Reader};
 use crate::error::{DecodeError, EncodeError, Kv};
@@ -63,7 +65,12 @@ pub struct EncodeParams {
 
 impl Default for EncodeParams {
     fn default() -> Self {
-        EncodeParams { chunk_tokens: DEFAULT_CHUNK_TOKENS, group: DEFAULT_GROUP, n_sink: DEFAULT_SINK, levels: vec![1] }
+        EncodeParams {
+            chunk_tokens: DEFAULT_CHUNK_TOKENS,
+            group: DEFAULT_GROUP,
+            n_sink: DEFAULT_SINK,
+            levels: vec![1],
+        }
     }
 }
 
@@ -71,18 +78,26 @@ impl Default for EncodeParams {
 pub(crate) fn check_view(view: &KvView<'_>) -> Result<(), EncodeError> {
     let n = view.shape.tensor_len();
     if view.k.len() != view.shape.layers as usize || view.v.len() != view.shape.layers as usize {
-        return Err(EncodeError::ShapeMismatch { what: "number of layers" });
+        return Err(EncodeError::ShapeMismatch {
+            what: "number of layers",
+        });
     }
     if view.shape.layers == 0 || view.shape.kv_heads == 0 || view.shape.head_dim == 0 {
-        return Err(EncodeError::ShapeMismatch { what: "zero dimension" });
+        return Err(EncodeError::ShapeMismatch {
+            what: "zero dimension",
+        });
     }
     let dtype = view.k[0].dtype();
     for (i, (k, v)) in view.k.iter().zip(&view.v).enumerate() {
         if k.len() != n || v.len() != n {
-            return Err(EncodeError::ShapeMismatch { what: "tensor length is not tokens * kv_heads * head_dim" });
+            return Err(EncodeError::ShapeMismatch {
+                what: "tensor length is not tokens * kv_heads * head_dim",
+            });
         }
         if k.dtype() != dtype || v.dtype() != dtype {
-            return Err(EncodeError::ShapeMismatch { what: "tensors of mixed dtypes" });
+            return Err(EncodeError::ShapeMismatch {
+                what: "tensors of mixed dtypes",
+            });
         }
         for (t, kv) in [(k, Kv::K), (v, Kv::V)] {
             let finite = match t {
@@ -91,7 +106,10 @@ pub(crate) fn check_view(view: &KvView<'_>) -> Result<(), EncodeError> {
                 TensorRef::F32(s) => s.iter().all(|x| x.is_finite()),
             };
             if !finite {
-                return Err(EncodeError::NonFinite { layer: i as u32, kv });
+                return Err(EncodeError::NonFinite {
+                    layer: i as u32,
+                    kv,
+                });
             }
         }
     }
@@ -124,24 +142,40 @@ pub struct ChunkContext<'p> {
 impl ChunkContext<'_> {
     fn check(&self) -> Result<(), EncodeError> {
         let p = self.profile;
-        if (p.layers(), p.kv_heads(), p.head_dim()) != (self.shape.layers, self.shape.kv_heads, self.shape.head_dim) {
+        if (p.layers(), p.kv_heads(), p.head_dim())
+            != (self.shape.layers, self.shape.kv_heads, self.shape.head_dim)
+        {
             return Err(EncodeError::ProfileShape);
         }
         if self.group == 0 || self.group > MAX_GROUP {
-            return Err(EncodeError::InvalidParam { what: "group", got: self.group as u64 });
+            return Err(EncodeError::InvalidParam {
+                what: "group",
+                got: self.group as u64,
+            });
         }
         Ok(())
     }
 
     /// Encodes tokens `tokens` of `view` at `level` into a chunk (blocks and CRC), the unit a
     /// streamer sends. `view` must have this context's shape except for its token count.
-    pub fn encode_chunk(&self, view: &KvView<'_>, tokens: Range<u32>, level: u8) -> Result<Vec<u8>, EncodeError> {
+    pub fn encode_chunk(
+        &self,
+        view: &KvView<'_>,
+        tokens: Range<u32>,
+        level: u8,
+    ) -> Result<Vec<u8>, EncodeError> {
         self.check()?;
         if level >= self.profile.levels() {
-            return Err(EncodeError::UnknownLevel { level, levels: self.profile.levels() });
+            return Err(EncodeError::UnknownLevel {
+                level,
+                levels: self.profile.levels(),
+            });
         }
         if tokens.start >= tokens.end || tokens.end > view.shape.tokens {
-            return Err(EncodeError::InvalidParam { what: "chunk token range", got: tokens.end as u64 });
+            return Err(EncodeError::InvalidParam {
+                what: "chunk token range",
+                got: tokens.end as u64,
+            });
         }
         let c = self.shape.channels();
         let rows = (tokens.end - tokens.start) as usize;
@@ -157,12 +191,18 @@ impl ChunkContext<'_> {
         let mut escapes: Vec<i32> = Vec::new();
         let mut consts = BlockConsts::default();
         for layer in 0..self.shape.layers {
-            for (kvi, t) in [view.k[layer as usize], view.v[layer as usize]].into_iter().enumerate() {
+            for (kvi, t) in [view.k[layer as usize], view.v[layer as usize]]
+                .into_iter()
+                .enumerate()
+            {
                 t.read_f32(tokens.start as usize * c, &mut x);
                 consts.fill(self.profile.channel_params(layer, kvi), mult);
                 symbols.clear();
                 quantize_block(&x, &consts, group, sink, &mut symbols, &mut recon);
-                let maps = [self.profile.table_map(level, layer, kvi, 0), self.profile.table_map(level, layer, kvi, 1)];
+                let maps = [
+                    self.profile.table_map(level, layer, kvi, 0),
+                    self.profile.table_map(level, layer, kvi, 1),
+                ];
                 indices.clear();
                 escapes.clear();
                 for (i, &s) in symbols.iter().enumerate() {
@@ -218,16 +258,32 @@ impl ChunkContext<'_> {
         mut out: impl FnMut(u32, Kv, &[f32], &[u8]),
     ) -> Result<(), DecodeError> {
         if level >= self.profile.levels() {
-            return Err(DecodeError::UnknownLevel { level, levels: self.profile.levels() });
+            return Err(DecodeError::UnknownLevel {
+                level,
+                levels: self.profile.levels(),
+            });
         }
         if chunk.len() < 4 {
-            return Err(DecodeError::Truncated { what: "chunk", needed: 4, available: chunk.len() as u64 });
+            return Err(DecodeError::Truncated {
+                what: "chunk",
+                needed: 4,
+                available: chunk.len() as u64,
+            });
         }
         let body = &chunk[..chunk.len() - 4];
-        let stored = u32::from_le_bytes([chunk[body.len()], chunk[body.len() + 1], chunk[body.len() + 2], chunk[body.len() + 3]]);
+        let stored = u32::from_le_bytes([
+            chunk[body.len()],
+            chunk[body.len() + 1],
+            chunk[body.len() + 2],
+            chunk[body.len() + 3],
+        ]);
         let computed = crc32c(body);
         if stored != computed {
-            return Err(DecodeError::ChunkCrc { chunk: chunk_id, stored, computed });
+            return Err(DecodeError::ChunkCrc {
+                chunk: chunk_id,
+                stored,
+                computed,
+            });
         }
         let c = self.shape.channels();
         let rows = rows as usize;
@@ -247,7 +303,11 @@ impl ChunkContext<'_> {
             for (kvi, kv) in [Kv::K, Kv::V].into_iter().enumerate() {
                 let n_escapes = r.u32()? as usize;
                 if n_escapes > n_sym {
-                    return Err(DecodeError::LimitExceeded { what: "escape count", got: n_escapes as u64, max: n_sym as u64 });
+                    return Err(DecodeError::LimitExceeded {
+                        what: "escape count",
+                        got: n_escapes as u64,
+                        max: n_sym as u64,
+                    });
                 }
                 let mut lane_len = [0usize; LANES];
                 let mut total_words = 0u64;
@@ -258,35 +318,71 @@ impl ChunkContext<'_> {
                 let raw_sink = r.take(sink * c * dsize)?;
                 let esc_bytes = r.take(n_escapes * 4)?;
                 if total_words * 4 > r.remaining() as u64 {
-                    return Err(DecodeError::Truncated { what: "lane words", needed: total_words * 4, available: r.remaining() as u64 });
+                    return Err(DecodeError::Truncated {
+                        what: "lane words",
+                        needed: total_words * 4,
+                        available: r.remaining() as u64,
+                    });
                 }
                 let words_bytes = r.take(total_words as usize * 4)?;
-                let words: Vec<u32> = words_bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                let words: Vec<u32> = words_bytes
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
                 let mut lanes: [&[u32]; LANES] = [&[]; LANES];
                 let mut off = 0;
                 for (lane, len) in lanes.iter_mut().zip(lane_len) {
                     *lane = &words[off..off + len];
                     off += len;
                 }
-                let rans_err = |err| DecodeError::Rans { chunk: chunk_id, layer, kv, err };
+                let rans_err = |err| DecodeError::Rans {
+                    chunk: chunk_id,
+                    layer,
+                    kv,
+                    err,
+                };
                 let mut dec = LaneDecoder::new(lanes).map_err(rans_err)?;
-                let maps = [self.profile.table_map(level, layer, kvi, 0), self.profile.table_map(level, layer, kvi, 1)];
-                let row_tables: [Vec<&DecodeTable>; 2] =
-                    [maps[0].iter().map(|&t| &dec_tables[t as usize]).collect(), maps[1].iter().map(|&t| &dec_tables[t as usize]).collect()];
-                let radii: [Vec<(i32, u8)>; 2] = [
-                    maps[0].iter().map(|&t| { let tb = &level_tables.tables[t as usize]; (tb.radius as i32, tb.escape()) }).collect(),
-                    maps[1].iter().map(|&t| { let tb = &level_tables.tables[t as usize]; (tb.radius as i32, tb.escape()) }).collect(),
+                let maps = [
+                    self.profile.table_map(level, layer, kvi, 0),
+                    self.profile.table_map(level, layer, kvi, 1),
                 ];
-                let mut esc = esc_bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let row_tables: [Vec<&DecodeTable>; 2] = [
+                    maps[0].iter().map(|&t| &dec_tables[t as usize]).collect(),
+                    maps[1].iter().map(|&t| &dec_tables[t as usize]).collect(),
+                ];
+                let radii: [Vec<(i32, u8)>; 2] = [
+                    maps[0]
+                        .iter()
+                        .map(|&t| {
+                            let tb = &level_tables.tables[t as usize];
+                            (tb.radius as i32, tb.escape())
+                        })
+                        .collect(),
+                    maps[1]
+                        .iter()
+                        .map(|&t| {
+                            let tb = &level_tables.tables[t as usize];
+                            (tb.radius as i32, tb.escape())
+                        })
+                        .collect(),
+                ];
+                let mut esc = esc_bytes
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                 for row in sink..rows {
                     let kind = usize::from(row % group != 0);
                     let base = (row - sink) * c;
-                    dec.decode(base, &row_tables[kind], &mut indices).map_err(rans_err)?;
+                    dec.decode(base, &row_tables[kind], &mut indices)
+                        .map_err(rans_err)?;
                     for (ch, &idx) in indices.iter().enumerate() {
                         let (radius, escape) = radii[kind][ch];
                         symbols[base + ch] = if idx == escape {
-                            let e = esc.next().ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
-                            if e.unsigned_abs() <= radius as u32 || e.unsigned_abs() > MAX_SYMBOL as u32 {
+                            let e = esc
+                                .next()
+                                .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
+                            if e.unsigned_abs() <= radius as u32
+                                || e.unsigned_abs() > MAX_SYMBOL as u32
+                            {
                                 return Err(DecodeError::BadEscape { chunk: chunk_id });
                             }
                             e
@@ -297,16 +393,26 @@ impl ChunkContext<'_> {
                 }
                 dec.finish().map_err(rans_err)?;
                 if esc.next().is_some() {
-                    return Err(DecodeError::Inconsistent { what: "more escape values than escape symbols" });
+                    return Err(DecodeError::Inconsistent {
+                        what: "more escape values than escape symbols",
+                    });
                 }
                 read_rows(raw_sink, self.dtype, &mut recon[..sink * c]);
+                if recon[..sink * c].iter().any(|x| !x.is_finite()) {
+                    return Err(DecodeError::InvalidField {
+                        what: "sink value (not finite)",
+                        got: layer as u64,
+                    });
+                }
                 consts.fill(self.profile.channel_params(layer, kvi), mult);
                 dequantize_block(&symbols, &consts, group, sink, &mut recon);
                 out(layer, kv, &recon, raw_sink);
             }
         }
         if r.remaining() != 0 {
-            return Err(DecodeError::Inconsistent { what: "trailing bytes in chunk" });
+            return Err(DecodeError::Inconsistent {
+                what: "trailing bytes in chunk",
+            });
         }
         Ok(())
     }
@@ -314,53 +420,101 @@ impl ChunkContext<'_> {
 
 fn write_rows(out: &mut Vec<u8>, t: TensorRef<'_>, start: usize, n: usize) {
     match t {
-        TensorRef::F16(s) => s[start..start + n].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorRef::Bf16(s) => s[start..start + n].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorRef::F32(s) => s[start..start + n].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        TensorRef::F16(s) => s[start..start + n]
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        TensorRef::Bf16(s) => s[start..start + n]
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        TensorRef::F32(s) => s[start..start + n]
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
     }
 }
 
 fn read_rows(raw: &[u8], dtype: Dtype, out: &mut [f32]) {
     match dtype {
-        Dtype::F16 => raw.chunks_exact(2).zip(out).for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        Dtype::Bf16 => raw.chunks_exact(2).zip(out).for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-        Dtype::F32 => raw.chunks_exact(4).zip(out).for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .zip(out)
+            .for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        Dtype::Bf16 => raw
+            .chunks_exact(2)
+            .zip(out)
+            .for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        Dtype::F32 => raw
+            .chunks_exact(4)
+            .zip(out)
+            .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
     }
 }
 
 /// Writes `raw` (sink rows in the stream dtype) to `dst` at `start` exactly when dtypes agree,
 /// else converts the widened values.
-fn write_block(dst: &mut TensorMut<'_>, start: usize, values: &[f32], raw_sink: &[u8], dtype: Dtype) {
+fn write_block(
+    dst: &mut TensorMut<'_>,
+    start: usize,
+    values: &[f32],
+    raw_sink: &[u8],
+    dtype: Dtype,
+) {
     dst.write_f32(start, values);
     if dst.dtype() == dtype {
         // Sink rows: copy the stored bits (already exact through f32, but NaN payloads and
         // signed zeros stay untouched this way).
         let n = raw_sink.len() / dtype.size_bytes();
         match dst {
-            TensorMut::F16(d) => raw_sink.chunks_exact(2).zip(&mut d[start..start + n]).for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]])),
-            TensorMut::Bf16(d) => raw_sink.chunks_exact(2).zip(&mut d[start..start + n]).for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]])),
-            TensorMut::F32(d) => raw_sink.chunks_exact(4).zip(&mut d[start..start + n]).for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            TensorMut::F16(d) => raw_sink
+                .chunks_exact(2)
+                .zip(&mut d[start..start + n])
+                .for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]])),
+            TensorMut::Bf16(d) => raw_sink
+                .chunks_exact(2)
+                .zip(&mut d[start..start + n])
+                .for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]])),
+            TensorMut::F32(d) => raw_sink
+                .chunks_exact(4)
+                .zip(&mut d[start..start + n])
+                .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         }
     }
 }
 
 /// Encodes a cache into a stream.
-pub fn encode(view: &KvView<'_>, profile: ProfileMode<'_>, params: &EncodeParams) -> Result<Vec<u8>, EncodeError> {
+pub fn encode(
+    view: &KvView<'_>,
+    profile: ProfileMode<'_>,
+    params: &EncodeParams,
+) -> Result<Vec<u8>, EncodeError> {
     check_view(view)?;
     let p = profile.profile();
     if params.chunk_tokens == 0 {
-        return Err(EncodeError::InvalidParam { what: "chunk_tokens", got: 0 });
+        return Err(EncodeError::InvalidParam {
+            what: "chunk_tokens",
+            got: 0,
+        });
     }
     if params.group == 0 || params.group > MAX_GROUP {
-        return Err(EncodeError::InvalidParam { what: "group", got: params.group as u64 });
+        return Err(EncodeError::InvalidParam {
+            what: "group",
+            got: params.group as u64,
+        });
     }
     if view.meta.model_id.len() > crate::limits::MAX_MODEL_ID_BYTES {
-        return Err(EncodeError::InvalidParam { what: "model id length", got: view.meta.model_id.len() as u64 });
+        return Err(EncodeError::InvalidParam {
+            what: "model id length",
+            got: view.meta.model_id.len() as u64,
+        });
     }
     let tokens = view.shape.tokens;
     let n_chunks = tokens.div_ceil(params.chunk_tokens);
-    if params.levels.is_empty() || (params.levels.len() != 1 && params.levels.len() != n_chunks as usize) {
-        return Err(EncodeError::InvalidParam { what: "number of chunk levels", got: params.levels.len() as u64 });
+    if params.levels.is_empty()
+        || (params.levels.len() != 1 && params.levels.len() != n_chunks as usize)
+    {
+        return Err(EncodeError::InvalidParam {
+            what: "number of chunk levels",
+            got: params.levels.len() as u64,
+        });
     }
     let ctx = ChunkContext {
         shape: view.shape,
@@ -376,9 +530,19 @@ pub fn encode(view: &KvView<'_>, profile: ProfileMode<'_>, params: &EncodeParams
     for i in 0..n_chunks {
         let start = i * params.chunk_tokens;
         let end = (start + params.chunk_tokens).min(tokens);
-        let level = if params.levels.len() == 1 { params.levels[0] } else { params.levels[i as usize] };
+        let level = if params.levels.len() == 1 {
+            params.levels[0]
+        } else {
+            params.levels[i as usize]
+        };
         let bytes = ctx.encode_chunk(view, start..end, level)?;
-        entries.push(ChunkEntry { offset: 0, len_bytes: bytes.len() as u32, token_start: start, tokens: end - start, level });
+        entries.push(ChunkEntry {
+            offset: 0,
+            len_bytes: bytes.len() as u32,
+            token_start: start,
+            tokens: end - start,
+            level,
+        });
         chunks.push(bytes);
     }
     let embedded = matches!(profile, ProfileMode::Embedded(_));
@@ -391,7 +555,11 @@ pub fn encode(view: &KvView<'_>, profile: ProfileMode<'_>, params: &EncodeParams
         group: params.group as u16,
         n_sink: params.n_sink,
         profile_hash: p.hash(),
-        profile_len: if embedded { p.as_bytes().len() as u64 } else { 0 },
+        profile_len: if embedded {
+            p.as_bytes().len() as u64
+        } else {
+            0
+        },
         chunks: entries,
     };
     let mut out = header.to_bytes();
@@ -415,32 +583,57 @@ pub struct Stream<'a> {
 impl<'a> Stream<'a> {
     /// Parses a stream's header and index and resolves its profile: the embedded one, or
     /// `profile`, which must then have the hash the stream names.
-    pub fn open(bytes: &'a [u8], profile: Option<&'a Profile>, limits: &Limits) -> Result<Self, DecodeError> {
+    pub fn open(
+        bytes: &'a [u8],
+        profile: Option<&'a Profile>,
+        limits: &Limits,
+    ) -> Result<Self, DecodeError> {
         let header = Header::parse(bytes, limits)?;
         let profile = if header.profile_len > 0 {
             let start = header.header_len();
             let end = start + header.profile_len as usize;
             let p = Profile::from_bytes(&bytes[start..end], limits)?;
             if p.hash() != header.profile_hash {
-                return Err(DecodeError::ProfileMismatch { expected: header.profile_hash, got: p.hash() });
+                return Err(DecodeError::ProfileMismatch {
+                    expected: header.profile_hash,
+                    got: p.hash(),
+                });
             }
             Cow::Owned(p)
         } else {
-            let p = profile.ok_or(DecodeError::ProfileRequired { hash: header.profile_hash })?;
+            let p = profile.ok_or(DecodeError::ProfileRequired {
+                hash: header.profile_hash,
+            })?;
             if p.hash() != header.profile_hash {
-                return Err(DecodeError::ProfileMismatch { expected: header.profile_hash, got: p.hash() });
+                return Err(DecodeError::ProfileMismatch {
+                    expected: header.profile_hash,
+                    got: p.hash(),
+                });
             }
             Cow::Borrowed(p)
         };
-        if (profile.layers(), profile.kv_heads(), profile.head_dim()) != (header.shape.layers, header.shape.kv_heads, header.shape.head_dim) {
+        if (profile.layers(), profile.kv_heads(), profile.head_dim())
+            != (
+                header.shape.layers,
+                header.shape.kv_heads,
+                header.shape.head_dim,
+            )
+        {
             return Err(DecodeError::ProfileShape);
         }
         for e in &header.chunks {
             if e.level >= profile.levels() {
-                return Err(DecodeError::UnknownLevel { level: e.level, levels: profile.levels() });
+                return Err(DecodeError::UnknownLevel {
+                    level: e.level,
+                    levels: profile.levels(),
+                });
             }
         }
-        Ok(Stream { bytes, header, profile })
+        Ok(Stream {
+            bytes,
+            header,
+            profile,
+        })
     }
 
     /// The header.
@@ -464,7 +657,11 @@ impl<'a> Stream<'a> {
     }
     /// The raw bytes of chunk `i` (with its CRC).
     pub fn chunk_bytes(&self, i: usize) -> Result<&'a [u8], DecodeError> {
-        let e = self.header.chunks.get(i).ok_or(DecodeError::OutOfRange { what: "chunk" })?;
+        let e = self
+            .header
+            .chunks
+            .get(i)
+            .ok_or(DecodeError::OutOfRange { what: "chunk" })?;
         Ok(&self.bytes[e.offset as usize..e.offset as usize + e.len_bytes as usize])
     }
 
@@ -476,7 +673,9 @@ impl<'a> Stream<'a> {
     /// Decodes tokens `range` into an owned cache (reads only the chunks that overlap it).
     pub fn decode_tokens(&self, range: Range<u32>) -> Result<KvCache, DecodeError> {
         if range.start > range.end || range.end > self.header.shape.tokens {
-            return Err(DecodeError::OutOfRange { what: "token range" });
+            return Err(DecodeError::OutOfRange {
+                what: "token range",
+            });
         }
         let mut shape = self.header.shape;
         shape.tokens = range.end - range.start;
@@ -494,23 +693,38 @@ impl<'a> Stream<'a> {
 
     /// Decodes the whole stream into the caller's buffers: per layer a K and a V tensor of
     /// `tokens * channels` elements each, of any dtype (values are rounded into it).
-    pub fn decode_into<'o>(&self, k: &mut [TensorMut<'o>], v: &mut [TensorMut<'o>]) -> Result<(), DecodeError> {
+    pub fn decode_into<'o>(
+        &self,
+        k: &mut [TensorMut<'o>],
+        v: &mut [TensorMut<'o>],
+    ) -> Result<(), DecodeError> {
         self.decode_range_into(0..self.header.shape.tokens, k, v)
     }
 
     /// Decodes tokens `range` into the caller's buffers (each `range.len() * channels` elements).
-    pub fn decode_range_into<'o>(&self, range: Range<u32>, k: &mut [TensorMut<'o>], v: &mut [TensorMut<'o>]) -> Result<(), DecodeError> {
+    pub fn decode_range_into<'o>(
+        &self,
+        range: Range<u32>,
+        k: &mut [TensorMut<'o>],
+        v: &mut [TensorMut<'o>],
+    ) -> Result<(), DecodeError> {
         let shape = self.header.shape;
         if range.start > range.end || range.end > shape.tokens {
-            return Err(DecodeError::OutOfRange { what: "token range" });
+            return Err(DecodeError::OutOfRange {
+                what: "token range",
+            });
         }
         let c = shape.channels();
         let want = (range.end - range.start) as usize * c;
         if k.len() != shape.layers as usize || v.len() != shape.layers as usize {
-            return Err(DecodeError::OutputMismatch { what: "number of layers" });
+            return Err(DecodeError::OutputMismatch {
+                what: "number of layers",
+            });
         }
         if k.iter().chain(v.iter()).any(|t| t.len() != want) {
-            return Err(DecodeError::OutputMismatch { what: "tensor length" });
+            return Err(DecodeError::OutputMismatch {
+                what: "tensor length",
+            });
         }
         let ctx = self.context();
         for (i, e) in self.header.chunks.iter().enumerate() {
@@ -523,23 +737,40 @@ impl<'a> Stream<'a> {
             let src = (lo - s) as usize * c..(hi - s) as usize * c;
             let dst = (lo - range.start) as usize * c;
             let dtype = self.header.dtype;
-            ctx.decode_chunk(self.chunk_bytes(i)?, i as u32, s, e.tokens, e.level, |layer, kv, values, raw_sink| {
-                let out = match kv {
-                    Kv::K => &mut k[layer as usize],
-                    Kv::V => &mut v[layer as usize],
-                };
-                let sink_vals = raw_sink.len() / dtype.size_bytes();
-                // Sink raw bytes cover the block's first rows; keep the part inside the range.
-                let raw_lo = (src.start * dtype.size_bytes()).min(raw_sink.len());
-                let raw_hi = (src.end.min(sink_vals) * dtype.size_bytes()).max(raw_lo);
-                write_block(out, dst, &values[src.clone()], &raw_sink[raw_lo..raw_hi], dtype);
-            })?;
+            ctx.decode_chunk(
+                self.chunk_bytes(i)?,
+                i as u32,
+                s,
+                e.tokens,
+                e.level,
+                |layer, kv, values, raw_sink| {
+                    let out = match kv {
+                        Kv::K => &mut k[layer as usize],
+                        Kv::V => &mut v[layer as usize],
+                    };
+                    let sink_vals = raw_sink.len() / dtype.size_bytes();
+                    // Sink raw bytes cover the block's first rows; keep the part inside the range.
+                    let raw_lo = (src.start * dtype.size_bytes()).min(raw_sink.len());
+                    let raw_hi = (src.end.min(sink_vals) * dtype.size_bytes()).max(raw_lo);
+                    write_block(
+                        out,
+                        dst,
+                        &values[src.clone()],
+                        &raw_sink[raw_lo..raw_hi],
+                        dtype,
+                    );
+                },
+            )?;
         }
         Ok(())
     }
 }
 
 /// Decodes a whole stream (convenience for [`Stream::open`] + [`Stream::decode`]).
-pub fn decode(bytes: &[u8], profile: Option<&Profile>, limits: &Limits) -> Result<KvCache, DecodeError> {
+pub fn decode(
+    bytes: &[u8],
+    profile: Option<&Profile>,
+    limits: &Limits,
+) -> Result<KvCache, DecodeError> {
     Stream::open(bytes, profile, limits)?.decode()
 }

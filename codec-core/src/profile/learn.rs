@@ -93,19 +93,38 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
     let first = samples.first().ok_or(EncodeError::NoSamples)?;
     let shape = first.kv.shape;
     if params.level_mult.is_empty() || params.level_mult.len() > MAX_LEVELS {
-        return Err(EncodeError::InvalidParam { what: "level count", got: params.level_mult.len() as u64 });
+        return Err(EncodeError::InvalidParam {
+            what: "level count",
+            got: params.level_mult.len() as u64,
+        });
     }
-    if params.level_mult.iter().any(|m| !(m.is_finite() && *m > 0.0)) {
-        return Err(EncodeError::InvalidParam { what: "level multiplier", got: 0 });
+    if params
+        .level_mult
+        .iter()
+        .any(|m| !(m.is_finite() && *m > 0.0))
+    {
+        return Err(EncodeError::InvalidParam {
+            what: "level multiplier",
+            got: 0,
+        });
     }
     if params.group == 0 || params.group > MAX_GROUP {
-        return Err(EncodeError::InvalidParam { what: "group", got: params.group as u64 });
+        return Err(EncodeError::InvalidParam {
+            what: "group",
+            got: params.group as u64,
+        });
     }
     if params.chunk_tokens == 0 {
-        return Err(EncodeError::InvalidParam { what: "chunk_tokens", got: 0 });
+        return Err(EncodeError::InvalidParam {
+            what: "chunk_tokens",
+            got: 0,
+        });
     }
     if !(params.target_error > 0.0 && params.anchor_ratio > 0.0) {
-        return Err(EncodeError::InvalidParam { what: "target_error/anchor_ratio", got: 0 });
+        return Err(EncodeError::InvalidParam {
+            what: "target_error/anchor_ratio",
+            got: 0,
+        });
     }
     for s in samples {
         let sh = s.kv.shape;
@@ -118,7 +137,9 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
             if q.q.len() != shape.layers as usize
                 || q.q_heads == 0
                 || q.q_heads % shape.kv_heads as usize != 0
-                || q.q.iter().any(|l| l.len() % (q.q_heads * d) != 0 || l.len() != q.q[0].len())
+                || q.q
+                    .iter()
+                    .any(|l| l.len() % (q.q_heads * d) != 0 || l.len() != q.q[0].len())
             {
                 return Err(EncodeError::ShapeMismatch { what: "queries" });
             }
@@ -133,18 +154,39 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
             let tensors: Vec<(Vec<f32>, usize)> = samples
                 .iter()
                 .map(|s| {
-                    let t = if kv == 0 { s.kv.k[layer] } else { s.kv.v[layer] };
+                    let t = if kv == 0 {
+                        s.kv.k[layer]
+                    } else {
+                        s.kv.v[layer]
+                    };
                     (to_f32(t), s.kv.shape.tokens as usize)
                 })
                 .collect();
-            all_params.extend(learn_tensor(samples, &tensors, layer, kv, c, group, params, shape.head_dim as usize, first.kv.meta.rope.style));
+            all_params.extend(learn_tensor(
+                samples,
+                &tensors,
+                layer,
+                kv,
+                c,
+                group,
+                params,
+                shape.head_dim as usize,
+                first.kv.meta.rope.style,
+            ));
         }
     }
     let mut levels = Vec::with_capacity(params.level_mult.len());
     for &mult in &params.level_mult {
         levels.push(learn_tables(samples, &all_params, mult, layers, c, params));
     }
-    Ok(Profile::from_parts(shape.layers, shape.kv_heads, shape.head_dim, params.level_mult.clone(), all_params, levels))
+    Ok(Profile::from_parts(
+        shape.layers,
+        shape.kv_heads,
+        shape.head_dim,
+        params.level_mult.clone(),
+        all_params,
+        levels,
+    ))
 }
 
 fn to_f32(t: TensorRef<'_>) -> Vec<f32> {
@@ -195,24 +237,36 @@ fn learn_tensor(
             }
         }
     }
-    let std: Vec<f64> = var.iter().map(|v| libm::sqrt(v / n.max(1) as f64)).collect();
+    let std: Vec<f64> = var
+        .iter()
+        .map(|v| libm::sqrt(v / n.max(1) as f64))
+        .collect();
     let pooled_std = libm::sqrt(var.iter().sum::<f64>() / (n.max(1) * c) as f64).max(1e-6);
     let weight: Vec<u8> = (0..c)
         .map(|ch| {
-            let w = if den[ch] > 0.0 { num[ch] / den[ch] } else { 0.0 };
+            let w = if den[ch] > 0.0 {
+                num[ch] / den[ch]
+            } else {
+                0.0
+            };
             libm::round(w.clamp(0.0, 1.0) * WEIGHT_ONE as f64) as u8
         })
         .collect();
 
     // Shape of the steps across channels.
-    let with_queries: Vec<(&Queries<'_>, usize)> =
-        samples.iter().enumerate().filter_map(|(i, s)| s.queries.as_ref().map(|q| (q, i))).collect();
+    let with_queries: Vec<(&Queries<'_>, usize)> = samples
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.queries.as_ref().map(|q| (q, i)))
+        .collect();
     let shape: Vec<f64> = if kv == 1 {
         vec![pooled_std; c]
     } else if !with_queries.is_empty() {
         let qms = query_mean_square(&with_queries, layer, c, head_dim, rope);
         let mean_qms = qms.iter().sum::<f64>() / c as f64;
-        qms.iter().map(|m| pooled_std * libm::sqrt(mean_qms / m.max(mean_qms * 1e-4))).collect()
+        qms.iter()
+            .map(|m| pooled_std * libm::sqrt(mean_qms / m.max(mean_qms * 1e-4)))
+            .collect()
     } else {
         std.iter().map(|s| s.max(pooled_std * 1e-3)).collect()
     };
@@ -237,14 +291,24 @@ fn learn_tensor(
         let err = if with_queries.is_empty() {
             recon_error(tensors, &p, c, group, params)
         } else {
-            attention_error(samples, &with_queries, tensors, &p, layer, kv, c, group, params)
+            attention_error(
+                samples,
+                &with_queries,
+                tensors,
+                &p,
+                layer,
+                kv,
+                c,
+                group,
+                params,
+            )
         };
         let target = if with_queries.is_empty() {
             params.target_error as f64 * 0.5
         } else {
             params.target_error as f64 / core::f64::consts::SQRT_2
         };
-        if !(err > 0.0) {
+        if err.is_nan() || err <= 0.0 {
             break;
         }
         scale *= (target / err).clamp(0.125, 8.0);
@@ -253,7 +317,13 @@ fn learn_tensor(
 }
 
 /// Mean square of the queries reading each channel, averaged over each rotary pair.
-fn query_mean_square(qs: &[(&Queries<'_>, usize)], layer: usize, c: usize, d: usize, rope: RopeStyle) -> Vec<f64> {
+fn query_mean_square(
+    qs: &[(&Queries<'_>, usize)],
+    layer: usize,
+    c: usize,
+    d: usize,
+    rope: RopeStyle,
+) -> Vec<f64> {
     let heads = c / d;
     let mut acc = vec![0f64; c];
     let mut cnt = vec![0f64; c];
@@ -295,7 +365,17 @@ fn query_mean_square(qs: &[(&Queries<'_>, usize)], layer: usize, c: usize, d: us
 }
 
 /// Quantizes a whole sample tensor chunk by chunk as the encoder would; returns the reconstruction.
-fn simulate(x: &[f32], p: &[ChannelParams], mult: f32, c: usize, group: usize, params: &LearnParams, first_pos: u64, mut on_symbols: impl FnMut(usize, &[i32])) -> Vec<f32> {
+#[allow(clippy::too_many_arguments)]
+fn simulate(
+    x: &[f32],
+    p: &[ChannelParams],
+    mult: f32,
+    c: usize,
+    group: usize,
+    params: &LearnParams,
+    first_pos: u64,
+    mut on_symbols: impl FnMut(usize, &[i32]),
+) -> Vec<f32> {
     let consts = BlockConsts::new(p, mult);
     let rows = x.len() / c;
     let mut rec = vec![0.0; x.len()];
@@ -304,16 +384,31 @@ fn simulate(x: &[f32], p: &[ChannelParams], mult: f32, c: usize, group: usize, p
     let mut start = 0;
     while start < rows {
         let end = (start + ct).min(rows);
-        let sink = (params.n_sink as u64).saturating_sub(first_pos + start as u64).min((end - start) as u64) as usize;
+        let sink = (params.n_sink as u64)
+            .saturating_sub(first_pos + start as u64)
+            .min((end - start) as u64) as usize;
         symbols.clear();
-        quantize_block(&x[start * c..end * c], &consts, group, sink, &mut symbols, &mut rec[start * c..end * c]);
+        quantize_block(
+            &x[start * c..end * c],
+            &consts,
+            group,
+            sink,
+            &mut symbols,
+            &mut rec[start * c..end * c],
+        );
         on_symbols(sink, &symbols);
         start = end;
     }
     rec
 }
 
-fn recon_error(tensors: &[(Vec<f32>, usize)], p: &[ChannelParams], c: usize, group: usize, params: &LearnParams) -> f64 {
+fn recon_error(
+    tensors: &[(Vec<f32>, usize)],
+    p: &[ChannelParams],
+    c: usize,
+    group: usize,
+    params: &LearnParams,
+) -> f64 {
     let (mut e, mut s) = (0f64, 0f64);
     for (x, _) in tensors {
         let rec = simulate(x, p, 1.0, c, group, params, u64::MAX / 2, |_, _| {});
@@ -343,9 +438,26 @@ fn attention_error(
         let s = &samples[*si];
         let d = s.kv.shape.head_dim as usize;
         let (x, _) = &tensors[*si];
-        let rec = simulate(x, p, 1.0, c, group, params, s.kv.meta.first_position, |_, _| {});
-        let other = to_f32(if kv == 0 { s.kv.v[layer] } else { s.kv.k[layer] });
-        let (k, v, kq, vq) = if kv == 0 { (x, &other, &rec, &other) } else { (&other, x, &other, &rec) };
+        let rec = simulate(
+            x,
+            p,
+            1.0,
+            c,
+            group,
+            params,
+            s.kv.meta.first_position,
+            |_, _| {},
+        );
+        let other = to_f32(if kv == 0 {
+            s.kv.v[layer]
+        } else {
+            s.kv.k[layer]
+        });
+        let (k, v, kq, vq) = if kv == 0 {
+            (x, &other, &rec, &other)
+        } else {
+            (&other, x, &other, &rec)
+        };
         let exact = attention(q, layer, k, v, c, d, params.max_queries);
         let approx = attention(q, layer, kq, vq, c, d, params.max_queries);
         let (mut e, mut n) = (0f64, 0f64);
@@ -359,7 +471,15 @@ fn attention_error(
 }
 
 /// Causal attention output of (a subset of) the sample's queries, in f64.
-pub(crate) fn attention(q: &Queries<'_>, layer: usize, k: &[f32], v: &[f32], c: usize, d: usize, max_queries: usize) -> Vec<f64> {
+pub(crate) fn attention(
+    q: &Queries<'_>,
+    layer: usize,
+    k: &[f32],
+    v: &[f32],
+    c: usize,
+    d: usize,
+    max_queries: usize,
+) -> Vec<f64> {
     let heads = c / d;
     let tokens = k.len() / c;
     let per = q.q_heads * d;
@@ -402,7 +522,14 @@ pub(crate) fn attention(q: &Queries<'_>, layer: usize, k: &[f32], v: &[f32], c: 
 }
 
 /// Learns the frequency tables of one level.
-fn learn_tables(samples: &[Sample<'_>], all: &[ChannelParams], mult: f32, layers: usize, c: usize, params: &LearnParams) -> LevelTables {
+fn learn_tables(
+    samples: &[Sample<'_>],
+    all: &[ChannelParams],
+    mult: f32,
+    layers: usize,
+    c: usize,
+    params: &LearnParams,
+) -> LevelTables {
     const HR: usize = MAX_RADIUS as usize;
     // Histogram per (layer, kv, kind, channel) over -127..=127 plus escapes.
     let n_hist = layers * 4 * c;
@@ -411,23 +538,40 @@ fn learn_tables(samples: &[Sample<'_>], all: &[ChannelParams], mult: f32, layers
     for s in samples {
         for layer in 0..layers {
             for kv in 0..2 {
-                let x = to_f32(if kv == 0 { s.kv.k[layer] } else { s.kv.v[layer] });
+                let x = to_f32(if kv == 0 {
+                    s.kv.k[layer]
+                } else {
+                    s.kv.v[layer]
+                });
                 let p = &all[(layer * 2 + kv) * c..(layer * 2 + kv + 1) * c];
                 let rows = x.len() / c;
                 let ct = params.chunk_tokens as usize;
                 let mut chunk_start = 0usize;
-                simulate(&x, p, mult, c, group, params, s.kv.meta.first_position, |sink, syms| {
-                    let chunk_rows = (rows - chunk_start).min(ct);
-                    for (i, &v) in syms.iter().enumerate() {
-                        let row = sink + i / c;
-                        let ch = i % c;
-                        let kind = if row % group == 0 { 0 } else { 1 };
-                        let h = &mut hist[((layer * 2 + kv) * 2 + kind) * c + ch];
-                        let idx = if v.unsigned_abs() as usize <= HR { (v + HR as i32) as usize } else { 2 * HR + 1 };
-                        h[idx] += 1;
-                    }
-                    chunk_start += chunk_rows;
-                });
+                simulate(
+                    &x,
+                    p,
+                    mult,
+                    c,
+                    group,
+                    params,
+                    s.kv.meta.first_position,
+                    |sink, syms| {
+                        let chunk_rows = (rows - chunk_start).min(ct);
+                        for (i, &v) in syms.iter().enumerate() {
+                            let row = sink + i / c;
+                            let ch = i % c;
+                            let kind = if row % group == 0 { 0 } else { 1 };
+                            let h = &mut hist[((layer * 2 + kv) * 2 + kind) * c + ch];
+                            let idx = if v.unsigned_abs() as usize <= HR {
+                                (v + HR as i32) as usize
+                            } else {
+                                2 * HR + 1
+                            };
+                            h[idx] += 1;
+                        }
+                        chunk_start += chunk_rows;
+                    },
+                );
             }
         }
     }
@@ -444,7 +588,10 @@ fn learn_tables(samples: &[Sample<'_>], all: &[ChannelParams], mult: f32, layers
                 }
             }
         }
-        buckets.entry(libm::floor(ent * 4.0) as u32).or_default().push(i);
+        buckets
+            .entry(libm::floor(ent * 4.0) as u32)
+            .or_default()
+            .push(i);
     }
     // Merge the smallest-entropy neighbours if there are too many buckets.
     let mut groups: Vec<Vec<usize>> = buckets.into_values().collect();
@@ -462,9 +609,13 @@ fn learn_tables(samples: &[Sample<'_>], all: &[ChannelParams], mult: f32, layers
                 *p += x as u64;
             }
         }
-        let max_seen = (0..=HR).rev().find(|&r| pooled[HR + r] > 0 || pooled[HR - r] > 0).unwrap_or(0);
+        let max_seen = (0..=HR)
+            .rev()
+            .find(|&r| pooled[HR + r] > 0 || pooled[HR - r] > 0)
+            .unwrap_or(0);
         let radius = (max_seen + max_seen / 2 + 1).min(HR);
         let mut counts = vec![0u64; 2 * radius + 2];
+        #[allow(clippy::needless_range_loop)]
         for v in 0..2 * HR + 1 {
             let val = v as i64 - HR as i64;
             if val.unsigned_abs() as usize <= radius {
@@ -474,7 +625,10 @@ fn learn_tables(samples: &[Sample<'_>], all: &[ChannelParams], mult: f32, layers
             }
         }
         counts[2 * radius + 1] += pooled[2 * HR + 1];
-        tables.push(SymbolTable { radius: radius as u8, freqs: FreqTable::from_counts(&counts) });
+        tables.push(SymbolTable {
+            radius: radius as u8,
+            freqs: FreqTable::from_counts(&counts),
+        });
     }
     LevelTables { tables, map }
 }

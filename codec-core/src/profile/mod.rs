@@ -147,23 +147,41 @@ impl Profile {
         let mut r = Reader::new(bytes, "profile");
         let magic: [u8; 4] = r.take(4)?.try_into().unwrap_or([0; 4]);
         if magic != PROFILE_MAGIC {
-            return Err(DecodeError::BadMagic { what: "profile", got: magic });
+            return Err(DecodeError::BadMagic {
+                what: "profile",
+                got: magic,
+            });
         }
         let version = r.u16()?;
         if version != PROFILE_VERSION {
-            return Err(DecodeError::UnsupportedVersion { what: "profile", got: version });
+            return Err(DecodeError::UnsupportedVersion {
+                what: "profile",
+                got: version,
+            });
         }
         let reserved = r.u16()?;
         if reserved != 0 {
-            return Err(DecodeError::InvalidField { what: "profile reserved field", got: reserved as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "profile reserved field",
+                got: reserved as u64,
+            });
         }
         // The checksum covers everything before it: check it first so corruption is reported
         // as such rather than as some odd field value.
         if bytes.len() < 4 + 4 {
-            return Err(DecodeError::Truncated { what: "profile", needed: 8, available: bytes.len() as u64 });
+            return Err(DecodeError::Truncated {
+                what: "profile",
+                needed: 8,
+                available: bytes.len() as u64,
+            });
         }
         let body_len = bytes.len() - 4;
-        let stored = u32::from_le_bytes([bytes[body_len], bytes[body_len + 1], bytes[body_len + 2], bytes[body_len + 3]]);
+        let stored = u32::from_le_bytes([
+            bytes[body_len],
+            bytes[body_len + 1],
+            bytes[body_len + 2],
+            bytes[body_len + 3],
+        ]);
         let computed = crc32c(&bytes[..body_len]);
         if stored != computed {
             return Err(DecodeError::ProfileCrc { stored, computed });
@@ -177,24 +195,37 @@ impl Profile {
         let c = (kv_heads * head_dim) as usize;
         let n_levels = r.u8()? as usize;
         if n_levels == 0 || n_levels > MAX_LEVELS {
-            return Err(DecodeError::InvalidField { what: "profile level count", got: n_levels as u64 });
+            return Err(DecodeError::InvalidField {
+                what: "profile level count",
+                got: n_levels as u64,
+            });
         }
         let res = r.take(3)?;
         if res != [0, 0, 0] {
-            return Err(DecodeError::InvalidField { what: "profile reserved field", got: 1 });
+            return Err(DecodeError::InvalidField {
+                what: "profile reserved field",
+                got: 1,
+            });
         }
         let mut level_mult = Vec::with_capacity(n_levels);
         for _ in 0..n_levels {
             let m = r.f32()?;
             if !(m.is_finite() && m > 0.0) {
-                return Err(DecodeError::InvalidField { what: "level multiplier", got: m.to_bits() as u64 });
+                return Err(DecodeError::InvalidField {
+                    what: "level multiplier",
+                    got: m.to_bits() as u64,
+                });
             }
             level_mult.push(m);
         }
         let n_params = layers as usize * 2 * c;
         let need = n_params as u64 * 13;
         if need > r.remaining() as u64 {
-            return Err(DecodeError::Truncated { what: "profile channel parameters", needed: need, available: r.remaining() as u64 });
+            return Err(DecodeError::Truncated {
+                what: "profile channel parameters",
+                needed: need,
+                available: r.remaining() as u64,
+            });
         }
         let mut params = Vec::with_capacity(n_params);
         for _ in 0..n_params {
@@ -203,30 +234,50 @@ impl Profile {
             let anchor_step = r.f32()?;
             let weight = r.u8()?;
             if !mean.is_finite() {
-                return Err(DecodeError::InvalidField { what: "channel mean", got: mean.to_bits() as u64 });
+                return Err(DecodeError::InvalidField {
+                    what: "channel mean",
+                    got: mean.to_bits() as u64,
+                });
             }
             for s in [delta_step, anchor_step] {
                 if !(s.is_finite() && s > 0.0) {
-                    return Err(DecodeError::InvalidField { what: "channel step", got: s.to_bits() as u64 });
+                    return Err(DecodeError::InvalidField {
+                        what: "channel step",
+                        got: s.to_bits() as u64,
+                    });
                 }
             }
             if weight > WEIGHT_ONE {
-                return Err(DecodeError::InvalidField { what: "anchor weight", got: weight as u64 });
+                return Err(DecodeError::InvalidField {
+                    what: "anchor weight",
+                    got: weight as u64,
+                });
             }
-            params.push(ChannelParams { mean, delta_step, anchor_step, weight });
+            params.push(ChannelParams {
+                mean,
+                delta_step,
+                anchor_step,
+                weight,
+            });
         }
         let map_len = layers as usize * 4 * c;
         let mut levels = Vec::with_capacity(n_levels);
         for _ in 0..n_levels {
             let n_tables = r.u16()? as usize;
             if n_tables == 0 || n_tables > MAX_TABLES_PER_LEVEL {
-                return Err(DecodeError::InvalidField { what: "table count", got: n_tables as u64 });
+                return Err(DecodeError::InvalidField {
+                    what: "table count",
+                    got: n_tables as u64,
+                });
             }
             let mut tables = Vec::with_capacity(n_tables);
             for _ in 0..n_tables {
                 let radius = r.u8()?;
                 if radius > MAX_RADIUS {
-                    return Err(DecodeError::InvalidField { what: "table radius", got: radius as u64 });
+                    return Err(DecodeError::InvalidField {
+                        what: "table radius",
+                        got: radius as u64,
+                    });
                 }
                 let n = 2 * radius as usize + 2;
                 let mut freqs = [0u16; 256];
@@ -238,17 +289,27 @@ impl Profile {
             }
             let map = r.take(map_len)?.to_vec();
             if let Some(&bad) = map.iter().find(|&&t| t as usize >= n_tables) {
-                return Err(DecodeError::InvalidField { what: "table id in map", got: bad as u64 });
+                return Err(DecodeError::InvalidField {
+                    what: "table id in map",
+                    got: bad as u64,
+                });
             }
             levels.push(LevelTables { tables, map });
         }
         if r.remaining() != 0 {
-            return Err(DecodeError::Inconsistent { what: "trailing bytes after profile tables" });
+            return Err(DecodeError::Inconsistent {
+                what: "trailing bytes after profile tables",
+            });
         }
         let hash: [u8; 32] = Sha256::digest(bytes).into();
         let decode_tables = levels
             .iter()
-            .map(|lv| lv.tables.iter().map(|t| DecodeTable::from(&t.freqs)).collect())
+            .map(|lv| {
+                lv.tables
+                    .iter()
+                    .map(|t| DecodeTable::from(&t.freqs))
+                    .collect()
+            })
             .collect();
         Ok(Profile {
             layers,
@@ -330,22 +391,44 @@ pub fn hex(bytes: &[u8]) -> alloc::string::String {
     s
 }
 
-pub(crate) fn check_shape(layers: u32, kv_heads: u32, head_dim: u32, limits: &Limits) -> Result<(), DecodeError> {
+pub(crate) fn check_shape(
+    layers: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    limits: &Limits,
+) -> Result<(), DecodeError> {
     if layers == 0 {
-        return Err(DecodeError::InvalidField { what: "layers", got: 0 });
+        return Err(DecodeError::InvalidField {
+            what: "layers",
+            got: 0,
+        });
     }
     if kv_heads == 0 {
-        return Err(DecodeError::InvalidField { what: "kv_heads", got: 0 });
+        return Err(DecodeError::InvalidField {
+            what: "kv_heads",
+            got: 0,
+        });
     }
     if head_dim == 0 {
-        return Err(DecodeError::InvalidField { what: "head_dim", got: 0 });
+        return Err(DecodeError::InvalidField {
+            what: "head_dim",
+            got: 0,
+        });
     }
     if layers > limits.max_layers {
-        return Err(DecodeError::LimitExceeded { what: "layers", got: layers as u64, max: limits.max_layers as u64 });
+        return Err(DecodeError::LimitExceeded {
+            what: "layers",
+            got: layers as u64,
+            max: limits.max_layers as u64,
+        });
     }
     let c = kv_heads as u64 * head_dim as u64;
     if c > limits.max_channels as u64 {
-        return Err(DecodeError::LimitExceeded { what: "channels (kv_heads * head_dim)", got: c, max: limits.max_channels as u64 });
+        return Err(DecodeError::LimitExceeded {
+            what: "channels (kv_heads * head_dim)",
+            got: c,
+            max: limits.max_channels as u64,
+        });
     }
     Ok(())
 }
@@ -357,14 +440,24 @@ impl Profile {
     /// # Panics
     /// If `levels` is empty, longer than [`MAX_LEVELS`], or names a level `self` lacks.
     pub fn with_levels(&self, levels: &[u8]) -> Profile {
-        assert!(!levels.is_empty() && levels.len() <= MAX_LEVELS && levels.iter().all(|&l| l < self.levels()));
+        assert!(
+            !levels.is_empty()
+                && levels.len() <= MAX_LEVELS
+                && levels.iter().all(|&l| l < self.levels())
+        );
         Profile::from_parts(
             self.layers,
             self.kv_heads,
             self.head_dim,
-            levels.iter().map(|&l| self.level_mult[l as usize]).collect(),
+            levels
+                .iter()
+                .map(|&l| self.level_mult[l as usize])
+                .collect(),
             self.params.clone(),
-            levels.iter().map(|&l| self.levels[l as usize].clone()).collect(),
+            levels
+                .iter()
+                .map(|&l| self.levels[l as usize].clone())
+                .collect(),
         )
     }
 }

@@ -123,7 +123,13 @@ pub fn quantize_block(
 ///
 /// `recon` holds `rows * C` values; its first `sink_rows` rows must already hold the sink values.
 /// `symbols` holds the non-sink rows' symbols in row-major order.
-pub fn dequantize_block(symbols: &[i32], consts: &BlockConsts, group: usize, sink_rows: usize, recon: &mut [f32]) {
+pub fn dequantize_block(
+    symbols: &[i32],
+    consts: &BlockConsts,
+    group: usize,
+    sink_rows: usize,
+    recon: &mut [f32],
+) {
     let c = consts.channels();
     let rows = recon.len() / c;
     let mut si = 0;
@@ -161,7 +167,12 @@ mod tests {
 
     fn consts(c: usize) -> BlockConsts {
         let params: Vec<ChannelParams> = (0..c)
-            .map(|i| ChannelParams { mean: i as f32 * 0.1, delta_step: 0.05, anchor_step: 0.025, weight: (i % 17) as u8 })
+            .map(|i| ChannelParams {
+                mean: i as f32 * 0.1,
+                delta_step: 0.05,
+                anchor_step: 0.025,
+                weight: (i % 17) as u8,
+            })
             .collect();
         BlockConsts::new(&params, 1.0)
     }
@@ -171,19 +182,30 @@ mod tests {
         let c = 8;
         let k = consts(c);
         let rows = 23;
-        let x: Vec<f32> = (0..rows * c).map(|i| libm::sinf(i as f32 * 0.37) * 3.0).collect();
+        let x: Vec<f32> = (0..rows * c)
+            .map(|i| libm::sinf(i as f32 * 0.37) * 3.0)
+            .collect();
         let mut sym = Vec::new();
         let mut rec = vec![0.0; x.len()];
         quantize_block(&x, &k, 10, 2, &mut sym, &mut rec);
         assert_eq!(sym.len(), (rows - 2) * c);
         for (i, (a, b)) in x.iter().zip(&rec).enumerate() {
             let row = i / c;
-            let step = if row < 2 { 0.0 } else if row % 10 == 0 { 0.025 } else { 0.05 };
+            let step = if row < 2 {
+                0.0
+            } else if row % 10 == 0 {
+                0.025
+            } else {
+                0.05
+            };
             assert!((a - b).abs() <= step * 0.5 + 1e-6, "row {row}: {a} vs {b}");
         }
         let mut dec = vec![0.0; x.len()];
         dec[..2 * c].copy_from_slice(&x[..2 * c]);
         dequantize_block(&sym, &k, 10, 2, &mut dec);
-        assert_eq!(dec, rec, "decoder must reproduce the encoder's reconstruction bit for bit");
+        assert_eq!(
+            dec, rec,
+            "decoder must reproduce the encoder's reconstruction bit for bit"
+        );
     }
 }

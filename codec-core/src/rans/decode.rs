@@ -5,10 +5,6 @@ use core::fmt;
 use super::table::{DecodeTable, BIAS_SHIFT, FREQ_SHIFT};
 use super::{RansError, LANES, PRECISION, TOTAL};
 
-/// Stands in for an empty lane so that every lane slice has at least one element (the
-/// branch-free refill always loads a word, and uses it only if one is unread).
-static EMPTY_LANE: [u32; 1] = [0];
-
 /// Decoder over 32 interleaved rANS lanes (see the [module documentation](super) for the
 /// arithmetic).
 ///
@@ -16,7 +12,7 @@ static EMPTY_LANE: [u32; 1] = [0];
 /// previous one stopped. Never panics, whatever the words; corrupted input yields an error or
 /// valid-but-wrong symbols, which [`finish`](Self::finish) then most likely reports.
 pub struct LaneDecoder<'a> {
-    /// Each lane's words; an empty lane is replaced by `EMPTY_LANE` (with `unread == 0`).
+    /// Each lane's words.
     words: [&'a [u32]; LANES],
     /// Number of unread words of each lane: `words[l][..unread[l]]` is unread, read backwards.
     unread: [usize; LANES],
@@ -35,8 +31,7 @@ impl fmt::Debug for LaneDecoder<'_> {
     }
 }
 
-/// One decode step of one lane. Branch-free apart from the (always passing) bounds check on the
-/// word load.
+/// One decode step of one lane (general case: the lane may have no unread word left).
 #[inline(always)]
 fn decode_step(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
     let s = *x;
@@ -46,13 +41,50 @@ fn decode_step(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTab
     // (s >> 12) < 2^52 and freq < 2^12, bias < freq: no overflow.
     let s = (s >> PRECISION) * freq + bias;
     let u = *unread;
-    // `words` is never empty and `u <= words.len()`, so this index is in bounds; when `u == 0`
-    // the loaded word is not used.
-    let w = words.get(u.saturating_sub(1)).copied().unwrap_or(0);
-    let refill = (s >> 32 == 0) & (u != 0);
+    // `u - 1` wraps to usize::MAX when no word is left, so `get` fails exactly then.
+    let (w, any) = match words.get(u.wrapping_sub(1)) {
+        Some(&w) => (w, true),
+        None => (0, false),
+    };
+    let refill = (s < 1 << 32) & any;
     *x = if refill { (s << 32) | u64::from(w) } else { s };
     *unread = u - usize::from(refill);
     e as u8
+}
+
+/// One decode step of a lane known to have at least one unread word (`*unread >= 1`).
+#[inline(always)]
+fn decode_step_fast(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
+    let s = *x;
+    let e = table.entries[(s & u64::from(TOTAL - 1)) as usize];
+    let freq = u64::from((e >> FREQ_SHIFT) & (TOTAL - 1));
+    let bias = u64::from(e >> BIAS_SHIFT);
+    let s = (s >> PRECISION) * freq + bias;
+    let u = *unread;
+    // In bounds since 1 <= u <= words.len(); `unwrap_or` keeps this panic-free regardless.
+    let w = words.get(u.wrapping_sub(1)).copied().unwrap_or(0);
+    let refill = s < 1 << 32;
+    *x = if refill { (s << 32) | u64::from(w) } else { s };
+    *unread = u - usize::from(refill);
+    e as u8
+}
+
+/// One round of 32 `decode_step_fast`s, lane `l` decoding `out[l]` with `tables[l]`.
+#[inline(always)]
+fn fast_round(
+    state: &mut [u64; LANES],
+    unread: &mut [usize; LANES],
+    words: &[&[u32]; LANES],
+    out: &mut [u8; LANES],
+    tables: &[&DecodeTable; LANES],
+) {
+    // Unrolled by 4 (indices are provably in bounds, so no checks).
+    for q in 0..LANES / 4 {
+        for k in 0..4 {
+            let l = 4 * q + k;
+            out[l] = decode_step_fast(&mut state[l], &mut unread[l], words[l], tables[l]);
+        }
+    }
 }
 
 impl<'a> LaneDecoder<'a> {
@@ -71,7 +103,7 @@ impl<'a> LaneDecoder<'a> {
             .enumerate()
         {
             match **w {
-                [] => *w = &EMPTY_LANE,
+                [] => {}
                 [.., 0] => return Err(RansError::ZeroFinalWord { lane }),
                 [t] => *x = u64::from(t),
                 [ref rest @ .., lo, hi] => {
@@ -139,15 +171,32 @@ impl<'a> LaneDecoder<'a> {
             *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
         }
 
-        // Body: full rounds of 32, lane l = position within the round.
+        // Body: full rounds of 32, lane l = position within the round. A round consumes at
+        // most one word per lane, so while every lane has at least `k` unread words the next
+        // `k` rounds can skip the "any words left?" test (`fast_round`); rounds where some lane
+        // may run out use the general step.
         let mut out_rounds = out_body.chunks_exact_mut(LANES);
         let mut table_rounds = tables_body.chunks_exact(LANES);
-        for (o, t) in (&mut out_rounds).zip(&mut table_rounds) {
-            for (l, (o, t)) in o.iter_mut().zip(t).enumerate() {
-                *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+        loop {
+            let rounds_left = out_rounds.len();
+            if rounds_left == 0 {
+                break;
+            }
+            let safe = unread.iter().copied().min().unwrap_or(0).min(rounds_left);
+            if safe == 0 {
+                if let (Some(o), Some(t)) = (out_rounds.next(), table_rounds.next()) {
+                    for (l, (o, t)) in o.iter_mut().zip(t).enumerate() {
+                        *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+                    }
+                }
+                continue;
+            }
+            for (o, t) in (&mut out_rounds).zip(&mut table_rounds).take(safe) {
+                if let (Ok(o), Ok(t)) = (o.try_into(), t.try_into()) {
+                    fast_round(&mut state, &mut unread, &words, o, t);
+                }
             }
         }
-
         // Tail: a partial round, lanes 0.. in order.
         let out_tail = out_rounds.into_remainder();
         let tables_tail = table_rounds.remainder();

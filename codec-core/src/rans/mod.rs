@@ -115,7 +115,10 @@ impl fmt::Display for TableError {
                 write!(f, "frequency table has {got} symbols, at least 2 required")
             }
             TableError::TooManySymbols { got, max } => {
-                write!(f, "frequency table has {got} symbols, at most {max} allowed")
+                write!(
+                    f,
+                    "frequency table has {got} symbols, at most {max} allowed"
+                )
             }
             TableError::ZeroFrequency { symbol } => {
                 write!(f, "symbol {symbol} has frequency 0")

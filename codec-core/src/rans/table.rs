@@ -117,7 +117,7 @@ impl FreqTable {
             .collect();
         let total: u128 = c.iter().sum(); // <= 256 * 2^64: fits.
         let budget = u128::from(TOTAL) - n as u128; // units beyond the floor of 1, >= 3840
-        // First guess: 1 + floor(c_s * budget / total); sums to at most 4096.
+                                                    // First guess: 1 + floor(c_s * budget / total); sums to at most 4096.
         let mut f: Vec<u32> = c
             .iter()
             .map(|&cs| 1 + (cs * budget / total) as u32)

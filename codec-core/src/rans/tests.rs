@@ -155,7 +155,13 @@ fn div_rem_matches_division() {
         // Multiples of f and their neighbours, over the whole range of quotients.
         for shift in 0..64 {
             let k = (1u64 << shift) / f.max(1);
-            for q in [k.saturating_sub(1), k, k + 1, u64::MAX / f, u64::MAX / f - 1] {
+            for q in [
+                k.saturating_sub(1),
+                k,
+                k + 1,
+                u64::MAX / f,
+                u64::MAX / f - 1,
+            ] {
                 let base = q.wrapping_mul(f);
                 if q.checked_mul(f).is_some() {
                     check(base);
@@ -387,7 +393,10 @@ fn matches_constriction_bit_exactly() {
             assert!(dec.bulk().is_empty());
         }
         // And our decoder decodes them.
-        assert_eq!(decode_message(&m, lane_refs(&lanes), &[]).unwrap(), m.symbols);
+        assert_eq!(
+            decode_message(&m, lane_refs(&lanes), &[]).unwrap(),
+            m.symbols
+        );
     }
 }
 
@@ -414,10 +423,7 @@ fn extreme_tables_match_constriction() {
                 let mut coder = DefaultAnsCoder::new();
                 coder
                     .encode_iid_symbols_reverse(
-                        symbols[l..]
-                            .iter()
-                            .step_by(LANES)
-                            .map(|&s| usize::from(s)),
+                        symbols[l..].iter().step_by(LANES).map(|&s| usize::from(s)),
                         model.as_view(),
                     )
                     .unwrap();
@@ -598,7 +604,10 @@ fn corruption_never_panics_and_is_detected() {
                 })
                 .unwrap();
             bad[l][k] ^= 1 << rng.below(32);
-            assert!(!decodes_cleanly(&m, lane_refs(&bad)), "bit flip went unnoticed");
+            assert!(
+                !decodes_cleanly(&m, lane_refs(&bad)),
+                "bit flip went unnoticed"
+            );
         }
 
         // Entirely random words of random lengths: must not panic.
@@ -675,7 +684,9 @@ fn zz_timing() {
     let dts: Vec<DecodeTable> = tables.iter().map(DecodeTable::from).collect();
     let n = 192 * 5461;
     let mut rng = Rng(99);
-    let symbols: Vec<u8> = (0..n).map(|g| dts[g % 6].lookup(rng.below(4096) as u32).0).collect();
+    let symbols: Vec<u8> = (0..n)
+        .map(|g| dts[g % 6].lookup(rng.below(4096) as u32).0)
+        .collect();
     let per_token: Vec<&DecodeTable> = (0..192).map(|c| &dts[c % 6]).collect();
     let mut lanes: [Vec<u32>; LANES] = core::array::from_fn(|_| Vec::new());
     let mut best_e = f64::MAX;
