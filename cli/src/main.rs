@@ -389,7 +389,8 @@ fn mean(x: &[f64]) -> f64 {
     }
 }
 
-fn errors(d: &Dump, rec: &KvCache, name: String, bpe: f64) -> Row {
+#[allow(clippy::needless_range_loop)]
+fn errors(d: &Dump, orig_attn: &[Option<Vec<f32>>], rec: &KvCache, name: String, bpe: f64) -> Row {
     let (mut kl, mut vl, mut al) = (Vec::new(), Vec::new(), Vec::new());
     for l in 0..d.kv.shape.layers as usize {
         let (k, v) = (d.kv.k[l].to_f32_vec(), d.kv.v[l].to_f32_vec());
@@ -397,10 +398,10 @@ fn errors(d: &Dump, rec: &KvCache, name: String, bpe: f64) -> Row {
         kl.push(metrics::rel_error(&k, &k2));
         vl.push(metrics::rel_error(&v, &v2));
         if let (Some(a), Some(b)) = (
-            metrics::dump_attention_output(d, l, &k, &v),
+            &orig_attn[l],
             metrics::dump_attention_output(d, l, &k2, &v2),
         ) {
-            al.push(metrics::rel_error(&a, &b));
+            al.push(metrics::rel_error(a, &b));
         }
     }
     Row {
@@ -427,6 +428,11 @@ fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
         Some(p) => (load_profile(p)?, format!("profile {}", p.display())),
         None => (learn(&[&d])?, "self-contained".to_string()),
     };
+    let orig_attn: Vec<Option<Vec<f32>>> = (0..shape.layers as usize)
+        .map(|l| {
+            metrics::dump_attention_output(&d, l, &d.kv.k[l].to_f32_vec(), &d.kv.v[l].to_f32_vec())
+        })
+        .collect();
     let mut rows = Vec::new();
     let bar = Progress::new(full.levels() as u64, "levels");
     for level in 0..full.levels() {
@@ -453,6 +459,7 @@ fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
         let bpe = bytes.len() as f64 * 8.0 / elements as f64;
         let mut row = errors(
             &d,
+            &orig_attn,
             &rec,
             format!(
                 "kvc level {level} (x{})",

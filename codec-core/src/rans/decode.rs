@@ -61,11 +61,12 @@ fn decode_step_fast(x: &mut u64, unread: &mut usize, words: &[u32], table: &Deco
     let bias = u64::from(e >> BIAS_SHIFT);
     let s = (s >> PRECISION) * freq + bias;
     let u = *unread;
-    // In bounds since 1 <= u <= words.len(); `unwrap_or` keeps this panic-free regardless.
+    // In bounds since 1 <= u <= words.len(); `unwrap_or` and `wrapping_sub` keep this
+    // panic-free even if that did not hold.
     let w = words.get(u.wrapping_sub(1)).copied().unwrap_or(0);
     let refill = s < 1 << 32;
     *x = if refill { (s << 32) | u64::from(w) } else { s };
-    *unread = u - usize::from(refill);
+    *unread = u.wrapping_sub(usize::from(refill));
     e as u8
 }
 
@@ -93,16 +94,15 @@ impl<'a> LaneDecoder<'a> {
     /// nonzero ([`RansError::ZeroFinalWord`]) and the state is `t`, or `(t << 32) | w` with `w`
     /// the word before `t` if there is one.
     pub fn new(lane_words: [&'a [u32]; LANES]) -> Result<Self, RansError> {
-        let mut words = lane_words;
         let mut unread = [0usize; LANES];
         let mut state = [0u64; LANES];
-        for (lane, ((w, u), x)) in words
-            .iter_mut()
+        for (lane, ((&w, u), x)) in lane_words
+            .iter()
             .zip(unread.iter_mut())
             .zip(state.iter_mut())
             .enumerate()
         {
-            match **w {
+            match *w {
                 [] => {}
                 [.., 0] => return Err(RansError::ZeroFinalWord { lane }),
                 [t] => *x = u64::from(t),
@@ -113,7 +113,7 @@ impl<'a> LaneDecoder<'a> {
             }
         }
         Ok(LaneDecoder {
-            words,
+            words: lane_words,
             unread,
             state,
             next: 0,
@@ -158,9 +158,9 @@ impl<'a> LaneDecoder<'a> {
             });
         };
 
-        let words = self.words;
-        let mut state = self.state;
-        let mut unread = self.unread;
+        let words = &self.words;
+        let state = &mut self.state;
+        let unread = &mut self.unread;
 
         // Head: single symbols until the next global index is a multiple of 32.
         let head = ((LANES - start % LANES) % LANES).min(out.len());
@@ -193,7 +193,7 @@ impl<'a> LaneDecoder<'a> {
             }
             for (o, t) in (&mut out_rounds).zip(&mut table_rounds).take(safe) {
                 if let (Ok(o), Ok(t)) = (o.try_into(), t.try_into()) {
-                    fast_round(&mut state, &mut unread, &words, o, t);
+                    fast_round(state, unread, words, o, t);
                 }
             }
         }
@@ -204,8 +204,6 @@ impl<'a> LaneDecoder<'a> {
             *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
         }
 
-        self.state = state;
-        self.unread = unread;
         self.next = end;
         Ok(())
     }

@@ -5,22 +5,6 @@ use alloc::vec::Vec;
 use super::table::{EncSym, FreqTable};
 use super::{LANES, PRECISION};
 
-/// `floor(x / f)` and `x % f`, computed without a division instruction.
-///
-/// `recip` must be `u64::MAX / f` for `f >= 1`. Let `q0 = floor(x * recip / 2^64)` (the high half
-/// of the 128-bit product). Since `recip * f > 2^64 - 1 - f`, `x * recip / 2^64 > x / f - x /
-/// 2^64 > x / f - 1` for every `x < 2^64`, and `x * recip / 2^64 <= x / f`, so `q0` is
-/// `floor(x / f)` or one less; one conditional correction (`r = x - q0 * f`; if `r >= f`, add 1 to
-/// the quotient and subtract `f` from `r`) gives the exact quotient and remainder. Tested against
-/// plain division for every `f` in `1..=4096` on edge-case and random `x`.
-#[inline(always)]
-pub(crate) fn div_rem(x: u64, f: u64, recip: u64) -> (u64, u64) {
-    let q = ((u128::from(x) * u128::from(recip)) >> 64) as u64;
-    let r = x.wrapping_sub(q.wrapping_mul(f));
-    let fix = r >= f;
-    (q + u64::from(fix), if fix { r - f } else { r })
-}
-
 /// One encode step of one lane: renormalise (possibly emitting a word), then
 /// `x = ((x / f) << 12) | (c + x % f)`.
 #[inline(always)]
@@ -31,8 +15,7 @@ fn encode_step(x: &mut u64, out: &mut Vec<u32>, e: EncSym) {
         out.push(s as u32);
         s >>= 32;
     }
-    let (q, r) = div_rem(s, f, e.recip);
-    *x = (q << PRECISION) | (u64::from(e.cdf) + r);
+    *x = ((s / f) << PRECISION) | (u64::from(e.cdf) + s % f);
 }
 
 /// Encodes `symbols[g]` with table `table_of(g)` into lane `g % 32`, and returns each lane's
@@ -42,8 +25,7 @@ fn encode_step(x: &mut u64, out: &mut Vec<u32>, e: EncSym) {
 /// gives from `into_compressed()` after `encode_symbols_reverse` of that lane's symbols
 /// `symbols[l], symbols[l + 32], ...` with a 12-bit categorical model of the same frequencies
 /// (symbols encoded last-to-first, so that decoding yields them first-to-last). See the
-/// [module documentation](super) for the arithmetic; the `u64` division is done by
-/// multiplication with a reciprocal precomputed in the [`FreqTable`], bit-exactly.
+/// [module documentation](super) for the arithmetic.
 ///
 /// `table_of` is called exactly once per symbol, in decreasing `g` order.
 ///

@@ -8,8 +8,6 @@ use super::{TableError, MAX_SYMBOLS, PRECISION, TOTAL};
 /// Per-symbol data the encoder needs, precomputed once per table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct EncSym {
-    /// `u64::MAX / freq`, the reciprocal used to replace `x / freq` (see `encode::div_rem`).
-    pub(crate) recip: u64,
     /// Frequency `f_s` (1..=4095).
     pub(crate) freq: u32,
     /// Left cumulative frequency `c_s`.
@@ -68,11 +66,7 @@ impl FreqTable {
             .iter()
             .map(|&f| {
                 let freq = u32::from(f);
-                let e = EncSym {
-                    recip: u64::MAX / u64::from(freq),
-                    freq,
-                    cdf,
-                };
+                let e = EncSym { freq, cdf };
                 cdf += freq;
                 e
             })

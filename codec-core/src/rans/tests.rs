@@ -11,7 +11,6 @@ use constriction::stream::stack::DefaultAnsCoder;
 use constriction::stream::Decode;
 use proptest::prelude::*;
 
-use super::encode::div_rem;
 use super::*;
 
 type Model = ContiguousCategoricalEntropyModel<u32, Vec<u32>, 12>;
@@ -139,42 +138,6 @@ fn decode_message(
     }
     dec.finish()?;
     Ok(out)
-}
-
-#[test]
-fn div_rem_matches_division() {
-    let mut rng = Rng(1);
-    for f in 1u64..=4096 {
-        let recip = u64::MAX / f;
-        let check = |x: u64| {
-            assert_eq!(div_rem(x, f, recip), (x / f, x % f), "x={x} f={f}");
-        };
-        for x in [0, 1, f - 1, f, f + 1, u64::MAX, u64::MAX - 1, u64::MAX - f] {
-            check(x);
-        }
-        // Multiples of f and their neighbours, over the whole range of quotients.
-        for shift in 0..64 {
-            let k = (1u64 << shift) / f.max(1);
-            for q in [
-                k.saturating_sub(1),
-                k,
-                k + 1,
-                u64::MAX / f,
-                u64::MAX / f - 1,
-            ] {
-                let base = q.wrapping_mul(f);
-                if q.checked_mul(f).is_some() {
-                    check(base);
-                    check(base.wrapping_sub(1));
-                    check(base.saturating_add(f - 1));
-                }
-            }
-        }
-        for _ in 0..300 {
-            let x = rng.next() >> rng.below(64);
-            check(x);
-        }
-    }
 }
 
 #[test]
@@ -665,52 +628,4 @@ proptest! {
             let _ = dec.finish();
         }
     }
-}
-
-#[test]
-#[ignore]
-fn zz_timing() {
-    use std::time::Instant;
-    let scales = [0.9f64, 1.0, 1.05, 1.15, 1.2, 1.3];
-    let tables: Vec<FreqTable> = scales
-        .iter()
-        .map(|&b| {
-            let counts: Vec<u64> = (0..33)
-                .map(|k: i32| (1e9 * libm::exp(-f64::from((k - 16).abs()) / b)) as u64)
-                .collect();
-            FreqTable::from_counts(&counts)
-        })
-        .collect();
-    let dts: Vec<DecodeTable> = tables.iter().map(DecodeTable::from).collect();
-    let n = 192 * 5461;
-    let mut rng = Rng(99);
-    let symbols: Vec<u8> = (0..n)
-        .map(|g| dts[g % 6].lookup(rng.below(4096) as u32).0)
-        .collect();
-    let per_token: Vec<&DecodeTable> = (0..192).map(|c| &dts[c % 6]).collect();
-    let mut lanes: [Vec<u32>; LANES] = core::array::from_fn(|_| Vec::new());
-    let mut best_e = f64::MAX;
-    for _ in 0..40 {
-        let t = Instant::now();
-        encode_lanes_into(&symbols, |g| &tables[g % 6], &mut lanes);
-        best_e = best_e.min(t.elapsed().as_secs_f64());
-    }
-    let refs = lane_refs(&lanes);
-    let mut out = vec![0u8; n];
-    let mut best_d = f64::MAX;
-    for _ in 0..40 {
-        let t = Instant::now();
-        let mut dec = LaneDecoder::new(refs).unwrap();
-        for (tk, chunk) in out.chunks_exact_mut(192).enumerate() {
-            dec.decode(tk * 192, &per_token, chunk).unwrap();
-        }
-        dec.finish().unwrap();
-        best_d = best_d.min(t.elapsed().as_secs_f64());
-    }
-    assert_eq!(out, symbols);
-    std::eprintln!(
-        "TIMING encode {:.1} M/s, decode {:.1} M/s",
-        n as f64 / best_e / 1e6,
-        n as f64 / best_d / 1e6
-    );
 }

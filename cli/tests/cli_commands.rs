@@ -1,0 +1,118 @@
+//! The `kvc` binary end to end: encode, inspect, decode, profile, and clean failures.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../testdata/smollm2-gpl3-512.safetensors"
+);
+
+fn kvc(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn p(d: &Path, name: &str) -> PathBuf {
+    d.join(name)
+}
+
+#[test]
+fn encode_inspect_decode_with_and_without_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |x: &PathBuf| x.to_str().unwrap().to_string();
+    let (kvc_sc, out_sc, prof, kvc_ref, out_ref) = (
+        p(dir.path(), "a.kvc"),
+        p(dir.path(), "a.safetensors"),
+        p(dir.path(), "m.kvcp"),
+        p(dir.path(), "b.kvc"),
+        p(dir.path(), "b.safetensors"),
+    );
+    let (ok, _, err) = kvc(&[
+        "encode",
+        SAMPLE,
+        &s(&kvc_sc),
+        "--level",
+        "1",
+        "--chunk-tokens",
+        "200",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = kvc(&["inspect", &s(&kvc_sc)]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("embedded") && out.contains("200..400"),
+        "{out}"
+    );
+    let (ok, _, err) = kvc(&["decode", &s(&kvc_sc), &s(&out_sc)]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kvc(&["profile", "-o", &s(&prof), SAMPLE]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kvc(&[
+        "encode",
+        SAMPLE,
+        &s(&kvc_ref),
+        "--profile",
+        &s(&prof),
+        "--levels",
+        "0,3,4",
+        "--chunk-tokens",
+        "200",
+    ]);
+    assert!(ok, "{err}");
+    // Without its profile a referenced stream must fail cleanly and leave no output.
+    let (ok, _, err) = kvc(&["decode", &s(&kvc_ref), &s(&out_ref)]);
+    assert!(!ok && err.contains("profile"), "{err}");
+    assert!(!out_ref.exists());
+    let (ok, _, err) = kvc(&["decode", &s(&kvc_ref), &s(&out_ref), "--profile", &s(&prof)]);
+    assert!(ok, "{err}");
+    // The decoded file has the original layout and dtype.
+    let bytes = std::fs::read(&out_ref).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let k = st.tensor("k.29").unwrap();
+    assert_eq!(k.shape(), &[512, 3, 64]);
+    assert_eq!(k.dtype(), safetensors::Dtype::F16);
+}
+
+#[test]
+fn bad_inputs_fail_with_one_message_and_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = p(dir.path(), "out.kvc");
+    let o = out.to_str().unwrap();
+    let (ok, _, err) = kvc(&["encode", "/nonexistent.safetensors", o]);
+    assert!(
+        !ok && err.starts_with("kvc: error:") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!out.exists());
+    // A truncated stream.
+    let good = p(dir.path(), "good.kvc");
+    let (ok, _, err) = kvc(&["encode", SAMPLE, good.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let bytes = std::fs::read(&good).unwrap();
+    let cut = p(dir.path(), "cut.kvc");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let dec = p(dir.path(), "dec.safetensors");
+    let (ok, _, err) = kvc(&["decode", cut.to_str().unwrap(), dec.to_str().unwrap()]);
+    assert!(!ok && err.contains("truncated"), "{err}");
+    assert!(!dec.exists());
+    // A corrupt stream.
+    let mut bad = bytes.clone();
+    let n = bad.len();
+    bad[n - 100] ^= 0x40;
+    std::fs::write(&cut, &bad).unwrap();
+    let (ok, _, err) = kvc(&["decode", cut.to_str().unwrap(), dec.to_str().unwrap()]);
+    assert!(!ok && err.contains("checksum"), "{err}");
+    assert!(!dec.exists());
+    // Not a dump at all.
+    let (ok, _, err) = kvc(&["encode", good.to_str().unwrap(), o]);
+    assert!(!ok && err.lines().count() == 1, "{err}");
+    assert!(!out.exists());
+}
