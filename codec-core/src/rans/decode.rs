@@ -15,8 +15,9 @@ pub struct LaneDecoder<'a> {
     /// Each lane's words.
     words: [&'a [u32]; LANES],
     /// Number of unread words of each lane: `words[l][..unread[l]]` is unread, read backwards.
-    unread: [usize; LANES],
-    state: [u64; LANES],
+    pub(super) unread: [usize; LANES],
+    /// Each lane's state `x`.
+    pub(super) state: [u64; LANES],
     /// Global index of the next symbol to decode.
     next: usize,
 }

@@ -585,6 +585,58 @@ fn corruption_never_panics_and_is_detected() {
     }
 }
 
+#[test]
+fn decoder_matches_constriction_on_arbitrary_words() {
+    // Not only valid streams: on any words, each lane's symbols, final state and remaining word
+    // count equal constriction's `from_compressed` + `decode_symbol` (including the
+    // "no words left" path and states that no encoder produces).
+    use constriction::stream::Code;
+    let mut rng = Rng(12);
+    for trial in 0..60 {
+        let len = 1 + rng.below(3000) as usize;
+        let m = random_message(&mut rng, len);
+        let lanes: Vec<Vec<u32>> = (0..LANES)
+            .map(|_| {
+                let n = rng.below(if trial % 2 == 0 { 4 } else { 120 }) as usize;
+                let mut w: Vec<u32> = (0..n)
+                    .map(|_| {
+                        let shift = rng.below(32);
+                        rng.next() as u32 >> shift
+                    })
+                    .collect();
+                if let Some(last) = w.last_mut() {
+                    *last |= 1;
+                }
+                w
+            })
+            .collect();
+        let refs: [&[u32]; LANES] = core::array::from_fn(|l| lanes[l].as_slice());
+        let dts: Vec<DecodeTable> = m.tables.iter().map(DecodeTable::from).collect();
+        let per_pos: Vec<&DecodeTable> = m.table_ix.iter().map(|&i| &dts[i]).collect();
+        let mut dec = LaneDecoder::new(refs).unwrap();
+        let mut out = vec![0u8; len];
+        let cut = rng.below(len as u64 + 1) as usize;
+        dec.decode(0, &per_pos[..cut], &mut out[..cut]).unwrap();
+        dec.decode(cut, &per_pos[cut..], &mut out[cut..]).unwrap();
+
+        let models: Vec<Model> = m.tables.iter().map(model_of).collect();
+        let mut all_clean = true;
+        for (l, words) in lanes.iter().enumerate() {
+            let mut theirs = DefaultAnsCoder::from_compressed(words.clone()).unwrap();
+            for g in (l..len).step_by(LANES) {
+                let s = theirs
+                    .decode_symbol(models[m.table_ix[g]].as_view())
+                    .unwrap();
+                assert_eq!(usize::from(out[g]), s, "trial {trial} lane {l} symbol {g}");
+            }
+            assert_eq!(dec.state[l], theirs.state(), "trial {trial} lane {l}");
+            assert_eq!(dec.unread[l], theirs.bulk().len(), "trial {trial} lane {l}");
+            all_clean &= theirs.is_empty() && theirs.bulk().is_empty();
+        }
+        assert_eq!(dec.finish().is_ok(), all_clean);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
