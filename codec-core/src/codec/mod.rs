@@ -350,22 +350,14 @@ impl ChunkContext<'_> {
                     maps[0].iter().map(|&t| &dec_tables[t as usize]).collect(),
                     maps[1].iter().map(|&t| &dec_tables[t as usize]).collect(),
                 ];
-                let radii: [Vec<(i32, u8)>; 2] = [
-                    maps[0]
-                        .iter()
+                let radii: [Vec<(i32, u8)>; 2] = maps.map(|m| {
+                    m.iter()
                         .map(|&t| {
                             let tb = &level_tables.tables[t as usize];
                             (tb.radius as i32, tb.escape())
                         })
-                        .collect(),
-                    maps[1]
-                        .iter()
-                        .map(|&t| {
-                            let tb = &level_tables.tables[t as usize];
-                            (tb.radius as i32, tb.escape())
-                        })
-                        .collect(),
-                ];
+                        .collect()
+                });
                 let mut esc = esc_bytes
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
