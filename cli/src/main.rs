@@ -56,6 +56,10 @@ enum Cmd {
         /// Leading tokens (attention sinks) stored exactly.
         #[arg(long, default_value_t = codec_core::codec::DEFAULT_SINK)]
         sink: u16,
+        /// Same steps for every token: turn off the coarser steps for tokens that later queries
+        /// barely read (use this if the cache will be read by queries at unusual positions).
+        #[arg(long)]
+        uniform_steps: bool,
     },
     /// Decode a .kvc stream into a safetensors dump in the original dtype.
     Decode {
@@ -111,12 +115,14 @@ fn main() -> ExitCode {
             chunk_tokens,
             group,
             sink,
+            uniform_steps,
         } => {
             let params = EncodeParams {
                 chunk_tokens,
                 group,
                 n_sink: sink,
                 levels: levels.unwrap_or_else(|| vec![level]),
+                token_importance: !uniform_steps,
             };
             cmd_encode(&input, &output, profile.as_deref(), params)
         }

@@ -16,6 +16,7 @@ extern crate alloc;
 mod bytes;
 pub mod codec;
 pub mod error;
+pub mod importance;
 pub mod kv;
 pub mod limits;
 pub mod profile;

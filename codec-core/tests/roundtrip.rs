@@ -2,7 +2,8 @@
 
 mod common;
 
-use codec_core::quant::{quantize_block, BlockConsts};
+use codec_core::importance;
+use codec_core::quant::{quantize_block, BlockConsts, Exps};
 use codec_core::{
     decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape,
     LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream, Tensor,
@@ -48,12 +49,37 @@ fn expected(cache: &KvCache, profile: &Profile, params: &EncodeParams) -> KvCach
                 let sink = (params.n_sink as u64)
                     .saturating_sub(cache.meta.first_position + start as u64)
                     .min((end - start) as u64) as usize;
+                // Step exponents: chosen from K by the importance policy, shared by K and V.
+                let mut exps = Vec::new();
+                if let (true, Some(imp)) = (params.token_importance, profile.importance()) {
+                    let kx = cache.k[layer as usize].to_f32_vec();
+                    let d = s.head_dim as usize;
+                    let qm = &imp.query_mean[layer as usize * c..(layer as usize + 1) * c];
+                    let qpos = cache.meta.first_position + s.tokens as u64;
+                    let qref = importance::reference_queries(qm, d, qpos, &cache.meta.rope);
+                    importance::block_exponents(
+                        &kx[start * c..end * c],
+                        c,
+                        d,
+                        sink,
+                        cache.meta.first_position + start as u64,
+                        &qref,
+                        &imp.tau[layer as usize * s.kv_heads as usize..][..s.kv_heads as usize],
+                        &cache.meta.rope,
+                        &imp.params,
+                        &mut exps,
+                    );
+                }
                 let mut sym = Vec::new();
                 quantize_block(
                     &x[start * c..end * c],
                     &consts,
                     params.group as usize,
                     sink,
+                    Exps {
+                        exps: &exps,
+                        head_dim: s.head_dim as usize,
+                    },
                     &mut sym,
                     &mut rec[start * c..end * c],
                 );
@@ -412,7 +438,7 @@ proptest! {
         let cache = synthetic(layers, heads, dim, tokens, dtype, seed);
         let lp = LearnParams { group, chunk_tokens: chunk, n_sink: sink, ..LearnParams::default() };
         let profile = learn_plain(&cache, &lp);
-        let params = EncodeParams { chunk_tokens: chunk, group, n_sink: sink, levels: vec![level] };
+        let params = EncodeParams { chunk_tokens: chunk, group, n_sink: sink, levels: vec![level], ..EncodeParams::default() };
         let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
         let dec = decode(&bytes, None, &Limits::DEFAULT).unwrap();
         prop_assert_eq!(&dec, &expected(&cache, &profile, &params));

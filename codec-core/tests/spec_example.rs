@@ -41,7 +41,12 @@ fn appendix_b_profile_and_stream() {
         2,
         vec![0.5],
         params,
-        vec![LevelTables { tables, map }],
+        None,
+        vec![LevelTables {
+            tables,
+            down: vec![0, 0],
+            map,
+        }],
     );
     assert_eq!(profile.as_bytes().len(), 108);
     assert_eq!(&profile.as_bytes()[104..], &[0x6d, 0x1c, 0xeb, 0x75]);

@@ -39,7 +39,7 @@ use alloc::vec::Vec;
 /// Magic bytes of a stream.
 pub const STREAM_MAGIC: [u8; 4] = *b"KVCS";
 /// Stream format version.
-pub const STREAM_VERSION: u16 = 1;
+pub const STREAM_VERSION: u16 = 2;
 /// Bytes of the header before the model id.
 pub const HEADER_FIXED_LEN: usize = 102;
 /// Bytes of one chunk index entry.

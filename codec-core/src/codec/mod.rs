@@ -16,11 +16,12 @@ pub use header::{
 
 use crate::bytes::{crc32c, PutLe, Reader};
 use crate::error::{DecodeError, EncodeError, Kv};
+use crate::importance::{block_exponents, reference_queries, MAX_EXP};
 use crate::kv::{Dtype, KvCache, KvShape, KvView, TensorMut, TensorRef};
 use crate::limits::{Limits, MAX_GROUP};
 use crate::profile::Profile;
-use crate::quant::{dequantize_block, quantize_block, BlockConsts, MAX_SYMBOL};
-use crate::rans::{encode_lanes, DecodeTable, FreqTable, LaneDecoder, LANES};
+use crate::quant::{dequantize_block, quantize_block, BlockConsts, Exps, MAX_SYMBOL};
+use crate::rans::{encode_lanes_into, DecodeTable, FreqTable, LaneDecoder, LANES};
 use alloc::borrow::Cow;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -61,6 +62,9 @@ pub struct EncodeParams {
     pub n_sink: u16,
     /// Level of each chunk; a single entry applies to all chunks.
     pub levels: Vec<u8>,
+    /// Give tokens that future queries will barely read coarser steps ([`crate::importance`]),
+    /// when the profile carries the hints for it.
+    pub token_importance: bool,
 }
 
 impl Default for EncodeParams {
@@ -70,6 +74,7 @@ impl Default for EncodeParams {
             group: DEFAULT_GROUP,
             n_sink: DEFAULT_SINK,
             levels: vec![1],
+            token_importance: true,
         }
     }
 }
@@ -137,6 +142,12 @@ pub struct ChunkContext<'p> {
     pub n_sink: u16,
     /// The profile.
     pub profile: &'p Profile,
+    /// Rotary settings of the cache (the encoder's importance policy rotates with them).
+    pub rope: crate::kv::Rope,
+    /// Encoder only: absolute position of the queries that will read the cache (usually the
+    /// position after the stream's last token), or `None` for uniform steps. Importance needs a
+    /// profile with [`crate::profile::Importance`] hints; without them steps stay uniform.
+    pub query_position: Option<u64>,
 }
 
 impl ChunkContext<'_> {
@@ -189,8 +200,44 @@ impl ChunkContext<'_> {
         let mut symbols: Vec<i32> = Vec::with_capacity(rows * c);
         let mut indices: Vec<u8> = Vec::with_capacity(rows * c);
         let mut escapes: Vec<i32> = Vec::new();
+        let mut exps: Vec<u8> = Vec::new();
         let mut consts = BlockConsts::default();
+        let d = self.shape.head_dim as usize;
+        let heads = self.shape.kv_heads as usize;
+        let importance = self
+            .query_position
+            .and_then(|pos| self.profile.importance().map(|imp| (pos, imp)));
+        let mut lanes: [Vec<u32>; LANES] = core::array::from_fn(|_| Vec::new());
         for layer in 0..self.shape.layers {
+            exps.clear();
+            if let Some((pos, imp)) = importance {
+                let kt = view.k[layer as usize];
+                kt.read_f32(tokens.start as usize * c, &mut x);
+                let qm = &imp.query_mean[layer as usize * c..(layer as usize + 1) * c];
+                let qref = reference_queries(qm, d, pos, &self.rope);
+                block_exponents(
+                    &x,
+                    c,
+                    d,
+                    sink,
+                    self.first_position + tokens.start as u64,
+                    &qref,
+                    &imp.tau[layer as usize * heads..(layer as usize + 1) * heads],
+                    &self.rope,
+                    &imp.params,
+                    &mut exps,
+                );
+                if exps.iter().all(|&e| e == 0) {
+                    exps.clear();
+                }
+            }
+            // Non-empty exps hold a nonzero exponent, so the alphabet has at least 2 symbols.
+            let n_exp = exps.iter().max().map_or(0, |&m| m as usize + 1);
+            let exp_table = (n_exp > 0).then(|| {
+                let mut counts = [0u64; 16];
+                exps.iter().for_each(|&e| counts[e as usize] += 1);
+                FreqTable::from_counts(&counts[..n_exp])
+            });
             for (kvi, t) in [view.k[layer as usize], view.v[layer as usize]]
                 .into_iter()
                 .enumerate()
@@ -198,17 +245,32 @@ impl ChunkContext<'_> {
                 t.read_f32(tokens.start as usize * c, &mut x);
                 consts.fill(self.profile.channel_params(layer, kvi), mult);
                 symbols.clear();
-                quantize_block(&x, &consts, group, sink, &mut symbols, &mut recon);
+                let ex = Exps {
+                    exps: &exps,
+                    head_dim: d,
+                };
+                quantize_block(&x, &consts, group, sink, ex, &mut symbols, &mut recon);
                 let maps = [
                     self.profile.table_map(level, layer, kvi, 0),
                     self.profile.table_map(level, layer, kvi, 1),
                 ];
-                indices.clear();
-                escapes.clear();
-                for (i, &s) in symbols.iter().enumerate() {
+                // Table id of value symbol `i` (row-major over the non-sink rows).
+                let table_id = |i: usize| -> usize {
                     let row = sink + i / c;
                     let kind = usize::from(row % group != 0);
-                    let table = &level_tables.tables[maps[kind][i % c] as usize];
+                    let t = maps[kind][i % c];
+                    if exps.is_empty() {
+                        t as usize
+                    } else {
+                        let e = exps[(i / c) * heads + (i % c) / d];
+                        self.profile.table_at(level, t, e) as usize
+                    }
+                };
+                indices.clear();
+                indices.extend_from_slice(&exps);
+                escapes.clear();
+                for (i, &s) in symbols.iter().enumerate() {
+                    let table = &level_tables.tables[table_id(i)];
                     if s.unsigned_abs() <= table.radius as u32 {
                         indices.push((s + table.radius as i32) as u8);
                     } else {
@@ -216,15 +278,23 @@ impl ChunkContext<'_> {
                         escapes.push(s);
                     }
                 }
+                let n_e = exps.len();
                 let table_of = |i: usize| -> &FreqTable {
-                    let row = sink + i / c;
-                    let kind = usize::from(row % group != 0);
-                    &level_tables.tables[maps[kind][i % c] as usize].freqs
+                    match &exp_table {
+                        Some(et) if i < n_e => et,
+                        _ => &level_tables.tables[table_id(i - n_e)].freqs,
+                    }
                 };
-                let lanes = encode_lanes(&indices, table_of);
+                encode_lanes_into(&indices, table_of, &mut lanes);
                 out.put_u32(escapes.len() as u32);
                 for l in &lanes {
                     out.put_u32(l.len() as u32);
+                }
+                out.put_u8(n_exp as u8);
+                if let Some(et) = &exp_table {
+                    for f in et.freqs() {
+                        out.put_u16(*f);
+                    }
                 }
                 write_rows(&mut out, t, tokens.start as usize * c, sink * c);
                 for e in &escapes {
@@ -295,10 +365,16 @@ impl ChunkContext<'_> {
         let level_tables = self.profile.level_tables(level);
         let dec_tables = self.profile.decode_tables(level);
         let mut r = Reader::new(body, "chunk block");
+        let d = self.shape.head_dim as usize;
+        let heads = self.shape.kv_heads as usize;
+        let n_exps = (rows - sink) * heads;
         let mut recon = vec![0f32; rows * c];
         let mut indices = vec![0u8; c];
         let mut symbols = vec![0i32; n_sym];
+        let mut exps = vec![0u8; n_exps];
         let mut consts = BlockConsts::default();
+        let mut row_tables: Vec<&DecodeTable> = Vec::with_capacity(c);
+        let mut row_radii: Vec<(i32, u8)> = Vec::with_capacity(c);
         for layer in 0..self.shape.layers {
             for (kvi, kv) in [Kv::K, Kv::V].into_iter().enumerate() {
                 let n_escapes = r.u32()? as usize;
@@ -315,6 +391,22 @@ impl ChunkContext<'_> {
                     *l = r.u32()? as usize;
                     total_words += *l as u64;
                 }
+                let n_exp = r.u8()? as usize;
+                if n_exp == 1 || n_exp > MAX_EXP as usize + 1 {
+                    return Err(DecodeError::InvalidField {
+                        what: "step exponent alphabet size",
+                        got: n_exp as u64,
+                    });
+                }
+                let exp_table = if n_exp > 0 {
+                    let mut f = [0u16; 16];
+                    for x in f.iter_mut().take(n_exp) {
+                        *x = r.u16()?;
+                    }
+                    Some(DecodeTable::from(&FreqTable::new(&f[..n_exp])?))
+                } else {
+                    None
+                };
                 let raw_sink = r.take(sink * c * dsize)?;
                 let esc_bytes = r.take(n_escapes * 4)?;
                 if total_words * 4 > r.remaining() as u64 {
@@ -342,32 +434,40 @@ impl ChunkContext<'_> {
                     err,
                 };
                 let mut dec = LaneDecoder::new(lanes).map_err(rans_err)?;
+                let n_e = if let Some(et) = &exp_table {
+                    let tabs = vec![et; n_exps];
+                    dec.decode(0, &tabs, &mut exps).map_err(rans_err)?;
+                    n_exps
+                } else {
+                    0
+                };
                 let maps = [
                     self.profile.table_map(level, layer, kvi, 0),
                     self.profile.table_map(level, layer, kvi, 1),
                 ];
-                let row_tables: [Vec<&DecodeTable>; 2] = [
-                    maps[0].iter().map(|&t| &dec_tables[t as usize]).collect(),
-                    maps[1].iter().map(|&t| &dec_tables[t as usize]).collect(),
-                ];
-                let radii: [Vec<(i32, u8)>; 2] = maps.map(|m| {
-                    m.iter()
-                        .map(|&t| {
-                            let tb = &level_tables.tables[t as usize];
-                            (tb.radius as i32, tb.escape())
-                        })
-                        .collect()
-                });
                 let mut esc = esc_bytes
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                 for row in sink..rows {
                     let kind = usize::from(row % group != 0);
                     let base = (row - sink) * c;
-                    dec.decode(base, &row_tables[kind], &mut indices)
+                    row_tables.clear();
+                    row_radii.clear();
+                    for (ch, &t) in maps[kind].iter().enumerate() {
+                        let t = if n_e > 0 {
+                            let e = exps[(row - sink) * heads + ch / d];
+                            self.profile.table_at(level, t, e)
+                        } else {
+                            t
+                        } as usize;
+                        row_tables.push(&dec_tables[t]);
+                        let tb = &level_tables.tables[t];
+                        row_radii.push((tb.radius as i32, tb.escape()));
+                    }
+                    dec.decode(n_e + base, &row_tables, &mut indices)
                         .map_err(rans_err)?;
                     for (ch, &idx) in indices.iter().enumerate() {
-                        let (radius, escape) = radii[kind][ch];
+                        let (radius, escape) = row_radii[ch];
                         symbols[base + ch] = if idx == escape {
                             let e = esc
                                 .next()
@@ -397,7 +497,11 @@ impl ChunkContext<'_> {
                     });
                 }
                 consts.fill(self.profile.channel_params(layer, kvi), mult);
-                dequantize_block(&symbols, &consts, group, sink, &mut recon);
+                let ex = Exps {
+                    exps: if n_e > 0 { &exps } else { &[] },
+                    head_dim: d,
+                };
+                dequantize_block(&symbols, &consts, group, sink, ex, &mut recon);
                 out(layer, kv, &recon, raw_sink);
             }
         }
@@ -515,6 +619,10 @@ pub fn encode(
         group: params.group,
         n_sink: params.n_sink,
         profile: p,
+        rope: view.meta.rope,
+        query_position: params
+            .token_importance
+            .then(|| view.meta.first_position.saturating_add(tokens as u64)),
     };
     ctx.check()?;
     let mut chunks = Vec::with_capacity(n_chunks as usize);
@@ -645,6 +753,8 @@ impl<'a> Stream<'a> {
             group: self.header.group as u32,
             n_sink: self.header.n_sink,
             profile: &self.profile,
+            rope: self.header.meta.rope,
+            query_position: None,
         }
     }
     /// The raw bytes of chunk `i` (with its CRC).

@@ -16,13 +16,15 @@
 //! Frequency tables are then learned per level from the symbols the samples produce, and channels
 //! whose symbol entropy falls in the same quarter-bit bucket share one table.
 
-use super::{ChannelParams, LevelTables, Profile, SymbolTable, MAX_RADIUS, WEIGHT_ONE};
+use super::{ChannelParams, Importance, LevelTables, Profile, SymbolTable, MAX_RADIUS, WEIGHT_ONE};
 use crate::error::EncodeError;
+use crate::importance::{
+    block_exponents, block_scores, reference_queries, rotate, ImportanceParams,
+};
 use crate::kv::{KvView, RopeStyle, TensorRef};
-use crate::limits::{MAX_GROUP, MAX_LEVELS, MAX_TABLES_PER_LEVEL};
-use crate::quant::{quantize_block, BlockConsts};
+use crate::limits::{MAX_GROUP, MAX_LEVELS};
+use crate::quant::{predict, quantize_block, BlockConsts, Exps};
 use crate::rans::FreqTable;
-use alloc::collections::BTreeMap;
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -67,6 +69,9 @@ pub struct LearnParams {
     pub calibration_rounds: u32,
     /// At most this many queries per layer are used for calibration (evenly spaced).
     pub max_queries: usize,
+    /// Token-importance policy ([`crate::importance`]) to calibrate with and store in the
+    /// profile; used only if some sample has queries (they give the mean query).
+    pub importance: Option<ImportanceParams>,
 }
 
 impl Default for LearnParams {
@@ -80,12 +85,15 @@ impl Default for LearnParams {
             n_sink: 1,
             calibration_rounds: 3,
             max_queries: 32,
+            importance: Some(ImportanceParams::default()),
         }
     }
 }
 
 /// Default level multipliers: level 0 near-lossless, the last about one bit per element.
-pub const DEFAULT_LEVELS: [f32; 5] = [0.12, 0.5, 0.85, 2.0, 4.5];
+pub const DEFAULT_LEVELS: [f32; 12] = [
+    0.1, 0.12, 0.14, 0.17, 0.25, 0.35, 0.5, 0.65, 0.8, 0.95, 2.0, 4.5,
+];
 
 /// Learns a profile from samples. Deterministic: the same samples and parameters give the same
 /// bytes on every platform.
@@ -148,6 +156,39 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
     let layers = shape.layers as usize;
     let c = shape.channels();
     let group = params.group as usize;
+    let d = shape.head_dim as usize;
+    if let Some(imp) = &params.importance {
+        if !imp.is_valid() {
+            return Err(EncodeError::InvalidParam {
+                what: "importance parameters",
+                got: imp.max_exp as u64,
+            });
+        }
+    }
+    let importance = match params.importance {
+        Some(p) if samples.iter().any(|s| s.queries.is_some()) => {
+            let query_mean = query_means(samples, layers, c, d);
+            let tau = score_thresholds(samples, &query_mean, layers, c, d, p.quantile, params);
+            Some(Importance {
+                params: p,
+                query_mean,
+                tau,
+            })
+        }
+        _ => None,
+    };
+    // Step exponents of every sample and layer, as the encoder would choose them.
+    let exps: Vec<Vec<Vec<u8>>> = samples
+        .iter()
+        .map(|s| {
+            (0..layers)
+                .map(|layer| match &importance {
+                    Some(imp) => sample_exponents(s, layer, imp, params),
+                    None => Vec::new(),
+                })
+                .collect()
+        })
+        .collect();
     let mut all_params = Vec::with_capacity(layers * 2 * c);
     for layer in 0..layers {
         for kv in 0..2 {
@@ -162,9 +203,11 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
                     (to_f32(t), s.kv.shape.tokens as usize)
                 })
                 .collect();
+            let layer_exps: Vec<&[u8]> = exps.iter().map(|e| e[layer].as_slice()).collect();
             all_params.extend(learn_tensor(
                 samples,
                 &tensors,
+                &layer_exps,
                 layer,
                 kv,
                 c,
@@ -177,7 +220,16 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
     }
     let mut levels = Vec::with_capacity(params.level_mult.len());
     for &mult in &params.level_mult {
-        levels.push(learn_tables(samples, &all_params, mult, layers, c, params));
+        levels.push(learn_tables(
+            samples,
+            &exps,
+            &all_params,
+            mult,
+            layers,
+            c,
+            d,
+            params,
+        ));
     }
     Ok(Profile::from_parts(
         shape.layers,
@@ -185,8 +237,145 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
         shape.head_dim,
         params.level_mult.clone(),
         all_params,
+        importance,
         levels,
     ))
+}
+
+/// Mean pre-rotary query per `(layer, kv_head, channel)` over the samples' queries.
+fn query_means(samples: &[Sample<'_>], layers: usize, c: usize, d: usize) -> Vec<f32> {
+    let heads = c / d;
+    let mut out = Vec::with_capacity(layers * c);
+    let mut q = vec![0f64; d];
+    for layer in 0..layers {
+        let mut acc = vec![0f64; c];
+        let mut n = vec![0f64; heads];
+        for s in samples {
+            let Some(qs) = &s.queries else { continue };
+            let per = qs.q_heads * d;
+            let gsize = qs.q_heads / heads;
+            for (i, row) in qs.q[layer].chunks_exact(per).enumerate() {
+                let pos = s.kv.meta.first_position as f64 + qs.q_start as f64 + i as f64;
+                for qh in 0..qs.q_heads {
+                    let h = qh / gsize;
+                    for (dst, &src) in q.iter_mut().zip(&row[qh * d..(qh + 1) * d]) {
+                        *dst = src as f64;
+                    }
+                    rotate(&mut q, -pos, &s.kv.meta.rope);
+                    for (a, b) in acc[h * d..(h + 1) * d].iter_mut().zip(&q) {
+                        *a += b;
+                    }
+                    n[h] += 1.0;
+                }
+            }
+        }
+        out.extend(
+            acc.iter()
+                .enumerate()
+                .map(|(i, a)| (a / n[i / d].max(1.0)) as f32),
+        );
+    }
+    out
+}
+
+/// Per `(layer, head)`, the `quantile` of the scores of all samples' non-sink tokens against the
+/// mean query rotated to the position after each sample.
+fn score_thresholds(
+    samples: &[Sample<'_>],
+    query_mean: &[f32],
+    layers: usize,
+    c: usize,
+    d: usize,
+    quantile: f32,
+    params: &LearnParams,
+) -> Vec<f32> {
+    let heads = c / d;
+    let mut tau = Vec::with_capacity(layers * heads);
+    for layer in 0..layers {
+        let mut per_head: Vec<Vec<f64>> = vec![Vec::new(); heads];
+        for s in samples {
+            let sh = s.kv.shape;
+            let x = to_f32(s.kv.k[layer]);
+            let qpos = s.kv.meta.first_position + sh.tokens as u64;
+            let qref = reference_queries(
+                &query_mean[layer * c..(layer + 1) * c],
+                d,
+                qpos,
+                &s.kv.meta.rope,
+            );
+            let sink = (params.n_sink as u64)
+                .saturating_sub(s.kv.meta.first_position)
+                .min(sh.tokens as u64) as usize;
+            let n = sh.tokens as usize - sink;
+            let mut sc = vec![0f64; n * heads];
+            block_scores(
+                &x,
+                c,
+                d,
+                sink,
+                s.kv.meta.first_position,
+                &qref,
+                &s.kv.meta.rope,
+                &mut sc,
+            );
+            for (i, v) in sc.iter().enumerate() {
+                per_head[i % heads].push(*v);
+            }
+        }
+        for mut v in per_head {
+            v.sort_unstable_by(f64::total_cmp);
+            let t = if v.is_empty() {
+                0.0
+            } else {
+                let i = libm::floor(quantile as f64 * (v.len() - 1) as f64) as usize;
+                v[i.min(v.len() - 1)]
+            };
+            tau.push(t as f32);
+        }
+    }
+    tau
+}
+
+/// The exponents the encoder gives sample `s`'s layer `layer`, chunk after chunk (each chunk's
+/// non-sink rows, row-major, one per head).
+fn sample_exponents(
+    s: &Sample<'_>,
+    layer: usize,
+    imp: &Importance,
+    params: &LearnParams,
+) -> Vec<u8> {
+    let sh = s.kv.shape;
+    let c = sh.channels();
+    let d = sh.head_dim as usize;
+    let x = to_f32(s.kv.k[layer]);
+    let qpos = s.kv.meta.first_position + sh.tokens as u64;
+    let qm = &imp.query_mean[layer * c..(layer + 1) * c];
+    let qref = reference_queries(qm, d, qpos, &s.kv.meta.rope);
+    let rows = sh.tokens as usize;
+    let ct = params.chunk_tokens as usize;
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < rows {
+        let end = (start + ct).min(rows);
+        let first = s.kv.meta.first_position + start as u64;
+        let sink = (params.n_sink as u64)
+            .saturating_sub(first)
+            .min((end - start) as u64) as usize;
+        block_exponents(
+            &x[start * c..end * c],
+            c,
+            d,
+            sink,
+            first,
+            &qref,
+            &imp.tau[layer * (c / d)..(layer + 1) * (c / d)],
+            &s.kv.meta.rope,
+            &imp.params,
+            &mut out,
+        );
+        start = end;
+    }
+    out
 }
 
 fn to_f32(t: TensorRef<'_>) -> Vec<f32> {
@@ -200,6 +389,7 @@ fn to_f32(t: TensorRef<'_>) -> Vec<f32> {
 fn learn_tensor(
     samples: &[Sample<'_>],
     tensors: &[(Vec<f32>, usize)],
+    exps: &[&[u8]],
     layer: usize,
     kv: usize,
     c: usize,
@@ -295,6 +485,7 @@ fn learn_tensor(
                 samples,
                 &with_queries,
                 tensors,
+                exps,
                 &p,
                 layer,
                 kv,
@@ -366,6 +557,10 @@ fn query_mean_square(
 
 /// Quantizes a whole sample tensor chunk by chunk as the encoder would; returns the reconstruction.
 #[allow(clippy::too_many_arguments)]
+///
+/// `exps` holds the step exponents of every chunk's non-sink rows in order (empty: all zero);
+/// `on_symbols(chunk_start, sink, symbols, exps)` sees each chunk's symbols and exponents.
+#[allow(clippy::too_many_arguments)]
 fn simulate(
     x: &[f32],
     p: &[ChannelParams],
@@ -374,29 +569,41 @@ fn simulate(
     group: usize,
     params: &LearnParams,
     first_pos: u64,
-    mut on_symbols: impl FnMut(usize, &[i32]),
+    exps: &[u8],
+    head_dim: usize,
+    mut on_symbols: impl FnMut(usize, usize, &[i32], &[u8]),
 ) -> Vec<f32> {
     let consts = BlockConsts::new(p, mult);
     let rows = x.len() / c;
+    let heads = c / head_dim;
     let mut rec = vec![0.0; x.len()];
     let mut symbols = Vec::new();
     let ct = params.chunk_tokens as usize;
     let mut start = 0;
+    let mut e0 = 0;
     while start < rows {
         let end = (start + ct).min(rows);
         let sink = (params.n_sink as u64)
             .saturating_sub(first_pos + start as u64)
             .min((end - start) as u64) as usize;
+        let ne = if exps.is_empty() {
+            0
+        } else {
+            (end - start - sink) * heads
+        };
+        let ce = &exps[e0..e0 + ne];
+        e0 += ne;
         symbols.clear();
         quantize_block(
             &x[start * c..end * c],
             &consts,
             group,
             sink,
+            Exps { exps: ce, head_dim },
             &mut symbols,
             &mut rec[start * c..end * c],
         );
-        on_symbols(sink, &symbols);
+        on_symbols(start, sink, &symbols, ce);
         start = end;
     }
     rec
@@ -411,7 +618,18 @@ fn recon_error(
 ) -> f64 {
     let (mut e, mut s) = (0f64, 0f64);
     for (x, _) in tensors {
-        let rec = simulate(x, p, 1.0, c, group, params, u64::MAX / 2, |_, _| {});
+        let rec = simulate(
+            x,
+            p,
+            1.0,
+            c,
+            group,
+            params,
+            u64::MAX / 2,
+            &[],
+            1,
+            |_, _, _, _| {},
+        );
         for (a, b) in x.iter().zip(&rec) {
             let d = (a - b) as f64;
             e += d * d;
@@ -426,6 +644,7 @@ fn attention_error(
     samples: &[Sample<'_>],
     qs: &[(&Queries<'_>, usize)],
     tensors: &[(Vec<f32>, usize)],
+    exps: &[&[u8]],
     p: &[ChannelParams],
     layer: usize,
     kv: usize,
@@ -446,7 +665,9 @@ fn attention_error(
             group,
             params,
             s.kv.meta.first_position,
-            |_, _| {},
+            exps[*si],
+            d,
+            |_, _, _, _| {},
         );
         let other = to_f32(if kv == 0 {
             s.kv.v[layer]
@@ -521,21 +742,38 @@ pub(crate) fn attention(
     out
 }
 
+/// Lowest and highest spread bucket (quarter octaves of the residual RMS in steps).
+const B_PER_OCTAVE: i32 = 4;
+const B_MIN: i32 = -4 * B_PER_OCTAVE;
+const B_MAX: i32 = 10 * B_PER_OCTAVE;
+
 /// Learns the frequency tables of one level.
+///
+/// Tables are indexed by *spread*: the RMS of a channel's residual in units of its step, in
+/// quarter octaves (`round(4 log2 rms)`). A channel coded at step exponent `e` has a spread `2e`
+/// quarter octaves lower, so the table of bucket `b` links down to bucket `b - 2`. Each table's
+/// frequencies pool the symbols that are actually coded with it.
+#[allow(clippy::too_many_arguments)]
 fn learn_tables(
     samples: &[Sample<'_>],
+    exps: &[Vec<Vec<u8>>],
     all: &[ChannelParams],
     mult: f32,
     layers: usize,
     c: usize,
+    d: usize,
     params: &LearnParams,
 ) -> LevelTables {
     const HR: usize = MAX_RADIUS as usize;
-    // Histogram per (layer, kv, kind, channel) over -127..=127 plus escapes.
-    let n_hist = layers * 4 * c;
-    let mut hist = vec![[0u32; 2 * HR + 2]; n_hist];
     let group = params.group as usize;
-    for s in samples {
+    let heads = c / d;
+    let n_map = layers * 4 * c;
+    // Pass 1: residual mean squares per (layer, kv, kind, channel), in base-step units.
+    let mut ss = vec![0f64; n_map];
+    let mut cnt = vec![0f64; n_map];
+    // Symbols with their map slot and exponent, kept for pass 2.
+    let mut coded: Vec<(u32, u8, i32)> = Vec::new();
+    for (si, s) in samples.iter().enumerate() {
         for layer in 0..layers {
             for kv in 0..2 {
                 let x = to_f32(if kv == 0 {
@@ -544,10 +782,9 @@ fn learn_tables(
                     s.kv.v[layer]
                 });
                 let p = &all[(layer * 2 + kv) * c..(layer * 2 + kv + 1) * c];
-                let rows = x.len() / c;
-                let ct = params.chunk_tokens as usize;
-                let mut chunk_start = 0usize;
-                simulate(
+                let consts = BlockConsts::new(p, mult);
+                let mut chunks = Vec::new();
+                let rec = simulate(
                     &x,
                     p,
                     mult,
@@ -555,80 +792,118 @@ fn learn_tables(
                     group,
                     params,
                     s.kv.meta.first_position,
-                    |sink, syms| {
-                        let chunk_rows = (rows - chunk_start).min(ct);
+                    &exps[si][layer],
+                    d,
+                    |start, sink, syms, ce| {
                         for (i, &v) in syms.iter().enumerate() {
                             let row = sink + i / c;
                             let ch = i % c;
-                            let kind = if row % group == 0 { 0 } else { 1 };
-                            let h = &mut hist[((layer * 2 + kv) * 2 + kind) * c + ch];
-                            let idx = if v.unsigned_abs() as usize <= HR {
-                                (v + HR as i32) as usize
+                            let kind = usize::from(row % group != 0);
+                            let e = if ce.is_empty() {
+                                0
                             } else {
-                                2 * HR + 1
+                                ce[(i / c) * heads + ch / d]
                             };
-                            h[idx] += 1;
+                            let slot = ((layer * 2 + kv) * 2 + kind) * c + ch;
+                            coded.push((slot as u32, e, v));
                         }
-                        chunk_start += chunk_rows;
+                        chunks.push((start, sink, syms.len() / c));
                     },
                 );
-            }
-        }
-    }
-    // Bucket histograms by entropy (quarter bits), pool each bucket into one table.
-    let mut buckets: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    for (i, h) in hist.iter().enumerate() {
-        let total: u64 = h.iter().map(|&x| x as u64).sum();
-        let mut ent = 0f64;
-        if total > 0 {
-            for &x in h.iter() {
-                if x > 0 {
-                    let p = x as f64 / total as f64;
-                    ent -= p * libm::log2(p);
+                for (start, sink, n) in chunks {
+                    for r in sink..sink + n {
+                        let row = start + r;
+                        let chunk_row = r;
+                        let kind = usize::from(chunk_row % group != 0);
+                        let arow = start + chunk_row - chunk_row % group;
+                        for ch in 0..c {
+                            let xv = x[row * c + ch];
+                            let (res, step) = if kind == 0 {
+                                (xv - consts.mean[ch], consts.anchor_step[ch])
+                            } else {
+                                let pred =
+                                    predict(consts.mean[ch], consts.weight[ch], rec[arow * c + ch]);
+                                (xv - pred, consts.delta_step[ch])
+                            };
+                            let z = (res / step) as f64;
+                            let slot = ((layer * 2 + kv) * 2 + kind) * c + ch;
+                            ss[slot] += z * z;
+                            cnt[slot] += 1.0;
+                        }
+                    }
                 }
             }
         }
-        buckets
-            .entry(libm::floor(ent * 4.0) as u32)
-            .or_default()
-            .push(i);
     }
-    // Merge the smallest-entropy neighbours if there are too many buckets.
-    let mut groups: Vec<Vec<usize>> = buckets.into_values().collect();
-    while groups.len() > MAX_TABLES_PER_LEVEL {
-        let a = groups.remove(0);
-        groups[0].extend(a);
+    let bucket0: Vec<i32> = ss
+        .iter()
+        .zip(&cnt)
+        .map(|(s, n)| {
+            let rms = libm::sqrt(s / n.max(1.0)).max(1e-9);
+            (libm::round(B_PER_OCTAVE as f64 * libm::log2(rms)) as i32).clamp(B_MIN, B_MAX)
+        })
+        .collect();
+    let bucket_of = |slot: usize, e: u8| (bucket0[slot] - (B_PER_OCTAVE / 2) * e as i32).max(B_MIN);
+    let mut lo = *bucket0.iter().min().unwrap_or(&0);
+    let hi = *bucket0.iter().max().unwrap_or(&0);
+    for &(slot, e, _) in &coded {
+        lo = lo.min(bucket_of(slot as usize, e));
     }
-    let mut map = vec![0u8; n_hist];
-    let mut tables = Vec::with_capacity(groups.len());
-    for (tid, members) in groups.iter().enumerate() {
-        let mut pooled = [0u64; 2 * HR + 2];
-        for &m in members {
-            map[m] = tid as u8;
-            for (p, &x) in pooled.iter_mut().zip(hist[m].iter()) {
-                *p += x as u64;
-            }
+    let n_tables = (hi - lo + 1) as usize;
+    // Pass 2: histograms per bucket over -127..=127 plus escapes.
+    let mut hist = vec![[0u64; 2 * HR + 2]; n_tables];
+    for &(slot, e, v) in &coded {
+        let b = (bucket_of(slot as usize, e) - lo) as usize;
+        let idx = if v.unsigned_abs() as usize <= HR {
+            (v + HR as i32) as usize
+        } else {
+            2 * HR + 1
+        };
+        hist[b][idx] += 1;
+    }
+    // Empty buckets borrow the nearest non-empty bucket (below first).
+    let filled: Vec<bool> = hist.iter().map(|h| h.iter().any(|&x| x > 0)).collect();
+    let mut tables = Vec::with_capacity(n_tables);
+    for b in 0..n_tables {
+        let src = if filled[b] {
+            b
+        } else {
+            (0..n_tables)
+                .filter(|&o| filled[o])
+                .min_by_key(|&o| (o.abs_diff(b), o > b))
+                .unwrap_or(b)
+        };
+        tables.push(symbol_table(&hist[src]));
+    }
+    let down = (0..n_tables)
+        .map(|t| t.saturating_sub(B_PER_OCTAVE as usize / 2) as u8)
+        .collect();
+    let map = bucket0.iter().map(|&b| (b - lo) as u8).collect();
+    LevelTables { tables, down, map }
+}
+
+/// A table for a histogram over `-127..=127` plus escapes: radius 1.5 times the largest value
+/// seen (at most 127), values beyond it escaped.
+fn symbol_table(pooled: &[u64; 2 * MAX_RADIUS as usize + 2]) -> SymbolTable {
+    const HR: usize = MAX_RADIUS as usize;
+    let max_seen = (0..=HR)
+        .rev()
+        .find(|&r| pooled[HR + r] > 0 || pooled[HR - r] > 0)
+        .unwrap_or(0);
+    let radius = (max_seen + max_seen / 2 + 1).min(HR);
+    let mut counts = vec![0u64; 2 * radius + 2];
+    #[allow(clippy::needless_range_loop)]
+    for v in 0..2 * HR + 1 {
+        let val = v as i64 - HR as i64;
+        if val.unsigned_abs() as usize <= radius {
+            counts[(val + radius as i64) as usize] += pooled[v];
+        } else {
+            counts[2 * radius + 1] += pooled[v];
         }
-        let max_seen = (0..=HR)
-            .rev()
-            .find(|&r| pooled[HR + r] > 0 || pooled[HR - r] > 0)
-            .unwrap_or(0);
-        let radius = (max_seen + max_seen / 2 + 1).min(HR);
-        let mut counts = vec![0u64; 2 * radius + 2];
-        #[allow(clippy::needless_range_loop)]
-        for v in 0..2 * HR + 1 {
-            let val = v as i64 - HR as i64;
-            if val.unsigned_abs() as usize <= radius {
-                counts[(val + radius as i64) as usize] += pooled[v];
-            } else {
-                counts[2 * radius + 1] += pooled[v];
-            }
-        }
-        counts[2 * radius + 1] += pooled[2 * HR + 1];
-        tables.push(SymbolTable {
-            radius: radius as u8,
-            freqs: FreqTable::from_counts(&counts),
-        });
     }
-    LevelTables { tables, map }
+    counts[2 * radius + 1] += pooled[2 * HR + 1];
+    SymbolTable {
+        radius: radius as u8,
+        freqs: FreqTable::from_counts(&counts),
+    }
 }

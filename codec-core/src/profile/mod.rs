@@ -13,6 +13,7 @@ pub use learn::{learn_profile, LearnParams, Queries, Sample};
 
 use crate::bytes::{crc32c, PutLe, Reader};
 use crate::error::DecodeError;
+use crate::importance::{ImportanceParams, MAX_EXP};
 use crate::limits::{Limits, MAX_LEVELS, MAX_TABLES_PER_LEVEL};
 use crate::rans::{DecodeTable, FreqTable};
 use alloc::vec::Vec;
@@ -21,7 +22,7 @@ use sha2::{Digest, Sha256};
 /// Magic bytes of a profile.
 pub const PROFILE_MAGIC: [u8; 4] = *b"KVCP";
 /// Profile format version.
-pub const PROFILE_VERSION: u16 = 1;
+pub const PROFILE_VERSION: u16 = 2;
 /// Largest table radius: a table codes the values `-radius..=radius` plus an escape.
 pub const MAX_RADIUS: u8 = 127;
 /// Denominator of the anchor weight (`weight / 16`).
@@ -61,9 +62,25 @@ impl SymbolTable {
 pub struct LevelTables {
     /// The tables (at most 256).
     pub tables: Vec<SymbolTable>,
+    /// Per table, the table that codes the same channels one step exponent coarser: a symbol
+    /// whose map entry is `t` and whose exponent is `e` is coded with `down` applied `e` times
+    /// to `t`.
+    pub down: Vec<u8>,
     /// Table id per `(layer, kv, kind, channel)`, index `((layer * 2 + kv) * 2 + kind) * C + c`,
     /// kind 0 = anchor, 1 = delta.
     pub map: Vec<u8>,
+}
+
+/// Encoder hints for the token-importance policy ([`crate::importance`]); decoders ignore them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Importance {
+    /// Policy parameters the profile's steps were calibrated with.
+    pub params: ImportanceParams,
+    /// Mean query before the rotary embedding, per `(layer, kv_head, channel)` (`layers * C`
+    /// values), averaged over each KV head's query group.
+    pub query_mean: Vec<f32>,
+    /// Score threshold per `(layer, kv_head)` (`layers * kv_heads` values).
+    pub tau: Vec<f32>,
 }
 
 /// A model profile. Construct with [`learn_profile`] or [`Profile::from_bytes`].
@@ -74,7 +91,10 @@ pub struct Profile {
     head_dim: u32,
     level_mult: Vec<f32>,
     params: Vec<ChannelParams>,
+    importance: Option<Importance>,
     levels: Vec<LevelTables>,
+    /// Per level, `down^e(t)` at index `e * n_tables + t`, `e < 16`.
+    down_pow: Vec<Vec<u8>>,
     bytes: Vec<u8>,
     hash: [u8; 32],
     decode_tables: Vec<Vec<DecodeTable>>,
@@ -98,6 +118,7 @@ impl Profile {
         head_dim: u32,
         level_mult: Vec<f32>,
         params: Vec<ChannelParams>,
+        importance: Option<Importance>,
         levels: Vec<LevelTables>,
     ) -> Self {
         let mut bytes = Vec::new();
@@ -108,7 +129,8 @@ impl Profile {
         bytes.put_u32(kv_heads);
         bytes.put_u32(head_dim);
         bytes.put_u8(level_mult.len() as u8);
-        bytes.extend_from_slice(&[0, 0, 0]);
+        bytes.put_u8(u8::from(importance.is_some()));
+        bytes.extend_from_slice(&[0, 0]);
         for m in &level_mult {
             bytes.put_f32(*m);
         }
@@ -118,6 +140,15 @@ impl Profile {
             bytes.put_f32(p.anchor_step);
             bytes.put_u8(p.weight);
         }
+        if let Some(imp) = &importance {
+            bytes.put_f32(imp.params.slope);
+            bytes.put_f32(imp.params.quantile);
+            bytes.put_u8(imp.params.max_exp);
+            bytes.extend_from_slice(&[0, 0, 0]);
+            for q in imp.query_mean.iter().chain(&imp.tau) {
+                bytes.put_f32(*q);
+            }
+        }
         for lv in &levels {
             bytes.put_u16(lv.tables.len() as u16);
             for t in &lv.tables {
@@ -126,6 +157,7 @@ impl Profile {
                     bytes.put_u16(*f);
                 }
             }
+            bytes.extend_from_slice(&lv.down);
             bytes.extend_from_slice(&lv.map);
         }
         let crc = crc32c(&bytes);
@@ -200,8 +232,15 @@ impl Profile {
                 got: n_levels as u64,
             });
         }
-        let res = r.take(3)?;
-        if res != [0, 0, 0] {
+        let flags = r.u8()?;
+        if flags > 1 {
+            return Err(DecodeError::InvalidField {
+                what: "profile flags",
+                got: flags as u64,
+            });
+        }
+        let res = r.take(2)?;
+        if res != [0, 0] {
             return Err(DecodeError::InvalidField {
                 what: "profile reserved field",
                 got: 1,
@@ -260,6 +299,56 @@ impl Profile {
                 weight,
             });
         }
+        let importance = if flags & 1 != 0 {
+            let slope = r.f32()?;
+            let quantile = r.f32()?;
+            let max_exp = r.u8()?;
+            if r.take(3)? != [0, 0, 0] {
+                return Err(DecodeError::InvalidField {
+                    what: "profile reserved field",
+                    got: 2,
+                });
+            }
+            let params = ImportanceParams {
+                slope,
+                quantile,
+                max_exp,
+            };
+            if !params.is_valid() {
+                return Err(DecodeError::InvalidField {
+                    what: "importance parameters",
+                    got: max_exp as u64,
+                });
+            }
+            let n = layers as usize * c;
+            let nt = layers as usize * kv_heads as usize;
+            if (n + nt) as u64 * 4 > r.remaining() as u64 {
+                return Err(DecodeError::Truncated {
+                    what: "profile query means",
+                    needed: (n + nt) as u64 * 4,
+                    available: r.remaining() as u64,
+                });
+            }
+            let mut vals = Vec::with_capacity(n + nt);
+            for _ in 0..n + nt {
+                let q = r.f32()?;
+                if !q.is_finite() {
+                    return Err(DecodeError::InvalidField {
+                        what: "query mean or score threshold",
+                        got: q.to_bits() as u64,
+                    });
+                }
+                vals.push(q);
+            }
+            let tau = vals.split_off(n);
+            Some(Importance {
+                params,
+                query_mean: vals,
+                tau,
+            })
+        } else {
+            None
+        };
         let map_len = layers as usize * 4 * c;
         let mut levels = Vec::with_capacity(n_levels);
         for _ in 0..n_levels {
@@ -287,6 +376,13 @@ impl Profile {
                 let freqs = FreqTable::new(&freqs[..n])?;
                 tables.push(SymbolTable { radius, freqs });
             }
+            let down = r.take(n_tables)?.to_vec();
+            if let Some(&bad) = down.iter().find(|&&t| t as usize >= n_tables) {
+                return Err(DecodeError::InvalidField {
+                    what: "table id in down links",
+                    got: bad as u64,
+                });
+            }
             let map = r.take(map_len)?.to_vec();
             if let Some(&bad) = map.iter().find(|&&t| t as usize >= n_tables) {
                 return Err(DecodeError::InvalidField {
@@ -294,7 +390,7 @@ impl Profile {
                     got: bad as u64,
                 });
             }
-            levels.push(LevelTables { tables, map });
+            levels.push(LevelTables { tables, down, map });
         }
         if r.remaining() != 0 {
             return Err(DecodeError::Inconsistent {
@@ -311,13 +407,30 @@ impl Profile {
                     .collect()
             })
             .collect();
+        let down_pow = levels
+            .iter()
+            .map(|lv| {
+                let n = lv.tables.len();
+                let mut p = Vec::with_capacity(16 * n);
+                p.extend(0..n as u8);
+                for e in 1..=MAX_EXP as usize {
+                    for t in 0..n {
+                        let prev = p[(e - 1) * n + t];
+                        p.push(lv.down[prev as usize]);
+                    }
+                }
+                p
+            })
+            .collect();
         Ok(Profile {
             layers,
             kv_heads,
             head_dim,
             level_mult,
             params,
+            importance,
             levels,
+            down_pow,
             bytes: bytes.to_vec(),
             hash,
             decode_tables,
@@ -371,6 +484,17 @@ impl Profile {
         let c = self.channels();
         let i = ((layer as usize * 2 + kv) * 2 + kind) * c;
         &self.levels[level as usize].map[i..i + c]
+    }
+    /// The table that codes a symbol whose map entry is `table` at step exponent `exp` (< 16):
+    /// `down` applied `exp` times.
+    pub fn table_at(&self, level: u8, table: u8, exp: u8) -> u8 {
+        let p = &self.down_pow[level as usize];
+        let n = self.levels[level as usize].tables.len();
+        p[(exp as usize & 15) * n + table as usize]
+    }
+    /// The token-importance hints, if the profile was learned with queries.
+    pub fn importance(&self) -> Option<&Importance> {
+        self.importance.as_ref()
     }
     pub(crate) fn decode_tables(&self, level: u8) -> &[DecodeTable] {
         &self.decode_tables[level as usize]
@@ -454,6 +578,7 @@ impl Profile {
                 .map(|&l| self.level_mult[l as usize])
                 .collect(),
             self.params.clone(),
+            self.importance.clone(),
             levels
                 .iter()
                 .map(|&l| self.levels[l as usize].clone())

@@ -17,6 +17,21 @@ use alloc::vec::Vec;
 /// escapes. 2^24 keeps `symbol as f32` exact.
 pub const MAX_SYMBOL: i32 = 1 << 24;
 
+/// Step multiplier of each step exponent `e`: `2^(e/2)` as f32. Even `e` are exact powers of
+/// two; odd `e` are `f32(sqrt 2) = 0x3FB504F3` times a power of two (exact). A token row's step in
+/// a head with exponent `e` is `step * EXP_MULT[e]`, one f32 multiplication.
+pub const EXP_MULT: [f32; 16] = {
+    let r2 = f32::from_bits(0x3FB5_04F3);
+    let mut m = [0f32; 16];
+    let mut e = 0;
+    while e < 16 {
+        let p = (1u32 << (e / 2)) as f32;
+        m[e] = if e % 2 == 0 { p } else { r2 * p };
+        e += 1;
+    }
+    m
+};
+
 /// Per-channel constants of one block at one level, precomputed once.
 #[derive(Clone, Debug, Default)]
 pub struct BlockConsts {
@@ -75,21 +90,52 @@ pub fn predict(mean: f32, w: f32, anchor: f32) -> f32 {
     mean + w * (anchor - mean)
 }
 
+/// Step exponents of one block: one per `(non-sink row, head)`, row-major, each `< 16`; an
+/// empty slice means all zero.
+#[derive(Clone, Copy, Debug)]
+pub struct Exps<'a> {
+    /// The exponents (`(rows - sink_rows) * heads` of them, or none).
+    pub exps: &'a [u8],
+    /// Channels per head.
+    pub head_dim: usize,
+}
+
+impl Exps<'_> {
+    /// All exponents zero.
+    pub const NONE: Exps<'static> = Exps {
+        exps: &[],
+        head_dim: 1,
+    };
+    /// Step multiplier of channel `ch` of non-sink row `i` (`heads` heads per row).
+    #[inline]
+    fn mult(&self, i: usize, heads: usize, ch: usize) -> f32 {
+        if self.exps.is_empty() {
+            1.0
+        } else {
+            EXP_MULT[(self.exps[i * heads + ch / self.head_dim] & 15) as usize]
+        }
+    }
+}
+
 /// Quantizes one block.
 ///
 /// `x` holds `rows * C` values (row-major, `C = consts.channels()`); the first `sink_rows` rows
-/// are sinks. Symbols of the non-sink rows are appended to `symbols` in row-major order, and
-/// `recon` (same size as `x`) receives the decoder's reconstruction (sinks: `x` itself).
+/// are sinks. Channel `ch` of non-sink row `i` uses the step `step[ch] * EXP_MULT[e]`, `e` its
+/// head's exponent in `exps`. Symbols of the non-sink rows are appended to `symbols` in row-major
+/// order, and `recon` (same size as `x`) receives the decoder's reconstruction (sinks: `x`
+/// itself).
 pub fn quantize_block(
     x: &[f32],
     consts: &BlockConsts,
     group: usize,
     sink_rows: usize,
+    exps: Exps<'_>,
     symbols: &mut Vec<i32>,
     recon: &mut [f32],
 ) {
     let c = consts.channels();
     let rows = x.len() / c;
+    let heads = c / exps.head_dim.max(1);
     debug_assert_eq!(recon.len(), x.len());
     for row in 0..rows {
         let xr = &x[row * c..(row + 1) * c];
@@ -97,12 +143,14 @@ pub fn quantize_block(
             recon[row * c..(row + 1) * c].copy_from_slice(xr);
             continue;
         }
+        let i = row - sink_rows;
         if row % group == 0 {
             let out = &mut recon[row * c..(row + 1) * c];
             for ch in 0..c {
-                let s = quantize(xr[ch] - consts.mean[ch], consts.anchor_step[ch]);
+                let step = consts.anchor_step[ch] * exps.mult(i, heads, ch);
+                let s = quantize(xr[ch] - consts.mean[ch], step);
                 symbols.push(s);
-                out[ch] = consts.mean[ch] + s as f32 * consts.anchor_step[ch];
+                out[ch] = consts.mean[ch] + s as f32 * step;
             }
         } else {
             let a0 = (row - row % group) * c;
@@ -110,10 +158,11 @@ pub fn quantize_block(
             let anchor = &head[a0..a0 + c];
             let out = &mut tail[..c];
             for ch in 0..c {
+                let step = consts.delta_step[ch] * exps.mult(i, heads, ch);
                 let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
-                let s = quantize(xr[ch] - pred, consts.delta_step[ch]);
+                let s = quantize(xr[ch] - pred, step);
                 symbols.push(s);
-                out[ch] = pred + s as f32 * consts.delta_step[ch];
+                out[ch] = pred + s as f32 * step;
             }
         }
     }
@@ -128,18 +177,22 @@ pub fn dequantize_block(
     consts: &BlockConsts,
     group: usize,
     sink_rows: usize,
+    exps: Exps<'_>,
     recon: &mut [f32],
 ) {
     let c = consts.channels();
     let rows = recon.len() / c;
+    let heads = c / exps.head_dim.max(1);
     let mut si = 0;
     for row in sink_rows..rows {
         let s = &symbols[si..si + c];
         si += c;
+        let i = row - sink_rows;
         if row % group == 0 {
             let out = &mut recon[row * c..(row + 1) * c];
             for ch in 0..c {
-                out[ch] = consts.mean[ch] + s[ch] as f32 * consts.anchor_step[ch];
+                let step = consts.anchor_step[ch] * exps.mult(i, heads, ch);
+                out[ch] = consts.mean[ch] + s[ch] as f32 * step;
             }
         } else {
             let a0 = (row - row % group) * c;
@@ -147,8 +200,9 @@ pub fn dequantize_block(
             let anchor = &head[a0..a0 + c];
             let out = &mut tail[..c];
             for ch in 0..c {
+                let step = consts.delta_step[ch] * exps.mult(i, heads, ch);
                 let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
-                out[ch] = pred + s[ch] as f32 * consts.delta_step[ch];
+                out[ch] = pred + s[ch] as f32 * step;
             }
         }
     }
@@ -187,7 +241,7 @@ mod tests {
             .collect();
         let mut sym = Vec::new();
         let mut rec = vec![0.0; x.len()];
-        quantize_block(&x, &k, 10, 2, &mut sym, &mut rec);
+        quantize_block(&x, &k, 10, 2, Exps::NONE, &mut sym, &mut rec);
         assert_eq!(sym.len(), (rows - 2) * c);
         for (i, (a, b)) in x.iter().zip(&rec).enumerate() {
             let row = i / c;
@@ -202,10 +256,43 @@ mod tests {
         }
         let mut dec = vec![0.0; x.len()];
         dec[..2 * c].copy_from_slice(&x[..2 * c]);
-        dequantize_block(&sym, &k, 10, 2, &mut dec);
+        dequantize_block(&sym, &k, 10, 2, Exps::NONE, &mut dec);
         assert_eq!(
             dec, rec,
             "decoder must reproduce the encoder's reconstruction bit for bit"
         );
+    }
+
+    #[test]
+    fn exponents_scale_the_step_and_round_trip() {
+        assert_eq!(EXP_MULT[0], 1.0);
+        assert_eq!(EXP_MULT[2], 2.0);
+        assert_eq!(EXP_MULT[1].to_bits(), 0x3FB5_04F3);
+        assert_eq!(EXP_MULT[15], EXP_MULT[1] * 128.0);
+        let c = 8;
+        let k = consts(c);
+        let rows = 25;
+        let x: Vec<f32> = (0..rows * c)
+            .map(|i| libm::sinf(i as f32 * 0.91) * 2.0)
+            .collect();
+        // Two heads of 4 channels; 24 non-sink rows.
+        let exps: Vec<u8> = (0..24 * 2).map(|i| (i * 7 % 16) as u8).collect();
+        let e = Exps {
+            exps: &exps,
+            head_dim: 4,
+        };
+        let mut sym = Vec::new();
+        let mut rec = vec![0.0; x.len()];
+        quantize_block(&x, &k, 10, 1, e, &mut sym, &mut rec);
+        for (i, (a, b)) in x.iter().zip(&rec).enumerate().skip(c) {
+            let row = i / c;
+            let m = EXP_MULT[exps[(row - 1) * 2 + (i % c) / 4] as usize];
+            let base = if row % 10 == 0 { 0.025 } else { 0.05 };
+            assert!((a - b).abs() <= base * m * 0.5 * 1.0001, "row {row}");
+        }
+        let mut dec = vec![0.0; x.len()];
+        dec[..c].copy_from_slice(&x[..c]);
+        dequantize_block(&sym, &k, 10, 1, e, &mut dec);
+        assert_eq!(dec, rec);
     }
 }
