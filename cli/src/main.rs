@@ -39,7 +39,7 @@ enum Cmd {
         input: PathBuf,
         output: PathBuf,
         /// Level for every chunk (0 = finest).
-        #[arg(long, default_value_t = 2, conflicts_with = "levels")]
+        #[arg(long, default_value_t = 7, conflicts_with = "levels")]
         level: u8,
         /// Level per chunk, comma separated.
         #[arg(long, value_delimiter = ',')]

@@ -73,7 +73,7 @@ impl Default for EncodeParams {
             chunk_tokens: DEFAULT_CHUNK_TOKENS,
             group: DEFAULT_GROUP,
             n_sink: DEFAULT_SINK,
-            levels: vec![1],
+            levels: vec![7],
             token_importance: true,
         }
     }

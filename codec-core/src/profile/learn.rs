@@ -13,8 +13,14 @@
 //!   anchor's `x - mean`, clamped to `[0, 1]` in sixteenths: on real caches many channels predict
 //!   better from their mean than from the anchor, which plain anchor/delta coding ignores.
 //!
-//! Frequency tables are then learned per level from the symbols the samples produce, and channels
-//! whose symbol entropy falls in the same quarter-bit bucket share one table.
+//! With queries, the profile also stores the token-importance hints ([`crate::importance`]): the
+//! mean pre-rotary query per `(layer, KV head)` and a score threshold per head (a quantile of the
+//! samples' scores); calibration and tables see the exponents the encoder will use.
+//!
+//! Frequency tables are then learned per level from the symbols the samples produce, indexed by
+//! spread (the RMS of a channel's residual in steps, in quarter octaves): channels of the same
+//! spread share a table, and each table links down to the table two quarter octaves narrower, the
+//! one a symbol uses when its token's step is one exponent (half an octave) coarser.
 
 use super::{ChannelParams, Importance, LevelTables, Profile, SymbolTable, MAX_RADIUS, WEIGHT_ONE};
 use crate::error::EncodeError;
@@ -556,7 +562,6 @@ fn query_mean_square(
 }
 
 /// Quantizes a whole sample tensor chunk by chunk as the encoder would; returns the reconstruction.
-#[allow(clippy::too_many_arguments)]
 ///
 /// `exps` holds the step exponents of every chunk's non-sink rows in order (empty: all zero);
 /// `on_symbols(chunk_start, sink, symbols, exps)` sees each chunk's symbols and exponents.
