@@ -448,21 +448,37 @@ impl ChunkContext<'_> {
                 let mut esc = esc_bytes
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let mut prev_kind = usize::MAX;
+                let mut prev_exps: Vec<u8> = Vec::with_capacity(heads);
                 for row in sink..rows {
                     let kind = usize::from(row % group != 0);
                     let base = (row - sink) * c;
-                    row_tables.clear();
-                    row_radii.clear();
-                    for (ch, &t) in maps[kind].iter().enumerate() {
-                        let t = if n_e > 0 {
-                            let e = exps[(row - sink) * heads + ch / d];
-                            self.profile.table_at(level, t, e)
-                        } else {
-                            t
-                        } as usize;
-                        row_tables.push(&dec_tables[t]);
-                        let tb = &level_tables.tables[t];
-                        row_radii.push((tb.radius as i32, tb.escape()));
+                    // The row's tables depend only on its kind and exponents: rebuild them only
+                    // when those change from the previous row.
+                    let row_exps = if n_e > 0 {
+                        &exps[(row - sink) * heads..(row - sink + 1) * heads]
+                    } else {
+                        &[][..]
+                    };
+                    let same = row > sink
+                        && prev_kind == kind
+                        && (n_e == 0 || prev_exps.as_slice() == row_exps);
+                    if !same {
+                        prev_kind = kind;
+                        prev_exps.clear();
+                        prev_exps.extend_from_slice(row_exps);
+                        row_tables.clear();
+                        row_radii.clear();
+                        for (ch, &t) in maps[kind].iter().enumerate() {
+                            let t = if n_e > 0 {
+                                self.profile.table_at(level, t, row_exps[ch / d])
+                            } else {
+                                t
+                            } as usize;
+                            row_tables.push(&dec_tables[t]);
+                            let tb = &level_tables.tables[t];
+                            row_radii.push((tb.radius as i32, tb.escape()));
+                        }
                     }
                     dec.decode(n_e + base, &row_tables, &mut indices)
                         .map_err(rans_err)?;
