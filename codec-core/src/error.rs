@@ -157,6 +157,34 @@ fn hex8(h: &[u8; 32]) -> impl fmt::Display + '_ {
     H(h)
 }
 
+impl DecodeError {
+    /// The variant's name (`"Truncated"`, `"ChunkCrc"`, ...): the error names `spec/FORMAT.md`
+    /// and the golden vectors in `spec/vectors/` use.
+    pub fn kind(&self) -> &'static str {
+        use DecodeError::*;
+        match self {
+            Truncated { .. } => "Truncated",
+            BadMagic { .. } => "BadMagic",
+            UnsupportedVersion { .. } => "UnsupportedVersion",
+            HeaderCrc { .. } => "HeaderCrc",
+            ChunkCrc { .. } => "ChunkCrc",
+            ProfileCrc { .. } => "ProfileCrc",
+            LimitExceeded { .. } => "LimitExceeded",
+            InvalidField { .. } => "InvalidField",
+            Inconsistent { .. } => "Inconsistent",
+            ProfileRequired { .. } => "ProfileRequired",
+            ProfileMismatch { .. } => "ProfileMismatch",
+            ProfileShape => "ProfileShape",
+            UnknownLevel { .. } => "UnknownLevel",
+            Table(_) => "Table",
+            Rans { .. } => "Rans",
+            BadEscape { .. } => "BadEscape",
+            OutputMismatch { .. } => "OutputMismatch",
+            OutOfRange { .. } => "OutOfRange",
+        }
+    }
+}
+
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use DecodeError::*;
