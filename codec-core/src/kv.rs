@@ -6,6 +6,7 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// Element type of a tensor, as stored in the stream header (`spec/FORMAT.md`, "Header").
@@ -291,16 +292,10 @@ impl TensorMut<'_> {
     pub fn write_f32(&mut self, start: usize, src: &[f32]) {
         let n = src.len();
         match self {
-            TensorMut::F16(d) => {
-                for (o, x) in d[start..start + n].iter_mut().zip(src) {
-                    *o = f16::from_f32(*x);
-                }
-            }
-            TensorMut::Bf16(d) => {
-                for (o, x) in d[start..start + n].iter_mut().zip(src) {
-                    *o = bf16::from_f32(*x);
-                }
-            }
+            // `half`'s slice conversions use the CPU's conversion instructions where available
+            // (F16C on x86); they round to nearest-even exactly as the scalar conversions do.
+            TensorMut::F16(d) => d[start..start + n].convert_from_f32_slice(src),
+            TensorMut::Bf16(d) => d[start..start + n].convert_from_f32_slice(src),
             TensorMut::F32(d) => d[start..start + n].copy_from_slice(src),
         }
     }

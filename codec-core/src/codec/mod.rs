@@ -375,6 +375,8 @@ impl ChunkContext<'_> {
         let mut consts = BlockConsts::default();
         let mut row_tables: Vec<&DecodeTable> = Vec::with_capacity(c);
         let mut row_radii: Vec<(i32, u8)> = Vec::with_capacity(c);
+        let mut block_tables: Vec<&DecodeTable> = Vec::new();
+        let mut block_radii: Vec<(i32, u8)> = Vec::new();
         for layer in 0..self.shape.layers {
             for (kvi, kv) in [Kv::K, Kv::V].into_iter().enumerate() {
                 let n_escapes = r.u32()? as usize;
@@ -445,6 +447,25 @@ impl ChunkContext<'_> {
                     self.profile.table_map(level, layer, kvi, 0),
                     self.profile.table_map(level, layer, kvi, 1),
                 ];
+                // Every (kind, exponent, channel) table of the block, resolved once; a row then
+                // copies its heads' slices.
+                let n_el = if n_e > 0 { n_exp } else { 1 };
+                block_tables.clear();
+                block_radii.clear();
+                for map in maps {
+                    for e in 0..n_el {
+                        for &t in map {
+                            let t = self.profile.table_at(level, t, e as u8) as usize;
+                            block_tables.push(&dec_tables[t]);
+                            let tb = &level_tables.tables[t];
+                            block_radii.push((tb.radius as i32, tb.escape()));
+                        }
+                    }
+                }
+                row_tables.clear();
+                row_tables.extend_from_slice(&block_tables[..c]);
+                row_radii.clear();
+                row_radii.extend_from_slice(&block_radii[..c]);
                 let mut esc = esc_bytes
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -467,17 +488,13 @@ impl ChunkContext<'_> {
                         prev_kind = kind;
                         prev_exps.clear();
                         prev_exps.extend_from_slice(row_exps);
-                        row_tables.clear();
-                        row_radii.clear();
-                        for (ch, &t) in maps[kind].iter().enumerate() {
-                            let t = if n_e > 0 {
-                                self.profile.table_at(level, t, row_exps[ch / d])
-                            } else {
-                                t
-                            } as usize;
-                            row_tables.push(&dec_tables[t]);
-                            let tb = &level_tables.tables[t];
-                            row_radii.push((tb.radius as i32, tb.escape()));
+                        for h in 0..heads {
+                            let e = row_exps.get(h).map_or(0, |&e| e as usize);
+                            let from = (kind * n_el + e) * c + h * d;
+                            row_tables[h * d..(h + 1) * d]
+                                .copy_from_slice(&block_tables[from..from + d]);
+                            row_radii[h * d..(h + 1) * d]
+                                .copy_from_slice(&block_radii[from..from + d]);
                         }
                     }
                     dec.decode(n_e + base, &row_tables, &mut indices)

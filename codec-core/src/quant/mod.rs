@@ -107,12 +107,24 @@ impl Exps<'_> {
         head_dim: 1,
     };
     /// Step multiplier of channel `ch` of non-sink row `i` (`heads` heads per row).
+    /// Channels per exponent segment of a `c`-channel row: one head, or the whole row when
+    /// there are no exponents.
     #[inline]
-    fn mult(&self, i: usize, heads: usize, ch: usize) -> f32 {
+    fn seg(&self, c: usize) -> usize {
+        if self.exps.is_empty() {
+            c
+        } else {
+            self.head_dim.max(1)
+        }
+    }
+
+    /// Step multiplier of segment `j` of non-sink row `i` (`heads` segments per row).
+    #[inline]
+    fn seg_mult(&self, i: usize, heads: usize, j: usize) -> f32 {
         if self.exps.is_empty() {
             1.0
         } else {
-            EXP_MULT[(self.exps[i * heads + ch / self.head_dim] & 15) as usize]
+            EXP_MULT[(self.exps[i * heads + j] & 15) as usize]
         }
     }
 }
@@ -137,6 +149,7 @@ pub fn quantize_block(
     let rows = x.len() / c;
     let heads = c / exps.head_dim.max(1);
     debug_assert_eq!(recon.len(), x.len());
+    let seg = exps.seg(c);
     for row in 0..rows {
         let xr = &x[row * c..(row + 1) * c];
         if row < sink_rows {
@@ -146,23 +159,29 @@ pub fn quantize_block(
         let i = row - sink_rows;
         if row % group == 0 {
             let out = &mut recon[row * c..(row + 1) * c];
-            for ch in 0..c {
-                let step = consts.anchor_step[ch] * exps.mult(i, heads, ch);
-                let s = quantize(xr[ch] - consts.mean[ch], step);
-                symbols.push(s);
-                out[ch] = consts.mean[ch] + s as f32 * step;
+            for j in 0..c / seg {
+                let m = exps.seg_mult(i, heads, j);
+                for ch in j * seg..(j + 1) * seg {
+                    let step = consts.anchor_step[ch] * m;
+                    let s = quantize(xr[ch] - consts.mean[ch], step);
+                    symbols.push(s);
+                    out[ch] = consts.mean[ch] + s as f32 * step;
+                }
             }
         } else {
             let a0 = (row - row % group) * c;
             let (head, tail) = recon.split_at_mut(row * c);
             let anchor = &head[a0..a0 + c];
             let out = &mut tail[..c];
-            for ch in 0..c {
-                let step = consts.delta_step[ch] * exps.mult(i, heads, ch);
-                let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
-                let s = quantize(xr[ch] - pred, step);
-                symbols.push(s);
-                out[ch] = pred + s as f32 * step;
+            for j in 0..c / seg {
+                let m = exps.seg_mult(i, heads, j);
+                for ch in j * seg..(j + 1) * seg {
+                    let step = consts.delta_step[ch] * m;
+                    let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
+                    let s = quantize(xr[ch] - pred, step);
+                    symbols.push(s);
+                    out[ch] = pred + s as f32 * step;
+                }
             }
         }
     }
@@ -183,6 +202,7 @@ pub fn dequantize_block(
     let c = consts.channels();
     let rows = recon.len() / c;
     let heads = c / exps.head_dim.max(1);
+    let seg = exps.seg(c);
     let mut si = 0;
     for row in sink_rows..rows {
         let s = &symbols[si..si + c];
@@ -190,19 +210,35 @@ pub fn dequantize_block(
         let i = row - sink_rows;
         if row % group == 0 {
             let out = &mut recon[row * c..(row + 1) * c];
-            for ch in 0..c {
-                let step = consts.anchor_step[ch] * exps.mult(i, heads, ch);
-                out[ch] = consts.mean[ch] + s[ch] as f32 * step;
+            for j in 0..c / seg {
+                let m = exps.seg_mult(i, heads, j);
+                let r = j * seg..(j + 1) * seg;
+                for (((o, &q), &mean), &st) in out[r.clone()]
+                    .iter_mut()
+                    .zip(&s[r.clone()])
+                    .zip(&consts.mean[r.clone()])
+                    .zip(&consts.anchor_step[r])
+                {
+                    *o = mean + q as f32 * (st * m);
+                }
             }
         } else {
             let a0 = (row - row % group) * c;
             let (head, tail) = recon.split_at_mut(row * c);
             let anchor = &head[a0..a0 + c];
             let out = &mut tail[..c];
-            for ch in 0..c {
-                let step = consts.delta_step[ch] * exps.mult(i, heads, ch);
-                let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
-                out[ch] = pred + s[ch] as f32 * step;
+            for j in 0..c / seg {
+                let m = exps.seg_mult(i, heads, j);
+                let r = j * seg..(j + 1) * seg;
+                for ((((o, &q), &a), &mean), (&w, &st)) in out[r.clone()]
+                    .iter_mut()
+                    .zip(&s[r.clone()])
+                    .zip(&anchor[r.clone()])
+                    .zip(&consts.mean[r.clone()])
+                    .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
+                {
+                    *o = predict(mean, w, a) + q as f32 * (st * m);
+                }
             }
         }
     }

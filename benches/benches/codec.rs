@@ -1,0 +1,60 @@
+//! End-to-end codec throughput on a real cache: `encode` (f16 in) and `decode` (f16 out) of the
+//! 512-token SmolLM2 sample in `testdata/` (30 layers, 3 KV heads x 64, 5.9 M elements), with a
+//! profile learned from the sample itself, at level 7 (the default) and level 1 (near-lossless).
+//! Throughput is reported in bytes of f16 (2 bytes per element), as the targets are stated.
+//!
+//! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
+
+use codec_core::{
+    decode, encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Queries,
+    Sample,
+};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvc_benches::{big_fixture_path, load, sample_path};
+use std::hint::black_box;
+use std::path::Path;
+
+fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
+    let f = load(path);
+    let profile = learn_profile(
+        &[Sample {
+            kv: f.kv.view(),
+            queries: Some(Queries {
+                q: f.q.iter().map(|l| l.as_slice()).collect(),
+                q_heads: f.q_heads,
+                q_start: f.q_start,
+            }),
+        }],
+        &LearnParams::default(),
+    )
+    .expect("profile");
+    let bytes = f.kv.shape.total_elements() * 2;
+    let mut g = c.benchmark_group(format!("codec/{name}"));
+    g.throughput(Throughput::Bytes(bytes));
+    g.sample_size(10);
+    for level in [7u8, 1] {
+        let params = EncodeParams {
+            levels: vec![level],
+            ..EncodeParams::default()
+        };
+        let view = f.kv.view();
+        g.bench_function(format!("encode/level{level}"), |b| {
+            b.iter(|| encode(black_box(&view), ProfileMode::Referenced(&profile), &params).unwrap())
+        });
+        let stream = encode(&view, ProfileMode::Referenced(&profile), &params).unwrap();
+        g.bench_function(format!("decode/level{level}"), |b| {
+            b.iter(|| decode(black_box(&stream), Some(&profile), &Limits::DEFAULT).unwrap())
+        });
+    }
+    g.finish();
+}
+
+fn codec(c: &mut Criterion) {
+    bench_fixture(c, "smollm2-512", &sample_path());
+    if let Some(p) = big_fixture_path() {
+        bench_fixture(c, "smollm2-2048", &p);
+    }
+}
+
+criterion_group!(benches, codec);
+criterion_main!(benches);
