@@ -654,7 +654,7 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     fix_trailing_crc(&mut chunk);
     bad(
         "lane-trailing-word",
-        "chunk 1, block (0, K): an extra word 0x12345678 inserted before lane 0's words and counted in lane_len[0]; it is never read (chunk CRC, length and header recomputed)",
+        "chunk 1, block (0, K): an extra word 0x12345678 inserted before lane 0's words and counted in lane_len[0]; the lane decoder refills from it and the lane does not end in state 0 (chunk CRC, length and header recomputed)",
         with_chunk(&base, 1, &chunk),
         None,
         d,
