@@ -374,9 +374,9 @@ impl ChunkContext<'_> {
         let mut exps = vec![0u8; n_exps];
         let mut consts = BlockConsts::default();
         let mut row_tables: Vec<&DecodeTable> = Vec::with_capacity(c);
-        let mut row_radii: Vec<(i32, u8)> = Vec::with_capacity(c);
+        let mut row_radii: Vec<i32> = Vec::with_capacity(c);
         let mut block_tables: Vec<&DecodeTable> = Vec::new();
-        let mut block_radii: Vec<(i32, u8)> = Vec::new();
+        let mut block_radii: Vec<i32> = Vec::new();
         for layer in 0..self.shape.layers {
             for (kvi, kv) in [Kv::K, Kv::V].into_iter().enumerate() {
                 let n_escapes = r.u32()? as usize;
@@ -457,8 +457,7 @@ impl ChunkContext<'_> {
                         for &t in map {
                             let t = self.profile.table_at(level, t, e as u8) as usize;
                             block_tables.push(&dec_tables[t]);
-                            let tb = &level_tables.tables[t];
-                            block_radii.push((tb.radius as i32, tb.escape()));
+                            block_radii.push(i32::from(level_tables.tables[t].radius));
                         }
                     }
                 }
@@ -499,21 +498,30 @@ impl ChunkContext<'_> {
                     }
                     dec.decode(n_e + base, &row_tables, &mut indices)
                         .map_err(rans_err)?;
-                    for (ch, &idx) in indices.iter().enumerate() {
-                        let (radius, escape) = row_radii[ch];
-                        symbols[base + ch] = if idx == escape {
-                            let e = esc
-                                .next()
-                                .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
-                            if e.unsigned_abs() <= radius as u32
-                                || e.unsigned_abs() > MAX_SYMBOL as u32
-                            {
-                                return Err(DecodeError::BadEscape { chunk: chunk_id });
+                    // Index `i` of a radius-`R` table is the value `i - R`, and the escape
+                    // (index `2R + 1`) maps to `R + 1`: map the row branch-free, then replace
+                    // the (rare) escapes in increasing channel order.
+                    let out = &mut symbols[base..base + c];
+                    let mut any_escape = false;
+                    for ((o, &idx), &radius) in out.iter_mut().zip(&indices).zip(&row_radii) {
+                        let v = i32::from(idx) - radius;
+                        *o = v;
+                        any_escape |= v > radius;
+                    }
+                    if any_escape {
+                        for (o, &radius) in out.iter_mut().zip(&row_radii) {
+                            if *o > radius {
+                                let e = esc
+                                    .next()
+                                    .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
+                                if e.unsigned_abs() <= radius as u32
+                                    || e.unsigned_abs() > MAX_SYMBOL as u32
+                                {
+                                    return Err(DecodeError::BadEscape { chunk: chunk_id });
+                                }
+                                *o = e;
                             }
-                            e
-                        } else {
-                            idx as i32 - radius
-                        };
+                        }
                     }
                 }
                 dec.finish().map_err(rans_err)?;
@@ -634,6 +642,15 @@ pub fn encode(
             what: "model id length",
             got: view.meta.model_id.len() as u64,
         });
+    }
+    // The header stores them and decoders reject non-finite ones (spec/FORMAT.md §3.7, H16).
+    for x in [view.meta.rope.theta, view.meta.rope.scaling] {
+        if !x.is_finite() {
+            return Err(EncodeError::InvalidParam {
+                what: "rope theta/scaling (not finite)",
+                got: u64::from(x.to_bits()),
+            });
+        }
     }
     let tokens = view.shape.tokens;
     let n_chunks = tokens.div_ceil(params.chunk_tokens);

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::table::{DecodeTable, BIAS_SHIFT, FREQ_SHIFT};
+use super::table::DecodeTable;
 use super::{RansError, LANES, PRECISION, TOTAL};
 
 /// Decoder over 32 interleaved rANS lanes (see the [module documentation](super) for the
@@ -36,9 +36,9 @@ impl fmt::Debug for LaneDecoder<'_> {
 #[inline(always)]
 fn decode_step(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
     let s = *x;
-    let e = table.entries[(s & u64::from(TOTAL - 1)) as usize];
-    let freq = u64::from((e >> FREQ_SHIFT) & (TOTAL - 1));
-    let bias = u64::from(e >> BIAS_SHIFT);
+    let slot = (s & u64::from(TOTAL - 1)) as u32;
+    let (sym, freq, cdf) = table.lookup(slot);
+    let (freq, bias) = (u64::from(freq), u64::from(slot.wrapping_sub(cdf)));
     // (s >> 12) < 2^52 and freq < 2^12, bias < freq: no overflow.
     let s = (s >> PRECISION) * freq + bias;
     let u = *unread;
@@ -50,16 +50,16 @@ fn decode_step(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTab
     let refill = (s < 1 << 32) & any;
     *x = if refill { (s << 32) | u64::from(w) } else { s };
     *unread = u - usize::from(refill);
-    e as u8
+    sym
 }
 
 /// One decode step of a lane known to have at least one unread word (`*unread >= 1`).
 #[inline(always)]
 fn decode_step_fast(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
     let s = *x;
-    let e = table.entries[(s & u64::from(TOTAL - 1)) as usize];
-    let freq = u64::from((e >> FREQ_SHIFT) & (TOTAL - 1));
-    let bias = u64::from(e >> BIAS_SHIFT);
+    let slot = (s & u64::from(TOTAL - 1)) as u32;
+    let (sym, freq, cdf) = table.lookup(slot);
+    let (freq, bias) = (u64::from(freq), u64::from(slot.wrapping_sub(cdf)));
     let s = (s >> PRECISION) * freq + bias;
     let u = *unread;
     // In bounds since 1 <= u <= words.len(); `unwrap_or` and `wrapping_sub` keep this
@@ -68,7 +68,7 @@ fn decode_step_fast(x: &mut u64, unread: &mut usize, words: &[u32], table: &Deco
     let refill = s < 1 << 32;
     *x = if refill { (s << 32) | u64::from(w) } else { s };
     *unread = u.wrapping_sub(usize::from(refill));
-    e as u8
+    sym
 }
 
 /// One round of 32 `decode_step_fast`s, lane `l` decoding `out[l]` with `tables[l]`.
