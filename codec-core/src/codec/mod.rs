@@ -208,11 +208,16 @@ impl ChunkContext<'_> {
             .query_position
             .and_then(|pos| self.profile.importance().map(|imp| (pos, imp)));
         let mut lanes: [Vec<u32>; LANES] = core::array::from_fn(|_| Vec::new());
+        let mut block_ids: Vec<u8> = Vec::new();
+        let mut tids: Vec<u8> = Vec::new();
         for layer in 0..self.shape.layers {
             exps.clear();
+            // Whether `x` already holds this layer's K (read for the importance scores).
+            let mut k_in_x = false;
             if let Some((pos, imp)) = importance {
                 let kt = view.k[layer as usize];
                 kt.read_f32(tokens.start as usize * c, &mut x);
+                k_in_x = true;
                 let qm = &imp.query_mean[layer as usize * c..(layer as usize + 1) * c];
                 let qref = reference_queries(qm, d, pos, &self.rope);
                 block_exponents(
@@ -220,7 +225,7 @@ impl ChunkContext<'_> {
                     c,
                     d,
                     sink,
-                    self.first_position + tokens.start as u64,
+                    self.first_position.saturating_add(tokens.start as u64),
                     &qref,
                     &imp.tau[layer as usize * heads..(layer as usize + 1) * heads],
                     &self.rope,
@@ -242,7 +247,9 @@ impl ChunkContext<'_> {
                 .into_iter()
                 .enumerate()
             {
-                t.read_f32(tokens.start as usize * c, &mut x);
+                if !(kvi == 0 && k_in_x) {
+                    t.read_f32(tokens.start as usize * c, &mut x);
+                }
                 consts.fill(self.profile.channel_params(layer, kvi), mult);
                 symbols.clear();
                 let ex = Exps {
@@ -254,23 +261,31 @@ impl ChunkContext<'_> {
                     self.profile.table_map(level, layer, kvi, 0),
                     self.profile.table_map(level, layer, kvi, 1),
                 ];
-                // Table id of value symbol `i` (row-major over the non-sink rows).
-                let table_id = |i: usize| -> usize {
-                    let row = sink + i / c;
-                    let kind = usize::from(row % group != 0);
-                    let t = maps[kind][i % c];
-                    if exps.is_empty() {
-                        t as usize
-                    } else {
-                        let e = exps[(i / c) * heads + (i % c) / d];
-                        self.profile.table_at(level, t, e) as usize
+                // Table id of every value symbol (row-major over the non-sink rows): resolve
+                // each (kind, exponent, channel) once, then copy a head's slice per row.
+                let n_el = n_exp.max(1);
+                block_ids.clear();
+                for map in maps {
+                    for e in 0..n_el {
+                        block_ids
+                            .extend(map.iter().map(|&t| self.profile.table_at(level, t, e as u8)));
                     }
-                };
+                }
+                tids.clear();
+                tids.resize(symbols.len(), 0);
+                for (i, row_ids) in tids.chunks_exact_mut(c).enumerate() {
+                    let kind = usize::from((sink + i) % group != 0);
+                    for (h, ids) in row_ids.chunks_exact_mut(d).enumerate() {
+                        let e = exps.get(i * heads + h).map_or(0, |&e| e as usize);
+                        let from = (kind * n_el + e) * c + h * d;
+                        ids.copy_from_slice(&block_ids[from..from + d]);
+                    }
+                }
                 indices.clear();
                 indices.extend_from_slice(&exps);
                 escapes.clear();
-                for (i, &s) in symbols.iter().enumerate() {
-                    let table = &level_tables.tables[table_id(i)];
+                for (&s, &t) in symbols.iter().zip(&tids) {
+                    let table = &level_tables.tables[t as usize];
                     if s.unsigned_abs() <= table.radius as u32 {
                         indices.push((s + table.radius as i32) as u8);
                     } else {
@@ -282,7 +297,7 @@ impl ChunkContext<'_> {
                 let table_of = |i: usize| -> &FreqTable {
                     match &exp_table {
                         Some(et) if i < n_e => et,
-                        _ => &level_tables.tables[table_id(i - n_e)].freqs,
+                        _ => &level_tables.tables[tids[i - n_e] as usize].freqs,
                     }
                 };
                 encode_lanes_into(&indices, table_of, &mut lanes);

@@ -71,9 +71,32 @@ impl BlockConsts {
     }
 }
 
-/// Quantizes to a symbol: `round_half_away_from_zero(r / step)`, clamped to ±[`MAX_SYMBOL`].
+/// Quantizes to a symbol: `round_half_away_from_zero(r / step)`, clamped to ±[`MAX_SYMBOL`]
+/// (NaN gives 0).
+///
+/// Identical to `libm::roundf(r / step)` followed by the clamp (a unit test checks it on
+/// every half-integer boundary and on random values), but without a libm call: for
+/// `|q| < 2^23`, `q - trunc(q)` is exact, so comparing it with `±0.5` rounds exactly.
 #[inline]
 fn quantize(r: f32, step: f32) -> i32 {
+    let q = r / step;
+    if q.abs() < 8_388_608.0 {
+        let t = q as i32;
+        let f = q - t as f32;
+        t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
+    } else if q >= MAX_SYMBOL as f32 {
+        MAX_SYMBOL
+    } else if q <= -(MAX_SYMBOL as f32) {
+        -MAX_SYMBOL
+    } else {
+        // 2^23 <= |q| < 2^24: already an integer; NaN gives 0.
+        q as i32
+    }
+}
+
+/// The reference form of [`quantize`] (libm's `roundf`), for tests.
+#[cfg(test)]
+fn quantize_ref(r: f32, step: f32) -> i32 {
     let q = libm::roundf(r / step);
     if q >= MAX_SYMBOL as f32 {
         MAX_SYMBOL
@@ -149,6 +172,9 @@ pub fn quantize_block(
     let rows = x.len() / c;
     let heads = c / exps.head_dim.max(1);
     debug_assert_eq!(recon.len(), x.len());
+    let start = symbols.len();
+    symbols.resize(start + rows.saturating_sub(sink_rows) * c, 0);
+    let syms = &mut symbols[start..];
     let seg = exps.seg(c);
     for row in 0..rows {
         let xr = &x[row * c..(row + 1) * c];
@@ -161,11 +187,18 @@ pub fn quantize_block(
             let out = &mut recon[row * c..(row + 1) * c];
             for j in 0..c / seg {
                 let m = exps.seg_mult(i, heads, j);
-                for ch in j * seg..(j + 1) * seg {
-                    let step = consts.anchor_step[ch] * m;
-                    let s = quantize(xr[ch] - consts.mean[ch], step);
-                    symbols.push(s);
-                    out[ch] = consts.mean[ch] + s as f32 * step;
+                let r = j * seg..(j + 1) * seg;
+                for ((((o, q), &x), &mean), &st) in out[r.clone()]
+                    .iter_mut()
+                    .zip(&mut syms[i * c + r.start..i * c + r.end])
+                    .zip(&xr[r.clone()])
+                    .zip(&consts.mean[r.clone()])
+                    .zip(&consts.anchor_step[r])
+                {
+                    let step = st * m;
+                    let s = quantize(x - mean, step);
+                    *q = s;
+                    *o = mean + s as f32 * step;
                 }
             }
         } else {
@@ -175,12 +208,20 @@ pub fn quantize_block(
             let out = &mut tail[..c];
             for j in 0..c / seg {
                 let m = exps.seg_mult(i, heads, j);
-                for ch in j * seg..(j + 1) * seg {
-                    let step = consts.delta_step[ch] * m;
-                    let pred = predict(consts.mean[ch], consts.weight[ch], anchor[ch]);
-                    let s = quantize(xr[ch] - pred, step);
-                    symbols.push(s);
-                    out[ch] = pred + s as f32 * step;
+                let r = j * seg..(j + 1) * seg;
+                for (((((o, q), &x), &a), &mean), (&w, &st)) in out[r.clone()]
+                    .iter_mut()
+                    .zip(&mut syms[i * c + r.start..i * c + r.end])
+                    .zip(&xr[r.clone()])
+                    .zip(&anchor[r.clone()])
+                    .zip(&consts.mean[r.clone()])
+                    .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
+                {
+                    let step = st * m;
+                    let pred = predict(mean, w, a);
+                    let s = quantize(x - pred, step);
+                    *q = s;
+                    *o = pred + s as f32 * step;
                 }
             }
         }
@@ -265,6 +306,32 @@ mod tests {
             })
             .collect();
         BlockConsts::new(&params, 1.0)
+    }
+
+    #[test]
+    fn fast_rounding_equals_roundf() {
+        // Every half-integer and its neighbours up to 2^24, then random bit patterns.
+        let mut k = 0u32;
+        while k < (1 << 25) {
+            let h = k as f32 * 0.5;
+            for x in [h, -h] {
+                for v in [f32::from_bits(x.to_bits().wrapping_sub(1)), x, f32::from_bits(x.to_bits() + 1)] {
+                    assert_eq!(quantize(v, 1.0), quantize_ref(v, 1.0), "{v}");
+                }
+            }
+            k += if k < 1 << 16 { 1 } else { 997 };
+        }
+        let mut z = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..2_000_000 {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            let (r, st) = (f32::from_bits(z as u32), f32::from_bits((z >> 32) as u32));
+            assert_eq!(quantize(r, st), quantize_ref(r, st), "{r} / {st}");
+        }
+        for v in [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 8_388_607.5, 16_777_216.0, 3e9, -3e9] {
+            assert_eq!(quantize(v, 1.0), quantize_ref(v, 1.0), "{v}");
+        }
     }
 
     #[test]
