@@ -20,7 +20,7 @@ use crate::importance::{block_exponents, reference_queries, MAX_EXP};
 use crate::kv::{Dtype, KvCache, KvShape, KvView, TensorMut, TensorRef};
 use crate::limits::{Limits, MAX_GROUP};
 use crate::profile::Profile;
-use crate::quant::{dequantize_block, quantize_block, BlockConsts, Exps, MAX_SYMBOL};
+use crate::quant::{dequantize_row, quantize_block, BlockConsts, Exps, MAX_SYMBOL};
 use crate::rans::{encode_lanes_into, DecodeTable, FreqTable, LaneDecoder, LANES};
 use alloc::borrow::Cow;
 use alloc::vec;
@@ -385,7 +385,7 @@ impl ChunkContext<'_> {
         let n_exps = (rows - sink) * heads;
         let mut recon = vec![0f32; rows * c];
         let mut indices = vec![0u8; c];
-        let mut symbols = vec![0i32; n_sym];
+        let mut row_syms = vec![0i32; c];
         let mut exps = vec![0u8; n_exps];
         let mut consts = BlockConsts::default();
         let mut row_tables: Vec<&DecodeTable> = Vec::with_capacity(c);
@@ -483,6 +483,9 @@ impl ChunkContext<'_> {
                 let mut esc = esc_bytes
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                // Sink rows first: delta rows may take them as anchors.
+                read_rows(raw_sink, self.dtype, &mut recon[..sink * c]);
+                consts.fill(self.profile.channel_params(layer, kvi), mult);
                 let mut prev_kind = usize::MAX;
                 let mut prev_exps: Vec<u8> = Vec::with_capacity(heads);
                 for row in sink..rows {
@@ -516,15 +519,15 @@ impl ChunkContext<'_> {
                     // Index `i` of a radius-`R` table is the value `i - R`, and the escape
                     // (index `2R + 1`) maps to `R + 1`: map the row branch-free, then replace
                     // the (rare) escapes in increasing channel order.
-                    let out = &mut symbols[base..base + c];
+                    let syms = &mut row_syms[..];
                     let mut any_escape = false;
-                    for ((o, &idx), &radius) in out.iter_mut().zip(&indices).zip(&row_radii) {
+                    for ((o, &idx), &radius) in syms.iter_mut().zip(&indices).zip(&row_radii) {
                         let v = i32::from(idx) - radius;
                         *o = v;
                         any_escape |= v > radius;
                     }
                     if any_escape {
-                        for (o, &radius) in out.iter_mut().zip(&row_radii) {
+                        for (o, &radius) in syms.iter_mut().zip(&row_radii) {
                             if *o > radius {
                                 let e = esc
                                     .next()
@@ -538,6 +541,11 @@ impl ChunkContext<'_> {
                             }
                         }
                     }
+                    let ex = Exps {
+                        exps: if n_e > 0 { &exps } else { &[] },
+                        head_dim: d,
+                    };
+                    dequantize_row(&row_syms, &consts, row, group, sink, ex, &mut recon);
                 }
                 dec.finish().map_err(rans_err)?;
                 if esc.next().is_some() {
@@ -545,19 +553,12 @@ impl ChunkContext<'_> {
                         what: "more escape values than escape symbols",
                     });
                 }
-                read_rows(raw_sink, self.dtype, &mut recon[..sink * c]);
                 if recon[..sink * c].iter().any(|x| !x.is_finite()) {
                     return Err(DecodeError::InvalidField {
                         what: "sink value (not finite)",
                         got: layer as u64,
                     });
                 }
-                consts.fill(self.profile.channel_params(layer, kvi), mult);
-                let ex = Exps {
-                    exps: if n_e > 0 { &exps } else { &[] },
-                    head_dim: d,
-                };
-                dequantize_block(&symbols, &consts, group, sink, ex, &mut recon);
                 out(layer, kv, &recon, raw_sink);
             }
         }

@@ -242,44 +242,58 @@ pub fn dequantize_block(
 ) {
     let c = consts.channels();
     let rows = recon.len() / c;
+    for (row, s) in (sink_rows..rows).zip(symbols.chunks_exact(c)) {
+        dequantize_row(s, consts, row, group, sink_rows, exps, recon);
+    }
+}
+
+/// Reconstructs row `row` (a non-sink row) of a block from its `C` symbols `s`, writing
+/// `recon[row * C..(row + 1) * C]`; a delta row reads its anchor row, which must already be
+/// reconstructed in `recon`. [`dequantize_block`] is this for every non-sink row in order.
+#[inline]
+pub fn dequantize_row(
+    s: &[i32],
+    consts: &BlockConsts,
+    row: usize,
+    group: usize,
+    sink_rows: usize,
+    exps: Exps<'_>,
+    recon: &mut [f32],
+) {
+    let c = consts.channels();
     let heads = c / exps.head_dim.max(1);
     let seg = exps.seg(c);
-    let mut si = 0;
-    for row in sink_rows..rows {
-        let s = &symbols[si..si + c];
-        si += c;
-        let i = row - sink_rows;
-        if row % group == 0 {
-            let out = &mut recon[row * c..(row + 1) * c];
-            for j in 0..c / seg {
-                let m = exps.seg_mult(i, heads, j);
-                let r = j * seg..(j + 1) * seg;
-                for (((o, &q), &mean), &st) in out[r.clone()]
-                    .iter_mut()
-                    .zip(&s[r.clone()])
-                    .zip(&consts.mean[r.clone()])
-                    .zip(&consts.anchor_step[r])
-                {
-                    *o = mean + q as f32 * (st * m);
-                }
+    let i = row - sink_rows;
+    if row % group == 0 {
+        let out = &mut recon[row * c..(row + 1) * c];
+        for j in 0..c / seg {
+            let m = exps.seg_mult(i, heads, j);
+            let r = j * seg..(j + 1) * seg;
+            for (((o, &q), &mean), &st) in out[r.clone()]
+                .iter_mut()
+                .zip(&s[r.clone()])
+                .zip(&consts.mean[r.clone()])
+                .zip(&consts.anchor_step[r])
+            {
+                *o = mean + q as f32 * (st * m);
             }
-        } else {
-            let a0 = (row - row % group) * c;
-            let (head, tail) = recon.split_at_mut(row * c);
-            let anchor = &head[a0..a0 + c];
-            let out = &mut tail[..c];
-            for j in 0..c / seg {
-                let m = exps.seg_mult(i, heads, j);
-                let r = j * seg..(j + 1) * seg;
-                for ((((o, &q), &a), &mean), (&w, &st)) in out[r.clone()]
-                    .iter_mut()
-                    .zip(&s[r.clone()])
-                    .zip(&anchor[r.clone()])
-                    .zip(&consts.mean[r.clone()])
-                    .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
-                {
-                    *o = predict(mean, w, a) + q as f32 * (st * m);
-                }
+        }
+    } else {
+        let a0 = (row - row % group) * c;
+        let (head, tail) = recon.split_at_mut(row * c);
+        let anchor = &head[a0..a0 + c];
+        let out = &mut tail[..c];
+        for j in 0..c / seg {
+            let m = exps.seg_mult(i, heads, j);
+            let r = j * seg..(j + 1) * seg;
+            for ((((o, &q), &a), &mean), (&w, &st)) in out[r.clone()]
+                .iter_mut()
+                .zip(&s[r.clone()])
+                .zip(&anchor[r.clone()])
+                .zip(&consts.mean[r.clone()])
+                .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
+            {
+                *o = predict(mean, w, a) + q as f32 * (st * m);
             }
         }
     }
