@@ -6,8 +6,7 @@
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
 use codec_core::{
-    decode, encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Queries,
-    Sample,
+    decode, encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Queries, Sample,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path};

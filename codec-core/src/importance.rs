@@ -171,7 +171,11 @@ pub fn block_scores(
                 *dst = src as f64;
             }
             if rope.k_pre_rope {
-                rotate(&mut kr, (first_position + (sink + i) as u64) as f64, rope);
+                rotate(
+                    &mut kr,
+                    first_position.saturating_add((sink + i) as u64) as f64,
+                    rope,
+                );
             }
             let q = &qref[h * d..(h + 1) * d];
             let mut acc = 0f64;

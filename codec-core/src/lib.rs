@@ -16,6 +16,8 @@ extern crate alloc;
 mod bytes;
 pub mod codec;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod importance;
 pub mod kv;
 pub mod limits;

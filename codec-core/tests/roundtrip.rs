@@ -2,8 +2,9 @@
 
 mod common;
 
-use codec_core::importance;
-use codec_core::quant::{quantize_block, BlockConsts, Exps};
+// The reconstruction the format promises (the reference quantizer chunk by chunk, with the
+// encoder's step exponents), shared with the roundtrip_codec fuzz target.
+use codec_core::fuzzing::expected_reconstruction as expected;
 use codec_core::{
     decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape,
     LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream, Tensor,
@@ -21,80 +22,6 @@ fn learn_plain(cache: &KvCache, params: &LearnParams) -> Profile {
         params,
     )
     .unwrap()
-}
-
-/// The reconstruction the format promises, computed with the reference quantizer chunk by chunk.
-fn expected(cache: &KvCache, profile: &Profile, params: &EncodeParams) -> KvCache {
-    let s = cache.shape;
-    let c = s.channels();
-    let mut out = KvCache::zeros(s, cache.dtype(), cache.meta.clone());
-    for layer in 0..s.layers {
-        for kv in 0..2 {
-            let src = if kv == 0 {
-                &cache.k[layer as usize]
-            } else {
-                &cache.v[layer as usize]
-            };
-            let x = src.to_f32_vec();
-            let mut rec = vec![0f32; x.len()];
-            let mut start = 0;
-            let mut chunk = 0;
-            while start < s.tokens as usize {
-                let end = (start + params.chunk_tokens as usize).min(s.tokens as usize);
-                let level = params.levels[if params.levels.len() == 1 { 0 } else { chunk }];
-                let consts = BlockConsts::new(
-                    profile.channel_params(layer, kv),
-                    profile.level_multipliers()[level as usize],
-                );
-                let sink = (params.n_sink as u64)
-                    .saturating_sub(cache.meta.first_position + start as u64)
-                    .min((end - start) as u64) as usize;
-                // Step exponents: chosen from K by the importance policy, shared by K and V.
-                let mut exps = Vec::new();
-                if let (true, Some(imp)) = (params.token_importance, profile.importance()) {
-                    let kx = cache.k[layer as usize].to_f32_vec();
-                    let d = s.head_dim as usize;
-                    let qm = &imp.query_mean[layer as usize * c..(layer as usize + 1) * c];
-                    let qpos = cache.meta.first_position + s.tokens as u64;
-                    let qref = importance::reference_queries(qm, d, qpos, &cache.meta.rope);
-                    importance::block_exponents(
-                        &kx[start * c..end * c],
-                        c,
-                        d,
-                        sink,
-                        cache.meta.first_position + start as u64,
-                        &qref,
-                        &imp.tau[layer as usize * s.kv_heads as usize..][..s.kv_heads as usize],
-                        &cache.meta.rope,
-                        &imp.params,
-                        &mut exps,
-                    );
-                }
-                let mut sym = Vec::new();
-                quantize_block(
-                    &x[start * c..end * c],
-                    &consts,
-                    params.group as usize,
-                    sink,
-                    Exps {
-                        exps: &exps,
-                        head_dim: s.head_dim as usize,
-                    },
-                    &mut sym,
-                    &mut rec[start * c..end * c],
-                );
-                start = end;
-                chunk += 1;
-            }
-            let dst = if kv == 0 {
-                &mut out.k[layer as usize]
-            } else {
-                &mut out.v[layer as usize]
-            };
-            dst.as_mut().write_f32(0, &rec);
-        }
-    }
-    out
 }
 
 #[test]
@@ -461,4 +388,258 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn encode_rejects_a_non_finite_rope_it_could_not_decode() {
+    // Found by the roundtrip_codec fuzz target: the header stores theta and scaling, decoders
+    // reject non-finite ones (FORMAT.md H16), so encode must refuse them.
+    let cache = synthetic(1, 1, 4, 8, Dtype::F16, 7);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    for (theta, scaling) in [
+        (f32::INFINITY, 1.0),
+        (f32::NAN, 1.0),
+        (1e4, f32::NEG_INFINITY),
+    ] {
+        let mut c = cache.clone();
+        c.meta.rope.theta = theta;
+        c.meta.rope.scaling = scaling;
+        let r = encode(
+            &c.view(),
+            ProfileMode::Embedded(&profile),
+            &EncodeParams::default(),
+        );
+        assert!(
+            matches!(r, Err(codec_core::EncodeError::InvalidParam { .. })),
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+fn max_encoded_len_bounds_real_and_worst_case_streams() {
+    use codec_core::codec::max_encoded_len;
+    // Real data: far below the bound (the bound allows an escape for every value).
+    let (cache, _, _, _) = common::load(common::SAMPLE, 2);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    for (level, chunk_tokens, embedded) in [(0u8, 200u32, false), (7, 1536, true), (11, 64, false)]
+    {
+        let params = EncodeParams {
+            chunk_tokens,
+            levels: vec![level],
+            ..EncodeParams::default()
+        };
+        let mode = if embedded {
+            ProfileMode::Embedded(&profile)
+        } else {
+            ProfileMode::Referenced(&profile)
+        };
+        let bytes = encode(&cache.view(), mode, &params).unwrap();
+        let plen = if embedded {
+            profile.as_bytes().len() as u64
+        } else {
+            0
+        };
+        let bound = max_encoded_len(
+            &cache.shape,
+            cache.dtype(),
+            &params,
+            plen,
+            cache.meta.model_id.len(),
+        );
+        assert!(bytes.len() as u64 <= bound);
+        eprintln!(
+            "real sample, level {level}: {} bytes, bound {bound} ({:.1}x)",
+            bytes.len(),
+            (bound - plen) as f64 / (bytes.len() as u64 - plen) as f64
+        );
+    }
+
+    // Worst case: values far outside the profile's tables, so nearly every value escapes and
+    // codes as a rare symbol. The stream then comes close to the bound: it is tight.
+    let quiet = synthetic(2, 2, 8, 90, Dtype::F32, 3);
+    let profile = learn_plain(&quiet, &LearnParams::default());
+    let mut loud = quiet.clone();
+    let mut state = 0x1234_5678_9ABC_DEF1u64;
+    for t in loud.k.iter_mut().chain(loud.v.iter_mut()) {
+        if let Tensor::F32(v) = t {
+            for x in v.iter_mut() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *x = ((state >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * 2e4;
+            }
+        }
+    }
+    let params = EncodeParams {
+        chunk_tokens: 32,
+        levels: vec![0],
+        n_sink: 0,
+        ..EncodeParams::default()
+    };
+    let bytes = encode(&loud.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    let bound = max_encoded_len(
+        &loud.shape,
+        Dtype::F32,
+        &params,
+        0,
+        loud.meta.model_id.len(),
+    );
+    eprintln!("worst case: {} bytes, bound {bound}", bytes.len());
+    assert!(bytes.len() as u64 <= bound);
+    assert!(
+        bytes.len() as f64 * 1.25 >= bound as f64,
+        "the bound is within 25% of a worst-case stream ({} vs {bound})",
+        bytes.len()
+    );
+}
+
+#[test]
+fn learning_keeps_steps_finite_and_positive() {
+    // Found by the roundtrip_codec fuzz target: a calibration that scales steps past f32::MAX
+    // (values near f32::MAX, or a loose target) gave infinite steps and Profile::from_parts
+    // panicked; so did an anchor ratio small enough to round the anchor step to 0.
+    let mut big = synthetic(1, 1, 4, 20, Dtype::F32, 11);
+    for t in big.k.iter_mut().chain(big.v.iter_mut()) {
+        if let Tensor::F32(v) = t {
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = if i % 3 == 0 { 1.0e37 } else { -0.8e37 };
+            }
+        }
+    }
+    let zero = KvCache {
+        k: vec![Tensor::F32(vec![0.0; 80])],
+        v: vec![Tensor::F32(vec![0.0; 80])],
+        ..big.clone()
+    };
+    for (cache, lp) in [
+        (
+            &big,
+            LearnParams {
+                target_error: 1e6,
+                ..LearnParams::default()
+            },
+        ),
+        (
+            &zero,
+            LearnParams {
+                anchor_ratio: 1e-44,
+                ..LearnParams::default()
+            },
+        ),
+    ] {
+        let profile = learn_plain(cache, &lp);
+        for kv in 0..2 {
+            for p in profile.channel_params(0, kv) {
+                assert!(p.delta_step.is_finite() && p.delta_step > 0.0);
+                assert!(p.anchor_step.is_finite() && p.anchor_step > 0.0);
+            }
+        }
+        let params = EncodeParams::default();
+        let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+        let dec = decode(&bytes, None, &Limits::DEFAULT).unwrap();
+        assert_eq!(dec.shape, cache.shape);
+    }
+}
+
+#[test]
+fn positions_near_u64_max_saturate() {
+    // Found by the roundtrip_codec fuzz target: learning and the importance policy added token
+    // offsets to `first_position` without saturating (an overflow panic in debug builds); the
+    // decoder saturates (FORMAT.md §5.3).
+    let mut cache = synthetic(1, 2, 4, 30, Dtype::F16, 5);
+    cache.meta.first_position = u64::MAX - 5;
+    cache.meta.rope.style = codec_core::RopeStyle::NeoX;
+    cache.meta.rope.k_pre_rope = true;
+    let q: Vec<f32> = (0..3 * 4 * 4)
+        .map(|i| (i % 7) as f32 * 0.25 - 0.7)
+        .collect();
+    let queries = Queries {
+        q: vec![&q],
+        q_heads: 4,
+        q_start: u64::MAX - 1,
+    };
+    let lp = LearnParams {
+        chunk_tokens: 8,
+        n_sink: 3,
+        ..LearnParams::default()
+    };
+    let profile = learn_profile(
+        &[Sample {
+            kv: cache.view(),
+            queries: Some(queries),
+        }],
+        &lp,
+    )
+    .unwrap();
+    assert!(profile.importance().is_some());
+    let params = EncodeParams {
+        chunk_tokens: 8,
+        n_sink: 3,
+        ..EncodeParams::default()
+    };
+    let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    let dec = decode(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+    assert_eq!(dec, expected(&cache, &profile, &params));
+}
+
+#[test]
+fn importance_hints_stay_finite_and_queries_must_be() {
+    // Found by the roundtrip_codec fuzz target: keys near f32::MAX score beyond the f32 range,
+    // and the score threshold tau became infinite (Profile::from_parts panicked).
+    let mut cache = synthetic(1, 1, 4, 12, Dtype::F32, 9);
+    if let Tensor::F32(v) = &mut cache.k[0] {
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = if i % 5 == 0 { -3.0e38 } else { 2.9e38 };
+        }
+    }
+    let mut q: Vec<f32> = vec![3.0; 2 * 4 * 2];
+    let learn = |q: &[f32]| {
+        learn_profile(
+            &[Sample {
+                kv: cache.view(),
+                queries: Some(Queries {
+                    q: vec![q],
+                    q_heads: 2,
+                    q_start: 4,
+                }),
+            }],
+            &LearnParams::default(),
+        )
+    };
+    let profile = learn(&q).unwrap();
+    let imp = profile.importance().unwrap();
+    assert!(imp.tau.iter().chain(&imp.query_mean).all(|x| x.is_finite()));
+    let params = EncodeParams::default();
+    let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let dec = decode(&bytes, None, &Limits::DEFAULT).unwrap();
+    assert_eq!(dec.shape, cache.shape);
+    // Non-finite queries are an input error, not a panic.
+    q[3] = f32::NAN;
+    assert!(matches!(
+        learn(&q),
+        Err(codec_core::EncodeError::InvalidParam { .. })
+    ));
+}
+
+#[test]
+fn decode_chunk_rejects_an_inconsistent_context() {
+    let (bytes, profile) = small_stream();
+    let s = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let e = s.header().chunks[0];
+    let chunk = s.chunk_bytes(0).unwrap();
+    let run = |ctx: &codec_core::ChunkContext<'_>| {
+        ctx.decode_chunk(chunk, 0, e.token_start, e.tokens, e.level, |_, _, _, _| {})
+    };
+    assert!(run(&s.context()).is_ok());
+    let mut ctx = s.context();
+    ctx.group = 0;
+    assert!(matches!(
+        run(&ctx),
+        Err(DecodeError::InvalidField { what: "group", .. })
+    ));
+    let mut ctx = s.context();
+    ctx.shape.head_dim += 1;
+    assert_eq!(run(&ctx), Err(DecodeError::ProfileShape));
+    let _ = profile;
 }

@@ -60,7 +60,11 @@ fn limits_json(l: &Limits) -> Value {
     put("max_tokens", l.max_tokens.into(), d.max_tokens.into());
     put("max_chunks", l.max_chunks.into(), d.max_chunks.into());
     put("max_elements", l.max_elements, d.max_elements);
-    put("max_profile_bytes", l.max_profile_bytes, d.max_profile_bytes);
+    put(
+        "max_profile_bytes",
+        l.max_profile_bytes,
+        d.max_profile_bytes,
+    );
     if m.is_empty() {
         Value::Null
     } else {
@@ -114,7 +118,11 @@ fn golden_vectors() {
         let limits = limits_from_json(&v["limits"]);
         let got = decode(&stream, profile.as_ref(), &limits)
             .unwrap_or_else(|e| panic!("valid vector {name}: {e}"));
-        assert_eq!(dtype_name(got.dtype()), v["dtype"].as_str().unwrap(), "{name}");
+        assert_eq!(
+            dtype_name(got.dtype()),
+            v["dtype"].as_str().unwrap(),
+            "{name}"
+        );
         let s = got.shape;
         assert_eq!(
             [s.layers, s.kv_heads, s.head_dim, s.tokens].map(u64::from),
@@ -423,7 +431,8 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     let one_ns = prefix(&big, 1);
     add(
         "one-token-no-sink",
-        "f16, a single token with n_sink = 0: one anchor row coded with the tables; referenced".into(),
+        "f16, a single token with n_sink = 0: one anchor row coded with the tables; referenced"
+            .into(),
         enc(&one_ns, &prof, false, &params(64, 10, 0, &[3])),
         Some(&prof),
     );
@@ -462,7 +471,12 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
             "f16, T=100, level {} (the coarsest) in one chunk; self-contained",
             n_levels - 1
         ),
-        enc(&prefix(&big, 100), &prof, true, &params(128, 10, 1, &[n_levels - 1])),
+        enc(
+            &prefix(&big, 100),
+            &prof,
+            true,
+            &params(128, 10, 1, &[n_levels - 1]),
+        ),
         None,
     );
     add(
@@ -861,4 +875,3 @@ fn write_vectors() {
     text.push('\n');
     std::fs::write(dir.join("manifest.json"), text).unwrap();
 }
-

@@ -8,8 +8,10 @@
 //! block   = n_escapes u32 | lane word counts 32 x u32 | sink rows | escapes i32 | lane words
 //! ```
 
+mod bound;
 mod header;
 
+pub use bound::{max_block_words, max_encoded_len, max_lane_words, BLOCK_FIXED_MAX};
 pub use header::{
     ChunkEntry, Header, HEADER_FIXED_LEN, INDEX_ENTRY_LEN, STREAM_MAGIC, STREAM_VERSION,
 };
@@ -267,8 +269,10 @@ impl ChunkContext<'_> {
                 block_ids.clear();
                 for map in maps {
                     for e in 0..n_el {
-                        block_ids
-                            .extend(map.iter().map(|&t| self.profile.table_at(level, t, e as u8)));
+                        block_ids.extend(
+                            map.iter()
+                                .map(|&t| self.profile.table_at(level, t, e as u8)),
+                        );
                     }
                 }
                 tids.clear();
@@ -342,6 +346,19 @@ impl ChunkContext<'_> {
         level: u8,
         mut out: impl FnMut(u32, Kv, &[f32], &[u8]),
     ) -> Result<(), DecodeError> {
+        // The context's fields are public: check what the stream header would have.
+        if self.group == 0 || self.group > MAX_GROUP {
+            return Err(DecodeError::InvalidField {
+                what: "group",
+                got: u64::from(self.group),
+            });
+        }
+        let p = self.profile;
+        if (p.layers(), p.kv_heads(), p.head_dim())
+            != (self.shape.layers, self.shape.kv_heads, self.shape.head_dim)
+        {
+            return Err(DecodeError::ProfileShape);
+        }
         if level >= self.profile.levels() {
             return Err(DecodeError::UnknownLevel {
                 level,

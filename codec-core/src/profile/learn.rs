@@ -157,6 +157,12 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
             {
                 return Err(EncodeError::ShapeMismatch { what: "queries" });
             }
+            if let Some(layer) = q.q.iter().position(|l| l.iter().any(|x| !x.is_finite())) {
+                return Err(EncodeError::InvalidParam {
+                    what: "queries (not finite) of layer",
+                    got: layer as u64,
+                });
+            }
         }
     }
     let layers = shape.layers as usize;
@@ -278,7 +284,8 @@ fn query_means(samples: &[Sample<'_>], layers: usize, c: usize, d: usize) -> Vec
         out.extend(
             acc.iter()
                 .enumerate()
-                .map(|(i, a)| (a / n[i / d].max(1.0)) as f32),
+                // Finite as f32 (FORMAT.md P16), even if rotation pushes a mean past f32::MAX.
+                .map(|(i, a)| finite_f32(a / n[i / d].max(1.0))),
         );
     }
     out
@@ -302,7 +309,7 @@ fn score_thresholds(
         for s in samples {
             let sh = s.kv.shape;
             let x = to_f32(s.kv.k[layer]);
-            let qpos = s.kv.meta.first_position + sh.tokens as u64;
+            let qpos = s.kv.meta.first_position.saturating_add(sh.tokens as u64);
             let qref = reference_queries(
                 &query_mean[layer * c..(layer + 1) * c],
                 d,
@@ -336,7 +343,8 @@ fn score_thresholds(
                 let i = libm::floor(quantile as f64 * (v.len() - 1) as f64) as usize;
                 v[i.min(v.len() - 1)]
             };
-            tau.push(t as f32);
+            // Scores of keys near f32::MAX can lie beyond the f32 range; tau must be finite.
+            tau.push(finite_f32(t));
         }
     }
     tau
@@ -354,7 +362,7 @@ fn sample_exponents(
     let c = sh.channels();
     let d = sh.head_dim as usize;
     let x = to_f32(s.kv.k[layer]);
-    let qpos = s.kv.meta.first_position + sh.tokens as u64;
+    let qpos = s.kv.meta.first_position.saturating_add(sh.tokens as u64);
     let qm = &imp.query_mean[layer * c..(layer + 1) * c];
     let qref = reference_queries(qm, d, qpos, &s.kv.meta.rope);
     let rows = sh.tokens as usize;
@@ -363,7 +371,7 @@ fn sample_exponents(
     let mut start = 0;
     while start < rows {
         let end = (start + ct).min(rows);
-        let first = s.kv.meta.first_position + start as u64;
+        let first = s.kv.meta.first_position.saturating_add(start as u64);
         let sink = (params.n_sink as u64)
             .saturating_sub(first)
             .min((end - start) as u64) as usize;
@@ -382,6 +390,11 @@ fn sample_exponents(
         start = end;
     }
     out
+}
+
+/// `x` rounded to f32, clamped to the finite range (a NaN stays NaN).
+fn finite_f32(x: f64) -> f32 {
+    x.clamp(-f32::MAX as f64, f32::MAX as f64) as f32
 }
 
 fn to_f32(t: TensorRef<'_>) -> Vec<f32> {
@@ -471,11 +484,18 @@ fn learn_tensor(
     let make = |scale: f64| -> Vec<ChannelParams> {
         (0..c)
             .map(|ch| {
-                let step = (shape[ch] * scale).max(1e-30);
+                // Steps must be finite and positive as f32 (FORMAT.md P12): caches with values
+                // near f32::MAX would otherwise round them to infinity, and a tiny anchor ratio
+                // to 0.
+                // (`max` before `min`: a NaN product becomes the floor, as before.)
+                let step = (shape[ch] * scale).max(1e-30).min(f32::MAX as f64);
+                let anchor = (step * params.anchor_ratio as f64)
+                    .max(f32::from_bits(1) as f64)
+                    .min(f32::MAX as f64);
                 ChannelParams {
                     mean: mean[ch] as f32,
                     delta_step: step as f32,
-                    anchor_step: (step * params.anchor_ratio as f64) as f32,
+                    anchor_step: anchor as f32,
                     weight: weight[ch],
                 }
             })
@@ -589,7 +609,7 @@ fn simulate(
     while start < rows {
         let end = (start + ct).min(rows);
         let sink = (params.n_sink as u64)
-            .saturating_sub(first_pos + start as u64)
+            .saturating_sub(first_pos.saturating_add(start as u64))
             .min((end - start) as u64) as usize;
         let ne = if exps.is_empty() {
             0
@@ -717,7 +737,7 @@ pub(crate) fn attention(
     let mut scores = vec![0f64; tokens];
     let mut o = vec![0f64; d];
     for i in (0..n_q).step_by(stride) {
-        let last = ((q.q_start + i as u64) as usize).min(tokens.saturating_sub(1));
+        let last = (q.q_start.saturating_add(i as u64) as usize).min(tokens.saturating_sub(1));
         for qh in 0..q.q_heads {
             let h = qh / gsize;
             let qv = &q.q[layer][i * per + qh * d..i * per + (qh + 1) * d];

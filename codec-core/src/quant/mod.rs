@@ -329,7 +329,11 @@ mod tests {
         while k < (1 << 25) {
             let h = k as f32 * 0.5;
             for x in [h, -h] {
-                for v in [f32::from_bits(x.to_bits().wrapping_sub(1)), x, f32::from_bits(x.to_bits() + 1)] {
+                for v in [
+                    f32::from_bits(x.to_bits().wrapping_sub(1)),
+                    x,
+                    f32::from_bits(x.to_bits() + 1),
+                ] {
                     assert_eq!(quantize(v, 1.0), quantize_ref(v, 1.0), "{v}");
                 }
             }
@@ -343,7 +347,17 @@ mod tests {
             let (r, st) = (f32::from_bits(z as u32), f32::from_bits((z >> 32) as u32));
             assert_eq!(quantize(r, st), quantize_ref(r, st), "{r} / {st}");
         }
-        for v in [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 8_388_607.5, 16_777_216.0, 3e9, -3e9] {
+        for v in [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            8_388_607.5,
+            16_777_216.0,
+            3e9,
+            -3e9,
+        ] {
             assert_eq!(quantize(v, 1.0), quantize_ref(v, 1.0), "{v}");
         }
     }

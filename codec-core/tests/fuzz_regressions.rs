@@ -1,0 +1,104 @@
+//! Replays every committed fuzz input through its target's harness (`codec_core::fuzzing`, the
+//! same function the cargo-fuzz target calls): `fuzz/regressions/<target>/*` (inputs that once
+//! crashed, kept fixed) and `fuzz/seeds/<target>/*` (the seed corpora). Runs under plain
+//! `cargo test`; the fuzz crate itself is not part of the workspace.
+
+use codec_core::fuzzing::{Harness, Target};
+use std::path::{Path, PathBuf};
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+/// The input files of `dir` (not hidden files such as `.gitkeep`), sorted.
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Runs every input of `fuzz/<corpus>/<target>/`; returns how many ran and the failures.
+fn replay(harness: &Harness, corpus: &str) -> (usize, Vec<String>) {
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for target in Target::ALL {
+        for file in inputs(&fuzz_dir().join(corpus).join(target.name())) {
+            let data = std::fs::read(&file).unwrap();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                harness.run(target, &data)
+            }));
+            ran += 1;
+            if let Err(e) = result {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                failures.push(format!("{}: {msg}", file.display()));
+            }
+        }
+    }
+    (ran, failures)
+}
+
+#[test]
+fn regressions_replay_clean() {
+    let (_, failures) = replay(&Harness::new(), "regressions");
+    assert!(
+        failures.is_empty(),
+        "fuzz regressions fail:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn seeds_replay_clean() {
+    let (ran, failures) = replay(&Harness::new(), "seeds");
+    assert!(
+        failures.is_empty(),
+        "fuzz seeds fail:\n{}",
+        failures.join("\n")
+    );
+    assert!(
+        ran >= Target::ALL.len(),
+        "every target has seeds ({ran} inputs)"
+    );
+    for target in Target::ALL {
+        let dir = fuzz_dir().join("seeds").join(target.name());
+        assert!(!inputs(&dir).is_empty(), "no seeds in {}", dir.display());
+    }
+}
+
+/// Every cargo-fuzz target has a harness, a seed directory and a regression directory, and
+/// vice versa.
+#[test]
+fn fuzz_targets_match_the_harnesses() {
+    let mut files: Vec<String> = inputs(&fuzz_dir().join("fuzz_targets"))
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut names: Vec<String> = Target::ALL.iter().map(|t| t.name().to_string()).collect();
+    names.sort();
+    assert_eq!(
+        files, names,
+        "fuzz/fuzz_targets/*.rs vs codec_core::fuzzing::Target"
+    );
+    let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();
+    for t in Target::ALL {
+        assert_eq!(Target::from_name(t.name()), Some(t));
+        assert!(
+            manifest.contains(&format!("name = \"{}\"", t.name())),
+            "fuzz/Cargo.toml lacks [[bin]] {}",
+            t.name()
+        );
+        assert!(fuzz_dir().join("regressions").join(t.name()).is_dir());
+    }
+}
