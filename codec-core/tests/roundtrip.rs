@@ -360,7 +360,7 @@ proptest! {
     fn random_shapes_round_trip_within_half_a_step(
         layers in 1u32..3, heads in 1u32..3, dim in 1u32..9, tokens in 1u32..60,
         dtype in prop_oneof![Just(Dtype::F16), Just(Dtype::Bf16), Just(Dtype::F32)],
-        chunk in 1u32..40, group in 1u32..13, sink in 0u16..3, level in 0u8..5, seed in any::<u64>(),
+        chunk in 1u32..40, group in 1u32..13, sink in 0u16..3, level in 0u8..12, seed in any::<u64>(),
     ) {
         let cache = synthetic(layers, heads, dim, tokens, dtype, seed);
         let lp = LearnParams { group, chunk_tokens: chunk, n_sink: sink, ..LearnParams::default() };
