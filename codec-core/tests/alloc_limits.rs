@@ -14,6 +14,10 @@
 //! for an input of `n` bytes, whatever those bytes are. Headers that claim more elements than
 //! `max_elements` must be rejected before anything of that size is allocated (peak under 1 MiB).
 
+mod common;
+
+use common::crc32c;
+
 use codec_core::{decode, Limits, Profile};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
@@ -173,15 +177,4 @@ fn decoding_allocates_within_the_limits() {
         "{checked} decodes; worst peak / bound = {worst:.3} (bound for 1 MiB elements: {} bytes)",
         bound(&limits, 0)
     );
-}
-
-fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ if crc & 1 != 0 { 0x82F6_3B78 } else { 0 };
-        }
-    }
-    crc ^ 0xFFFF_FFFF
 }

@@ -3,6 +3,10 @@
 //! multipliers of §7.1, the rounding examples of §7.5, and that the decoder rejects the v2 forms
 //! §4.6 and §5.5 reject.
 
+mod common;
+
+use common::crc32c;
+
 use codec_core::codec::{ChunkEntry, Header, STREAM_VERSION};
 use codec_core::importance::ImportanceParams;
 use codec_core::profile::{hex, ChannelParams, Importance, LevelTables, SymbolTable};
@@ -32,18 +36,6 @@ fn rows(rows: &[(usize, Vec<u8>)]) -> Vec<u8> {
         out.extend(b);
     }
     out
-}
-
-/// CRC-32C, bitwise, exactly as §3.4 writes it.
-fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ if crc & 1 != 0 { 0x82F6_3B78 } else { 0 };
-        }
-    }
-    crc ^ 0xFFFF_FFFF
 }
 
 /// Rewrites the trailing CRC-32C of a profile or chunk.

@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::crc32c;
+
 use codec_core::codec::Header;
 use codec_core::{
     decode, encode, learn_profile, Dtype, EncodeParams, KvCache, KvMeta, KvShape, LearnParams,
@@ -304,17 +306,6 @@ fn params(chunk_tokens: u32, group: u32, n_sink: u16, levels: &[u8]) -> EncodePa
         levels: levels.to_vec(),
         token_importance: true,
     }
-}
-
-fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ if crc & 1 != 0 { 0x82F6_3B78 } else { 0 };
-        }
-    }
-    crc ^ 0xFFFF_FFFF
 }
 
 fn header_len(s: &[u8]) -> usize {

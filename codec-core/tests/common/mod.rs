@@ -81,3 +81,16 @@ pub fn load(path: &str, max_layers: usize) -> (KvCache, Vec<Vec<f32>>, usize, u6
         q_start,
     )
 }
+
+/// CRC-32C, bitwise, exactly as spec/FORMAT.md §3.4 writes it (an independent oracle for the
+/// crate's table-driven one).
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ if crc & 1 != 0 { 0x82F6_3B78 } else { 0 };
+        }
+    }
+    crc ^ 0xFFFF_FFFF
+}
