@@ -334,22 +334,7 @@ fn profile_seeds(seeds: &mut Seeds, vectors: &[Vector]) {
 
 /// Asserts that `chunk` decodes with `profile` as `decode_chunk` will decode it.
 fn assert_decodes(profile: &Profile, case: &ChunkCase, chunk: &[u8]) {
-    let shape = KvShape {
-        layers: profile.layers(),
-        kv_heads: profile.kv_heads(),
-        head_dim: profile.head_dim(),
-        tokens: case.token_start + case.rows,
-    };
-    let ctx = ChunkContext {
-        shape,
-        dtype: case.dtype,
-        first_position: case.first_position,
-        group: case.group,
-        n_sink: case.n_sink,
-        profile,
-        rope: Rope::default(),
-        query_position: None,
-    };
+    let ctx = case.context(profile);
     ctx.decode_chunk(
         chunk,
         0,

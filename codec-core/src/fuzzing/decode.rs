@@ -344,6 +344,28 @@ pub struct ChunkCase {
     pub first_position: u64,
 }
 
+impl ChunkCase {
+    /// The decoding context a stream with `profile`'s shape and this case's parameters would
+    /// give (no rotary metadata, no importance: decoders use neither).
+    pub fn context<'p>(&self, profile: &'p Profile) -> ChunkContext<'p> {
+        ChunkContext {
+            shape: KvShape {
+                layers: profile.layers(),
+                kv_heads: profile.kv_heads(),
+                head_dim: profile.head_dim(),
+                tokens: self.token_start.saturating_add(self.rows),
+            },
+            dtype: self.dtype,
+            first_position: self.first_position,
+            group: self.group,
+            n_sink: self.n_sink,
+            profile,
+            rope: Rope::default(),
+            query_position: None,
+        }
+    }
+}
+
 /// Bytes of the [`ChunkCase`] prefix of a [`decode_chunk`] input.
 pub const CHUNK_CASE_LEN: usize = 21;
 
@@ -405,23 +427,8 @@ pub fn decode_chunk(profile: &Profile, data: &[u8]) {
     } else {
         raw
     };
-    let shape = KvShape {
-        layers: profile.layers(),
-        kv_heads: profile.kv_heads(),
-        head_dim: profile.head_dim(),
-        tokens: case.token_start.saturating_add(case.rows),
-    };
-    let ctx = ChunkContext {
-        shape,
-        dtype: case.dtype,
-        first_position: case.first_position,
-        group: case.group,
-        n_sink: case.n_sink,
-        profile,
-        rope: Rope::default(),
-        query_position: None,
-    };
-    let c = shape.channels();
+    let ctx = case.context(profile);
+    let c = ctx.shape.channels();
     let pos = case
         .first_position
         .saturating_add(u64::from(case.token_start));
@@ -442,6 +449,6 @@ pub fn decode_chunk(profile: &Profile, data: &[u8]) {
         },
     );
     if result.is_ok() {
-        assert_eq!(blocks, 2 * shape.layers, "every block is output");
+        assert_eq!(blocks, 2 * ctx.shape.layers, "every block is output");
     }
 }
