@@ -2,6 +2,7 @@
 
 mod dump;
 mod metrics;
+mod pq;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -93,12 +94,160 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// PQCache-style token selection on a dump's real queries (q.{i}).
+    Pq {
+        #[command(subcommand)]
+        cmd: PqCmd,
+    },
     /// `eval` on the built-in 512-token sample.
     Demo {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum PqCmd {
+    /// Train codes on every (layer, KV head), search with the dump's queries, and report recall
+    /// of the exact top-k, attention mass, timings and block-cache hit rates, next to the
+    /// PQCache paper's product quantization.
+    Eval {
+        input: PathBuf,
+        #[command(flatten)]
+        opts: PqOpts,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the selected token indices: per layer `sel.{i}` int32 [n_q, q_heads, K] (token
+    /// indices up to each query's position, ascending, -1 padding).
+    Select {
+        input: PathBuf,
+        output: PathBuf,
+        /// Slots per query head: the first --n-init and last --n-local tokens, and the best of
+        /// the rest.
+        #[arg(long)]
+        k: usize,
+        #[command(flatten)]
+        opts: PqOpts,
+    },
+}
+
+#[derive(clap::Args, Clone, Debug)]
+struct PqOpts {
+    /// Quantizer: rq (residual, kvc's default) or pq (product, the PQCache paper's).
+    #[arg(long, default_value = "rq", value_parser = ["rq", "pq"])]
+    method: String,
+    /// Codes per key (stages for rq, sub-spaces for pq).
+    #[arg(long, default_value_t = 2)]
+    m: usize,
+    /// Bits per code.
+    #[arg(long, default_value_t = 6)]
+    b: u8,
+    /// Lloyd iterations per k-means.
+    #[arg(long)]
+    iters: Option<u32>,
+    /// Refinement rounds (rq only).
+    #[arg(long, default_value_t = 1)]
+    refine: u32,
+    /// Seed of the k-means++ draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Re-rank a short list of this many times k with the codec's decoded keys (0: off).
+    #[arg(long, default_value_t = 2.0)]
+    rerank: f64,
+    /// kvc level of the self-contained stream whose decoded keys re-rank the short list.
+    #[arg(long, default_value_t = 9)]
+    rerank_level: u8,
+    /// First tokens always selected (attention sinks).
+    #[arg(long, default_value_t = 4)]
+    n_init: usize,
+    /// Last tokens always selected (local window).
+    #[arg(long, default_value_t = 64)]
+    n_local: usize,
+}
+
+impl PqOpts {
+    fn params(&self) -> Result<pq_core::PqParams> {
+        let method = if self.method == "pq" {
+            pq_core::Method::Product
+        } else {
+            pq_core::Method::Residual
+        };
+        let base = if method == pq_core::Method::Product {
+            pq_core::PqParams::paper()
+        } else {
+            pq_core::PqParams::default()
+        };
+        if !(self.rerank == 0.0 || (self.rerank >= 1.0 && self.rerank <= 64.0)) {
+            return Err(format!(
+                "--rerank {} must be 0 or within 1..=64",
+                self.rerank
+            ));
+        }
+        Ok(pq_core::PqParams {
+            method,
+            m: self.m,
+            b: self.b,
+            max_iters: self.iters.unwrap_or(base.max_iters),
+            seed: self.seed,
+            refine_rounds: if method == pq_core::Method::Residual {
+                self.refine
+            } else {
+                0
+            },
+        })
+    }
+    fn selector(&self, with_rerank: bool) -> Result<pq::Selector> {
+        Ok(pq::Selector {
+            params: self.params()?,
+            rerank: (with_rerank && self.rerank > 0.0).then_some(pq::Rerank {
+                factor: self.rerank,
+                level: self.rerank_level,
+            }),
+        })
+    }
+    fn common(&self) -> pq::Common {
+        pq::Common {
+            n_init: self.n_init,
+            n_local: self.n_local,
+        }
+    }
+}
+
+fn cmd_pq(cmd: PqCmd) -> Result<()> {
+    match cmd {
+        PqCmd::Eval { input, opts, json } => {
+            let d = load(&input)?;
+            let mut sels = Vec::new();
+            let paper = pq::Selector {
+                params: pq_core::PqParams {
+                    seed: opts.seed,
+                    ..pq_core::PqParams::paper()
+                },
+                rerank: None,
+            };
+            let mine = opts.selector(false)?;
+            if mine.params != paper.params {
+                sels.push(paper);
+            }
+            sels.push(mine);
+            if opts.rerank > 0.0 {
+                sels.push(opts.selector(true)?);
+            }
+            pq::cmd_eval(&input, &d, &sels, &opts.common(), json)
+        }
+        PqCmd::Select {
+            input,
+            output,
+            k,
+            opts,
+        } => {
+            let d = load(&input)?;
+            pq::cmd_select(&d, &output, &opts.selector(true)?, &opts.common(), k)
+        }
+    }
 }
 
 type Result<T> = std::result::Result<T, String>;
@@ -139,6 +288,7 @@ fn main() -> ExitCode {
             profile,
             json,
         } => cmd_eval(&input, profile.as_deref(), json),
+        Cmd::Pq { cmd } => cmd_pq(cmd),
         Cmd::Demo { json } => cmd_eval(Path::new(BUILTIN_SAMPLE), None, json),
     };
     match r {

@@ -65,6 +65,22 @@ pub enum PqError {
     ZeroDenominator,
     /// More tokens than indices fit in a `u32`, or a size computation overflowed `usize`.
     TooLarge,
+    /// A block size of zero tokens ([`crate::cache::blocks_of`]).
+    ZeroBlockTokens,
+    /// More books (codes per key) than a codebook accepts.
+    TooManyBooks {
+        /// The requested number of books.
+        m: usize,
+        /// The largest accepted value.
+        max: usize,
+    },
+    /// A re-ranking candidate index is not a token of the keys given.
+    CandidateOutOfRange {
+        /// The candidate token index.
+        index: u32,
+        /// The number of tokens.
+        tokens: usize,
+    },
 }
 
 impl fmt::Display for PqError {
@@ -96,6 +112,14 @@ impl fmt::Display for PqError {
             Self::NonZeroPadding => write!(f, "non-zero padding bits after the last code"),
             Self::ZeroDenominator => write!(f, "fraction with a zero denominator"),
             Self::TooLarge => write!(f, "size overflow or more than u32::MAX tokens"),
+            Self::ZeroBlockTokens => write!(f, "block size of zero tokens"),
+            Self::TooManyBooks { m, max } => write!(f, "{m} books per key, expected 1..={max}"),
+            Self::CandidateOutOfRange { index, tokens } => {
+                write!(
+                    f,
+                    "candidate token {index} is not below the {tokens} tokens given"
+                )
+            }
         }
     }
 }

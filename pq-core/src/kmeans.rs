@@ -33,7 +33,7 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::rng::SplitMix64;
-use crate::simd::sq_l2;
+use crate::simd::{min_sq_l2_update, sq_l2, sq_l2_all};
 
 /// The largest number of clusters: codes are `u16`.
 pub const MAX_K: usize = 1 << 16;
@@ -194,21 +194,17 @@ impl<'a> State<'a> {
                 rng.below(self.n)
             };
             self.set_centroid(c, self.point(pick));
-            for (i, di) in d.iter_mut().enumerate() {
-                let nd = sq_l2(self.point(i), self.centroid(c));
-                if nd < *di {
-                    *di = nd;
-                }
-            }
+            let cen = &self.centroids[c * self.dim..(c + 1) * self.dim];
+            min_sq_l2_update(cen, self.data, &mut d);
         }
     }
 
     fn assign_initial(&mut self) {
+        let mut dbuf = vec![0.0f32; self.k];
         for i in 0..self.n {
-            let p = self.point(i);
-            let (mut best, mut best_d) = (0usize, sq_l2(p, self.centroid(0)));
-            for c in 1..self.k {
-                let d = sq_l2(p, self.centroid(c));
+            sq_l2_all(self.point(i), &self.centroids, &mut dbuf);
+            let (mut best, mut best_d) = (0usize, dbuf[0]);
+            for (c, &d) in dbuf.iter().enumerate().skip(1) {
                 if d < best_d {
                     best = c;
                     best_d = d;
@@ -223,17 +219,14 @@ impl<'a> State<'a> {
     /// Moves points only to strictly nearer centroids. Returns whether any point moved.
     fn reassign(&mut self) -> bool {
         let mut moved = false;
+        let mut dbuf = vec![0.0f32; self.k];
         for i in 0..self.n {
-            let p = self.point(i);
+            sq_l2_all(self.point(i), &self.centroids, &mut dbuf);
             let cur = self.assign[i] as usize;
-            let mut best_d = sq_l2(p, self.centroid(cur));
+            let mut best_d = dbuf[cur];
             let mut best = cur;
-            for c in 0..self.k {
-                if c == cur {
-                    continue;
-                }
-                let d = sq_l2(p, self.centroid(c));
-                if d < best_d {
+            for (c, &d) in dbuf.iter().enumerate() {
+                if c != cur && d < best_d {
                     best = c;
                     best_d = d;
                 }

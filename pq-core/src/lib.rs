@@ -20,16 +20,22 @@
 #![warn(missing_docs)]
 extern crate alloc;
 
+pub mod cache;
 pub mod codebook;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod kmeans;
 pub mod pack;
 mod rng;
 pub mod search;
 mod simd;
 
-pub use codebook::{Codebook, PqParams};
+pub use cache::{blocks_of, BlockCache, Policy, DEFAULT_BLOCK_TOKENS};
+pub use codebook::{Codebook, Method, PqParams};
 pub use error::PqError;
 pub use kmeans::{kmeans, KMeans, KMeansParams};
 pub use pack::{pack, packed_len, unpack};
-pub use search::{group_score_table, k_for_fraction, score_table, scores, select, ScoreTable};
+pub use search::{
+    group_score_table, k_for_fraction, rerank, score_table, scores, select, ScoreTable,
+};

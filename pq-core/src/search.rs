@@ -1,7 +1,8 @@
 //! The decode-step search: score every token from its codes and pick the tokens to attend to.
 //!
 //! 1. [`score_table`]: for a query `q` (length `D`), `table[j][c] = q_j · centroid(j, c)`, where
-//!    `q_j` is the query's slice of sub-space `j`.
+//!    `q_j` is the query's slice of the dims book `j` covers ([`Codebook::book_range`]: a sub-space
+//!    for product quantization, all dims for residual quantization).
 //! 2. [`scores`]: token `t` scores `table[0][code(t,0)] + table[1][code(t,1)] + ...`, summed in
 //!    `f32` in sub-space order starting from `0.0`. This approximates `q · k_t`.
 //! 3. [`select`]: the first `n_init` and last `n_local` tokens, plus the `k` best of the others.
@@ -61,14 +62,15 @@ pub fn group_score_table(queries: &[f32], codebook: &Codebook) -> Result<ScoreTa
     if let Some(index) = queries.iter().position(|v| !v.is_finite()) {
         return Err(PqError::NonFinite { index });
     }
-    let (m, sd, k) = (codebook.m(), codebook.sub_dim(), codebook.n_centroids());
+    let (m, bd, k) = (codebook.m(), codebook.book_dim(), codebook.n_centroids());
     let cents = codebook.centroids();
     let mut values = vec![0.0f32; m * k];
     for q in queries.chunks_exact(d) {
-        for (j, qj) in q.chunks_exact(sd).enumerate() {
+        for j in 0..m {
+            let qj = &q[codebook.book_range(j)];
             let row = &mut values[j * k..(j + 1) * k];
-            let cj = &cents[j * k * sd..(j + 1) * k * sd];
-            for (v, c) in row.iter_mut().zip(cj.chunks_exact(sd)) {
+            let cj = &cents[j * k * bd..(j + 1) * k * bd];
+            for (v, c) in row.iter_mut().zip(cj.chunks_exact(bd)) {
                 *v += dot(qj, c);
             }
         }
@@ -161,6 +163,46 @@ pub fn select(
     let mut out: Vec<u32> = (0..init_end).collect();
     out.extend_from_slice(&rest);
     out.extend(local_start.max(init_end)..t32);
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Re-ranks a short list with better keys: scores each candidate token `i` of `candidates` by
+/// `query · keys[i]` (`keys` a flat `[T, D]` buffer, e.g. the codec's decoded keys; the dot product
+/// in the crate's fixed summation order) and returns the `k` best candidates by [`select`]'s order
+/// (score descending, ties to the lower index, NaN lowest), sorted ascending. Duplicate candidates
+/// count once. All of them are returned when there are at most `k`.
+///
+/// This is the second stage of a two-stage search: the PQ scores pick `candidates` (say `2k`
+/// tokens) cheaply from a few bits per key, and only those tokens' full keys are read.
+pub fn rerank(
+    candidates: &[u32],
+    keys: &[f32],
+    query: &[f32],
+    k: usize,
+) -> Result<Vec<u32>, PqError> {
+    let d = query.len();
+    if d == 0 {
+        return Err(PqError::ZeroDim);
+    }
+    let t = rows(keys, d)?;
+    if let Some(&index) = candidates.iter().find(|&&i| i as usize >= t) {
+        return Err(PqError::CandidateOutOfRange { index, tokens: t });
+    }
+    let mut cand = candidates.to_vec();
+    cand.sort_unstable();
+    cand.dedup();
+    let sc: Vec<f32> = cand
+        .iter()
+        .map(|&i| dot(query, &keys[i as usize * d..(i as usize + 1) * d]))
+        .collect();
+    let mut order: Vec<u32> = (0..cand.len() as u32).collect();
+    let k = k.min(order.len());
+    if k < order.len() && k > 0 {
+        order.select_nth_unstable_by(k - 1, |&a, &b| rank(&sc, a, b));
+    }
+    order.truncate(k);
+    let mut out: Vec<u32> = order.iter().map(|&o| cand[o as usize]).collect();
     out.sort_unstable();
     Ok(out)
 }

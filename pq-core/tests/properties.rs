@@ -2,7 +2,7 @@
 use pq_core::search::k_for_fraction;
 use pq_core::{
     group_score_table, kmeans, pack, packed_len, score_table, scores, select, unpack, Codebook,
-    KMeansParams, PqError, PqParams,
+    KMeansParams, Method, PqError, PqParams,
 };
 use proptest::prelude::*;
 
@@ -146,7 +146,7 @@ proptest! {
         let mut rng = Rng(seed);
         let d = 4 * m;
         let keys = clustered(&mut rng, 50, d, 5, 0.3);
-        let cb = Codebook::train(&keys, d, &PqParams { m, b, max_iters: 5, seed }).unwrap();
+        let cb = Codebook::train(&keys, d, &PqParams { m, b, max_iters: 5, seed, ..PqParams::paper() }).unwrap();
         let codes = cb.encode(&keys).unwrap();
         prop_assert_eq!(codes.len(), 50 * m);
         let sd = d / m;
@@ -165,13 +165,13 @@ proptest! {
     }
 
     #[test]
-    fn lut_scores_match_decoded_keys(seed in any::<u64>(), b in 1u8..=6) {
+    fn lut_scores_match_decoded_keys(seed in any::<u64>(), b in 1u8..=6, residual in any::<bool>()) {
         // The LUT score of a token equals q · decode(codes) (up to f32 rounding), so the top-k of
         // `scores` is the exact top-k over the decoded keys.
         let mut rng = Rng(seed);
         let (t, d) = (64, 16);
         let keys = clustered(&mut rng, t, d, 6, 0.3);
-        let cb = Codebook::train(&keys, d, &PqParams { m: 2, b, max_iters: 5, seed }).unwrap();
+        let cb = Codebook::train(&keys, d, &PqParams { m: 2, b, max_iters: 5, seed, ..method_params(residual) }).unwrap();
         let codes = cb.encode(&keys).unwrap();
         let dec = cb.decode(&codes).unwrap();
         let q = rng.normals(d);
@@ -179,6 +179,62 @@ proptest! {
         for (i, row) in dec.chunks_exact(d).enumerate() {
             let exact = dot(&q, row);
             prop_assert!((s[i] - exact).abs() <= 1e-4 * (1.0 + exact.abs()), "{} vs {}", s[i], exact);
+        }
+    }
+}
+
+fn method_params(residual: bool) -> PqParams {
+    if residual {
+        PqParams::default()
+    } else {
+        PqParams::paper()
+    }
+}
+
+fn sq(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Residual encoding: with no refinement each stage's code is the nearest codeword to what the
+    /// earlier stages left; refinement re-picks codes given the others, which can only lower each
+    /// key's reconstruction error, and leaves the last stage's code nearest to its target.
+    #[test]
+    fn residual_encode_is_greedy_then_refined(seed in any::<u64>(), b in 1u8..=5, m in 1usize..=3) {
+        let mut rng = Rng(seed);
+        let d = 8;
+        let keys = clustered(&mut rng, 60, d, 5, 0.4);
+        let p0 = PqParams { m, b, max_iters: 4, seed, refine_rounds: 0, method: Method::Residual };
+        let cb0 = Codebook::train(&keys, d, &p0).unwrap();
+        let greedy = cb0.encode(&keys).unwrap();
+        for (t, key) in keys.chunks_exact(d).enumerate() {
+            let mut r = key.to_vec();
+            for j in 0..m {
+                let c = greedy[t * m + j] as usize;
+                let got = sq(&r, cb0.centroid(j, c).unwrap());
+                for o in 0..cb0.n_centroids() {
+                    prop_assert!(got <= sq(&r, cb0.centroid(j, o).unwrap()));
+                }
+                r.iter_mut().zip(cb0.centroid(j, c).unwrap()).for_each(|(x, v)| *x -= v);
+            }
+        }
+        let cb1 = Codebook::from_parts(Method::Residual, d, m, b, 2, cb0.centroids().to_vec()).unwrap();
+        let refined = cb1.encode(&keys).unwrap();
+        let dg = cb0.decode(&greedy).unwrap();
+        let dr = cb1.decode(&refined).unwrap();
+        for ((key, g), r) in keys.chunks_exact(d).zip(dg.chunks_exact(d)).zip(dr.chunks_exact(d)) {
+            prop_assert!(sq(key, r) <= sq(key, g) * (1.0 + 1e-5) + 1e-6);
+        }
+        // decode is the sum of the codewords in book order.
+        for (t, row) in dr.chunks_exact(d).enumerate() {
+            let mut acc = vec![0.0f32; d];
+            for j in 0..m {
+                let w = cb1.centroid(j, refined[t * m + j] as usize).unwrap();
+                acc.iter_mut().zip(w).for_each(|(a, v)| *a += v);
+            }
+            prop_assert_eq!(&acc[..], row);
         }
     }
 }
@@ -205,11 +261,12 @@ fn kmeans_is_deterministic() {
         "another seed, another draw"
     );
 
-    let pq = PqParams::default();
-    let cb1 = Codebook::train(&data, 64, &pq).unwrap();
-    let cb2 = Codebook::train(&data, 64, &pq).unwrap();
-    assert_eq!(bits(cb1.centroids()), bits(cb2.centroids()));
-    assert_eq!(cb1.encode(&data).unwrap(), cb2.encode(&data).unwrap());
+    for pq in [PqParams::default(), PqParams::paper()] {
+        let cb1 = Codebook::train(&data, 64, &pq).unwrap();
+        let cb2 = Codebook::train(&data, 64, &pq).unwrap();
+        assert_eq!(bits(cb1.centroids()), bits(cb2.centroids()));
+        assert_eq!(cb1.encode(&data).unwrap(), cb2.encode(&data).unwrap());
+    }
 }
 
 #[test]
@@ -317,7 +374,7 @@ fn select_windows_and_errors() {
     assert_eq!(k_for_fraction(2048, 1, 5).unwrap(), 409);
     assert_eq!(k_for_fraction(10, 1, 0), Err(PqError::ZeroDenominator));
 
-    let cb = Codebook::from_parts(4, 2, 2, vec![0.0; 16]).unwrap();
+    let cb = Codebook::from_parts(Method::Product, 4, 2, 2, 0, vec![0.0; 16]).unwrap();
     assert_eq!(
         score_table(&[0.0; 3], &cb),
         Err(PqError::LengthNotMultiple { len: 3, dim: 4 })
