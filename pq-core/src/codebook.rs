@@ -22,7 +22,7 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::kmeans::{kmeans, KMeansParams};
-use crate::simd::sq_l2_all;
+use crate::simd::{columns, transpose, Op};
 
 /// How the books of a [`Codebook`] split the key (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,6 +132,17 @@ pub struct Codebook {
     centroids: Vec<f32>,
     /// Residual only: re-picking rounds in [`Codebook::encode`].
     refine_rounds: u32,
+    /// Each book transposed, `[m, book_dim, 2^b]` (derived from `centroids`, for the kernels).
+    cols: Vec<f32>,
+}
+
+/// Every book of `centroids` (`[m, k, bd]`) transposed to `[bd, k]`.
+fn transpose_books(centroids: &[f32], k: usize, bd: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(centroids.len());
+    for book in centroids.chunks_exact(k * bd) {
+        out.extend_from_slice(&transpose(book, bd));
+    }
+    out
 }
 
 fn check_shape(method: Method, dim: usize, m: usize, b: u8) -> Result<(), PqError> {
@@ -280,6 +291,7 @@ impl Codebook {
             dim,
             m,
             b: params.b,
+            cols: transpose_books(&centroids, k, bd),
             centroids,
             refine_rounds: params.refine_rounds,
         })
@@ -316,6 +328,7 @@ impl Codebook {
             dim,
             m,
             b,
+            cols: transpose_books(&centroids, 1 << b, bd),
             centroids,
             refine_rounds,
         })
@@ -362,6 +375,10 @@ impl Codebook {
     pub fn refine_rounds(&self) -> u32 {
         self.refine_rounds
     }
+    /// Every book transposed, `[m, book_dim, 2^b]`.
+    pub(crate) fn cols(&self) -> &[f32] {
+        &self.cols
+    }
     /// All codewords, `[m, 2^b, book_dim]` row-major.
     pub fn centroids(&self) -> &[f32] {
         &self.centroids
@@ -389,7 +406,12 @@ impl Codebook {
             Method::Product => {
                 for (key, out) in keys.chunks_exact(self.dim).zip(codes.chunks_exact_mut(m)) {
                     for (j, (x, o)) in key.chunks_exact(bd).zip(out.iter_mut()).enumerate() {
-                        sq_l2_all(x, &self.centroids[j * k * bd..(j + 1) * k * bd], &mut dbuf);
+                        columns(
+                            Op::SqL2,
+                            x,
+                            &self.cols[j * k * bd..(j + 1) * k * bd],
+                            &mut dbuf,
+                        );
                         *o = argmin(&dbuf) as u16;
                     }
                 }
@@ -400,7 +422,12 @@ impl Codebook {
                     r.copy_from_slice(key);
                     for (j, o) in out.iter_mut().enumerate() {
                         let book = &self.centroids[j * k * bd..(j + 1) * k * bd];
-                        sq_l2_all(&r, book, &mut dbuf);
+                        columns(
+                            Op::SqL2,
+                            &r,
+                            &self.cols[j * k * bd..(j + 1) * k * bd],
+                            &mut dbuf,
+                        );
                         let c = argmin(&dbuf);
                         *o = c as u16;
                         for (x, &v) in r.iter_mut().zip(&book[c * bd..(c + 1) * bd]) {
@@ -410,7 +437,12 @@ impl Codebook {
                     for _ in 0..self.refine_rounds {
                         for j in 0..m {
                             residual_target(key, out, &self.centroids, k, j, &mut r);
-                            sq_l2_all(&r, &self.centroids[j * k * bd..(j + 1) * k * bd], &mut dbuf);
+                            columns(
+                                Op::SqL2,
+                                &r,
+                                &self.cols[j * k * bd..(j + 1) * k * bd],
+                                &mut dbuf,
+                            );
                             out[j] = argmin(&dbuf) as u16;
                         }
                     }
@@ -494,13 +526,14 @@ fn refine_residual(
     let mut counts = vec![0u32; k];
     for _ in 0..rounds {
         for j in 0..m {
+            let cols = transpose(&books[j * k * dim..(j + 1) * k * dim], dim);
             for (i, (x, tg)) in keys
                 .chunks_exact(dim)
                 .zip(target.chunks_exact_mut(dim))
                 .enumerate()
             {
                 residual_target(x, &codes[i * m..(i + 1) * m], books, k, j, tg);
-                sq_l2_all(tg, &books[j * k * dim..(j + 1) * k * dim], &mut dbuf);
+                columns(Op::SqL2, tg, &cols, &mut dbuf);
                 codes[i * m + j] = argmin(&dbuf) as u16;
             }
             sums.iter_mut().for_each(|s| *s = 0.0);

@@ -22,8 +22,8 @@
 //!    only to a centroid strictly nearer than its current one (the lowest such index among the
 //!    nearest), and step 3 runs again. The loop stops early when no point moved.
 //!
-//! Distances are computed in `f32` with a fixed summation order, the objective is their `f64` sum in
-//! point order. Reassignment and step 3 can only lower each point's distance, and the guarded update
+//! Distances are squared L2 in `f32`, summed in dim order from `0.0` (see the crate's `simd`
+//! module); the objective is their `f64` sum in point order. Reassignment and step 3 can only lower each point's distance, and the guarded update
 //! can only lower each cluster's sum, so the objective never increases (up to the rounding of the
 //! `f64` sums, about 1e-16 relative).
 //!
@@ -33,7 +33,7 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::rng::SplitMix64;
-use crate::simd::{min_sq_l2_update, sq_l2, sq_l2_all};
+use crate::simd::{columns, sq_l2, transpose, Op};
 
 /// The largest number of clusters: codes are `u16`.
 pub const MAX_K: usize = 1 << 16;
@@ -134,6 +134,8 @@ struct State<'a> {
     /// Squared distance of each point to its assigned centroid.
     dist: Vec<f32>,
     counts: Vec<u32>,
+    /// The data transposed, `[dim, n]` (for the seeding kernel).
+    data_t: Vec<f32>,
 }
 
 impl<'a> State<'a> {
@@ -148,6 +150,7 @@ impl<'a> State<'a> {
             assign: vec![0; n],
             dist: vec![0.0; n],
             counts: vec![0; k],
+            data_t: transpose(data, dim),
         }
     }
 
@@ -168,9 +171,9 @@ impl<'a> State<'a> {
         let first = rng.below(self.n);
         self.set_centroid(0, self.point(first));
         // d[i]: squared distance to the nearest centroid chosen so far.
-        let mut d: Vec<f32> = (0..self.n)
-            .map(|i| sq_l2(self.point(i), self.centroid(0)))
-            .collect();
+        let mut d = vec![0.0f32; self.n];
+        columns(Op::SqL2, self.centroid(0), &self.data_t, &mut d);
+        let mut nd = vec![0.0f32; self.n];
         for c in 1..self.k {
             let total: f64 = d.iter().map(|&x| f64::from(x)).sum();
             let pick = if total > 0.0 {
@@ -195,14 +198,20 @@ impl<'a> State<'a> {
             };
             self.set_centroid(c, self.point(pick));
             let cen = &self.centroids[c * self.dim..(c + 1) * self.dim];
-            min_sq_l2_update(cen, self.data, &mut d);
+            columns(Op::SqL2, cen, &self.data_t, &mut nd);
+            for (di, &x) in d.iter_mut().zip(&nd) {
+                if x < *di {
+                    *di = x;
+                }
+            }
         }
     }
 
     fn assign_initial(&mut self) {
         let mut dbuf = vec![0.0f32; self.k];
+        let cent_t = transpose(&self.centroids, self.dim);
         for i in 0..self.n {
-            sq_l2_all(self.point(i), &self.centroids, &mut dbuf);
+            columns(Op::SqL2, self.point(i), &cent_t, &mut dbuf);
             let (mut best, mut best_d) = (0usize, dbuf[0]);
             for (c, &d) in dbuf.iter().enumerate().skip(1) {
                 if d < best_d {
@@ -220,8 +229,9 @@ impl<'a> State<'a> {
     fn reassign(&mut self) -> bool {
         let mut moved = false;
         let mut dbuf = vec![0.0f32; self.k];
+        let cent_t = transpose(&self.centroids, self.dim);
         for i in 0..self.n {
-            sq_l2_all(self.point(i), &self.centroids, &mut dbuf);
+            columns(Op::SqL2, self.point(i), &cent_t, &mut dbuf);
             let cur = self.assign[i] as usize;
             let mut best_d = dbuf[cur];
             let mut best = cur;

@@ -37,5 +37,5 @@ pub use error::PqError;
 pub use kmeans::{kmeans, KMeans, KMeansParams};
 pub use pack::{pack, packed_len, unpack};
 pub use search::{
-    group_score_table, k_for_fraction, rerank, score_table, scores, select, ScoreTable,
+    group_score_table, k_for_fraction, rerank, score_table, scores, scores_into, select, ScoreTable,
 };

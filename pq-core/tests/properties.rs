@@ -1,8 +1,8 @@
 //! Property and sanity tests of pq-core's public API.
 use pq_core::search::k_for_fraction;
 use pq_core::{
-    group_score_table, kmeans, pack, packed_len, score_table, scores, select, unpack, Codebook,
-    KMeansParams, Method, PqError, PqParams,
+    group_score_table, kmeans, pack, packed_len, rerank, score_table, scores, select, unpack,
+    Codebook, KMeansParams, Method, PqError, PqParams,
 };
 use proptest::prelude::*;
 
@@ -107,6 +107,49 @@ proptest! {
         bytes[last] |= junk << (8 - pad);
         prop_assume!(bytes[last] != 0);
         prop_assert_eq!(unpack(&bytes, b, n), Err(PqError::NonZeroPadding));
+    }
+
+    /// Long, continuous score vectors (the radix select's histogram and candidate paths), with
+    /// a few repeated values to force ties at the threshold.
+    #[test]
+    fn select_equals_brute_force_long(
+        seed in any::<u64>(), t in 0usize..5000, k in 0usize..5000,
+        n_init in 0usize..10, n_local in 0usize..100, repeat in 0usize..50,
+    ) {
+        let mut rng = Rng(seed);
+        let mut s = rng.normals(t);
+        for i in 0..repeat.min(t) {
+            let j = (rng.next_u64() % t as u64) as usize;
+            s[j] = s[i];
+        }
+        prop_assert_eq!(select(&s, k, n_init, n_local).unwrap(), select_brute(&s, k, n_init, n_local));
+    }
+
+    /// `rerank` equals sorting the distinct candidates by the exact inner product.
+    #[test]
+    fn rerank_equals_brute_force(seed in any::<u64>(), n in 1usize..300, c in 0usize..400, k in 0usize..100) {
+        let mut rng = Rng(seed);
+        let d = 8;
+        let keys = rng.normals(n * d);
+        let q = rng.normals(d);
+        let cand: Vec<u32> = (0..c).map(|_| (rng.next_u64() % n as u64) as u32).collect();
+        let got = rerank(&cand, &keys, &q, k).unwrap();
+        let mut uniq = cand.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let score = |i: u32| {
+            let r = &keys[i as usize * d..(i as usize + 1) * d];
+            let mut acc = 0.0f32;
+            for (a, b) in q.iter().zip(r) {
+                acc += a * b;
+            }
+            acc
+        };
+        uniq.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+        let mut want: Vec<u32> = uniq.into_iter().take(k).collect();
+        want.sort_unstable();
+        prop_assert_eq!(got, want);
+        prop_assert!(rerank(&[n as u32], &keys, &q, 1).is_err());
     }
 
     #[test]
