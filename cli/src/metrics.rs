@@ -97,7 +97,7 @@ pub fn attention_output(
     assert_eq!(k.len(), tokens * kv_heads * d, "attention_output: k length");
     assert_eq!(v.len(), tokens * kv_heads * d, "attention_output: v length");
     assert!(
-        q_heads % kv_heads == 0,
+        q_heads.is_multiple_of(kv_heads),
         "attention_output: q_heads {q_heads} is not a multiple of kv_heads {kv_heads}"
     );
     assert!(

@@ -80,7 +80,7 @@ impl Data {
             return Err("the dump's q.{i} tensors hold no query".into());
         }
         let q_heads = dump.q_heads;
-        if q_heads == 0 || q_heads % kv_heads != 0 {
+        if q_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
             return Err(format!(
                 "{q_heads} query heads is not a multiple of the {kv_heads} KV heads"
             ));

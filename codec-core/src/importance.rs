@@ -89,7 +89,7 @@ fn pair_angle(rope: &Rope, d: usize, j: usize, pos: f64) -> f64 {
 /// Rotates one head vector `v` (`d` values) to position `pos` (negative: un-rotates).
 pub fn rotate(v: &mut [f64], pos: f64, rope: &Rope) {
     let d = v.len();
-    if d % 2 != 0 {
+    if !d.is_multiple_of(2) {
         return;
     }
     for j in 0..d / 2 {

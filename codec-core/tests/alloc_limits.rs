@@ -146,7 +146,7 @@ fn decoding_allocates_within_the_limits() {
                     _ => rng.next() as u8,
                 };
             }
-            if rng.next() % 4 == 0 {
+            if rng.next().is_multiple_of(4) {
                 let keep = rng.next() as usize % (m.len() + 1);
                 m.truncate(keep);
             }

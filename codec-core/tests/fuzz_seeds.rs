@@ -67,7 +67,7 @@ fn synthetic(shape: KvShape, dtype: Dtype, first_position: u64, seed: u64) -> Kv
             .map(|i| {
                 let ch = i % c;
                 let mut x = 0.7 * prev[ch] + 0.3 * rng.normal();
-                if rng.next() % 97 == 0 {
+                if rng.next().is_multiple_of(97) {
                     x *= 20.0;
                 }
                 prev[ch] = x;

@@ -379,7 +379,7 @@ proptest! {
                     let (t, ch) = (i / c, i % c);
                     let row = t % chunk as usize;
                     let bound = if (t as u64) < sink as u64 { 0.0 }
-                        else if row % group as usize == 0 { p[ch].anchor_step * mult * 0.5 }
+                        else if row.is_multiple_of(group as usize) { p[ch].anchor_step * mult * 0.5 }
                         else { p[ch].delta_step * mult * 0.5 };
                     // Output rounding to the dtype adds at most half an ulp of the value.
                     let ulp = match dtype { Dtype::F16 => 1e-3, Dtype::Bf16 => 8e-3, Dtype::F32 => 1e-6 } * (a[i].abs() + bound + 1e-3);

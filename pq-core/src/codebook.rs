@@ -155,7 +155,7 @@ fn check_shape(method: Method, dim: usize, m: usize, b: u8) -> Result<(), PqErro
     if m > MAX_BOOKS {
         return Err(PqError::TooManyBooks { m, max: MAX_BOOKS });
     }
-    if method == Method::Product && dim % m != 0 {
+    if method == Method::Product && !dim.is_multiple_of(m) {
         return Err(PqError::DimNotDivisible { dim, m });
     }
     if b == 0 || b > MAX_CODEBOOK_BITS {
@@ -169,7 +169,7 @@ fn check_shape(method: Method, dim: usize, m: usize, b: u8) -> Result<(), PqErro
 
 /// Checks that `x` is a flat `[n, dim]` buffer and returns `n`.
 pub(crate) fn rows(x: &[f32], dim: usize) -> Result<usize, PqError> {
-    if x.len() % dim != 0 {
+    if !x.len().is_multiple_of(dim) {
         return Err(PqError::LengthNotMultiple { len: x.len(), dim });
     }
     Ok(x.len() / dim)
@@ -483,7 +483,7 @@ impl Codebook {
 
     /// Checks that `codes` is a flat `[T, m]` buffer of codes below `2^b`.
     pub(crate) fn check_codes(&self, codes: &[u16]) -> Result<(), PqError> {
-        if codes.len() % self.m != 0 {
+        if !codes.len().is_multiple_of(self.m) {
             return Err(PqError::LengthNotMultiple {
                 len: codes.len(),
                 dim: self.m,

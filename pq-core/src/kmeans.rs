@@ -77,7 +77,7 @@ pub fn kmeans(data: &[f32], dim: usize, params: &KMeansParams) -> Result<KMeans,
     if dim == 0 {
         return Err(PqError::ZeroDim);
     }
-    if data.len() % dim != 0 {
+    if !data.len().is_multiple_of(dim) {
         return Err(PqError::LengthNotMultiple {
             len: data.len(),
             dim,

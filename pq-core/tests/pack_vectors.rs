@@ -29,7 +29,10 @@ fn error_kind(e: &PqError) -> &'static str {
 }
 
 fn codes_from_le(bytes: &[u8]) -> Vec<u16> {
-    assert!(bytes.len() % 2 == 0, "a .codes file has an odd length");
+    assert!(
+        bytes.len().is_multiple_of(2),
+        "a .codes file has an odd length"
+    );
     bytes
         .chunks_exact(2)
         .map(|c| u16::from_le_bytes([c[0], c[1]]))

@@ -278,7 +278,7 @@ impl ChunkContext<'_> {
                 tids.clear();
                 tids.resize(symbols.len(), 0);
                 for (i, row_ids) in tids.chunks_exact_mut(c).enumerate() {
-                    let kind = usize::from((sink + i) % group != 0);
+                    let kind = usize::from(!(sink + i).is_multiple_of(group));
                     for (h, ids) in row_ids.chunks_exact_mut(d).enumerate() {
                         let e = exps.get(i * heads + h).map_or(0, |&e| e as usize);
                         let from = (kind * n_el + e) * c + h * d;

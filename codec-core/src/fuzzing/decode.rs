@@ -442,7 +442,14 @@ pub fn decode_chunk(profile: &Profile, data: &[u8]) {
         case.level,
         |layer, kv, values, raw_sink| {
             assert_eq!(layer, blocks / 2, "blocks in order");
-            assert_eq!(kv, if blocks % 2 == 0 { Kv::K } else { Kv::V });
+            assert_eq!(
+                kv,
+                if blocks.is_multiple_of(2) {
+                    Kv::K
+                } else {
+                    Kv::V
+                }
+            );
             assert_eq!(values.len(), case.rows as usize * c);
             assert_eq!(raw_sink.len(), sink * c * case.dtype.size_bytes());
             blocks += 1;

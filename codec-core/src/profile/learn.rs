@@ -561,14 +561,14 @@ fn query_mean_square(
     for h in 0..heads {
         let m = &mut ms[h * d..(h + 1) * d];
         match rope {
-            RopeStyle::NeoX if d % 2 == 0 => {
+            RopeStyle::NeoX if d.is_multiple_of(2) => {
                 for j in 0..d / 2 {
                     let avg = (m[j] + m[j + d / 2]) * 0.5;
                     m[j] = avg;
                     m[j + d / 2] = avg;
                 }
             }
-            RopeStyle::GptJ if d % 2 == 0 => {
+            RopeStyle::GptJ if d.is_multiple_of(2) => {
                 for j in 0..d / 2 {
                     let avg = (m[2 * j] + m[2 * j + 1]) * 0.5;
                     m[2 * j] = avg;
@@ -823,7 +823,7 @@ fn learn_tables(
                         for (i, &v) in syms.iter().enumerate() {
                             let row = sink + i / c;
                             let ch = i % c;
-                            let kind = usize::from(row % group != 0);
+                            let kind = usize::from(!row.is_multiple_of(group));
                             let e = if ce.is_empty() {
                                 0
                             } else {

@@ -264,7 +264,7 @@ pub fn dequantize_row(
     let heads = c / exps.head_dim.max(1);
     let seg = exps.seg(c);
     let i = row - sink_rows;
-    if row % group == 0 {
+    if row.is_multiple_of(group) {
         let out = &mut recon[row * c..(row + 1) * c];
         for j in 0..c / seg {
             let m = exps.seg_mult(i, heads, j);
@@ -302,7 +302,7 @@ pub fn dequantize_row(
 /// `true` if row `row` of a chunk is an anchor row.
 #[inline]
 pub fn is_anchor(row: usize, group: usize) -> bool {
-    row % group == 0
+    row.is_multiple_of(group)
 }
 
 #[cfg(test)]
