@@ -4,13 +4,13 @@
 //!   quantization (2 x 6 bits); target <= 20 ms at the default settings.
 //! - `pq/search`: one query head over 2048 tokens: score table, scores, top-k (k = T/5) with the
 //!   first 4 and last 64 tokens; throughput in token-scores per second (target >= 1 G/s).
-//! - the pieces of the search alone, and code packing.
+//! - the pieces of the search alone, re-ranking a 2k short list with full keys, and code packing.
 //!
 //! Keys: layer 15, KV head 0 of `../shared/fixtures/smollm2-gpl3-2048.safetensors` when present,
 //! else the 512-token sample's layer 15 tiled 4 times (the same shapes, less realistic clusters).
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path};
-use pq_core::{pack, score_table, scores, select, unpack, Codebook, PqParams};
+use pq_core::{pack, rerank, score_table, scores, select, unpack, Codebook, PqParams};
 use std::hint::black_box;
 
 const LAYER: usize = 15;
@@ -81,8 +81,18 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
 
+    // Re-ranking a 2k short list (820 candidates) with full keys.
     let cb = Codebook::train(&keys, d, &PqParams::default()).unwrap();
     let codes = cb.encode(&keys).unwrap();
+    let s = scores(&codes, &score_table(&q, &cb).unwrap()).unwrap();
+    let short = select(&s, 2 * k, 0, 0).unwrap();
+    let mut g = c.benchmark_group("pq/rerank");
+    g.throughput(Throughput::Elements(short.len() as u64));
+    g.bench_function("2k of 2048 keys", |b| {
+        b.iter(|| rerank(black_box(&short), &keys, &q, k).unwrap())
+    });
+    g.finish();
+
     let mut g = c.benchmark_group("pq/pack");
     g.throughput(Throughput::Elements(codes.len() as u64));
     g.bench_function("pack b6", |b| {

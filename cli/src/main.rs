@@ -157,9 +157,13 @@ struct PqOpts {
     /// Re-rank a short list of this many times k with the codec's decoded keys (0: off).
     #[arg(long, default_value_t = 2.0)]
     rerank: f64,
-    /// kvc level of the self-contained stream whose decoded keys re-rank the short list.
+    /// kvc level of the stream whose decoded keys re-rank the short list.
     #[arg(long, default_value_t = 9)]
     rerank_level: u8,
+    /// Profile for that stream (learned once per model, e.g. `kvc profile` on other text); without
+    /// it the stream is self-contained, its profile learned from the dump's keys and values.
+    #[arg(long)]
+    rerank_profile: Option<PathBuf>,
     /// First tokens always selected (attention sinks).
     #[arg(long, default_value_t = 4)]
     n_init: usize,
@@ -202,9 +206,10 @@ impl PqOpts {
     fn selector(&self, with_rerank: bool) -> Result<pq::Selector> {
         Ok(pq::Selector {
             params: self.params()?,
-            rerank: (with_rerank && self.rerank > 0.0).then_some(pq::Rerank {
+            rerank: (with_rerank && self.rerank > 0.0).then(|| pq::Rerank {
                 factor: self.rerank,
                 level: self.rerank_level,
+                profile: self.rerank_profile.clone(),
             }),
         })
     }

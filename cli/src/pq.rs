@@ -23,20 +23,29 @@ pub struct Selector {
 }
 
 /// The re-ranking stage.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Rerank {
     /// Short-list size as a multiple of `k`.
     pub factor: f64,
-    /// kvc level of the (self-contained) stream whose decoded keys re-score the short list.
+    /// kvc level of the stream whose decoded keys re-score the short list.
     pub level: u8,
+    /// Profile the stream references (`None`: self-contained, learned from the dump).
+    pub profile: Option<std::path::PathBuf>,
 }
 
 impl Selector {
     pub fn name(&self) -> String {
         let p = &self.params;
         let mut s = format!("{} m={} b={}", p.method.name(), p.m, p.b);
-        if let Some(r) = self.rerank {
-            s += &format!(" + rerank x{} (kvc level {})", r.factor, r.level);
+        if let Some(r) = &self.rerank {
+            s += &format!(" + rerank x{} (kvc level {}", r.factor, r.level);
+            if let Some(p) = &r.profile {
+                let name = p
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+                s += &format!(", profile {name}");
+            }
+            s += ")";
         }
         s
     }
@@ -123,33 +132,51 @@ impl Data {
     }
 }
 
-/// Keys decoded from a self-contained kvc stream of the dump at `level`, per layer `[T, H, D]`.
-/// The profile is learned from the keys and values only (the dump's queries are the test set).
-fn codec_keys(dump: &Dump, level: u8) -> Result<(Vec<Vec<f32>>, f64)> {
+/// Keys decoded from a kvc stream of the dump at `level`, per layer `[T, H, D]`, and the
+/// stream's bits per element. With `profile` (a profile learned once per model, e.g. on other
+/// text) the stream references it; without, the stream is self-contained, its profile learned
+/// from the dump's keys and values only (its queries are the test set) and counted in the size.
+fn codec_keys(dump: &Dump, level: u8, profile: Option<&Path>) -> Result<(Vec<Vec<f32>>, f64)> {
     let mut kv_only = dump.clone();
     kv_only.q = None;
-    let sample = crate::sample_of(&kv_only);
-    let full = codec_core::learn_profile(&[sample], &codec_core::LearnParams::default())
-        .map_err(|e| e.to_string())?;
+    let full = match profile {
+        Some(p) => crate::load_profile(p)?,
+        None => {
+            let sample = crate::sample_of(&kv_only);
+            codec_core::learn_profile(&[sample], &codec_core::LearnParams::default())
+                .map_err(|e| e.to_string())?
+        }
+    };
     if level >= full.levels() {
         return Err(format!(
             "level {level} does not exist (the profile has {})",
             full.levels()
         ));
     }
-    let embedded = full.with_levels(&[level]);
-    let params = EncodeParams {
-        levels: vec![0],
-        ..EncodeParams::default()
+    let embedded;
+    let (mode, params) = match profile {
+        Some(_) => (
+            ProfileMode::Referenced(&full),
+            EncodeParams {
+                levels: vec![level],
+                ..EncodeParams::default()
+            },
+        ),
+        None => {
+            embedded = full.with_levels(&[level]);
+            (
+                ProfileMode::Embedded(&embedded),
+                EncodeParams {
+                    levels: vec![0],
+                    ..EncodeParams::default()
+                },
+            )
+        }
     };
-    let bytes = codec_core::encode(
-        &kv_only.kv.view(),
-        ProfileMode::Embedded(&embedded),
-        &params,
-    )
-    .map_err(|e| e.to_string())?;
+    let bytes = codec_core::encode(&kv_only.kv.view(), mode, &params).map_err(|e| e.to_string())?;
     let bpe = bytes.len() as f64 * 8.0 / kv_only.kv.shape.total_elements() as f64;
-    let stream = Stream::open(&bytes, None, &Limits::DEFAULT).map_err(|e| e.to_string())?;
+    let stream = Stream::open(&bytes, profile.map(|_| &full), &Limits::DEFAULT)
+        .map_err(|e| e.to_string())?;
     let rec = stream.decode().map_err(|e| e.to_string())?;
     Ok((
         (0..rec.shape.layers as usize)
@@ -163,7 +190,7 @@ fn codec_keys(dump: &Dump, level: u8) -> Result<(Vec<Vec<f32>>, f64)> {
 struct Trained {
     /// Per (layer, KV head): codebook and codes `[T, m]`.
     books: Vec<(Codebook, Vec<u16>)>,
-    /// Per layer re-ranking keys `[T, H, D]` (with re-ranking).
+    /// Per (layer, KV head) re-ranking keys `[T, D]` (with re-ranking).
     rerank_keys: Option<Vec<Vec<f32>>>,
     /// Bits per element of the stream the re-ranking keys come from.
     rerank_bpe: Option<f64>,
@@ -190,10 +217,13 @@ fn train(data: &Data, dump: &Dump, sel: &Selector, bar: &Progress) -> Result<Tra
         }
         bar.inc(1);
     }
-    let (rerank_keys, rerank_bpe) = match sel.rerank {
+    let (rerank_keys, rerank_bpe) = match &sel.rerank {
         Some(r) => {
-            let (k, bpe) = codec_keys(dump, r.level)?;
-            (Some(k), Some(bpe))
+            let (k, bpe) = codec_keys(dump, r.level, r.profile.as_deref())?;
+            let per_head = (0..data.layers * data.kv_heads)
+                .map(|i| data.head_keys(&k[i / data.kv_heads], i % data.kv_heads))
+                .collect();
+            (Some(per_head), Some(bpe))
         }
         None => (None, None),
     };
@@ -225,7 +255,7 @@ fn choose(
     let q = data.query(l, i, qh);
     let table = score_table(q, cb).map_err(|e| e.to_string())?;
     let s = scores(&codes[..len * cb.m()], &table).map_err(|e| e.to_string())?;
-    match (sel.rerank, &tr.rerank_keys) {
+    match (&sel.rerank, &tr.rerank_keys) {
         (Some(r), Some(keys)) => {
             let short = ((k as f64) * r.factor).round() as usize;
             let cand = select(&s, short, n_init, n_local).map_err(|e| e.to_string())?;
@@ -235,7 +265,7 @@ fn choose(
             let (mut fixed, rest): (Vec<u32>, Vec<u32>) = cand.into_iter().partition(|&t| {
                 (t as usize) < init_end || (t as usize) >= local_start.max(init_end)
             });
-            let hk = data.head_keys(&keys[l], h);
+            let hk = &keys[l * data.kv_heads + h];
             let best = rerank(&rest, &hk[..len * data.d], q, k).map_err(|e| e.to_string())?;
             fixed.extend(best);
             fixed.sort_unstable();
@@ -573,9 +603,12 @@ pub fn cmd_select(dump: &Dump, output: &Path, sel: &Selector, c: &Common, n: usi
     md.insert("q_start".into(), data.q_start.to_string());
     md.insert("layers".into(), data.layers.to_string());
     md.insert("q_heads".into(), data.q_heads.to_string());
-    if let Some(r) = sel.rerank {
+    if let Some(r) = &sel.rerank {
         md.insert("rerank_factor".into(), r.factor.to_string());
         md.insert("rerank_level".into(), r.level.to_string());
+        if let Some(p) = &r.profile {
+            md.insert("rerank_profile".into(), p.display().to_string());
+        }
     }
     md.insert(
         "layout".into(),

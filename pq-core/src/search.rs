@@ -20,7 +20,7 @@ use core::cmp::Ordering;
 
 use crate::codebook::{rows, Codebook};
 use crate::error::PqError;
-use crate::simd::{columns, dot, Op};
+use crate::simd::{columns, dot, dot_x8, Op};
 
 /// Query·centroid inner products of one query (or one GQA group), `[m, 2^b]` row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -661,10 +661,13 @@ pub fn rerank(
     let mut cand = candidates.to_vec();
     cand.sort_unstable();
     cand.dedup();
-    let sc: Vec<f32> = cand
-        .iter()
-        .map(|&i| dot(query, &keys[i as usize * d..(i as usize + 1) * d]))
-        .collect();
+    let row = |i: u32| &keys[i as usize * d..(i as usize + 1) * d];
+    let mut sc: Vec<f32> = Vec::with_capacity(cand.len());
+    let mut groups = cand.chunks_exact(8);
+    for g in &mut groups {
+        sc.extend_from_slice(&dot_x8(query, core::array::from_fn(|j| row(g[j]))));
+    }
+    sc.extend(groups.remainder().iter().map(|&i| dot(query, row(i))));
     let mut order: Vec<u32> = (0..cand.len() as u32).collect();
     let k = k.min(order.len());
     if k < order.len() && k > 0 {
