@@ -25,6 +25,7 @@ pub mod codebook;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod head;
 pub mod kmeans;
 pub mod pack;
 mod rng;
@@ -34,6 +35,7 @@ mod simd;
 pub use cache::{blocks_of, BlockCache, Policy, DEFAULT_BLOCK_TOKENS};
 pub use codebook::{Codebook, Method, PqParams};
 pub use error::PqError;
+pub use head::HeadIndex;
 pub use kmeans::{kmeans, KMeans, KMeansParams};
 pub use pack::{pack, packed_len, unpack};
 pub use search::{

@@ -2,7 +2,7 @@
 use pq_core::search::k_for_fraction;
 use pq_core::{
     group_score_table, kmeans, pack, packed_len, rerank, score_table, scores, select, unpack,
-    Codebook, KMeansParams, Method, PqError, PqParams,
+    Codebook, HeadIndex, KMeansParams, Method, PqError, PqParams,
 };
 use proptest::prelude::*;
 
@@ -278,6 +278,43 @@ proptest! {
                 acc.iter_mut().zip(w).for_each(|(a, v)| *a += v);
             }
             prop_assert_eq!(&acc[..], row);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Tokens pushed one by one get the codes a batch encode gives, once they leave the window;
+    /// the window is always selected and the selection equals `select` over all tokens' scores
+    /// with the window kept.
+    #[test]
+    fn head_index_codes_tokens_as_they_leave_the_window(
+        seed in any::<u64>(), t0 in 1usize..80, extra in 0usize..40, n_local in 0usize..12,
+        k in 0usize..30, n_init in 0usize..5, residual in any::<bool>(),
+    ) {
+        let mut rng = Rng(seed);
+        let d = 8;
+        let keys = clustered(&mut rng, t0 + extra, d, 5, 0.4);
+        let cb = Codebook::train(&keys[..t0 * d], d, &PqParams { b: 3, max_iters: 4, seed, ..method_params(residual) }).unwrap();
+        let mut idx = HeadIndex::new(cb.clone(), &keys[..t0 * d], n_local).unwrap();
+        for tok in keys[t0 * d..].chunks_exact(d) {
+            idx.push(tok).unwrap();
+        }
+        let t = t0 + extra;
+        prop_assert_eq!(idx.tokens(), t);
+        prop_assert_eq!(idx.coded(), t.saturating_sub(n_local));
+        let batch = cb.encode(&keys).unwrap();
+        prop_assert_eq!(idx.codes(), &batch[..idx.coded() * cb.m()]);
+        let q = rng.normals(d);
+        let got = idx.select(&q, k, n_init).unwrap();
+        let mut s = scores(&batch, &score_table(&q, &cb).unwrap()).unwrap();
+        s.truncate(idx.coded());
+        let mut want = select(&s, k, n_init, n_local.saturating_sub(t - idx.coded())).unwrap();
+        want.extend(idx.coded() as u32..t as u32);
+        prop_assert_eq!(&got, &want);
+        for w in t.saturating_sub(n_local)..t {
+            prop_assert!(got.contains(&(w as u32)));
         }
     }
 }
