@@ -28,7 +28,7 @@ impl HeadIndex {
     /// coded now, those stay in the window.
     pub fn new(codebook: Codebook, keys: &[f32], n_local: usize) -> Result<Self, PqError> {
         let d = codebook.dim();
-        if keys.len() % d != 0 {
+        if !keys.len().is_multiple_of(d) {
             return Err(PqError::LengthNotMultiple {
                 len: keys.len(),
                 dim: d,
