@@ -10,7 +10,7 @@
 //! else the 512-token sample's layer 15 tiled 4 times (the same shapes, less realistic clusters).
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path};
-use pq_core::{pack, rerank, score_table, scores, select, unpack, Codebook, PqParams};
+use pq_core::{pack, rerank, score_table, scores, search, select, unpack, Codebook, PqParams};
 use std::hint::black_box;
 
 const LAYER: usize = 15;
@@ -65,6 +65,12 @@ fn bench(c: &mut Criterion) {
                 let table = score_table(black_box(&q), &cb).unwrap();
                 let s = scores(&codes, &table).unwrap();
                 select(&s, k, 4, 64).unwrap()
+            })
+        });
+        g.bench_function(format!("{name}/table+search (fused)"), |b| {
+            b.iter(|| {
+                let table = score_table(black_box(&q), &cb).unwrap();
+                search(&codes, &table, k, 4, 64).unwrap()
             })
         });
         g.bench_function(format!("{name}/table"), |b| {

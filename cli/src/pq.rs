@@ -8,7 +8,7 @@ use crate::progress::Progress;
 use crate::Result;
 use codec_core::{EncodeParams, Limits, ProfileMode, Stream};
 use pq_core::cache::{blocks_of, BlockCache, Policy};
-use pq_core::{rerank, score_table, scores, select, Codebook, PqParams};
+use pq_core::{rerank, score_table, search, select, Codebook, PqParams};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -254,11 +254,11 @@ fn choose(
     let (cb, codes) = &tr.books[l * data.kv_heads + h];
     let q = data.query(l, i, qh);
     let table = score_table(q, cb).map_err(|e| e.to_string())?;
-    let s = scores(&codes[..len * cb.m()], &table).map_err(|e| e.to_string())?;
+    let codes = &codes[..len * cb.m()];
     match (&sel.rerank, &tr.rerank_keys) {
         (Some(r), Some(keys)) => {
             let short = ((k as f64) * r.factor).round() as usize;
-            let cand = select(&s, short, n_init, n_local).map_err(|e| e.to_string())?;
+            let cand = search(codes, &table, short, n_init, n_local).map_err(|e| e.to_string())?;
             // The window tokens are kept as they are; only the rest is re-ranked.
             let local_start = len - n_local.min(len);
             let init_end = n_init.min(len);
@@ -271,7 +271,7 @@ fn choose(
             fixed.sort_unstable();
             Ok(fixed)
         }
-        _ => select(&s, k, n_init, n_local).map_err(|e| e.to_string()),
+        _ => search(codes, &table, k, n_init, n_local).map_err(|e| e.to_string()),
     }
 }
 

@@ -39,5 +39,6 @@ pub use head::HeadIndex;
 pub use kmeans::{kmeans, KMeans, KMeansParams};
 pub use pack::{pack, packed_len, unpack};
 pub use search::{
-    group_score_table, k_for_fraction, rerank, score_table, scores, scores_into, select, ScoreTable,
+    group_score_table, k_for_fraction, rerank, score_table, scores, scores_into, search, select,
+    ScoreTable,
 };

@@ -97,6 +97,27 @@ pub fn scores(codes: &[u16], table: &ScoreTable) -> Result<Vec<f32>, PqError> {
     Ok(out)
 }
 
+/// Checks that `codes` is `[T, m]` with every code below `2^b`.
+fn check_codes(codes: &[u16], table: &ScoreTable) -> Result<(), PqError> {
+    if !codes.len().is_multiple_of(table.m) {
+        return Err(PqError::LengthNotMultiple {
+            len: codes.len(),
+            dim: table.m,
+        });
+    }
+    let max = ((1usize << table.b) - 1) as u16;
+    // Every code is below 2^b exactly when their bitwise OR is (one cheap vectorized pass).
+    if codes.iter().fold(0u16, |a, &c| a | c) > max {
+        let index = codes.iter().position(|&c| c > max).unwrap_or(0);
+        return Err(PqError::CodeOutOfRange {
+            index,
+            code: codes[index],
+            max,
+        });
+    }
+    Ok(())
+}
+
 /// [`scores`] into a caller's buffer of exactly `codes.len() / m` values (no allocation).
 pub fn scores_into(codes: &[u16], table: &ScoreTable, out: &mut [f32]) -> Result<(), PqError> {
     let m = table.m;
@@ -112,16 +133,7 @@ pub fn scores_into(codes: &[u16], table: &ScoreTable, out: &mut [f32]) -> Result
             expected: codes.len() / m,
         });
     }
-    let k = 1usize << table.b;
-    let max = (k - 1) as u16;
-    if codes.iter().fold(0u16, |a, &c| a.max(c)) > max {
-        let index = codes.iter().position(|&c| c > max).unwrap_or(0);
-        return Err(PqError::CodeOutOfRange {
-            index,
-            code: codes[index],
-            max,
-        });
-    }
+    check_codes(codes, table)?;
     #[cfg(all(feature = "std", target_arch = "x86_64"))]
     if x86::scan(codes, table, out) {
         return Ok(());
@@ -205,12 +217,15 @@ fn rank(scores: &[f32], a: u32, b: u32) -> Ordering {
 /// Bisection over the key values between the smallest and largest key, each step one counting
 /// pass (vectorized); once 32 or fewer keys lie in the interval they are collected and sorted.
 #[inline(always)]
-fn kth_key(keys: &[u32], k: usize) -> (u32, usize) {
-    let (mut lo, mut hi) = (u32::MAX, 0u32);
-    for &x in keys {
-        lo = lo.min(x);
-        hi = hi.max(x);
-    }
+fn kth_key(keys: &[u32], k: usize, range: Option<(u32, u32)>) -> (u32, usize) {
+    let (lo, hi) = range.unwrap_or_else(|| {
+        let (mut lo, mut hi) = (u32::MAX, 0u32);
+        for &x in keys {
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+        (lo, hi)
+    });
     // Invariants: at least k keys are >= a (ca of them), fewer than k are >= b (cb of them).
     let (mut a, mut b) = (u64::from(lo), u64::from(hi) + 1);
     let (mut ca, mut cb) = (keys.len(), 0usize);
@@ -380,8 +395,77 @@ fn take_best(rest: &[f32], base: u32, k: usize, out: &mut Vec<u32>) {
 #[inline(always)]
 fn take_best_portable(rest: &[f32], base: u32, k: usize, out: &mut Vec<u32>) {
     let keys: Vec<u32> = rest.iter().map(|&s| order_key(s)).collect();
-    let (tau, ties) = kth_key(&keys, k);
-    emit(&keys, tau, ties, base, k, out);
+    take_best_keys_portable(&keys, None, base, k, out)
+}
+
+/// [`take_best`] from the ranking keys of the scores (`0 < k < keys.len()`), with their
+/// `(min, max)` if known.
+fn take_best_keys(
+    keys: &[u32],
+    range: Option<(u32, u32)>,
+    base: u32,
+    k: usize,
+    out: &mut Vec<u32>,
+) {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    if x86::take_best_keys(keys, range, base, k, out) {
+        return;
+    }
+    take_best_keys_portable(keys, range, base, k, out)
+}
+
+#[inline(always)]
+fn take_best_keys_portable(
+    keys: &[u32],
+    range: Option<(u32, u32)>,
+    base: u32,
+    k: usize,
+    out: &mut Vec<u32>,
+) {
+    let (tau, ties) = kth_key(keys, k, range);
+    emit(keys, tau, ties, base, k, out);
+}
+
+/// The ranking keys of the scores of `codes` (checked), one per token, and their `(min, max)`
+/// when the kernel has it at hand.
+fn score_keys(codes: &[u16], table: &ScoreTable) -> (Vec<u32>, Option<(u32, u32)>) {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    if let Some(r) = x86::score_keys(codes, table) {
+        return r;
+    }
+    let mut s = vec![0.0f32; codes.len() / table.m];
+    scan_portable(codes, table, &mut s);
+    (s.iter().map(|&x| order_key(x)).collect(), None)
+}
+
+/// `select(&scores(codes, table)?, k, n_init, n_local)`, the whole decode-step search for one
+/// query (or GQA group) table, computed without materializing the scores where it can: on
+/// x86-64 with AVX-512 and `m = 2`, `2^b <= 64`, one pass turns codes into ranking keys.
+pub fn search(
+    codes: &[u16],
+    table: &ScoreTable,
+    k: usize,
+    n_init: usize,
+    n_local: usize,
+) -> Result<Vec<u32>, PqError> {
+    let m = table.m;
+    check_codes(codes, table)?;
+    let t = codes.len() / m;
+    u32::try_from(t).map_err(|_| PqError::TooLarge)?;
+    let init_end = n_init.min(t);
+    let local_start = (t - n_local.min(t)).max(init_end);
+    let n_rest = local_start - init_end;
+    let k = k.min(n_rest);
+    let mut out: Vec<u32> = Vec::with_capacity(init_end + k + 16 + (t - local_start));
+    out.extend(0..init_end as u32);
+    if k == n_rest {
+        out.extend(init_end as u32..local_start as u32);
+    } else if k > 0 {
+        let (keys, range) = score_keys(&codes[init_end * m..local_start * m], table);
+        take_best_keys(&keys, range, init_end as u32, k, &mut out);
+    }
+    out.extend(local_start as u32..t as u32);
+    Ok(out)
 }
 
 /// AVX-512 kernels for x86-64 CPUs that have it, used when the CPU reports `avx512f`. Each is
@@ -415,6 +499,114 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     fn take_best_avx512(rest: &[f32], base: u32, k: usize, out: &mut Vec<u32>) {
         super::take_best_portable(rest, base, k, out)
+    }
+
+    /// [`super::take_best_keys_portable`] compiled for AVX-512; returns whether it ran.
+    #[inline]
+    pub(super) fn take_best_keys(
+        keys: &[u32],
+        range: Option<(u32, u32)>,
+        base: u32,
+        k: usize,
+        out: &mut Vec<u32>,
+    ) -> bool {
+        if has_avx512() {
+            // SAFETY: AVX-512F was just detected; the function has no other precondition.
+            unsafe { take_best_keys_avx512(keys, range, base, k, out) };
+            true
+        } else {
+            false
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn take_best_keys_avx512(
+        keys: &[u32],
+        range: Option<(u32, u32)>,
+        base: u32,
+        k: usize,
+        out: &mut Vec<u32>,
+    ) {
+        super::take_best_keys_portable(keys, range, base, k, out)
+    }
+
+    /// `Some` ranking keys of the scores of checked `codes` for `m = 2`, `2^b <= 64`, where
+    /// AVX-512 is available: [`scan_m2_avx512`]'s sums mapped in-register as `order_key` does.
+    #[inline]
+    pub(super) fn score_keys(
+        codes: &[u16],
+        table: &ScoreTable,
+    ) -> Option<(Vec<u32>, Option<(u32, u32)>)> {
+        let k = 1usize << table.b;
+        if table.m == 2 && k <= 64 && has_avx512() {
+            let mut rows = [[0.0f32; 64]; 2];
+            rows[0][..k].copy_from_slice(&table.values[..k]);
+            rows[1][..k].copy_from_slice(&table.values[k..2 * k]);
+            let mut keys = vec![0u32; codes.len() / 2];
+            // SAFETY: AVX-512F was just detected; the function has no other precondition.
+            let range = unsafe { keys_m2_avx512(codes, &rows, &mut keys) };
+            Some((keys, Some(range)))
+        } else {
+            None
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn keys_m2_avx512(codes: &[u16], rows: &[[f32; 64]; 2], keys: &mut [u32]) -> (u32, u32) {
+        let ld = |r: &[f32; 64], i: usize| {
+            // SAFETY: `r[i..i + 16]` is 16 f32 = 64 bytes in bounds (i <= 48).
+            unsafe { _mm512_loadu_ps(r[i..i + 16].as_ptr()) }
+        };
+        let t0 = [
+            ld(&rows[0], 0),
+            ld(&rows[0], 16),
+            ld(&rows[0], 32),
+            ld(&rows[0], 48),
+        ];
+        let t1 = [
+            ld(&rows[1], 0),
+            ld(&rows[1], 16),
+            ld(&rows[1], 32),
+            ld(&rows[1], 48),
+        ];
+        let low16 = _mm512_set1_epi32(0xFFFF);
+        let bit5 = _mm512_set1_epi32(32);
+        let top = _mm512_set1_epi32(i32::MIN);
+        let neg_inf = _mm512_set1_epi32(f32::NEG_INFINITY.to_bits() as i32);
+        let zero = _mm512_setzero_ps();
+        let look = |t: &[__m512; 4], i: __m512i| {
+            let lo = _mm512_permutex2var_ps(t[0], i, t[1]);
+            let hi = _mm512_permutex2var_ps(t[2], i, t[3]);
+            _mm512_mask_blend_ps(_mm512_test_epi32_mask(i, bit5), lo, hi)
+        };
+        let (mut vmin, mut vmax) = (_mm512_set1_epi32(-1), _mm512_setzero_si512());
+        let mut cs = codes.chunks_exact(32);
+        let mut ks = keys.chunks_exact_mut(16);
+        for (c, o) in (&mut cs).zip(&mut ks) {
+            // SAFETY: `c` is 32 u16 = 64 bytes (x86-64 is little-endian: lane j holds
+            // code(j,0) | code(j,1) << 16).
+            let v = unsafe { _mm512_loadu_si512(c.as_ptr().cast()) };
+            let i0 = _mm512_and_si512(v, low16);
+            let i1 = _mm512_srli_epi32::<16>(v);
+            let s = _mm512_add_ps(_mm512_add_ps(zero, look(&t0, i0)), look(&t1, i1));
+            // order_key: NaN as -inf; then flip all bits of negatives, set the top bit of the rest.
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(s, s);
+            let bits = _mm512_mask_blend_epi32(nan, _mm512_castps_si512(s), neg_inf);
+            let flip = _mm512_or_si512(_mm512_srai_epi32::<31>(bits), top);
+            let key = _mm512_xor_si512(bits, flip);
+            vmin = _mm512_min_epu32(vmin, key);
+            vmax = _mm512_max_epu32(vmax, key);
+            // SAFETY: `o` is 16 u32 = 64 bytes.
+            unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), key) };
+        }
+        let (mut lo, mut hi) = (_mm512_reduce_min_epu32(vmin), _mm512_reduce_max_epu32(vmax));
+        for (p, o) in cs.remainder().chunks_exact(2).zip(ks.into_remainder()) {
+            let s = (0.0 + rows[0][usize::from(p[0])]) + rows[1][usize::from(p[1])];
+            *o = super::order_key(s);
+            lo = lo.min(*o);
+            hi = hi.max(*o);
+        }
+        (lo, hi)
     }
 
     /// `Some(#keys >= t)` where AVX-512 is available.
@@ -742,7 +934,7 @@ mod tests {
                 if k == 0 || k >= n {
                     continue;
                 }
-                let (tau, ties) = kth_key(&keys, k);
+                let (tau, ties) = kth_key(&keys, k, None);
                 let mut a = vec![7u32];
                 let mut b = vec![7u32];
                 emit(&keys, tau, ties, 100, k, &mut a);

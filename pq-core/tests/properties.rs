@@ -1,8 +1,8 @@
 //! Property and sanity tests of pq-core's public API.
 use pq_core::search::k_for_fraction;
 use pq_core::{
-    group_score_table, kmeans, pack, packed_len, rerank, score_table, scores, select, unpack,
-    Codebook, HeadIndex, KMeansParams, Method, PqError, PqParams,
+    group_score_table, kmeans, pack, packed_len, rerank, score_table, scores, search, select,
+    unpack, Codebook, HeadIndex, KMeansParams, Method, PqError, PqParams,
 };
 use proptest::prelude::*;
 
@@ -123,6 +123,29 @@ proptest! {
             s[j] = s[i];
         }
         prop_assert_eq!(select(&s, k, n_init, n_local).unwrap(), select_brute(&s, k, n_init, n_local));
+    }
+
+    /// The fused search equals `select` over `scores`, on real codebooks and queries, including
+    /// tables with repeated entries (ties) and all window sizes.
+    #[test]
+    fn search_equals_select_of_scores(
+        seed in any::<u64>(), t in 0usize..700, b in 1u8..=7, m in 1usize..=3, residual in any::<bool>(),
+        k in 0usize..300, n_init in 0usize..8, n_local in 0usize..80, coarse in any::<bool>(),
+    ) {
+        let mut rng = Rng(seed);
+        let d = 4 * m;
+        let n = t.max(1);
+        let keys = clustered(&mut rng, n, d, 6, 0.3);
+        let cb = Codebook::train(&keys, d, &PqParams { m, b, max_iters: 3, seed, ..method_params(residual) }).unwrap();
+        let codes = cb.encode(&keys[..t * d]).unwrap();
+        let mut q = rng.normals(d);
+        if coarse {
+            // Few distinct table values: many equal scores.
+            q.iter_mut().for_each(|x| *x = (*x * 2.0).round() * 0.0 + 1.0);
+        }
+        let table = score_table(&q, &cb).unwrap();
+        let want = select(&scores(&codes, &table).unwrap(), k, n_init, n_local).unwrap();
+        prop_assert_eq!(search(&codes, &table, k, n_init, n_local).unwrap(), want);
     }
 
     /// `rerank` equals sorting the distinct candidates by the exact inner product.
