@@ -426,9 +426,12 @@ fn take_best_keys_portable(
     emit(keys, tau, ties, base, k, out);
 }
 
+/// Ranking keys and, when known, their `(min, max)`.
+type KeysAndRange = (Vec<u32>, Option<(u32, u32)>);
+
 /// The ranking keys of the scores of `codes` (checked), one per token, and their `(min, max)`
 /// when the kernel has it at hand.
-fn score_keys(codes: &[u16], table: &ScoreTable) -> (Vec<u32>, Option<(u32, u32)>) {
+fn score_keys(codes: &[u16], table: &ScoreTable) -> KeysAndRange {
     #[cfg(all(feature = "std", target_arch = "x86_64"))]
     if let Some(r) = x86::score_keys(codes, table) {
         return r;
@@ -536,7 +539,7 @@ mod x86 {
     pub(super) fn score_keys(
         codes: &[u16],
         table: &ScoreTable,
-    ) -> Option<(Vec<u32>, Option<(u32, u32)>)> {
+    ) -> Option<super::KeysAndRange> {
         let k = 1usize << table.b;
         if table.m == 2 && k <= 64 && has_avx512() {
             let mut rows = [[0.0f32; 64]; 2];
