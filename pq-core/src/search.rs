@@ -253,9 +253,15 @@ fn kth_key(keys: &[u32], k: usize, range: Option<(u32, u32)>) -> (u32, usize) {
             }
         }
     }
+    // Once the interval holds a small share of the keys, they are collected once and the
+    // bisection counts only them: for a < t < b, #keys >= t is cb0 + #work >= t.
+    let mut work: Vec<u32> = Vec::new();
+    let mut in_work = false;
+    let mut cb0 = 0usize;
     while b - a > 1 {
+        let here: &[u32] = if in_work { &work } else { keys };
         if ca - cb <= 32 {
-            let mut c = collect_range(keys, a as u32, (b - a - 1) as u32, ca - cb);
+            let mut c = collect_range(here, a as u32, (b - a - 1) as u32, ca - cb);
             c.sort_unstable();
             let need = k - cb;
             let top = &c[c.len() - need..];
@@ -263,8 +269,18 @@ fn kth_key(keys: &[u32], k: usize, range: Option<(u32, u32)>) -> (u32, usize) {
             let ties = top.iter().filter(|&&x| x == tau).count();
             return (tau, ties);
         }
+        if !in_work && (ca - cb) * 4 <= n {
+            work = collect_range(keys, a as u32, (b - a - 1) as u32, ca - cb);
+            in_work = true;
+            cb0 = cb;
+            continue;
+        }
         let mid = split(a, b);
-        let cm = count_ge(keys, mid as u32);
+        let cm = if in_work {
+            cb0 + count_ge(&work, mid as u32)
+        } else {
+            count_ge(keys, mid as u32)
+        };
         if cm >= k {
             a = mid;
             ca = cm;
@@ -536,10 +552,7 @@ mod x86 {
     /// `Some` ranking keys of the scores of checked `codes` for `m = 2`, `2^b <= 64`, where
     /// AVX-512 is available: [`scan_m2_avx512`]'s sums mapped in-register as `order_key` does.
     #[inline]
-    pub(super) fn score_keys(
-        codes: &[u16],
-        table: &ScoreTable,
-    ) -> Option<super::KeysAndRange> {
+    pub(super) fn score_keys(codes: &[u16], table: &ScoreTable) -> Option<super::KeysAndRange> {
         let k = 1usize << table.b;
         if table.m == 2 && k <= 64 && has_avx512() {
             let mut rows = [[0.0f32; 64]; 2];
