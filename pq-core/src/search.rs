@@ -567,34 +567,43 @@ mod x86 {
         }
     }
 
+    /// The two 64-entry rows of an `m = 2` table, four registers each.
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    fn keys_m2_avx512(codes: &[u16], rows: &[[f32; 64]; 2], keys: &mut [u32]) -> (u32, u32) {
-        let ld = |r: &[f32; 64], i: usize| {
-            // SAFETY: `r[i..i + 16]` is 16 f32 = 64 bytes in bounds (i <= 48).
-            unsafe { _mm512_loadu_ps(r[i..i + 16].as_ptr()) }
-        };
-        let t0 = [
-            ld(&rows[0], 0),
-            ld(&rows[0], 16),
-            ld(&rows[0], 32),
-            ld(&rows[0], 48),
-        ];
-        let t1 = [
-            ld(&rows[1], 0),
-            ld(&rows[1], 16),
-            ld(&rows[1], 32),
-            ld(&rows[1], 48),
-        ];
-        let low16 = _mm512_set1_epi32(0xFFFF);
+    fn load_rows(rows: &[[f32; 64]; 2]) -> [[__m512; 4]; 2] {
+        core::array::from_fn(|r| {
+            core::array::from_fn(|q| {
+                // SAFETY: `rows[r][16q..16q + 16]` is 16 f32 = 64 bytes in bounds (q < 4).
+                unsafe { _mm512_loadu_ps(rows[r][16 * q..16 * q + 16].as_ptr()) }
+            })
+        })
+    }
+
+    /// The scores of 16 tokens whose code pairs are the 16 u32 lanes of `v` (`code0 | code1 <<
+    /// 16`, codes < 64): each row looked up with two two-register permutes and a blend on bit 5,
+    /// summed as `(0.0 + t0) + t1` per lane, the portable scan's `f32` additions.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sums16(t: &[[__m512; 4]; 2], v: __m512i) -> __m512 {
         let bit5 = _mm512_set1_epi32(32);
-        let top = _mm512_set1_epi32(i32::MIN);
-        let neg_inf = _mm512_set1_epi32(f32::NEG_INFINITY.to_bits() as i32);
-        let zero = _mm512_setzero_ps();
         let look = |t: &[__m512; 4], i: __m512i| {
             let lo = _mm512_permutex2var_ps(t[0], i, t[1]);
             let hi = _mm512_permutex2var_ps(t[2], i, t[3]);
             _mm512_mask_blend_ps(_mm512_test_epi32_mask(i, bit5), lo, hi)
         };
+        let i0 = _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF));
+        let i1 = _mm512_srli_epi32::<16>(v);
+        _mm512_add_ps(
+            _mm512_add_ps(_mm512_setzero_ps(), look(&t[0], i0)),
+            look(&t[1], i1),
+        )
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn keys_m2_avx512(codes: &[u16], rows: &[[f32; 64]; 2], keys: &mut [u32]) -> (u32, u32) {
+        let t = load_rows(rows);
+        let top = _mm512_set1_epi32(i32::MIN);
+        let neg_inf = _mm512_set1_epi32(f32::NEG_INFINITY.to_bits() as i32);
         let (mut vmin, mut vmax) = (_mm512_set1_epi32(-1), _mm512_setzero_si512());
         let mut cs = codes.chunks_exact(32);
         let mut ks = keys.chunks_exact_mut(16);
@@ -602,9 +611,7 @@ mod x86 {
             // SAFETY: `c` is 32 u16 = 64 bytes (x86-64 is little-endian: lane j holds
             // code(j,0) | code(j,1) << 16).
             let v = unsafe { _mm512_loadu_si512(c.as_ptr().cast()) };
-            let i0 = _mm512_and_si512(v, low16);
-            let i1 = _mm512_srli_epi32::<16>(v);
-            let s = _mm512_add_ps(_mm512_add_ps(zero, look(&t0, i0)), look(&t1, i1));
+            let s = sums16(&t, v);
             // order_key: NaN as -inf; then flip all bits of negatives, set the top bit of the rest.
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(s, s);
             let bits = _mm512_mask_blend_epi32(nan, _mm512_castps_si512(s), neg_inf);
@@ -684,39 +691,14 @@ mod x86 {
     /// lane, the same `f32` additions as the portable scan.
     #[target_feature(enable = "avx512f")]
     fn scan_m2_avx512(codes: &[u16], rows: &[[f32; 64]; 2], out: &mut [f32]) {
-        let ld = |r: &[f32; 64], i: usize| {
-            // SAFETY: `r[i..i + 16]` is 16 f32 = 64 bytes in bounds (i <= 48).
-            unsafe { _mm512_loadu_ps(r[i..i + 16].as_ptr()) }
-        };
-        let t0 = [
-            ld(&rows[0], 0),
-            ld(&rows[0], 16),
-            ld(&rows[0], 32),
-            ld(&rows[0], 48),
-        ];
-        let t1 = [
-            ld(&rows[1], 0),
-            ld(&rows[1], 16),
-            ld(&rows[1], 32),
-            ld(&rows[1], 48),
-        ];
-        let low16 = _mm512_set1_epi32(0xFFFF);
-        let bit5 = _mm512_set1_epi32(32);
-        let zero = _mm512_setzero_ps();
-        let look = |t: &[__m512; 4], i: __m512i| {
-            let lo = _mm512_permutex2var_ps(t[0], i, t[1]);
-            let hi = _mm512_permutex2var_ps(t[2], i, t[3]);
-            _mm512_mask_blend_ps(_mm512_test_epi32_mask(i, bit5), lo, hi)
-        };
+        let t = load_rows(rows);
         let mut cs = codes.chunks_exact(32);
         let mut os = out.chunks_exact_mut(16);
         for (c, o) in (&mut cs).zip(&mut os) {
             // SAFETY: `c` is 32 u16 = 64 bytes; lane j holds code(j,0) | code(j,1) << 16 on a
             // little-endian target (x86-64 is).
             let v = unsafe { _mm512_loadu_si512(c.as_ptr().cast()) };
-            let i0 = _mm512_and_si512(v, low16);
-            let i1 = _mm512_srli_epi32::<16>(v);
-            let s = _mm512_add_ps(_mm512_add_ps(zero, look(&t0, i0)), look(&t1, i1));
+            let s = sums16(&t, v);
             // SAFETY: `o` is 16 f32 = 64 bytes.
             unsafe { _mm512_storeu_ps(o.as_mut_ptr(), s) };
         }
