@@ -1,21 +1,29 @@
 //! # kvc pq-core
 //!
-//! PQCache-style product quantization of KV-cache keys, `no_std` + `alloc`.
+//! PQCache-style token selection for KV caches, `no_std` + `alloc`: a few bits per key pick the
+//! tokens a decode step attends to.
 //!
-//! Per (layer, KV head) the `D` key dims are split into `m` sub-spaces and each sub-space is
-//! clustered into `2^b` centroids by deterministic seeded k-means++ ([`mod@kmeans`]); a [`Codebook`]
-//! holds the centroids and turns keys into `m` codes per token. Codes are stored `b` bits each
-//! ([`mod@pack`]). At a decode step a query is turned into a table of query·centroid inner products per
-//! sub-space, every token is scored by summing its codes' entries, and the tokens to attend to are
-//! the top-k by score plus the first `n_init` and last `n_local` tokens ([`search`]).
+//! Per (layer, KV head) a [`Codebook`] of `m` books of `2^b` codewords, trained by deterministic
+//! seeded k-means++ ([`mod@kmeans`]), gives every key `m` codes ([`mod@codebook`]): either the
+//! paper's product quantization ([`Method::Product`]: book `j` covers a slice of the dims) or
+//! kvc's default, residual quantization ([`Method::Residual`]: every book covers all dims and
+//! quantizes what the previous ones left), which recalls more of the exact top-k at the same
+//! bits (`spec/PQ.md` §6). Codes are stored `b` bits each ([`mod@pack`]). At a decode step a
+//! query becomes a table of query·codeword products per book; every token's score is the sum of
+//! its codes' entries; the tokens to attend to are the top-k plus the first `n_init` and last
+//! `n_local` tokens ([`search()`], [`select`]); a short list can be re-scored with better keys
+//! ([`rerank`]). [`HeadIndex`] codes new tokens as they leave the local window;
+//! [`cache::BlockCache`] simulates a GPU block cache and reports its hit rate.
 //!
 //! ```text
 //! keys [T, D] --Codebook::train--> Codebook --encode--> codes [T, m] --pack--> bytes
-//! query [D] --score_table--> ScoreTable --scores(codes)--> [T] --select--> token indices
+//! query [D] --score_table--> ScoreTable --search(codes)--> token indices [--rerank--> top k]
 //! ```
 //!
-//! Everything is deterministic: the same inputs and seed give the same centroids, codes and
-//! selections bit for bit on every platform (no fused multiply-add, fixed summation orders).
+//! Everything is deterministic: the same inputs and seed give the same codewords, codes and
+//! selections bit for bit on every platform (no fused multiply-add, sums in dim order). On
+//! x86-64 with `std`, AVX2/AVX-512 kernels are picked at run time; they compute the same results
+//! as the portable code, which tests check.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 extern crate alloc;
