@@ -554,8 +554,11 @@ pub fn cmd_eval(
 /// `kvc pq select`: writes `sel.{i}` int32 `[n_q, q_heads, n]` per layer.
 pub fn cmd_select(dump: &Dump, output: &Path, sel: &Selector, c: &Common, n: usize) -> Result<()> {
     let data = Data::new(dump)?;
-    if n == 0 {
-        return Err("--k must be at least 1".into());
+    if n == 0 || n > data.t {
+        return Err(format!(
+            "--k {n}: the slots per query head must be within 1..={} (the dump's tokens)",
+            data.t
+        ));
     }
     let bar = Progress::new(data.layers as u64 * 2, "select");
     let tr = train(&data, dump, sel, &bar)?;

@@ -112,14 +112,15 @@ fn select_writes_causal_padded_indices_deterministically() {
     let x = check_selection(&a, 100, 4, 64);
     let y = check_selection(&b, 100, 4, 64);
     assert!(x == y, "the same selection twice");
-    // More slots than tokens: -1 padding; no windows; plain PQ without re-ranking.
+    // More slots than a query can see (queries at 448..511, 500 slots): -1 padding; no windows;
+    // plain PQ without re-ranking.
     let (ok, _, err) = kvc(&[
         "pq",
         "select",
         SAMPLE,
         &s(&c),
         "--k",
-        "600",
+        "500",
         "--n-init",
         "0",
         "--n-local",
@@ -130,7 +131,12 @@ fn select_writes_causal_padded_indices_deterministically() {
         "pq",
     ]);
     assert!(ok, "{err}");
-    check_selection(&c, 600, 0, 0);
+    check_selection(&c, 500, 0, 0);
+    // More slots than tokens is refused (they could only be padding), with no output.
+    let d = dir.path().join("d.safetensors");
+    let (ok, _, err) = kvc(&["pq", "select", SAMPLE, &s(&d), "--k", "513"]);
+    assert!(!ok && err.contains("--k 513"), "{err}");
+    assert!(!d.exists());
 }
 
 #[test]
