@@ -120,20 +120,13 @@ fn check_codes(codes: &[u16], table: &ScoreTable) -> Result<(), PqError> {
 
 /// [`scores`] into a caller's buffer of exactly `codes.len() / m` values (no allocation).
 pub fn scores_into(codes: &[u16], table: &ScoreTable, out: &mut [f32]) -> Result<(), PqError> {
-    let m = table.m;
-    if !codes.len().is_multiple_of(m) {
-        return Err(PqError::LengthNotMultiple {
-            len: codes.len(),
-            dim: m,
-        });
-    }
-    if out.len() != codes.len() / m {
+    check_codes(codes, table)?;
+    if out.len() != codes.len() / table.m {
         return Err(PqError::LengthMismatch {
             got: out.len(),
-            expected: codes.len() / m,
+            expected: codes.len() / table.m,
         });
     }
-    check_codes(codes, table)?;
     #[cfg(all(feature = "std", target_arch = "x86_64"))]
     if x86::scan(codes, table, out) {
         return Ok(());

@@ -13,6 +13,9 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::Rng;
+
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors/pq")
 }
@@ -117,19 +120,6 @@ fn golden_pack_vectors() {
 // ----------------------------------------------------------------------------------------------
 // Generation.
 
-/// SplitMix64: a seeded, portable source of test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// `spec/PQ.md` §2 read literally: `ceil(n * b / 8)` zero bytes, then bit `q` of code `i` set
 /// as stream bit `p = i * b + q`, i.e. bit `p % 8` of byte `p / 8`.
 fn reference_pack(codes: &[u16], b: u8) -> Vec<u8> {
@@ -191,7 +181,7 @@ fn valid_vectors() -> Vec<Valid> {
         for n in [0usize, 1, 8, 37] {
             let mut rng = Rng(0x5EED_0000 + u64::from(b) * 1000 + n as u64);
             let mut codes: Vec<u16> = (0..n)
-                .map(|_| (rng.next() & u64::from(max)) as u16)
+                .map(|_| (rng.next_u64() & u64::from(max)) as u16)
                 .collect();
             if n > 0 {
                 codes[0] = max;
@@ -221,7 +211,7 @@ fn valid_vectors() -> Vec<Valid> {
         description: "512 tokens x 2 sub-spaces at b = 6 (the defaults), pseudo-random codes"
             .to_string(),
         b: 6,
-        codes: (0..1024).map(|_| (rng.next() & 63) as u16).collect(),
+        codes: (0..1024).map(|_| (rng.next_u64() & 63) as u16).collect(),
     });
     out
 }

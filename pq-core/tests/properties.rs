@@ -6,27 +6,8 @@ use pq_core::{
 };
 use proptest::prelude::*;
 
-/// Test-only data generator: SplitMix64 plus Box-Muller.
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.unit(), self.unit());
-        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-    }
-    fn normals(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.normal()).collect()
-    }
-}
+mod common;
+use common::Rng;
 
 /// `t` keys of dimension `d` around `n_clusters` Gaussian centres, with noise `sigma`.
 fn clustered(rng: &mut Rng, t: usize, d: usize, n_clusters: usize, sigma: f32) -> Vec<f32> {
