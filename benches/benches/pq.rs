@@ -3,7 +3,8 @@
 //!   2048 keys, for kvc's default (residual, 2 x 6 bits) and the PQCache paper's product
 //!   quantization (2 x 6 bits); target <= 20 ms at the default settings.
 //! - `pq/search`: one query head over 2048 tokens: score table, scores, top-k (k = T/5) with the
-//!   first 4 and last 64 tokens; throughput in token-scores per second (target >= 1 G/s).
+//!   first 4 and last 64 tokens; throughput in token-scores per second (target >= 1 G/s). Once
+//!   with the layer's first stored query, once cycling through all its stored query heads.
 //! - the pieces of the search alone, re-ranking a 2k short list with full keys, and code packing.
 //!
 //! Keys: layer 15, KV head 0 of `../shared/fixtures/smollm2-gpl3-2048.safetensors` when present,
@@ -15,7 +16,10 @@ use std::hint::black_box;
 
 const LAYER: usize = 15;
 
-fn keys_and_query() -> (Vec<f32>, Vec<f32>, usize) {
+/// Layer `LAYER`'s keys of KV head 0 (2048 tokens) and the stored query heads that attend to
+/// that KV head (GQA: heads `0..q_heads / kv_heads` of each stored query), flat `[_, D]` (the
+/// first one is the query of the single-query benches).
+fn keys_and_queries() -> (Vec<f32>, Vec<f32>, usize) {
     let f = load(&big_fixture_path().unwrap_or_else(sample_path));
     let s = f.kv.shape;
     let (h, d, t) = (s.kv_heads as usize, s.head_dim as usize, s.tokens as usize);
@@ -29,12 +33,17 @@ fn keys_and_query() -> (Vec<f32>, Vec<f32>, usize) {
             keys.extend_from_slice(&all[tok * h * d..tok * h * d + d]);
         }
     }
-    let q = f.q[LAYER][..d].to_vec();
-    (keys, q, d)
+    let group = f.q_heads / h;
+    let qs = f.q[LAYER]
+        .chunks_exact(f.q_heads * d)
+        .flat_map(|q| q[..group * d].iter().copied())
+        .collect();
+    (keys, qs, d)
 }
 
 fn bench(c: &mut Criterion) {
-    let (keys, q, d) = keys_and_query();
+    let (keys, qs_all, d) = keys_and_queries();
+    let q = qs_all[..d].to_vec();
     let t = keys.len() / d;
     let mut g = c.benchmark_group("pq/train");
     g.sample_size(10);
@@ -73,6 +82,20 @@ fn bench(c: &mut Criterion) {
                 search(&codes, &table, k, 4, 64).unwrap()
             })
         });
+        // The same over the layer's real query heads of this KV head in turn: the mean cost
+        // over real score distributions, not one query's.
+        let qs: Vec<&[f32]> = qs_all.chunks_exact(d).collect();
+        let mut next = 0usize;
+        g.bench_function(
+            format!("{name}/table+search (fused), all real queries"),
+            |b| {
+                b.iter(|| {
+                    next = (next + 1) % qs.len();
+                    let table = score_table(black_box(qs[next]), &cb).unwrap();
+                    search(&codes, &table, k, 4, 64).unwrap()
+                })
+            },
+        );
         g.bench_function(format!("{name}/table"), |b| {
             b.iter(|| score_table(black_box(&q), &cb).unwrap())
         });

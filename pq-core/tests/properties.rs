@@ -129,6 +129,29 @@ proptest! {
         prop_assert_eq!(search(&codes, &table, k, n_init, n_local).unwrap(), want);
     }
 
+    /// The same on long code sequences at kvc's default shape (`m = 2`, up to 64 centroids):
+    /// the path where the fused search brackets the k-th score from a sample and takes the
+    /// top-k in two passes over the codes.
+    #[test]
+    fn long_search_equals_select_of_scores(
+        seed in any::<u64>(), t in 500usize..3000, b in 1u8..=6, residual in any::<bool>(),
+        k_frac in 0.0f64..1.0, n_init in 0usize..8, n_local in 0usize..80, coarse in any::<bool>(),
+    ) {
+        let mut rng = Rng(seed);
+        let d = 8;
+        let keys = clustered(&mut rng, t, d, 6, 0.3);
+        let cb = Codebook::train(&keys, d, &PqParams { m: 2, b, max_iters: 2, seed, ..method_params(residual) }).unwrap();
+        let codes = cb.encode(&keys).unwrap();
+        let mut q = rng.normals(d);
+        if coarse {
+            q.iter_mut().for_each(|x| *x = x.round());
+        }
+        let table = score_table(&q, &cb).unwrap();
+        let k = (k_frac * t as f64) as usize;
+        let want = select(&scores(&codes, &table).unwrap(), k, n_init, n_local).unwrap();
+        prop_assert_eq!(search(&codes, &table, k, n_init, n_local).unwrap(), want);
+    }
+
     /// `rerank` equals sorting the distinct candidates by the exact inner product.
     #[test]
     fn rerank_equals_brute_force(seed in any::<u64>(), n in 1usize..300, c in 0usize..400, k in 0usize..100) {
