@@ -234,25 +234,25 @@ fn kth_key(keys: &[u32], k: usize, range: Option<(u32, u32)>) -> (u32, usize) {
     // Invariants: at least k keys are >= a (ca of them), fewer than k are >= b (cb of them).
     let (mut a, mut b) = (u64::from(lo), u64::from(hi) + 1);
     let (mut ca, mut cb) = (keys.len(), 0usize);
-    // A first bracket from a sorted sample of 64 keys around the expected rank; kept only where
+    // A first bracket from two order statistics of a 64-key sample around the expected rank; kept where
     // the counts confirm it (a sample is a guess, the counts are exact).
     let n = keys.len();
     if n >= 1024 {
         let stride = n / 64;
         let sample: [u32; 64] = core::array::from_fn(|i| keys[i * stride]);
         let r = k * 64 / n;
-        let [ga, gb] = nth_largest2(&sample, [(r + 6).min(63), r.saturating_sub(6)]);
-        let (guess_a, guess_b) = (u64::from(ga), u64::from(gb) + 1);
-        if guess_a > a && guess_a < b {
-            let c = count_ge(keys, guess_a as u32);
-            if c >= k {
-                (a, ca) = (guess_a, c);
+        let [ga, gb] = nth_largest(&sample, [(r + 6).min(63), r.saturating_sub(6)]);
+        let inside = |g: u64| (g > a && g < b).then_some(g);
+        let (guess_a, guess_b) = (inside(u64::from(ga)), inside(u64::from(gb) + 1));
+        if let Some(t) = guess_a.or(guess_b) {
+            // Both guesses counted in one pass (a missing one stands in for the other).
+            let (t1, t2) = (t, guess_b.unwrap_or(t));
+            let (c1, c2) = count_ge2(keys, t1 as u32, t2 as u32);
+            if guess_a.is_some() && c1 >= k {
+                (a, ca) = (t1, c1);
             }
-        }
-        if guess_b > a && guess_b < b {
-            let c = count_ge(keys, guess_b as u32);
-            if c < k {
-                (b, cb) = (guess_b, c);
+            if guess_b.is_some() && c2 < k {
+                (b, cb) = (t2, c2);
             }
         }
     }
@@ -267,7 +267,7 @@ fn kth_key(keys: &[u32], k: usize, range: Option<(u32, u32)>) -> (u32, usize) {
             let c = collect_range(here, a as u32, (b - a - 1) as u32, ca - cb);
             // The k-th largest key overall is the `need`-th largest of `c`.
             let need = k - cb;
-            let tau = nth_largest(&c, need - 1);
+            let [tau] = nth_largest(&c, [need - 1]);
             let above = c.iter().filter(|&&x| x > tau).count();
             return (tau, need - above);
         }
@@ -310,21 +310,9 @@ fn collect_range(keys: &[u32], a: u32, w: u32, count: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The `j`-th largest (from 0) of at most 64 keys (`j < v.len()`).
+/// The `js[i]`-th largest (from 0) of at most 64 keys (each `js[i] < v.len()`).
 #[inline]
-fn nth_largest(v: &[u32], j: usize) -> u32 {
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
-    if let Some(x) = x86::nth_largest(v, &[j]) {
-        return x[0];
-    }
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v[v.len() - 1 - j]
-}
-
-/// The `js[0]`-th and `js[1]`-th largest (from 0) of at most 64 keys (each `< v.len()`).
-#[inline]
-fn nth_largest2(v: &[u32], js: [usize; 2]) -> [u32; 2] {
+fn nth_largest<const N: usize>(v: &[u32], js: [usize; N]) -> [u32; N] {
     #[cfg(all(feature = "std", target_arch = "x86_64"))]
     if let Some(x) = x86::nth_largest(v, &js) {
         return x;
@@ -399,16 +387,6 @@ fn count_ge2(keys: &[u32], t1: u32, t2: u32) -> (usize, usize) {
     keys.iter().fold((0, 0), |(c1, c2), &x| {
         (c1 + usize::from(x >= t1), c2 + usize::from(x >= t2))
     })
-}
-
-/// How many keys are `>= t`.
-#[inline]
-fn count_ge(keys: &[u32], t: u32) -> usize {
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
-    if let Some(n) = x86::count_ge(keys, t) {
-        return n;
-    }
-    keys.iter().filter(|&&x| x >= t).count()
 }
 
 /// Appends `base + i`, ascending, for every key `> tau` and the first `ties` keys `== tau`
@@ -1008,17 +986,6 @@ mod x86 {
         })
     }
 
-    /// `Some(#keys >= t)` where AVX-512 is available.
-    #[inline]
-    pub(super) fn count_ge(keys: &[u32], t: u32) -> Option<usize> {
-        if has_avx512() {
-            // SAFETY: AVX-512F was just detected; the function has no other precondition.
-            Some(unsafe { count_ge_avx512(keys, t) })
-        } else {
-            None
-        }
-    }
-
     /// `Some` bitwise OR of all codes where AVX-512 is available (64 bytes per step; the
     /// portable fold runs at SSE2 width, and this check precedes every search).
     #[inline]
@@ -1073,29 +1040,6 @@ mod x86 {
             _mm512_reduce_add_epi32(acc1) as u32 as usize,
             _mm512_reduce_add_epi32(acc2) as u32 as usize,
         )
-    }
-
-    #[target_feature(enable = "avx512f")]
-    fn count_ge_avx512(keys: &[u32], t: u32) -> usize {
-        let tv = _mm512_set1_epi32(t as i32);
-        let one = _mm512_set1_epi32(1);
-        // Per-lane counts (each <= keys.len() / 16 + 1 < 2^31 for any slice), summed at the end.
-        let (mut acc0, mut acc1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        let mut pairs = keys.chunks_exact(32);
-        for c in &mut pairs {
-            let [v0, v1] = load128(c);
-            acc0 = _mm512_mask_add_epi32(acc0, _mm512_cmpge_epu32_mask(v0, tv), acc0, one);
-            acc1 = _mm512_mask_add_epi32(acc1, _mm512_cmpge_epu32_mask(v1, tv), acc1, one);
-        }
-        for c in pairs.remainder().chunks(16) {
-            // Masked loads of the last (up to 31) keys: lanes past `c.len()` read nothing.
-            let live = ((1u32 << c.len()) - 1) as __mmask16;
-            // SAFETY: only the `c.len()` live lanes are read, all inside `c`.
-            let v = unsafe { _mm512_maskz_loadu_epi32(live, c.as_ptr().cast()) };
-            let ge = live & _mm512_cmpge_epu32_mask(v, tv);
-            acc0 = _mm512_mask_add_epi32(acc0, ge, acc0, one);
-        }
-        _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1)) as u32 as usize
     }
 
     /// [`super::scan_portable`] for `m = 2` and at most 64 centroids, where AVX-512 is
@@ -1331,10 +1275,13 @@ mod tests {
             let rest: Vec<f32> = (0..n).map(|_| x.score()).collect();
             let keys: Vec<u32> = rest.iter().map(|&s| order_key(s)).collect();
             for t in [0u32, 1, 0x8000_0000, u32::MAX] {
-                assert_eq!(count_ge(&keys, t), keys.iter().filter(|&&v| v >= t).count());
+                let u = t.wrapping_add(0x1234_5678);
+                let brute = |t: u32| keys.iter().filter(|&&v| v >= t).count();
+                assert_eq!(count_ge2(&keys, t, u), (brute(t), brute(u)));
             }
             if let Some(&t) = keys.get(n / 2) {
-                assert_eq!(count_ge(&keys, t), keys.iter().filter(|&&v| v >= t).count());
+                let brute = |t: u32| keys.iter().filter(|&&v| v >= t).count();
+                assert_eq!(count_ge2(&keys, t, t), (brute(t), brute(t)));
                 let w = 1 << 28;
                 let want: Vec<u32> = keys
                     .iter()
@@ -1373,9 +1320,9 @@ mod tests {
                 let mut sorted = v.clone();
                 sorted.sort_unstable_by(|a, b| b.cmp(a));
                 for (j, &want) in sorted.iter().enumerate() {
-                    assert_eq!(nth_largest(&v, j), want, "n {n} j {j}");
+                    assert_eq!(nth_largest(&v, [j]), [want], "n {n} j {j}");
                     let i = n - 1 - j;
-                    assert_eq!(nth_largest2(&v, [j, i]), [want, sorted[i]], "n {n} j {j}");
+                    assert_eq!(nth_largest(&v, [j, i]), [want, sorted[i]], "n {n} j {j}");
                 }
             }
         }
