@@ -1,12 +1,14 @@
 //! End-to-end codec throughput on a real cache: `encode` (f16 in) and `decode` (f16 out) of the
 //! 512-token SmolLM2 sample in `testdata/` (30 layers, 3 KV heads x 64, 5.9 M elements), with a
-//! profile learned from the sample itself, at level 7 (the default) and level 1 (near-lossless).
+//! profile learned from the sample itself, at level 7 (the default) and level 1 (near-lossless),
+//! decoding both to a fresh owned cache (`decode`) and into reused buffers (`decode_into`).
 //! Throughput is reported in bytes of f16 (2 bytes per element), as the targets are stated.
 //!
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
 use codec_core::{
     decode, encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Queries, Sample,
+    Stream,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path};
@@ -43,6 +45,18 @@ fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
         let stream = encode(&view, ProfileMode::Referenced(&profile), &params).unwrap();
         g.bench_function(format!("decode/level{level}"), |b| {
             b.iter(|| decode(black_box(&stream), Some(&profile), &Limits::DEFAULT).unwrap())
+        });
+        // The same decode into a caller's buffers, reused between iterations (as a server
+        // decodes into its KV pages): what the decoder itself costs, without the operating
+        // system's first touch of a fresh 2-bytes-per-element allocation that `decode` pays.
+        let st = Stream::open(&stream, Some(&profile), &Limits::DEFAULT).unwrap();
+        let mut out = st.decode().unwrap();
+        g.bench_function(format!("decode_into/level{level}"), |b| {
+            b.iter(|| {
+                let mut k: Vec<_> = out.k.iter_mut().map(|t| t.as_mut()).collect();
+                let mut v: Vec<_> = out.v.iter_mut().map(|t| t.as_mut()).collect();
+                black_box(&st).decode_into(&mut k, &mut v).unwrap()
+            })
         });
     }
     g.finish();

@@ -212,10 +212,14 @@ pub enum Tensor {
 
 impl Tensor {
     /// A zero-filled tensor of `len` elements.
+    ///
+    /// Allocated as zeroed memory (`alloc_zeroed`), which the system can hand out without
+    /// writing it: a decoder that overwrites every element then touches each page once.
     pub fn zeros(dtype: Dtype, len: usize) -> Self {
+        use half::vec::HalfBitsVecExt;
         match dtype {
-            Dtype::F16 => Tensor::F16(alloc::vec![f16::ZERO; len]),
-            Dtype::Bf16 => Tensor::Bf16(alloc::vec![bf16::ZERO; len]),
+            Dtype::F16 => Tensor::F16(alloc::vec![0u16; len].reinterpret_into()),
+            Dtype::Bf16 => Tensor::Bf16(alloc::vec![0u16; len].reinterpret_into()),
             Dtype::F32 => Tensor::F32(alloc::vec![0.0; len]),
         }
     }

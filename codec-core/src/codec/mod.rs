@@ -22,7 +22,7 @@ use crate::importance::{block_exponents, reference_queries, MAX_EXP};
 use crate::kv::{Dtype, KvCache, KvShape, KvView, TensorMut, TensorRef};
 use crate::limits::{Limits, MAX_GROUP};
 use crate::profile::Profile;
-use crate::quant::{dequantize_row, quantize_block, BlockConsts, Exps, MAX_SYMBOL};
+use crate::quant::{dequantize_into, quantize_block, BlockConsts, Exps, MAX_SYMBOL};
 use crate::rans::{encode_lanes_into, DecodeTable, FreqTable, LaneDecoder, LANES};
 use alloc::borrow::Cow;
 use alloc::vec;
@@ -336,6 +336,9 @@ impl ChunkContext<'_> {
     /// each block's reconstruction (`rows * channels` f32 values; sink rows are passed as their
     /// stored values widened to f32, and their raw bytes through `raw_sink`).
     /// `chunk_id` only labels errors.
+    ///
+    /// A block is passed on only once it has passed every check of `spec/FORMAT.md` §5; on an
+    /// error, the blocks before the failing one have been passed on.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_chunk(
         &self,
@@ -344,7 +347,26 @@ impl ChunkContext<'_> {
         token_start: u32,
         rows: u32,
         level: u8,
-        mut out: impl FnMut(u32, Kv, &[f32], &[u8]),
+        out: impl FnMut(u32, Kv, &[f32], &[u8]),
+    ) -> Result<(), DecodeError> {
+        let mut collect = BlockCollect {
+            block: Vec::new(),
+            out,
+        };
+        self.decode_chunk_rows(chunk, chunk_id, token_start, rows, level, &mut collect)
+    }
+
+    /// The decoder of [`decode_chunk`](Self::decode_chunk), passing the reconstruction on one
+    /// token group at a time (so it is still in the first-level cache when the caller converts
+    /// it) and each block's raw sink bytes once the block has passed its checks.
+    fn decode_chunk_rows(
+        &self,
+        chunk: &[u8],
+        chunk_id: u32,
+        token_start: u32,
+        rows: u32,
+        level: u8,
+        out: &mut impl RowSink,
     ) -> Result<(), DecodeError> {
         // The context's fields are public: check what the stream header would have.
         if self.group == 0 || self.group > MAX_GROUP {
@@ -400,13 +422,16 @@ impl ChunkContext<'_> {
         let d = self.shape.head_dim as usize;
         let heads = self.shape.kv_heads as usize;
         let n_exps = (rows - sink) * heads;
-        let mut recon = vec![0f32; rows * c];
+        // One token group's reconstruction: a delta row needs only its group's anchor row.
+        let mut recon = vec![0f32; group.min(rows) * c];
         let mut indices = vec![0u8; c];
         let mut row_syms = vec![0i32; c];
         let mut exps = vec![0u8; n_exps];
+        let mut words: Vec<u32> = Vec::new();
         let mut consts = BlockConsts::default();
         let mut row_tables: Vec<&DecodeTable> = Vec::with_capacity(c);
-        let mut row_radii: Vec<i32> = Vec::with_capacity(c);
+        // Per head, the offset in `block_tables` its slice of `row_tables` was copied from.
+        let mut head_from = vec![usize::MAX; heads];
         let mut block_tables: Vec<&DecodeTable> = Vec::new();
         let mut block_radii: Vec<i32> = Vec::new();
         for layer in 0..self.shape.layers {
@@ -451,23 +476,19 @@ impl ChunkContext<'_> {
                     });
                 }
                 let words_bytes = r.take(total_words as usize * 4)?;
-                let words: Vec<u32> = words_bytes
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
-                let mut lanes: [&[u32]; LANES] = [&[]; LANES];
-                let mut off = 0;
-                for (lane, len) in lanes.iter_mut().zip(lane_len) {
-                    *lane = &words[off..off + len];
-                    off += len;
-                }
+                words.clear();
+                words.extend(
+                    words_bytes
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                );
                 let rans_err = |err| DecodeError::Rans {
                     chunk: chunk_id,
                     layer,
                     kv,
                     err,
                 };
-                let mut dec = LaneDecoder::new(lanes).map_err(rans_err)?;
+                let mut dec = LaneDecoder::from_concatenated(&words, lane_len).map_err(rans_err)?;
                 let n_e = if let Some(et) = &exp_table {
                     let tabs = vec![et; n_exps];
                     dec.decode(0, &tabs, &mut exps).map_err(rans_err)?;
@@ -480,7 +501,7 @@ impl ChunkContext<'_> {
                     self.profile.table_map(level, layer, kvi, 1),
                 ];
                 // Every (kind, exponent, channel) table of the block, resolved once; a row then
-                // copies its heads' slices.
+                // copies the slices of the heads whose kind or exponent changed.
                 let n_el = if n_e > 0 { n_exp } else { 1 };
                 block_tables.clear();
                 block_radii.clear();
@@ -495,74 +516,98 @@ impl ChunkContext<'_> {
                 }
                 row_tables.clear();
                 row_tables.extend_from_slice(&block_tables[..c]);
-                row_radii.clear();
-                row_radii.extend_from_slice(&block_radii[..c]);
+                head_from.iter_mut().for_each(|f| *f = usize::MAX);
                 let mut esc = esc_bytes
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                // Sink rows first: delta rows may take them as anchors.
-                read_rows(raw_sink, self.dtype, &mut recon[..sink * c]);
+                let sinks_finite = raw_sink_finite(raw_sink, self.dtype);
                 consts.fill(self.profile.channel_params(layer, kvi), mult);
-                let mut prev_kind = usize::MAX;
-                let mut prev_exps: Vec<u8> = Vec::with_capacity(heads);
-                for row in sink..rows {
-                    let kind = usize::from(row % group != 0);
-                    let base = (row - sink) * c;
-                    // The row's tables depend only on its kind and exponents: rebuild them only
-                    // when those change from the previous row.
-                    let row_exps = if n_e > 0 {
-                        &exps[(row - sink) * heads..(row - sink + 1) * heads]
-                    } else {
-                        &[][..]
-                    };
-                    let same = row > sink
-                        && prev_kind == kind
-                        && (n_e == 0 || prev_exps.as_slice() == row_exps);
-                    if !same {
-                        prev_kind = kind;
-                        prev_exps.clear();
-                        prev_exps.extend_from_slice(row_exps);
-                        for h in 0..heads {
-                            let e = row_exps.get(h).map_or(0, |&e| e as usize);
-                            let from = (kind * n_el + e) * c + h * d;
-                            row_tables[h * d..(h + 1) * d]
-                                .copy_from_slice(&block_tables[from..from + d]);
-                            row_radii[h * d..(h + 1) * d]
-                                .copy_from_slice(&block_radii[from..from + d]);
+                let ex = Exps {
+                    exps: if n_e > 0 { &exps } else { &[] },
+                    head_dim: d,
+                };
+                let mut g0 = 0;
+                while g0 < rows {
+                    let g1 = (g0 + group).min(rows);
+                    let (anchor_row, rest) = recon.split_at_mut(c);
+                    for row in g0..g1 {
+                        if row < sink {
+                            // Sink rows are stored; delta rows may take them as anchors.
+                            let dst = if row == g0 {
+                                &mut anchor_row[..]
+                            } else {
+                                &mut rest[(row - g0 - 1) * c..(row - g0) * c]
+                            };
+                            read_rows(
+                                &raw_sink[row * c * dsize..(row + 1) * c * dsize],
+                                self.dtype,
+                                dst,
+                            );
+                            continue;
                         }
-                    }
-                    dec.decode(n_e + base, &row_tables, &mut indices)
-                        .map_err(rans_err)?;
-                    // Index `i` of a radius-`R` table is the value `i - R`, and the escape
-                    // (index `2R + 1`) maps to `R + 1`: map the row branch-free, then replace
-                    // the (rare) escapes in increasing channel order.
-                    let syms = &mut row_syms[..];
-                    let mut any_escape = false;
-                    for ((o, &idx), &radius) in syms.iter_mut().zip(&indices).zip(&row_radii) {
-                        let v = i32::from(idx) - radius;
-                        *o = v;
-                        any_escape |= v > radius;
-                    }
-                    if any_escape {
-                        for (o, &radius) in syms.iter_mut().zip(&row_radii) {
-                            if *o > radius {
-                                let e = esc
-                                    .next()
-                                    .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
-                                if e.unsigned_abs() <= radius as u32
-                                    || e.unsigned_abs() > MAX_SYMBOL as u32
-                                {
-                                    return Err(DecodeError::BadEscape { chunk: chunk_id });
-                                }
-                                *o = e;
+                        let kind = usize::from(row != g0);
+                        let i = row - sink;
+                        // The row's tables depend only on its kind and its heads' exponents.
+                        for (h, from_h) in head_from.iter_mut().enumerate() {
+                            let e = if n_e > 0 {
+                                exps[i * heads + h] as usize
+                            } else {
+                                0
+                            };
+                            let from = (kind * n_el + e) * c + h * d;
+                            if *from_h != from {
+                                *from_h = from;
+                                row_tables[h * d..(h + 1) * d]
+                                    .copy_from_slice(&block_tables[from..from + d]);
                             }
                         }
+                        dec.decode(n_e + i * c, &row_tables, &mut indices)
+                            .map_err(rans_err)?;
+                        // Index `i` of a radius-`R` table is the value `i - R`, and the escape
+                        // (index `2R + 1`) maps to `R + 1`: map the row branch-free, then
+                        // replace the (rare) escapes in increasing channel order.
+                        let mut any_escape = false;
+                        for ((syms, idx), &from) in row_syms
+                            .chunks_exact_mut(d)
+                            .zip(indices.chunks_exact(d))
+                            .zip(&head_from)
+                        {
+                            for ((o, &idx), &radius) in
+                                syms.iter_mut().zip(idx).zip(&block_radii[from..from + d])
+                            {
+                                let v = i32::from(idx) - radius;
+                                *o = v;
+                                any_escape |= v > radius;
+                            }
+                        }
+                        if any_escape {
+                            for (syms, &from) in row_syms.chunks_exact_mut(d).zip(&head_from) {
+                                for (o, &radius) in
+                                    syms.iter_mut().zip(&block_radii[from..from + d])
+                                {
+                                    if *o > radius {
+                                        let e = esc
+                                            .next()
+                                            .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
+                                        if e.unsigned_abs() <= radius as u32
+                                            || e.unsigned_abs() > MAX_SYMBOL as u32
+                                        {
+                                            return Err(DecodeError::BadEscape { chunk: chunk_id });
+                                        }
+                                        *o = e;
+                                    }
+                                }
+                            }
+                        }
+                        if row == g0 {
+                            dequantize_into(&row_syms, &consts, None, i, ex, anchor_row);
+                        } else {
+                            let dst = &mut rest[(row - g0 - 1) * c..(row - g0) * c];
+                            dequantize_into(&row_syms, &consts, Some(anchor_row), i, ex, dst);
+                        }
                     }
-                    let ex = Exps {
-                        exps: if n_e > 0 { &exps } else { &[] },
-                        head_dim: d,
-                    };
-                    dequantize_row(&row_syms, &consts, row, group, sink, ex, &mut recon);
+                    out.rows(layer, kv, g0, &recon[..(g1 - g0) * c]);
+                    g0 = g1;
                 }
                 dec.finish().map_err(rans_err)?;
                 if esc.next().is_some() {
@@ -570,13 +615,13 @@ impl ChunkContext<'_> {
                         what: "more escape values than escape symbols",
                     });
                 }
-                if recon[..sink * c].iter().any(|x| !x.is_finite()) {
+                if !sinks_finite {
                     return Err(DecodeError::InvalidField {
                         what: "sink value (not finite)",
                         got: layer as u64,
                     });
                 }
-                out(layer, kv, &recon, raw_sink);
+                out.block_done(layer, kv, raw_sink);
             }
         }
         if r.remaining() != 0 {
@@ -585,6 +630,114 @@ impl ChunkContext<'_> {
             });
         }
         Ok(())
+    }
+}
+
+/// Receives a chunk's reconstruction from [`ChunkContext::decode_chunk_rows`].
+trait RowSink {
+    /// Rows `first .. first + values.len() / C` of block `(layer, kv)` (chunk-local rows; sink
+    /// rows widened to f32). Called in row order, before the block's final checks.
+    fn rows(&mut self, layer: u32, kv: Kv, first: usize, values: &[f32]);
+    /// Block `(layer, kv)` passed every check; `raw_sink` holds its sink rows' stored bytes.
+    fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]);
+}
+
+/// Collects whole blocks for [`ChunkContext::decode_chunk`]'s callback.
+struct BlockCollect<F> {
+    block: Vec<f32>,
+    out: F,
+}
+
+impl<F: FnMut(u32, Kv, &[f32], &[u8])> RowSink for BlockCollect<F> {
+    fn rows(&mut self, _layer: u32, _kv: Kv, first: usize, values: &[f32]) {
+        if first == 0 {
+            self.block.clear();
+        }
+        self.block.extend_from_slice(values);
+    }
+    fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]) {
+        (self.out)(layer, kv, &self.block, raw_sink);
+    }
+}
+
+/// Writes the rows of chunk-local rows `lo..hi` of each block into the caller's tensors, row
+/// `lo` going to element `dst` (for [`Stream::decode_range_into`]).
+struct RangeWriter<'w, 'o> {
+    k: &'w mut [TensorMut<'o>],
+    v: &'w mut [TensorMut<'o>],
+    lo: usize,
+    hi: usize,
+    dst: usize,
+    channels: usize,
+    dtype: Dtype,
+}
+
+impl<'o> RangeWriter<'_, 'o> {
+    fn tensor(&mut self, layer: u32, kv: Kv) -> &mut TensorMut<'o> {
+        match kv {
+            Kv::K => &mut self.k[layer as usize],
+            Kv::V => &mut self.v[layer as usize],
+        }
+    }
+}
+
+impl RowSink for RangeWriter<'_, '_> {
+    fn rows(&mut self, layer: u32, kv: Kv, first: usize, values: &[f32]) {
+        let c = self.channels;
+        let (lo, hi) = (first.max(self.lo), (first + values.len() / c).min(self.hi));
+        if lo >= hi {
+            return;
+        }
+        let at = self.dst + (lo - self.lo) * c;
+        let vals = &values[(lo - first) * c..(hi - first) * c];
+        self.tensor(layer, kv).write_f32(at, vals);
+    }
+    fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]) {
+        // Sink rows: copy the stored bits when the dtypes agree (already exact through f32,
+        // but NaN payloads and signed zeros stay untouched this way).
+        let (c, dtype) = (self.channels, self.dtype);
+        let size = dtype.size_bytes();
+        let sink_rows = raw_sink.len() / (c * size).max(1);
+        let (lo, hi) = (self.lo, self.hi.min(sink_rows));
+        if lo >= hi {
+            return;
+        }
+        let at = self.dst;
+        let raw = &raw_sink[lo * c * size..hi * c * size];
+        let dst = self.tensor(layer, kv);
+        if dst.dtype() != dtype {
+            return;
+        }
+        let n = raw.len() / size;
+        match dst {
+            TensorMut::F16(d) => raw
+                .chunks_exact(2)
+                .zip(&mut d[at..at + n])
+                .for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]])),
+            TensorMut::Bf16(d) => raw
+                .chunks_exact(2)
+                .zip(&mut d[at..at + n])
+                .for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]])),
+            TensorMut::F32(d) => raw
+                .chunks_exact(4)
+                .zip(&mut d[at..at + n])
+                .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        }
+    }
+}
+
+/// `true` if every stored sink value, widened to f32, is finite (check B10).
+fn raw_sink_finite(raw: &[u8], dtype: Dtype) -> bool {
+    match dtype {
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .all(|b| half::f16::from_le_bytes([b[0], b[1]]).is_finite()),
+        Dtype::Bf16 => raw
+            .chunks_exact(2)
+            .all(|b| half::bf16::from_le_bytes([b[0], b[1]]).is_finite()),
+        Dtype::F32 => raw
+            .chunks_exact(4)
+            .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
     }
 }
 
@@ -616,37 +769,6 @@ fn read_rows(raw: &[u8], dtype: Dtype, out: &mut [f32]) {
             .chunks_exact(4)
             .zip(out)
             .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-    }
-}
-
-/// Writes `raw` (sink rows in the stream dtype) to `dst` at `start` exactly when dtypes agree,
-/// else converts the widened values.
-fn write_block(
-    dst: &mut TensorMut<'_>,
-    start: usize,
-    values: &[f32],
-    raw_sink: &[u8],
-    dtype: Dtype,
-) {
-    dst.write_f32(start, values);
-    if dst.dtype() == dtype {
-        // Sink rows: copy the stored bits (already exact through f32, but NaN payloads and
-        // signed zeros stay untouched this way).
-        let n = raw_sink.len() / dtype.size_bytes();
-        match dst {
-            TensorMut::F16(d) => raw_sink
-                .chunks_exact(2)
-                .zip(&mut d[start..start + n])
-                .for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]])),
-            TensorMut::Bf16(d) => raw_sink
-                .chunks_exact(2)
-                .zip(&mut d[start..start + n])
-                .for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]])),
-            TensorMut::F32(d) => raw_sink
-                .chunks_exact(4)
-                .zip(&mut d[start..start + n])
-                .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        }
     }
 }
 
@@ -919,32 +1041,22 @@ impl<'a> Stream<'a> {
             }
             let lo = s.max(range.start);
             let hi = t.min(range.end);
-            let src = (lo - s) as usize * c..(hi - s) as usize * c;
-            let dst = (lo - range.start) as usize * c;
-            let dtype = self.header.dtype;
-            ctx.decode_chunk(
+            let mut writer = RangeWriter {
+                k: &mut *k,
+                v: &mut *v,
+                lo: (lo - s) as usize,
+                hi: (hi - s) as usize,
+                dst: (lo - range.start) as usize * c,
+                channels: c,
+                dtype: self.header.dtype,
+            };
+            ctx.decode_chunk_rows(
                 self.chunk_bytes(i)?,
                 i as u32,
                 s,
                 e.tokens,
                 e.level,
-                |layer, kv, values, raw_sink| {
-                    let out = match kv {
-                        Kv::K => &mut k[layer as usize],
-                        Kv::V => &mut v[layer as usize],
-                    };
-                    let sink_vals = raw_sink.len() / dtype.size_bytes();
-                    // Sink raw bytes cover the block's first rows; keep the part inside the range.
-                    let raw_lo = (src.start * dtype.size_bytes()).min(raw_sink.len());
-                    let raw_hi = (src.end.min(sink_vals) * dtype.size_bytes()).max(raw_lo);
-                    write_block(
-                        out,
-                        dst,
-                        &values[src.clone()],
-                        &raw_sink[raw_lo..raw_hi],
-                        dtype,
-                    );
-                },
+                &mut writer,
             )?;
         }
         Ok(())

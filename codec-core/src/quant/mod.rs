@@ -261,39 +261,60 @@ pub fn dequantize_row(
     recon: &mut [f32],
 ) {
     let c = consts.channels();
-    let heads = c / exps.head_dim.max(1);
-    let seg = exps.seg(c);
     let i = row - sink_rows;
     if row.is_multiple_of(group) {
-        let out = &mut recon[row * c..(row + 1) * c];
-        for j in 0..c / seg {
-            let m = exps.seg_mult(i, heads, j);
-            let r = j * seg..(j + 1) * seg;
-            for (((o, &q), &mean), &st) in out[r.clone()]
-                .iter_mut()
-                .zip(&s[r.clone()])
-                .zip(&consts.mean[r.clone()])
-                .zip(&consts.anchor_step[r])
-            {
-                *o = mean + q as f32 * (st * m);
-            }
-        }
+        dequantize_into(s, consts, None, i, exps, &mut recon[row * c..(row + 1) * c]);
     } else {
         let a0 = (row - row % group) * c;
         let (head, tail) = recon.split_at_mut(row * c);
-        let anchor = &head[a0..a0 + c];
-        let out = &mut tail[..c];
-        for j in 0..c / seg {
-            let m = exps.seg_mult(i, heads, j);
-            let r = j * seg..(j + 1) * seg;
-            for ((((o, &q), &a), &mean), (&w, &st)) in out[r.clone()]
-                .iter_mut()
-                .zip(&s[r.clone()])
-                .zip(&anchor[r.clone()])
-                .zip(&consts.mean[r.clone()])
-                .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
-            {
-                *o = predict(mean, w, a) + q as f32 * (st * m);
+        dequantize_into(s, consts, Some(&head[a0..a0 + c]), i, exps, &mut tail[..c]);
+    }
+}
+
+/// The arithmetic of [`dequantize_row`] with the anchor row and the output passed directly:
+/// `anchor` is `None` for an anchor row and the reconstructed anchor row for a delta row; `i`
+/// is the row's index among the block's non-sink rows (it selects the exponents); `out` gets
+/// the `C` reconstructed values.
+#[inline]
+pub fn dequantize_into(
+    s: &[i32],
+    consts: &BlockConsts,
+    anchor: Option<&[f32]>,
+    i: usize,
+    exps: Exps<'_>,
+    out: &mut [f32],
+) {
+    let c = consts.channels();
+    let heads = c / exps.head_dim.max(1);
+    let seg = exps.seg(c);
+    match anchor {
+        None => {
+            for j in 0..c / seg {
+                let m = exps.seg_mult(i, heads, j);
+                let r = j * seg..(j + 1) * seg;
+                for (((o, &q), &mean), &st) in out[r.clone()]
+                    .iter_mut()
+                    .zip(&s[r.clone()])
+                    .zip(&consts.mean[r.clone()])
+                    .zip(&consts.anchor_step[r])
+                {
+                    *o = mean + q as f32 * (st * m);
+                }
+            }
+        }
+        Some(anchor) => {
+            for j in 0..c / seg {
+                let m = exps.seg_mult(i, heads, j);
+                let r = j * seg..(j + 1) * seg;
+                for ((((o, &q), &a), &mean), (&w, &st)) in out[r.clone()]
+                    .iter_mut()
+                    .zip(&s[r.clone()])
+                    .zip(&anchor[r.clone()])
+                    .zip(&consts.mean[r.clone()])
+                    .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
+                {
+                    *o = predict(mean, w, a) + q as f32 * (st * m);
+                }
             }
         }
     }

@@ -1,5 +1,7 @@
 //! The 32-lane decoder.
 
+use alloc::borrow::Cow;
+use alloc::vec::Vec;
 use core::fmt;
 
 use super::table::DecodeTable;
@@ -12,10 +14,13 @@ use super::{RansError, LANES, PRECISION, TOTAL};
 /// previous one stopped. Never panics, whatever the words; corrupted input yields an error or
 /// valid-but-wrong symbols, which [`finish`](Self::finish) then most likely reports.
 pub struct LaneDecoder<'a> {
-    /// Each lane's words.
-    words: [&'a [u32]; LANES],
-    /// Number of unread words of each lane: `words[l][..unread[l]]` is unread, read backwards.
-    pub(super) unread: [usize; LANES],
+    /// Every lane's words, lane 0 first: lane `l` owns `words[start[l]..end of lane l]`.
+    words: Cow<'a, [u32]>,
+    /// Index in `words` of each lane's first word.
+    start: [usize; LANES],
+    /// Per lane, one past the index in `words` of the next word to read (words are read
+    /// backwards): `words[start[l]..pos[l]]` is unread.
+    pos: [usize; LANES],
     /// Each lane's state `x`.
     pub(super) state: [u64; LANES],
     /// Global index of the next symbol to decode.
@@ -27,47 +32,55 @@ impl fmt::Debug for LaneDecoder<'_> {
         f.debug_struct("LaneDecoder")
             .field("next", &self.next)
             .field("state", &self.state)
-            .field("unread", &self.unread)
+            .field("unread", &self.unread())
             .finish()
     }
 }
 
 /// One decode step of one lane (general case: the lane may have no unread word left).
 #[inline(always)]
-fn decode_step(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
+fn decode_step(
+    x: &mut u64,
+    pos: &mut usize,
+    start: usize,
+    words: &[u32],
+    table: &DecodeTable,
+) -> u8 {
     let s = *x;
     let slot = (s & u64::from(TOTAL - 1)) as u32;
     let (sym, freq, cdf) = table.lookup(slot);
     let (freq, bias) = (u64::from(freq), u64::from(slot.wrapping_sub(cdf)));
     // (s >> 12) < 2^52 and freq < 2^12, bias < freq: no overflow.
     let s = (s >> PRECISION) * freq + bias;
-    let u = *unread;
-    // `u - 1` wraps to usize::MAX when no word is left, so `get` fails exactly then.
-    let (w, any) = match words.get(u.wrapping_sub(1)) {
-        Some(&w) => (w, true),
-        None => (0, false),
+    let p = *pos;
+    let any = p > start;
+    let w = if any {
+        words.get(p - 1).copied().unwrap_or(0)
+    } else {
+        0
     };
     let refill = (s < 1 << 32) & any;
     *x = if refill { (s << 32) | u64::from(w) } else { s };
-    *unread = u - usize::from(refill);
+    *pos = p - usize::from(refill);
     sym
 }
 
-/// One decode step of a lane known to have at least one unread word (`*unread >= 1`).
+/// One decode step of a lane known to have at least one unread word (`start < *pos`).
 #[inline(always)]
-fn decode_step_fast(x: &mut u64, unread: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
+fn decode_step_fast(x: &mut u64, pos: &mut usize, words: &[u32], table: &DecodeTable) -> u8 {
     let s = *x;
     let slot = (s & u64::from(TOTAL - 1)) as u32;
     let (sym, freq, cdf) = table.lookup(slot);
     let (freq, bias) = (u64::from(freq), u64::from(slot.wrapping_sub(cdf)));
     let s = (s >> PRECISION) * freq + bias;
-    let u = *unread;
-    // In bounds since 1 <= u <= words.len(); `unwrap_or` and `wrapping_sub` keep this
-    // panic-free even if that did not hold.
-    let w = words.get(u.wrapping_sub(1)).copied().unwrap_or(0);
+    let p = *pos;
+    // In bounds since start < p <= words.len(); `unwrap_or` and `wrapping_sub` keep this
+    // panic-free even if that did not hold. The bound is the length of the one word slice of
+    // all lanes, which stays in a register.
+    let w = words.get(p.wrapping_sub(1)).copied().unwrap_or(0);
     let refill = s < 1 << 32;
     *x = if refill { (s << 32) | u64::from(w) } else { s };
-    *unread = u.wrapping_sub(usize::from(refill));
+    *pos = p.wrapping_sub(usize::from(refill));
     sym
 }
 
@@ -75,8 +88,8 @@ fn decode_step_fast(x: &mut u64, unread: &mut usize, words: &[u32], table: &Deco
 #[inline(always)]
 fn fast_round(
     state: &mut [u64; LANES],
-    unread: &mut [usize; LANES],
-    words: &[&[u32]; LANES],
+    pos: &mut [usize; LANES],
+    words: &[u32],
     out: &mut [u8; LANES],
     tables: &[&DecodeTable; LANES],
 ) {
@@ -84,7 +97,7 @@ fn fast_round(
     for q in 0..LANES / 4 {
         for k in 0..4 {
             let l = 4 * q + k;
-            out[l] = decode_step_fast(&mut state[l], &mut unread[l], words[l], tables[l]);
+            out[l] = decode_step_fast(&mut state[l], &mut pos[l], words, tables[l]);
         }
     }
 }
@@ -94,31 +107,68 @@ impl<'a> LaneDecoder<'a> {
     /// `from_compressed`): an empty lane starts in state 0; otherwise the last word `t` must be
     /// nonzero ([`RansError::ZeroFinalWord`]) and the state is `t`, or `(t << 32) | w` with `w`
     /// the word before `t` if there is one.
-    pub fn new(lane_words: [&'a [u32]; LANES]) -> Result<Self, RansError> {
-        let mut unread = [0usize; LANES];
-        let mut state = [0u64; LANES];
-        for (lane, ((&w, u), x)) in lane_words
+    ///
+    /// Copies the words into one buffer; [`from_concatenated`](Self::from_concatenated)
+    /// borrows words already laid out lane after lane, as a block stores them.
+    pub fn new(lane_words: [&[u32]; LANES]) -> Result<Self, RansError> {
+        let lens = lane_words.map(<[u32]>::len);
+        let words: Vec<u32> = lane_words.concat();
+        Self::start(Cow::Owned(words), lens)
+    }
+
+    /// [`new`](Self::new) for the lanes' words stored one after the other in `words`, lane
+    /// `l` taking the next `lane_len[l]` words; `words` must hold exactly `sum(lane_len)`
+    /// words ([`RansError::LaneLengths`] otherwise).
+    pub fn from_concatenated(
+        words: &'a [u32],
+        lane_len: [usize; LANES],
+    ) -> Result<Self, RansError> {
+        let total = lane_len
             .iter()
-            .zip(unread.iter_mut())
+            .try_fold(0usize, |acc, &l| acc.checked_add(l));
+        if total != Some(words.len()) {
+            return Err(RansError::LaneLengths { words: words.len() });
+        }
+        Self::start(Cow::Borrowed(words), lane_len)
+    }
+
+    fn start(words: Cow<'a, [u32]>, lane_len: [usize; LANES]) -> Result<Self, RansError> {
+        let mut start = [0usize; LANES];
+        let mut pos = [0usize; LANES];
+        let mut state = [0u64; LANES];
+        let mut off = 0usize;
+        for (lane, ((&len, (s, p)), x)) in lane_len
+            .iter()
+            .zip(start.iter_mut().zip(pos.iter_mut()))
             .zip(state.iter_mut())
             .enumerate()
         {
+            *s = off;
+            *p = off;
+            let w = &words[off..off + len];
+            off += len;
             match *w {
                 [] => {}
                 [.., 0] => return Err(RansError::ZeroFinalWord { lane }),
                 [t] => *x = u64::from(t),
                 [ref rest @ .., lo, hi] => {
                     *x = u64::from(hi) << 32 | u64::from(lo);
-                    *u = rest.len();
+                    *p = *s + rest.len();
                 }
             }
         }
         Ok(LaneDecoder {
-            words: lane_words,
-            unread,
+            words,
+            start,
+            pos,
             state,
             next: 0,
         })
+    }
+
+    /// Number of unread words of each lane.
+    pub(super) fn unread(&self) -> [usize; LANES] {
+        core::array::from_fn(|l| self.pos[l] - self.start[l])
     }
 
     /// Global index of the next symbol [`decode`](Self::decode) expects (number decoded so far).
@@ -159,9 +209,10 @@ impl<'a> LaneDecoder<'a> {
             });
         };
 
-        let words = &self.words;
+        let words: &[u32] = &self.words;
         let state = &mut self.state;
-        let unread = &mut self.unread;
+        let pos = &mut self.pos;
+        let start_of = &self.start;
 
         // Head: single symbols until the next global index is a multiple of 32.
         let head = ((LANES - start % LANES) % LANES).min(out.len());
@@ -169,7 +220,7 @@ impl<'a> LaneDecoder<'a> {
         let (tables_head, tables_body) = tables.split_at(head);
         for (j, (o, t)) in out_head.iter_mut().zip(tables_head).enumerate() {
             let l = (start + j) % LANES;
-            *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+            *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
         }
 
         // Body: full rounds of 32, lane l = position within the round. A round consumes at
@@ -183,18 +234,24 @@ impl<'a> LaneDecoder<'a> {
             if rounds_left == 0 {
                 break;
             }
-            let safe = unread.iter().copied().min().unwrap_or(0).min(rounds_left);
+            let safe = pos
+                .iter()
+                .zip(start_of)
+                .map(|(&p, &s)| p - s)
+                .min()
+                .unwrap_or(0)
+                .min(rounds_left);
             if safe == 0 {
                 if let (Some(o), Some(t)) = (out_rounds.next(), table_rounds.next()) {
                     for (l, (o, t)) in o.iter_mut().zip(t).enumerate() {
-                        *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+                        *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
                     }
                 }
                 continue;
             }
             for (o, t) in (&mut out_rounds).zip(&mut table_rounds).take(safe) {
                 if let (Ok(o), Ok(t)) = (o.try_into(), t.try_into()) {
-                    fast_round(state, unread, words, o, t);
+                    fast_round(state, pos, words, o, t);
                 }
             }
         }
@@ -202,7 +259,7 @@ impl<'a> LaneDecoder<'a> {
         let out_tail = out_rounds.into_remainder();
         let tables_tail = table_rounds.remainder();
         for (l, (o, t)) in out_tail.iter_mut().zip(tables_tail).enumerate() {
-            *o = decode_step(&mut state[l], &mut unread[l], words[l], t);
+            *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
         }
 
         self.next = end;
@@ -213,7 +270,7 @@ impl<'a> LaneDecoder<'a> {
     /// and is back in constriction's initial state 0 ([`RansError::BadFinalState`]); reports
     /// the lowest failing lane.
     pub fn finish(self) -> Result<(), RansError> {
-        for (lane, (&u, &x)) in self.unread.iter().zip(&self.state).enumerate() {
+        for (lane, (&u, &x)) in self.unread().iter().zip(&self.state).enumerate() {
             if u != 0 {
                 return Err(RansError::TrailingData { lane });
             }

@@ -174,6 +174,12 @@ pub enum RansError {
         /// The `start` passed.
         got: usize,
     },
+    /// [`LaneDecoder::from_concatenated`]: the lane lengths do not add up to the number of
+    /// words given.
+    LaneLengths {
+        /// The number of words given.
+        words: usize,
+    },
     /// [`LaneDecoder::decode`]: fewer tables than symbols to decode.
     TooFewTables {
         /// `out.len()`.
@@ -200,6 +206,12 @@ impl fmt::Display for RansError {
                 f,
                 "rANS decode called at symbol {got}, but the next symbol is {expected}"
             ),
+            RansError::LaneLengths { words } => {
+                write!(
+                    f,
+                    "rANS lane lengths do not add up to the {words} words given"
+                )
+            }
             RansError::TooFewTables { needed, got } => {
                 write!(f, "rANS decode of {needed} symbols given only {got} tables")
             }

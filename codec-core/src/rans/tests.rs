@@ -630,7 +630,11 @@ fn decoder_matches_constriction_on_arbitrary_words() {
                 assert_eq!(usize::from(out[g]), s, "trial {trial} lane {l} symbol {g}");
             }
             assert_eq!(dec.state[l], theirs.state(), "trial {trial} lane {l}");
-            assert_eq!(dec.unread[l], theirs.bulk().len(), "trial {trial} lane {l}");
+            assert_eq!(
+                dec.unread()[l],
+                theirs.bulk().len(),
+                "trial {trial} lane {l}"
+            );
             all_clean &= theirs.is_empty() && theirs.bulk().is_empty();
         }
         assert_eq!(dec.finish().is_ok(), all_clean);
