@@ -97,6 +97,86 @@ fn self_contained_needs_no_profile_and_referenced_does() {
 }
 
 #[test]
+fn self_contained_streams_embed_the_profile_without_hints() {
+    let (cache, q, q_heads, q_start) = common::load(common::SAMPLE, 2);
+    let profile = learn_profile(
+        &[Sample {
+            kv: cache.view(),
+            queries: Some(Queries {
+                q: q.iter().map(|l| l.as_slice()).collect(),
+                q_heads,
+                q_start,
+            }),
+        }],
+        &LearnParams::default(),
+    )
+    .unwrap();
+    assert!(profile.importance().is_some());
+    let bare = profile.without_importance();
+    assert!(bare.importance().is_none());
+    assert_eq!(bare.version(), codec_core::profile::PROFILE_VERSION);
+    for kv in 0..2 {
+        assert_eq!(bare.channel_params(1, kv), profile.channel_params(1, kv));
+    }
+    let params = EncodeParams::default();
+    let embedded = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let referenced = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+    // Same chunks; the embedded profile is the one without hints, and the header names it.
+    assert_eq!(embedded.len(), referenced.len() + bare.as_bytes().len());
+    let stream = Stream::open(&embedded, None, &Limits::DEFAULT).unwrap();
+    assert_eq!(stream.profile().hash(), bare.hash());
+    assert_eq!(
+        stream.decode().unwrap(),
+        decode(&referenced, Some(&profile), &Limits::DEFAULT).unwrap()
+    );
+    // The stream that referenced the profile with hints does not take the one without.
+    assert!(matches!(
+        decode(&referenced, Some(&bare), &Limits::DEFAULT),
+        Err(DecodeError::ProfileMismatch { .. })
+    ));
+}
+
+#[test]
+fn profile_version_2_is_read_and_kept() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors/v2");
+    let bytes = std::fs::read(dir.join("v05-every-level.kvcp")).unwrap();
+    let v2 = Profile::from_bytes(&bytes, &Limits::DEFAULT).unwrap();
+    assert_eq!(v2.version(), 2);
+    // Re-writing keeps version 2 (and so the bytes and the hash streams name).
+    let all: Vec<u8> = (0..v2.levels()).collect();
+    assert_eq!(v2.with_levels(&all).as_bytes(), &bytes[..]);
+    assert_eq!(v2.with_levels(&[1]).version(), 2);
+    assert_eq!(v2.without_importance().version(), 2);
+    // Writing the same parts as version 3 rounds the means and steps to bf16.
+    let params: Vec<_> = (0..v2.layers())
+        .flat_map(|l| [0, 1].map(|kv| v2.channel_params(l, kv).to_vec()))
+        .flatten()
+        .collect();
+    let v3 = Profile::from_parts(
+        v2.layers(),
+        v2.kv_heads(),
+        v2.head_dim(),
+        v2.level_multipliers().to_vec(),
+        params.clone(),
+        v2.importance().cloned(),
+        (0..v2.levels())
+            .map(|l| v2.level_tables(l).clone())
+            .collect(),
+    );
+    assert_eq!(v3.version(), 3);
+    assert_eq!(bytes.len() - v3.as_bytes().len(), 6 * params.len());
+    let r = codec_core::profile::to_bf16_value;
+    let got = (0..v3.layers()).flat_map(|l| [0, 1].map(|kv| v3.channel_params(l, kv).to_vec()));
+    for (a, b) in params.iter().zip(got.flatten()) {
+        assert_eq!(
+            [r(a.mean), r(a.delta_step), r(a.anchor_step)].map(f32::to_bits),
+            [b.mean, b.delta_step, b.anchor_step].map(f32::to_bits)
+        );
+        assert_eq!(a.weight, b.weight);
+    }
+}
+
+#[test]
 fn token_ranges_decode_only_what_they_need_and_match() {
     let (cache, _, _, _) = common::load(common::SAMPLE, 2);
     let profile = learn_plain(&cache, &LearnParams::default());
@@ -512,6 +592,15 @@ fn learning_keeps_steps_finite_and_positive() {
         v: vec![Tensor::F32(vec![0.0; 80])],
         ..big.clone()
     };
+    // Means beyond bf16's largest finite value (a version-3 profile stores them as bf16).
+    let edge: Vec<f32> = (0..80)
+        .map(|i| if i % 2 == 0 { f32::MAX } else { -f32::MAX })
+        .collect();
+    let huge = KvCache {
+        k: vec![Tensor::F32(edge.clone())],
+        v: vec![Tensor::F32(edge)],
+        ..big.clone()
+    };
     for (cache, lp) in [
         (
             &big,
@@ -527,10 +616,12 @@ fn learning_keeps_steps_finite_and_positive() {
                 ..LearnParams::default()
             },
         ),
+        (&huge, LearnParams::default()),
     ] {
         let profile = learn_plain(cache, &lp);
         for kv in 0..2 {
             for p in profile.channel_params(0, kv) {
+                assert!(p.mean.is_finite());
                 assert!(p.delta_step.is_finite() && p.delta_step > 0.0);
                 assert!(p.anchor_step.is_finite() && p.anchor_step > 0.0);
             }

@@ -81,6 +81,26 @@ fn profile_bytes() -> Vec<u8> {
     ])
 }
 
+/// Appendix B.1: the same profile in version 3 (7-byte channel records), row by row.
+fn profile_bytes_v3() -> Vec<u8> {
+    let v2 = profile_bytes();
+    rows(&[
+        (0, hx("4b 56 43 50")),
+        (4, hx("03 00 00 00")),
+        (8, v2[8..28].to_vec()),
+        (28, hx("00 00 80 3e 00 3e 08")),
+        (35, hx("80 bf 00 3f 80 3e 10")),
+        (42, hx("80 3e 40 3f c0 3e 0c")),
+        (49, hx("00 00 80 3f 00 3f 00")),
+        (56, hx("00 3f 00 3e 80 3d 00")),
+        (63, hx("80 3f 80 3f 00 3f 04")),
+        (70, hx("00 00 00 3f 80 3e 10")),
+        (77, hx("00 bf 80 3e 00 3e 08")),
+        (84, v2[132..216].to_vec()),
+        (168, hx("d2 5a 92 11")),
+    ])
+}
+
 /// Appendix B stream header, row by row.
 fn header_bytes() -> Vec<u8> {
     let hash =
@@ -270,7 +290,24 @@ fn appendix_b_profile_and_stream() {
     assert_eq!(crc32c(&pbytes[..216]), 0xA0061F85);
     let profile = Profile::from_bytes(&pbytes, &Limits::DEFAULT).unwrap();
     assert_eq!(profile.as_bytes(), &pbytes[..]);
-    assert_eq!(profile_from_parts().as_bytes(), &pbytes[..]);
+    let all: Vec<u8> = (0..profile.levels()).collect();
+    assert_eq!(profile.with_levels(&all).as_bytes(), &pbytes[..]);
+    // B.1: the library writes version 3; the same parts give the appendix's version-3 bytes,
+    // which parse to the same channel parameters as the version-2 bytes.
+    let v3 = profile_from_parts();
+    let v3_bytes = profile_bytes_v3();
+    assert_eq!(v3.as_bytes(), &v3_bytes[..]);
+    assert_eq!((v3.version(), profile.version()), (3, 2));
+    assert_eq!(v3_bytes.len(), 172);
+    assert_eq!(crc32c(&v3_bytes[..168]), 0x11925AD2);
+    assert_eq!(
+        hex(&v3.hash()),
+        "7b04053031d4e086c6b28168109cb0d48250ffc8b14aa219606f855c11c855b8"
+    );
+    for kv in 0..2 {
+        assert_eq!(v3.channel_params(0, kv), profile.channel_params(0, kv));
+    }
+    assert_eq!(v3.level_tables(0), profile.level_tables(0));
     assert_eq!(
         hex(&profile.hash()),
         "ea27987e26f56bfb422559538b150b07c37fd8b026528ab3e090af1e0ff65922"
@@ -364,6 +401,19 @@ fn appendix_b_profile_and_stream() {
     s2.extend(&pbytes);
     s2.extend(&chunk);
     assert_eq!(decode(&s2, None, &Limits::DEFAULT).unwrap(), cache);
+    // B.1: the same stream naming the version-3 profile decodes the same, referenced or
+    // embedded.
+    let mut h3 = header.clone();
+    h3.profile_hash = v3.hash();
+    let mut s3 = h3.to_bytes();
+    s3.extend(&chunk);
+    assert_eq!(decode(&s3, Some(&v3), &Limits::DEFAULT).unwrap(), cache);
+    h3.profile_len = v3_bytes.len() as u64;
+    h3.chunks[0].offset = 133 + v3_bytes.len() as u64;
+    let mut s4 = h3.to_bytes();
+    s4.extend(&v3_bytes);
+    s4.extend(&chunk);
+    assert_eq!(decode(&s4, None, &Limits::DEFAULT).unwrap(), cache);
 }
 
 #[test]

@@ -103,7 +103,17 @@ fn sha256(b: &[u8]) -> [u8; 32] {
 
 #[test]
 fn golden_vectors() {
-    let dir = vectors_dir();
+    check_vectors(&vectors_dir());
+}
+
+/// The vectors written with profile version 2 (FORMAT.md §4.2), before version 3: decoders
+/// still read them.
+#[test]
+fn golden_vectors_profile_v2() {
+    check_vectors(&vectors_dir().join("v2"));
+}
+
+fn check_vectors(dir: &Path) {
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
             .expect("manifest is JSON");
@@ -370,6 +380,20 @@ fn with_chunk(s: &[u8], i: usize, chunk: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Bytes per channel-parameter record of a profile (by its version, FORMAT.md §4.2).
+fn record_len(p: &[u8]) -> usize {
+    if u16::from_le_bytes([p[4], p[5]]) >= 3 {
+        7
+    } else {
+        13
+    }
+}
+
+/// Offset of the first channel record's `delta_step` in a profile.
+fn first_step_at(p: &[u8]) -> usize {
+    24 + 4 * p[20] as usize + record_len(p) / 3
+}
+
 /// Offset of level 0's first table's first frequency in a profile.
 fn first_freq_at(p: &[u8]) -> usize {
     let u32at = |o: usize| u32::from_le_bytes(p[o..o + 4].try_into().unwrap()) as usize;
@@ -381,7 +405,7 @@ fn first_freq_at(p: &[u8]) -> usize {
     } else {
         0
     };
-    24 + 4 * n_levels + 13 * 2 * l * c + hints + 2 + 1
+    24 + 4 * n_levels + record_len(p) * 2 * l * c + hints + 2 + 1
 }
 
 fn build() -> (Vec<Valid>, Vec<Invalid>) {
@@ -771,6 +795,27 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
         None,
         d,
     );
+    let mut p = prof_bytes.clone();
+    let at = first_step_at(&p);
+    p[at..at + 2].copy_from_slice(&[0, 0]);
+    fix_trailing_crc(&mut p);
+    bad(
+        "zero-step",
+        "embedded profile whose first channel's delta_step is bf16 +0 (profile CRC, hash and header CRC recomputed)",
+        with_embedded(&base, &p),
+        None,
+        d,
+    );
+    let mut p = prof_bytes.clone();
+    p[4] = 4;
+    fix_trailing_crc(&mut p);
+    bad(
+        "profile-version-4",
+        "embedded profile of version 4 (profile CRC, hash and header CRC recomputed)",
+        with_embedded(&base, &p),
+        None,
+        d,
+    );
     let other = synthetic(shape(2, 2, 4, 40), Dtype::F16, meta(RopeStyle::NeoX, 0), 5);
     let other_p = learn(&other, None);
     bad(
@@ -857,7 +902,7 @@ fn write_vectors() {
         }));
     }
     let m = json!({
-        "format": "kvc stream version 2, profile version 2 (spec/FORMAT.md)",
+        "format": "kvc stream version 2, profile version 3 (spec/FORMAT.md)",
         "output_layout": "per layer i = 0..L-1: K then V, each [T, H, D] row-major, little-endian, in the stream's dtype",
         "valid": vj,
         "invalid": ij,

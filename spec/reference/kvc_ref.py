@@ -1,4 +1,4 @@
-"""Independent reference decoder for the kvc stream format (stream version 2, profile version 2).
+"""Independent reference decoder for the kvc stream format (stream version 2, profile versions 2 and 3).
 
 Written from spec/FORMAT.md alone (no access to the Rust implementation). Section numbers in the
 comments (e.g. "§6.3", "H12", "B7") refer to that document.
@@ -503,7 +503,7 @@ def parse_profile(data, limits=None):
     if n < 6:
         raise _err("Truncated", "profile")
     version = struct.unpack_from("<H", data, 4)[0]
-    if version != 2:                                                       # P3
+    if version not in (2, 3):                                              # P3
         raise _err("UnsupportedVersion", None, "profile version %d" % version)
     if n < 8:
         raise _err("Truncated", "profile")
@@ -532,14 +532,23 @@ def parse_profile(data, limits=None):
             raise _err("InvalidField", "level multiplier")
         mults.append(_f32_from_bits(bits))
     n_rec = 2 * L * C
-    rd.need(13 * n_rec, "profile channel parameters")                     # P11
-    rec = np.frombuffer(data, dtype=np.dtype([("mean", "<f4"), ("delta", "<f4"),
-                                              ("anchor", "<f4"), ("weight", "u1")]),
-                        count=n_rec, offset=rd.pos)
-    rd.pos += 13 * n_rec
-    mean = rec["mean"].astype(np.float32)
-    delta = rec["delta"].astype(np.float32)
-    anchor = rec["anchor"].astype(np.float32)
+    rec_len = 7 if version == 3 else 13                                    # §4.2
+    rd.need(rec_len * n_rec, "profile channel parameters")                # P11
+    if version == 3:
+        # mean, delta_step, anchor_step as bf16: the high half of an f32 (§1.2).
+        rec = np.frombuffer(data, dtype=np.dtype([("mean", "<u2"), ("delta", "<u2"),
+                                                  ("anchor", "<u2"), ("weight", "u1")]),
+                            count=n_rec, offset=rd.pos)
+        widen = lambda b: (b.astype(np.uint32) << np.uint32(16)).view(np.float32)  # noqa: E731
+        mean, delta, anchor = widen(rec["mean"]), widen(rec["delta"]), widen(rec["anchor"])
+    else:
+        rec = np.frombuffer(data, dtype=np.dtype([("mean", "<f4"), ("delta", "<f4"),
+                                                  ("anchor", "<f4"), ("weight", "u1")]),
+                            count=n_rec, offset=rd.pos)
+        mean = rec["mean"].astype(np.float32)
+        delta = rec["delta"].astype(np.float32)
+        anchor = rec["anchor"].astype(np.float32)
+    rd.pos += rec_len * n_rec
     weight = rec["weight"].astype(np.uint8)
     with np.errstate(invalid="ignore"):
         bad_mean = ~np.isfinite(mean)

@@ -41,7 +41,9 @@ pub const DEFAULT_SINK: u16 = 1;
 pub enum ProfileMode<'a> {
     /// The stream carries only the profile's hash; decoding needs the same profile.
     Referenced(&'a Profile),
-    /// The stream embeds the profile and decodes alone (self-contained).
+    /// The stream embeds the profile and decodes alone (self-contained). What is embedded is
+    /// the profile without its importance hints ([`Profile::without_importance`]), which
+    /// decoding never reads; the stream's profile hash is that profile's.
     Embedded(&'a Profile),
 }
 
@@ -850,7 +852,12 @@ pub fn encode(
         });
         chunks.push(bytes);
     }
-    let embedded = matches!(profile, ProfileMode::Embedded(_));
+    // A self-contained stream embeds the profile without its importance hints: decoding never
+    // reads them (FORMAT.md §4.3), and they cost ~4 bytes per (layer, channel).
+    let embedded = match profile {
+        ProfileMode::Embedded(p) => Some(p.without_importance()),
+        ProfileMode::Referenced(_) => None,
+    };
     let header = Header {
         version: STREAM_VERSION,
         shape: view.shape,
@@ -859,17 +866,13 @@ pub fn encode(
         chunk_tokens: params.chunk_tokens,
         group: params.group as u16,
         n_sink: params.n_sink,
-        profile_hash: p.hash(),
-        profile_len: if embedded {
-            p.as_bytes().len() as u64
-        } else {
-            0
-        },
+        profile_hash: embedded.as_ref().unwrap_or(p).hash(),
+        profile_len: embedded.as_ref().map_or(0, |e| e.as_bytes().len() as u64),
         chunks: entries,
     };
     let mut out = header.to_bytes();
-    if embedded {
-        out.extend_from_slice(p.as_bytes());
+    if let Some(e) = &embedded {
+        out.extend_from_slice(e.as_bytes());
     }
     for c in chunks {
         out.extend_from_slice(&c);

@@ -7,7 +7,7 @@ use crate::codec::{ChunkContext, Stream, HEADER_FIXED_LEN, INDEX_ENTRY_LEN};
 use crate::error::Kv;
 use crate::kv::{Dtype, KvCache, KvShape, Rope, Tensor};
 use crate::limits::Limits;
-use crate::profile::{ChannelParams, Profile};
+use crate::profile::{ChannelParams, Profile, PROFILE_VERSION};
 use alloc::vec::Vec;
 use sha2::{Digest, Sha256};
 
@@ -280,25 +280,35 @@ pub fn decode_profile(data: &[u8]) {
     let again = Profile::from_bytes(p.as_bytes(), &LIMITS).expect("a parsed profile re-parses");
     assert_eq!(again.hash(), p.hash());
 
+    // Rebuilding from the parts gives the same bytes: `with_levels` over every level keeps the
+    // version; `from_parts` writes the current one.
+    let all: Vec<u8> = (0..p.levels()).collect();
+    assert_eq!(
+        p.with_levels(&all).as_bytes(),
+        bytes,
+        "with_levels(all) writes what from_bytes read"
+    );
     let params: Vec<ChannelParams> = (0..p.layers())
         .flat_map(|l| [0, 1].map(|kv| p.channel_params(l, kv).to_vec()))
         .flatten()
         .collect();
     let levels = (0..p.levels()).map(|l| p.level_tables(l).clone()).collect();
-    let rebuilt = Profile::from_parts(
-        p.layers(),
-        p.kv_heads(),
-        p.head_dim(),
-        p.level_multipliers().to_vec(),
-        params,
-        p.importance().cloned(),
-        levels,
-    );
-    assert_eq!(
-        rebuilt.as_bytes(),
-        bytes,
-        "from_parts writes what from_bytes read"
-    );
+    if p.version() == PROFILE_VERSION {
+        let rebuilt = Profile::from_parts(
+            p.layers(),
+            p.kv_heads(),
+            p.head_dim(),
+            p.level_multipliers().to_vec(),
+            params,
+            p.importance().cloned(),
+            levels,
+        );
+        assert_eq!(
+            rebuilt.as_bytes(),
+            bytes,
+            "from_parts writes what from_bytes read"
+        );
+    }
 
     for level in 0..p.levels() {
         let lt = p.level_tables(level);
@@ -312,11 +322,11 @@ pub fn decode_profile(data: &[u8]) {
     }
 }
 
-/// The fixed profile of [`decode_chunk`]: golden vector `v17`'s `.kvcp` (2 layers, 2 KV heads,
+/// The fixed profile of [`decode_chunk`]: the profile-version-2 golden vector `v2/v17`'s `.kvcp` (2 layers, 2 KV heads,
 /// head dimension 8, 12 levels, importance hints), the profile of vectors `v16` (with step
 /// exponents) and `v17`, whose chunks seed the target.
 pub const CHUNK_PROFILE_BYTES: &[u8] =
-    include_bytes!("../../../spec/vectors/v17-hints-uniform-steps.kvcp");
+    include_bytes!("../../../spec/vectors/v2/v17-hints-uniform-steps.kvcp");
 
 /// Parses [`CHUNK_PROFILE_BYTES`].
 pub fn chunk_profile() -> Profile {

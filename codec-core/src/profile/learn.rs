@@ -482,18 +482,19 @@ fn learn_tensor(
 
     // Calibrate one scale for the whole (layer, K/V).
     let make = |scale: f64| -> Vec<ChannelParams> {
+        // A version-3 profile holds means and steps as bf16 (FORMAT.md §4.2; `from_parts`
+        // rounds them). Keep them inside bf16's finite range so that they round to finite
+        // values and steps stay positive (P12): caches with values near f32::MAX would otherwise
+        // round them to infinity, and a tiny anchor ratio to 0.
+        let max = half::bf16::MAX.to_f32() as f64;
+        let min_pos = half::bf16::from_bits(1).to_f32() as f64;
         (0..c)
             .map(|ch| {
-                // Steps must be finite and positive as f32 (FORMAT.md P12): caches with values
-                // near f32::MAX would otherwise round them to infinity, and a tiny anchor ratio
-                // to 0.
                 // (`max` before `min`: a NaN product becomes the floor, as before.)
-                let step = (shape[ch] * scale).max(1e-30).min(f32::MAX as f64);
-                let anchor = (step * params.anchor_ratio as f64)
-                    .max(f32::from_bits(1) as f64)
-                    .min(f32::MAX as f64);
+                let step = (shape[ch] * scale).max(1e-30).min(max);
+                let anchor = (step * params.anchor_ratio as f64).max(min_pos).min(max);
                 ChannelParams {
-                    mean: mean[ch] as f32,
+                    mean: mean[ch].clamp(-max, max) as f32,
                     delta_step: step as f32,
                     anchor_step: anchor as f32,
                     weight: weight[ch],

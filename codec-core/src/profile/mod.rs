@@ -21,8 +21,28 @@ use sha2::{Digest, Sha256};
 
 /// Magic bytes of a profile.
 pub const PROFILE_MAGIC: [u8; 4] = *b"KVCP";
-/// Profile format version.
-pub const PROFILE_VERSION: u16 = 2;
+/// Profile format version written ([`Profile::from_parts`] and the learner). Version 3 stores
+/// each channel's mean and steps as bf16 (7-byte records); version 2 stored them as f32
+/// (13-byte records). Both are read.
+pub const PROFILE_VERSION: u16 = 3;
+/// The oldest profile version still read.
+pub const PROFILE_VERSION_MIN: u16 = 2;
+
+/// Bytes of one channel-parameter record in a profile of `version`.
+fn record_len(version: u16) -> u64 {
+    if version >= 3 {
+        7
+    } else {
+        13
+    }
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), widened back to f32: the values a version-3
+/// profile can hold for a channel's mean and steps. Finite values beyond bf16's range round to
+/// infinity.
+pub fn to_bf16_value(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
 /// Largest table radius: a table codes the values `-radius..=radius` plus an escape.
 pub const MAX_RADIUS: u8 = 127;
 /// Denominator of the anchor weight (`weight / 16`).
@@ -86,6 +106,7 @@ pub struct Importance {
 /// A model profile. Construct with [`learn_profile`] or [`Profile::from_bytes`].
 #[derive(Clone, Debug)]
 pub struct Profile {
+    version: u16,
     layers: u32,
     kv_heads: u32,
     head_dim: u32,
@@ -107,12 +128,40 @@ impl PartialEq for Profile {
 }
 
 impl Profile {
-    /// Builds a profile from its parts, validating them and computing its bytes and hash.
+    /// Builds a profile from its parts, validating them and computing its bytes and hash. The
+    /// profile is written in the current version ([`PROFILE_VERSION`]), which holds each
+    /// channel's mean and steps as bf16: other values are rounded to the nearest bf16 (see
+    /// [`to_bf16_value`]), and the profile's [`channel_params`](Self::channel_params) are the
+    /// rounded values.
     ///
     /// # Panics
-    /// If the parts are inconsistent (wrong lengths, bad steps, out-of-range table ids); the
-    /// learner never produces such parts.
+    /// If the parts are inconsistent (wrong lengths, bad steps, out-of-range table ids, a step
+    /// that rounds to 0 or infinity); the learner never produces such parts.
     pub fn from_parts(
+        layers: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        level_mult: Vec<f32>,
+        params: Vec<ChannelParams>,
+        importance: Option<Importance>,
+        levels: Vec<LevelTables>,
+    ) -> Self {
+        Self::write(
+            PROFILE_VERSION,
+            layers,
+            kv_heads,
+            head_dim,
+            level_mult,
+            params,
+            importance,
+            levels,
+        )
+    }
+
+    /// [`from_parts`](Self::from_parts) in profile version `version` (2 or 3).
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        version: u16,
         layers: u32,
         kv_heads: u32,
         head_dim: u32,
@@ -123,7 +172,7 @@ impl Profile {
     ) -> Self {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&PROFILE_MAGIC);
-        bytes.put_u16(PROFILE_VERSION);
+        bytes.put_u16(version);
         bytes.put_u16(0);
         bytes.put_u32(layers);
         bytes.put_u32(kv_heads);
@@ -135,9 +184,15 @@ impl Profile {
             bytes.put_f32(*m);
         }
         for p in &params {
-            bytes.put_f32(p.mean);
-            bytes.put_f32(p.delta_step);
-            bytes.put_f32(p.anchor_step);
+            if version >= 3 {
+                for x in [p.mean, p.delta_step, p.anchor_step] {
+                    bytes.put_u16(half::bf16::from_f32(x).to_bits());
+                }
+            } else {
+                bytes.put_f32(p.mean);
+                bytes.put_f32(p.delta_step);
+                bytes.put_f32(p.anchor_step);
+            }
             bytes.put_u8(p.weight);
         }
         if let Some(imp) = &importance {
@@ -185,7 +240,7 @@ impl Profile {
             });
         }
         let version = r.u16()?;
-        if version != PROFILE_VERSION {
+        if !(PROFILE_VERSION_MIN..=PROFILE_VERSION).contains(&version) {
             return Err(DecodeError::UnsupportedVersion {
                 what: "profile",
                 got: version,
@@ -258,7 +313,7 @@ impl Profile {
             level_mult.push(m);
         }
         let n_params = layers as usize * 2 * c;
-        let need = n_params as u64 * 13;
+        let need = n_params as u64 * record_len(version);
         if need > r.remaining() as u64 {
             return Err(DecodeError::Truncated {
                 what: "profile channel parameters",
@@ -267,10 +322,15 @@ impl Profile {
             });
         }
         let mut params = Vec::with_capacity(n_params);
+        let bf16 = |r: &mut Reader<'_>| -> Result<f32, DecodeError> {
+            Ok(half::bf16::from_bits(r.u16()?).to_f32())
+        };
         for _ in 0..n_params {
-            let mean = r.f32()?;
-            let delta_step = r.f32()?;
-            let anchor_step = r.f32()?;
+            let (mean, delta_step, anchor_step) = if version >= 3 {
+                (bf16(&mut r)?, bf16(&mut r)?, bf16(&mut r)?)
+            } else {
+                (r.f32()?, r.f32()?, r.f32()?)
+            };
             let weight = r.u8()?;
             if !mean.is_finite() {
                 return Err(DecodeError::InvalidField {
@@ -423,6 +483,7 @@ impl Profile {
             })
             .collect();
         Ok(Profile {
+            version,
             layers,
             kv_heads,
             head_dim,
@@ -569,7 +630,8 @@ impl Profile {
                 && levels.len() <= MAX_LEVELS
                 && levels.iter().all(|&l| l < self.levels())
         );
-        Profile::from_parts(
+        Profile::write(
+            self.version,
             self.layers,
             self.kv_heads,
             self.head_dim,
@@ -584,5 +646,30 @@ impl Profile {
                 .map(|&l| self.levels[l as usize].clone())
                 .collect(),
         )
+    }
+
+    /// This profile without its importance hints (§4.3 of `spec/FORMAT.md`): what a
+    /// self-contained stream embeds, since decoding never reads them. Same version, levels and
+    /// channel parameters, so it decodes every stream this profile encodes; its bytes, and hence
+    /// its hash, differ when there were hints.
+    pub fn without_importance(&self) -> Profile {
+        if self.importance.is_none() {
+            return self.clone();
+        }
+        Profile::write(
+            self.version,
+            self.layers,
+            self.kv_heads,
+            self.head_dim,
+            self.level_mult.clone(),
+            self.params.clone(),
+            None,
+            self.levels.clone(),
+        )
+    }
+
+    /// The profile format version of this profile's bytes (2 or 3).
+    pub fn version(&self) -> u16 {
+        self.version
     }
 }
