@@ -257,8 +257,9 @@ pub const PROFILE_FIX_CRC: u8 = 1;
 /// Input: `flags: u8 | profile`. With [`PROFILE_FIX_CRC`] in `flags` the last 4 bytes are
 /// replaced by the CRC of the others first (so mutations reach the fields behind the CRC
 /// check). If the profile parses, asserts: its [`Profile::as_bytes`] are the input, its hash is
-/// their SHA-256, parsing them again gives the same hash, [`Profile::from_parts`] of its parts
-/// writes the same bytes, and [`Profile::table_at`] follows the down links.
+/// their SHA-256, parsing them again gives the same hash, [`Profile::with_levels`] over every
+/// level (and, for the current version, [`Profile::from_parts`] of its parts) writes the same
+/// bytes, and [`Profile::table_at`] follows the down links.
 pub fn decode_profile(data: &[u8]) {
     let (flags, rest) = data.split_first().map_or((0, &[][..]), |(f, r)| (*f, r));
     let mut fixed;
