@@ -6,10 +6,7 @@
 //!
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
-use codec_core::{
-    decode, encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Queries, Sample,
-    Stream,
-};
+use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode, Stream};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path};
 use std::hint::black_box;
@@ -17,18 +14,7 @@ use std::path::Path;
 
 fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
     let f = load(path);
-    let profile = learn_profile(
-        &[Sample {
-            kv: f.kv.view(),
-            queries: Some(Queries {
-                q: f.q.iter().map(|l| l.as_slice()).collect(),
-                q_heads: f.q_heads,
-                q_start: f.q_start,
-            }),
-        }],
-        &LearnParams::default(),
-    )
-    .expect("profile");
+    let profile = f.self_profile();
     let bytes = f.kv.shape.total_elements() * 2;
     let mut g = c.benchmark_group(format!("codec/{name}"));
     g.throughput(Throughput::Bytes(bytes));

@@ -2,10 +2,8 @@
 //! comparisons on a noisy machine where criterion's means drift by 10-20%:
 //! `cargo run --release -p kvc-benches --example decode_best -- LEVEL N` prints the fastest of N
 //! decodes into reused buffers and to a fresh owned cache (`ONLY_INTO=1` skips the latter), and
-//! the time `KvCache::zeros` takes. The profile is learned once and cached in /tmp.
-use codec_core::{
-    decode, encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Queries, Sample,
-};
+//! the time `KvCache::zeros` takes. The profile is learned from the dump itself.
+use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode};
 use kvc_benches::{big_fixture_path, load};
 use std::time::Instant;
 
@@ -19,25 +17,7 @@ fn main() {
         .map(|s| s.parse().unwrap())
         .unwrap_or(20);
     let f = load(&big_fixture_path().unwrap());
-    let pp = "/tmp/kvc-decode-best.kvcp";
-    let profile = if let Ok(b) = std::fs::read(pp) {
-        codec_core::Profile::from_bytes(&b, &Limits::DEFAULT).unwrap()
-    } else {
-        let p = learn_profile(
-            &[Sample {
-                kv: f.kv.view(),
-                queries: Some(Queries {
-                    q: f.q.iter().map(|l| l.as_slice()).collect(),
-                    q_heads: f.q_heads,
-                    q_start: f.q_start,
-                }),
-            }],
-            &LearnParams::default(),
-        )
-        .unwrap();
-        std::fs::write(pp, p.as_bytes()).unwrap();
-        p
-    };
+    let profile = f.self_profile();
     let params = EncodeParams {
         levels: vec![level],
         ..EncodeParams::default()

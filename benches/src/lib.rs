@@ -29,6 +29,24 @@ pub struct Fixture {
     pub q_start: u64,
 }
 
+impl Fixture {
+    /// A profile learned from this dump itself, with its queries (default parameters).
+    pub fn self_profile(&self) -> codec_core::Profile {
+        codec_core::learn_profile(
+            &[codec_core::Sample {
+                kv: self.kv.view(),
+                queries: Some(codec_core::Queries {
+                    q: self.q.iter().map(|l| l.as_slice()).collect(),
+                    q_heads: self.q_heads,
+                    q_start: self.q_start,
+                }),
+            }],
+            &codec_core::LearnParams::default(),
+        )
+        .expect("profile")
+    }
+}
+
 /// Loads a fixture dump (`k.{i}`, `v.{i}` f16 `[T, H, D]`, `q.{i}` f16 `[n_q, q_heads, D]`).
 pub fn load(path: &Path) -> Fixture {
     let bytes = std::fs::read(path).expect("fixture present");
