@@ -484,7 +484,16 @@ fn cmd_inspect(input: &Path) -> Result<()> {
         "profile         {} ({})",
         hex(&h.profile_hash),
         if h.profile_len > 0 {
-            format!("embedded, {} bytes", h.profile_len)
+            // The embedded profile's format version (its bytes 4..6), when present.
+            let at = h.header_len();
+            match bytes.get(at + 4..at + 6) {
+                Some(v) => format!(
+                    "embedded, {} bytes, profile v{}",
+                    h.profile_len,
+                    u16::from_le_bytes([v[0], v[1]])
+                ),
+                None => format!("embedded, {} bytes", h.profile_len),
+            }
         } else {
             "referenced".to_string()
         }

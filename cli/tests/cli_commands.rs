@@ -48,7 +48,7 @@ fn encode_inspect_decode_with_and_without_profile() {
     let (ok, out, err) = kvc(&["inspect", &s(&kvc_sc)]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("embedded") && out.contains("200..400"),
+        out.contains("embedded") && out.contains("profile v3") && out.contains("200..400"),
         "{out}"
     );
     let (ok, _, err) = kvc(&["decode", &s(&kvc_sc), &s(&out_sc)]);
