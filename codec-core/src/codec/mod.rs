@@ -22,7 +22,9 @@ use crate::importance::{block_exponents, reference_queries, MAX_EXP};
 use crate::kv::{Dtype, KvCache, KvShape, KvView, TensorMut, TensorRef};
 use crate::limits::{Limits, MAX_GROUP};
 use crate::profile::Profile;
-use crate::quant::{dequantize_into, quantize_block, BlockConsts, Exps, MAX_SYMBOL};
+use crate::quant::{
+    dequantize_indices, dequantize_one, quantize_block, BlockConsts, Exps, MAX_SYMBOL,
+};
 use crate::rans::{encode_lanes_into, DecodeTable, FreqTable, LaneDecoder, LANES};
 use alloc::borrow::Cow;
 use alloc::vec;
@@ -427,7 +429,6 @@ impl ChunkContext<'_> {
         // One token group's reconstruction: a delta row needs only its group's anchor row.
         let mut recon = vec![0f32; group.min(rows) * c];
         let mut indices = vec![0u8; c];
-        let mut row_syms = vec![0i32; c];
         let mut exps = vec![0u8; n_exps];
         let mut words: Vec<u32> = Vec::new();
         let mut consts = BlockConsts::default();
@@ -568,44 +569,52 @@ impl ChunkContext<'_> {
                         // Index `i` of a radius-`R` table is the value `i - R`, and the escape
                         // (index `2R + 1`) maps to `R + 1`: map the row branch-free, then
                         // replace the (rare) escapes in increasing channel order.
+                        // Map the indices and reconstruct in one pass per head; index `i`
+                        // of a radius-`R` table is the value `i - R`, and the escape (index
+                        // `2R + 1`) maps to `R + 1`, so escapes are recognised afterwards and
+                        // their channels redone with the escape values, in channel order.
+                        let (dst, anchor) = if row == g0 {
+                            (&mut anchor_row[..], None)
+                        } else {
+                            (
+                                &mut rest[(row - g0 - 1) * c..(row - g0) * c],
+                                Some(&anchor_row[..]),
+                            )
+                        };
                         let mut any_escape = false;
-                        for ((syms, idx), &from) in row_syms
-                            .chunks_exact_mut(d)
-                            .zip(indices.chunks_exact(d))
-                            .zip(&head_from)
-                        {
-                            for ((o, &idx), &radius) in
-                                syms.iter_mut().zip(idx).zip(&block_radii[from..from + d])
-                            {
-                                let v = i32::from(idx) - radius;
-                                *o = v;
-                                any_escape |= v > radius;
-                            }
+                        for (h, &from) in head_from.iter().enumerate() {
+                            let seg = h * d..(h + 1) * d;
+                            any_escape |= dequantize_indices(
+                                &indices[seg.clone()],
+                                &block_radii[from..from + d],
+                                &consts,
+                                h * d,
+                                ex.seg_mult(i, heads, h),
+                                anchor.map(|a| &a[seg.clone()]),
+                                &mut dst[seg],
+                            );
                         }
                         if any_escape {
-                            for (syms, &from) in row_syms.chunks_exact_mut(d).zip(&head_from) {
-                                for (o, &radius) in
-                                    syms.iter_mut().zip(&block_radii[from..from + d])
-                                {
-                                    if *o > radius {
-                                        let e = esc
-                                            .next()
-                                            .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
-                                        if e.unsigned_abs() <= radius as u32
-                                            || e.unsigned_abs() > MAX_SYMBOL as u32
-                                        {
-                                            return Err(DecodeError::BadEscape { chunk: chunk_id });
-                                        }
-                                        *o = e;
+                            for (h, &from) in head_from.iter().enumerate() {
+                                let m = ex.seg_mult(i, heads, h);
+                                for k in 0..d {
+                                    let ch = h * d + k;
+                                    let radius = block_radii[from + k];
+                                    if i32::from(indices[ch]) - radius <= radius {
+                                        continue;
                                     }
+                                    let e = esc
+                                        .next()
+                                        .ok_or(DecodeError::BadEscape { chunk: chunk_id })?;
+                                    if e.unsigned_abs() <= radius as u32
+                                        || e.unsigned_abs() > MAX_SYMBOL as u32
+                                    {
+                                        return Err(DecodeError::BadEscape { chunk: chunk_id });
+                                    }
+                                    dst[ch] =
+                                        dequantize_one(&consts, ch, e, m, anchor.map(|a| a[ch]));
                                 }
                             }
-                        }
-                        if row == g0 {
-                            dequantize_into(&row_syms, &consts, None, i, ex, anchor_row);
-                        } else {
-                            let dst = &mut rest[(row - g0 - 1) * c..(row - g0) * c];
-                            dequantize_into(&row_syms, &consts, Some(anchor_row), i, ex, dst);
                         }
                     }
                     out.rows(layer, kv, g0, &recon[..(g1 - g0) * c]);

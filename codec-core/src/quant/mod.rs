@@ -143,7 +143,7 @@ impl Exps<'_> {
 
     /// Step multiplier of segment `j` of non-sink row `i` (`heads` segments per row).
     #[inline]
-    fn seg_mult(&self, i: usize, heads: usize, j: usize) -> f32 {
+    pub(crate) fn seg_mult(&self, i: usize, heads: usize, j: usize) -> f32 {
         if self.exps.is_empty() {
             1.0
         } else {
@@ -316,6 +316,71 @@ pub fn dequantize_into(
                     *o = predict(mean, w, a) + q as f32 * (st * m);
                 }
             }
+        }
+    }
+}
+
+/// One segment of a row reconstructed straight from its table indices (the decoder's fused form
+/// of the index mapping of `spec/FORMAT.md` §6.4 and [`dequantize_into`]): channel `k` of the
+/// segment has index `idx[k]` in a table of radius `radius[k]`, so its symbol is
+/// `idx[k] - radius[k]`, and constants `consts` at channels `first + k`; `m` is the segment's
+/// step multiplier and `anchor` the segment of the anchor row (`None` for an anchor row).
+///
+/// Returns `true` if some index is an escape (symbol `> radius`): those outputs are not final,
+/// and the caller replaces them with [`dequantize_one`] of the escape value.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn dequantize_indices(
+    idx: &[u8],
+    radius: &[i32],
+    consts: &BlockConsts,
+    first: usize,
+    m: f32,
+    anchor: Option<&[f32]>,
+    out: &mut [f32],
+) -> bool {
+    let n = out.len();
+    let r = first..first + n;
+    let mut escape = false;
+    match anchor {
+        None => {
+            for ((o, (&i, &rad)), (&mean, &st)) in out
+                .iter_mut()
+                .zip(idx.iter().zip(radius))
+                .zip(consts.mean[r.clone()].iter().zip(&consts.anchor_step[r]))
+            {
+                let q = i32::from(i) - rad;
+                escape |= q > rad;
+                *o = mean + q as f32 * (st * m);
+            }
+        }
+        Some(anchor) => {
+            for (((o, (&i, &rad)), &a), ((&mean, &w), &st)) in
+                out.iter_mut().zip(idx.iter().zip(radius)).zip(anchor).zip(
+                    consts.mean[r.clone()]
+                        .iter()
+                        .zip(&consts.weight[r.clone()])
+                        .zip(&consts.delta_step[r]),
+                )
+            {
+                let q = i32::from(i) - rad;
+                escape |= q > rad;
+                *o = predict(mean, w, a) + q as f32 * (st * m);
+            }
+        }
+    }
+    escape
+}
+
+/// Channel `ch` of a row reconstructed from symbol `q` with step multiplier `m` and, for a
+/// delta row, the reconstructed anchor value `anchor`: the arithmetic of [`dequantize_into`] for
+/// one channel.
+#[inline]
+pub fn dequantize_one(consts: &BlockConsts, ch: usize, q: i32, m: f32, anchor: Option<f32>) -> f32 {
+    match anchor {
+        None => consts.mean[ch] + q as f32 * (consts.anchor_step[ch] * m),
+        Some(a) => {
+            predict(consts.mean[ch], consts.weight[ch], a) + q as f32 * (consts.delta_step[ch] * m)
         }
     }
 }
