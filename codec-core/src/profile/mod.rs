@@ -106,7 +106,6 @@ pub struct Importance {
 /// A model profile. Construct with [`learn_profile`] or [`Profile::from_bytes`].
 #[derive(Clone, Debug)]
 pub struct Profile {
-    version: u16,
     layers: u32,
     kv_heads: u32,
     head_dim: u32,
@@ -483,7 +482,6 @@ impl Profile {
             })
             .collect();
         Ok(Profile {
-            version,
             layers,
             kv_heads,
             head_dim,
@@ -631,7 +629,7 @@ impl Profile {
                 && levels.iter().all(|&l| l < self.levels())
         );
         Profile::write(
-            self.version,
+            self.version(),
             self.layers,
             self.kv_heads,
             self.head_dim,
@@ -657,7 +655,7 @@ impl Profile {
             return self.clone();
         }
         Profile::write(
-            self.version,
+            self.version(),
             self.layers,
             self.kv_heads,
             self.head_dim,
@@ -668,8 +666,9 @@ impl Profile {
         )
     }
 
-    /// The profile format version of this profile's bytes (2 or 3).
+    /// The profile format version of this profile's bytes (2 or 3): bytes 4..6, which
+    /// parsing checked.
     pub fn version(&self) -> u16 {
-        self.version
+        u16::from_le_bytes([self.bytes[4], self.bytes[5]])
     }
 }
