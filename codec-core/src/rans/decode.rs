@@ -15,16 +15,19 @@ use super::{RansError, LANES, PRECISION, TOTAL};
 /// valid-but-wrong symbols, which [`finish`](Self::finish) then most likely reports.
 pub struct LaneDecoder<'a> {
     /// Every lane's words, lane 0 first: lane `l` owns `words[start[l]..end of lane l]`.
-    words: Cow<'a, [u32]>,
+    pub(super) words: Cow<'a, [u32]>,
     /// Index in `words` of each lane's first word.
-    start: [usize; LANES],
+    pub(super) start: [usize; LANES],
     /// Per lane, one past the index in `words` of the next word to read (words are read
     /// backwards): `words[start[l]..pos[l]]` is unread.
-    pos: [usize; LANES],
+    pub(super) pos: [usize; LANES],
     /// Each lane's state `x`.
     pub(super) state: [u64; LANES],
     /// Global index of the next symbol to decode.
     next: usize,
+    /// Whether [`decode`](Self::decode) may use the vector path (tests turn it off to compare
+    /// the two).
+    pub(super) vector: bool,
 }
 
 impl fmt::Debug for LaneDecoder<'_> {
@@ -102,6 +105,29 @@ fn fast_round(
     }
 }
 
+/// Decodes with the vector path where the CPU has one (see `super::x86`); `false` if it did
+/// not run (nothing is then changed).
+#[inline(always)]
+pub(super) fn vector_decode(
+    state: &mut [u64; LANES],
+    pos: &mut [usize; LANES],
+    start_of: &[usize; LANES],
+    words: &[u32],
+    first: usize,
+    tables: &[&DecodeTable],
+    out: &mut [u8],
+) -> bool {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    {
+        super::x86::decode(state, pos, start_of, words, first, tables, out)
+    }
+    #[cfg(not(all(feature = "std", target_arch = "x86_64")))]
+    {
+        let _ = (state, pos, start_of, words, first, tables, out);
+        false
+    }
+}
+
 impl<'a> LaneDecoder<'a> {
     /// Starts decoding: reads each lane's initial state from the end of its words (constriction's
     /// `from_compressed`): an empty lane starts in state 0; otherwise the last word `t` must be
@@ -163,6 +189,7 @@ impl<'a> LaneDecoder<'a> {
             pos,
             state,
             next: 0,
+            vector: true,
         })
     }
 
@@ -213,6 +240,11 @@ impl<'a> LaneDecoder<'a> {
         let state = &mut self.state;
         let pos = &mut self.pos;
         let start_of = &self.start;
+
+        if self.vector && vector_decode(state, pos, start_of, words, start, tables, out) {
+            self.next = end;
+            return Ok(());
+        }
 
         // Head: single symbols until the next global index is a multiple of 32.
         let head = ((LANES - start % LANES) % LANES).min(out.len());

@@ -11,6 +11,7 @@ use constriction::stream::stack::DefaultAnsCoder;
 use constriction::stream::Decode;
 use proptest::prelude::*;
 
+use super::decode::vector_decode;
 use super::*;
 
 type Model = ContiguousCategoricalEntropyModel<u32, Vec<u32>, 12>;
@@ -683,5 +684,116 @@ proptest! {
             prop_assert!(out.iter().all(|&s| s < 5));
             let _ = dec.finish();
         }
+    }
+}
+
+/// Decodes `len` symbols of `lanes` twice, with the vector path allowed (where the CPU has one)
+/// and with the portable steps only, in the same pieces (`cuts`, sorted); asserts equal symbols,
+/// states and unread word counts after every piece and equal `finish` results.
+fn assert_paths_agree(
+    lanes: [&[u32]; LANES],
+    per_pos: &[&DecodeTable],
+    cuts: &[usize],
+) -> Result<(), TestCaseError> {
+    let (Ok(mut fast), Ok(mut slow)) = (LaneDecoder::new(lanes), LaneDecoder::new(lanes)) else {
+        prop_assert_eq!(LaneDecoder::new(lanes).err(), LaneDecoder::new(lanes).err());
+        return Ok(());
+    };
+    slow.vector = false;
+    let n = per_pos.len();
+    let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+    let mut start = 0;
+    for &end in cuts.iter().chain(core::iter::once(&n)) {
+        fast.decode(start, &per_pos[start..end], &mut a[start..end])
+            .unwrap();
+        slow.decode(start, &per_pos[start..end], &mut b[start..end])
+            .unwrap();
+        prop_assert_eq!(&a[start..end], &b[start..end], "symbols {}..{}", start, end);
+        prop_assert_eq!(fast.state, slow.state, "states after {}", end);
+        prop_assert_eq!(fast.unread(), slow.unread(), "unread words after {}", end);
+        start = end;
+    }
+    prop_assert_eq!(fast.finish(), slow.finish());
+    Ok(())
+}
+
+/// Whether this machine runs the vector path (else the tests below compare the portable path
+/// with itself, and say so).
+fn vector_path_here() -> bool {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    {
+        super::x86::available()
+    }
+    #[cfg(not(all(feature = "std", target_arch = "x86_64")))]
+    {
+        false
+    }
+}
+
+#[test]
+fn vector_path_is_taken_where_available() {
+    // The decoder must use the vector path on a CPU that has one: otherwise the differential
+    // tests below would compare the portable path with itself.
+    std::eprintln!("vector rANS path on this CPU: {}", vector_path_here());
+    let m = random_message(&mut Rng(3), 5000);
+    let lanes = encode_message(&m);
+    let dts: Vec<DecodeTable> = m.tables.iter().map(DecodeTable::from).collect();
+    let per_pos: Vec<&DecodeTable> = m.table_ix.iter().map(|&i| &dts[i]).collect();
+    let mut dec = LaneDecoder::new(lane_refs(&lanes)).unwrap();
+    let mut out = vec![0u8; m.symbols.len()];
+    let before = dec.state;
+    let taken = vector_decode(
+        &mut dec.state,
+        &mut dec.pos,
+        &dec.start,
+        &dec.words,
+        0,
+        &per_pos,
+        &mut out,
+    );
+    assert_eq!(taken, vector_path_here());
+    if taken {
+        assert_eq!(out, m.symbols);
+    } else {
+        assert_eq!(dec.state, before, "a path that did not run changed nothing");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Vector and portable paths agree on valid streams, cut anywhere (partial rounds at both
+    /// ends, lanes that run out of words, empty lanes).
+    #[test]
+    fn proptest_vector_matches_portable_valid(
+        seed in any::<u64>(),
+        len in 0usize..4000,
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    ) {
+        let m = random_message(&mut Rng(seed), len);
+        let lanes = encode_message(&m);
+        let dts: Vec<DecodeTable> = m.tables.iter().map(DecodeTable::from).collect();
+        let per_pos: Vec<&DecodeTable> = m.table_ix.iter().map(|&i| &dts[i]).collect();
+        let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(len + 1)).collect();
+        cuts.sort_unstable();
+        assert_paths_agree(lane_refs(&lanes), &per_pos, &cuts)?;
+    }
+
+    /// ... and on arbitrary words (states no encoder produces, truncated and overlong lanes,
+    /// decoding past a lane's end).
+    #[test]
+    fn proptest_vector_matches_portable_garbage(
+        seed in any::<u64>(),
+        words in prop::collection::vec(prop::collection::vec(any::<u32>(), 0..24), LANES),
+        len in 0usize..1500,
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    ) {
+        let m = random_message(&mut Rng(seed), len);
+        let dts: Vec<DecodeTable> = m.tables.iter().map(DecodeTable::from).collect();
+        let per_pos: Vec<&DecodeTable> = m.table_ix.iter().map(|&i| &dts[i]).collect();
+        let refs: [&[u32]; LANES] = core::array::from_fn(|l| words[l].as_slice());
+        let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(len + 1)).collect();
+        cuts.sort_unstable();
+        assert_paths_agree(refs, &per_pos, &cuts)?;
     }
 }
