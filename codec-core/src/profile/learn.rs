@@ -485,6 +485,43 @@ fn learn_tensor(
         std.iter().map(|s| s.max(pooled_std * 1e-3)).collect()
     };
 
+    // Step floors that keep every sample value representable at every level. The profile stores
+    // the mean as bf16, so even a channel that never varies (one sample token, a constant
+    // channel) has a residual of up to 2^-9 of its magnitude. Steps calibrated on zero variance
+    // would shrink until that residual needs more than `MAX_SYMBOL` steps and the encoder clamps
+    // it, breaking the half-a-step bound on the profile's own samples. The floor: the largest
+    // sample residual against the stored mean fits in 2^22 steps at the finest level (2^24 is the
+    // clamp; the margin covers bf16 rounding of the steps), twice that for deltas, whose
+    // predictor can sit on the other side of the mean. Real caches never reach it (their steps
+    // are many orders of magnitude above).
+    let min_mult = params
+        .level_mult
+        .iter()
+        .fold(f64::INFINITY, |m, x| m.min(*x as f64));
+    let floor_anchor: Vec<f64> = {
+        let stored: Vec<f64> = mean
+            .iter()
+            .map(|m| {
+                let bmax = half::bf16::MAX.to_f32() as f64;
+                half::bf16::from_f32(m.clamp(-bmax, bmax) as f32).to_f32() as f64
+            })
+            .collect();
+        let mut r = vec![0f64; c];
+        for (x, _) in tensors {
+            for row in x.chunks_exact(c) {
+                for ch in 0..c {
+                    let d = libm::fabs(row[ch] as f64 - stored[ch]);
+                    if d > r[ch] {
+                        r[ch] = d;
+                    }
+                }
+            }
+        }
+        r.iter()
+            .map(|r| r / (min_mult * (1u64 << 22) as f64))
+            .collect()
+    };
+
     // Calibrate one scale for the whole (layer, K/V).
     let make = |scale: f64| -> Vec<ChannelParams> {
         // A version-3 profile holds means and steps as bf16 (FORMAT.md §4.2; `from_parts`
@@ -496,8 +533,14 @@ fn learn_tensor(
         (0..c)
             .map(|ch| {
                 // (`max` before `min`: a NaN product becomes the floor, as before.)
-                let step = (shape[ch] * scale).max(1e-30).min(max);
-                let anchor = (step * params.anchor_ratio as f64).max(min_pos).min(max);
+                let step = (shape[ch] * scale)
+                    .max(1e-30)
+                    .max(2.0 * floor_anchor[ch])
+                    .min(max);
+                let anchor = (step * params.anchor_ratio as f64)
+                    .max(min_pos)
+                    .max(floor_anchor[ch])
+                    .min(max);
                 ChannelParams {
                     mean: mean[ch].clamp(-max, max) as f32,
                     delta_step: step as f32,
