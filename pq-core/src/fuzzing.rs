@@ -1,5 +1,5 @@
-//! Fuzz harness (feature `fuzzing`): the body of the cargo-fuzz target `fuzz/fuzz_targets/
-//! pq_unpack.rs`.
+//! Fuzz harnesses (feature `fuzzing`): the bodies of the cargo-fuzz targets `fuzz/fuzz_targets/
+//! pq_unpack.rs` and `fuzz/fuzz_targets/pq_search.rs`.
 //!
 //! The target is one call of [`pq_unpack_counting`], and `tests/fuzz_regressions.rs` replays the
 //! committed inputs in `fuzz/seeds/pq_unpack/` and `fuzz/regressions/pq_unpack/` through the
@@ -9,6 +9,7 @@
 //!
 //! | target | entry points | invariants asserted |
 //! |---|---|---|
+//! | `pq_search` | [`search`], [`select`], [`scores`] | the fused search (with its AVX-512 fixed-point kernel where the CPU has it) returns exactly `select(scores(..))`, on tables with NaN, infinities, ties, and sums one `f32` spacing apart; [`pq_search`] gives the input layout |
 //! | `pq_unpack` | [`unpack`], [`pack`], [`packed_len`] | exactly the errors `spec/PQ.md` §2 requires: `b` outside `1..=16`, a byte length other than `ceil(n * b / 8)`, non-zero padding; an accepted input gives `n` codes, each `< 2^b` and equal to a bit-by-bit reading of the spec, and [`pack`] of them gives the input bytes back; a rejected input with non-zero padding decodes once its padding is cleared; [`unpack`] allocates nothing when the length is wrong and at most `n` codes when it is right |
 //!
 //! # Input layout
@@ -25,6 +26,8 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::pack::{pack, packed_len, unpack, MAX_PACK_BITS};
+use crate::search::{scores, search, select, ScoreTable};
+use alloc::vec;
 
 /// Bytes before the payload in a `pq_unpack` input.
 pub const PQ_UNPACK_HEADER_LEN: usize = 6;
@@ -199,6 +202,116 @@ pub fn pq_unpack_counting(data: &[u8], allocated_bytes: impl Fn() -> usize) {
             "code {i} (b={b} n={n})"
         );
     }
+}
+
+/// Bytes before the payload in a `pq_search` input.
+pub const PQ_SEARCH_HEADER_LEN: usize = 12;
+
+/// The `pq_search` target: the fused [`search`] equals [`select`] over [`scores`] (the
+/// definition `spec/PQ.md` §5 gives), for an `m = 2` table and codes read from `data`:
+///
+/// ```text
+/// b_sel u8 | mode u8 | t_arg u16 | k_arg u16 | n_init u8 | n_local u8 | seed u32 | payload
+/// ```
+///
+/// (little-endian; missing bytes read as zero). `b = 1 + b_sel % 7`, `T = t_arg % 4097` tokens,
+/// `k = k_arg % (T + 2)`, windows `n_init % 80` and `n_local % 200`. The table's `2 * 2^b`
+/// entries come from the payload by `mode % 4`: 0, raw `f32` bits (NaN, infinities and
+/// subnormals included); 1, a palette of 16 small integers, signed zeros and the specials (many
+/// exact ties); 2, `3000 + byte * 2.4e-4` (sums that differ by about one `f32` spacing, where
+/// rounding merges them); 3, continuous values from `seed`. The codes follow: one payload byte
+/// each (modulo `2^b`), then values from `seed` once the payload runs out, so that long
+/// searches (the AVX-512 kernel's sampled bracket needs 512 tokens) come from short inputs.
+pub fn pq_search(data: &[u8]) {
+    let byte = |i: usize| data.get(i).copied().unwrap_or(0);
+    let u16_at = |i: usize| u16::from_le_bytes([byte(i), byte(i + 1)]);
+    let b = 1 + byte(0) % 7;
+    let mode = byte(1) % 4;
+    let t = usize::from(u16_at(2)) % 4097;
+    let k = usize::from(u16_at(4)) % (t + 2);
+    let (n_init, n_local) = (usize::from(byte(6) % 80), usize::from(byte(7)) % 200);
+    let mut state = u64::from(u32::from_le_bytes([byte(8), byte(9), byte(10), byte(11)])) | 1 << 40;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let payload = data.get(PQ_SEARCH_HEADER_LEN..).unwrap_or(&[]);
+    let mut at = 0usize;
+    let kk = 1usize << b;
+    let mut values = Vec::with_capacity(2 * kk);
+    for _ in 0..2 * kk {
+        let v = match mode {
+            0 => {
+                let mut w = [0u8; 4];
+                for x in &mut w {
+                    *x = payload.get(at).copied().unwrap_or(0);
+                    at += 1;
+                }
+                f32::from_le_bytes(w)
+            }
+            1 | 2 => {
+                let x = payload.get(at).copied().unwrap_or(0);
+                at += 1;
+                if mode == 2 {
+                    3000.0 + f32::from(x) * 2.4e-4
+                } else {
+                    match x % 24 {
+                        16 => -0.0,
+                        17 => 0.0,
+                        18 => f32::NAN,
+                        19 => f32::INFINITY,
+                        20 => f32::NEG_INFINITY,
+                        v => f32::from(v % 16) - 8.0,
+                    }
+                }
+            }
+            _ => ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 60.0,
+        };
+        values.push(v);
+    }
+    let table = ScoreTable { m: 2, b, values };
+    let codes: Vec<u16> = (0..2 * t)
+        .map(|_| {
+            let c = match payload.get(at) {
+                Some(&x) => u64::from(x),
+                None => next() >> 20,
+            };
+            at += 1;
+            (c % kk as u64) as u16
+        })
+        .collect();
+    let want = select(
+        &scores(&codes, &table).expect("valid codes"),
+        k,
+        n_init,
+        n_local,
+    )
+    .expect("T fits u32");
+    let got = search(&codes, &table, k, n_init, n_local).expect("valid codes");
+    assert_eq!(got, want, "search differs from select over scores");
+}
+
+/// Builds a `pq_search` input from its header fields and payload; for writing seeds.
+#[allow(clippy::too_many_arguments)]
+pub fn pq_search_input(
+    b_sel: u8,
+    mode: u8,
+    t_arg: u16,
+    k_arg: u16,
+    n_init: u8,
+    n_local: u8,
+    seed: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut data = vec![b_sel, mode];
+    data.extend_from_slice(&t_arg.to_le_bytes());
+    data.extend_from_slice(&k_arg.to_le_bytes());
+    data.extend_from_slice(&[n_init, n_local]);
+    data.extend_from_slice(&seed.to_le_bytes());
+    data.extend_from_slice(payload);
+    data
 }
 
 #[cfg(test)]

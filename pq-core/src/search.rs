@@ -16,7 +16,6 @@
 //! like above a token only one head likes, which is the behaviour wanted for a shared selection.)
 use alloc::vec;
 use alloc::vec::Vec;
-use core::cmp::Ordering;
 
 use crate::codebook::{rows, Codebook};
 use crate::error::PqError;
@@ -25,9 +24,9 @@ use crate::simd::{columns, dot, dot_x8, Op};
 /// Query·centroid inner products of one query (or one GQA group), `[m, 2^b]` row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoreTable {
-    m: usize,
-    b: u8,
-    values: Vec<f32>,
+    pub(crate) m: usize,
+    pub(crate) b: u8,
+    pub(crate) values: Vec<f32>,
 }
 
 impl ScoreTable {
@@ -206,13 +205,6 @@ fn order_key(s: f32) -> u32 {
     } else {
         b | 0x8000_0000
     }
-}
-
-/// The ranking order of [`select`] (used by [`rerank`]): higher score first, NaN ranked as
-/// `-inf`, `-0.0` below `+0.0`, then lower index first. A total order, so the selection is unique.
-fn rank(scores: &[f32], a: u32, b: u32) -> Ordering {
-    let key = |i: u32| order_key(scores[i as usize]);
-    key(b).cmp(&key(a)).then(a.cmp(&b))
 }
 
 /// For `1 <= k <= keys.len()`: the `k`-th largest key `tau`, and how many keys equal to `tau` the
@@ -490,9 +482,10 @@ fn take_best_keys_portable(
 }
 
 /// Appends the `k` best tokens of checked `codes` like [`take_best_keys`] and returns `true`,
-/// where a kernel that does it in two passes over the tokens is available (x86-64 with AVX-512F
-/// and BMI2, `m = 2`, `2^b <= 64`, at least 512 tokens) and its sampled
-/// bracket holds the `k`-th key; else returns `false` with `out` untouched.
+/// where a kernel that does it in two passes over the tokens on 16-bit fixed-point keys is
+/// available (x86-64 with AVX-512 F, BW and VBMI2, BMI2, `m = 2`, `2^b <= 64`, at least 512
+/// tokens), the table allows fixed-point keys, and its sampled bracket holds the `k`-th key;
+/// else returns `false` with `out` untouched. Either way the result is the exact one.
 #[inline]
 fn take_best_codes(
     codes: &[u16],
@@ -557,9 +550,12 @@ pub fn search(
     Ok(out)
 }
 
-/// AVX-512 kernels for x86-64 CPUs that have it, used when the CPU reports `avx512f`. Each is
-/// checked against its portable counterpart by tests (identical results: the same `f32` additions
-/// in the same order; integer compares and compaction are exact).
+/// AVX-512 kernels for x86-64 CPUs that have it, used when the CPU reports `avx512f` (and, for
+/// the fixed-point top-k, BW, VBMI2 and BMI2). Each is checked against its portable counterpart
+/// by tests (identical results: the same `f32` additions in the same order; integer compares and
+/// compaction are exact; the fixed-point top-k ranks by `f32` scores wherever its keys could
+/// disagree with them, a bound proved at [`fixed_rows`] and tested by a differential test and the
+/// `pq_search` fuzz target).
 #[cfg(all(feature = "std", target_arch = "x86_64"))]
 #[allow(unsafe_code)]
 mod x86 {
@@ -745,7 +741,7 @@ mod x86 {
         _mm512_xor_si512(bits, flip)
     }
 
-    /// [`super::take_best_codes`] where AVX-512F and BMI2 are available.
+    /// [`super::take_best_codes`] where AVX-512 (F, BW, VBMI2), BMI2 and POPCNT are available.
     #[inline]
     pub(super) fn take_best_codes(
         codes: &[u16],
@@ -762,44 +758,327 @@ mod x86 {
             && 0 < k
             && k < n
             && has_avx512()
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vbmi2")
             && std::is_x86_feature_detected!("bmi2")
             && std::is_x86_feature_detected!("popcnt")
         {
-            let mut rows = [[0.0f32; 64]; 2];
+            // Entries past `2^b` (never looked up: codes are checked) repeat the row's first, so
+            // that they move no minimum or maximum.
+            let mut rows = [[table.values[0]; 64], [table.values[kk]; 64]];
             rows[0][..kk].copy_from_slice(&table.values[..kk]);
             rows[1][..kk].copy_from_slice(&table.values[kk..2 * kk]);
-            // SAFETY: AVX-512F and BMI2 were just detected; the function has no other
+            // SAFETY: every feature the function enables was just detected; it has no other
             // precondition.
-            unsafe { take_best_m2_avx512(codes, &rows, base, k, out) }
+            unsafe { take_best_m2_fixed(codes, &rows, base, k, out) }
         } else {
             false
         }
     }
 
-    /// The fewest tokens for which [`take_best_m2_avx512`] samples a bracket.
+    /// The fewest tokens for which [`take_best_m2_fixed`] samples a bracket.
     const BRACKET_MIN_TOKENS: usize = 512;
 
-    /// Sample size and half-width (in sample ranks) of the bracket of
-    /// [`take_best_m2_avx512`]. With 64 samples the `k`-th key's sample rank has a standard
-    /// deviation of about 3.2 at `k = T/5`; +-9 misses about once in 200 searches.
+    /// Sample size and half-width (in sample ranks) of the bracket of [`take_best_m2_fixed`].
+    /// With 64 samples the `k`-th key's sample rank has a standard deviation of about 3.2 at
+    /// `k = T/5`; +-9 misses about once in 200 searches.
     const SAMPLE: usize = 64;
     const HALF_WIDTH: usize = 9;
 
-    /// Top-k in two passes over the tokens, without storing their keys:
-    /// 1. a bracket `[lo, hi]` of key values from a sorted sample of 64 tokens' keys;
-    /// 2. pass one: each 16-token block's keys, with a mask of those `> hi` (taken whatever the
-    ///    `k`-th key is, if the bracket holds it) and a mask of those in the bracket, whose keys
-    ///    are compacted in index order into `band`;
-    /// 3. if fewer than `k` keys are `> hi` and at least `k` are `>= lo`, the `k`-th key `tau`
-    ///    and its ties are found among the band's keys, and each band key gets a taken bit
-    ///    (`> tau`, or one of the first `ties` equal to `tau`), in band order;
-    /// 4. pass two: per block, the taken mask is the `> hi` mask plus the block's taken bits
-    ///    deposited (`pdep`) at the positions of its band mask; the taken indices are compacted.
+    /// The largest key gap [`fixed_rows`] accepts (a wider one would leave too many tokens to
+    /// rank exactly; the exact path runs instead).
+    const MAX_GAP: u32 = 1024;
+
+    /// The most tokens near the `k`-th key that [`take_best_m2_fixed`] ranks by their `f32`
+    /// scores (more, from many equal keys, leave it to the exact path).
+    const MAX_CANDIDATES: usize = 256;
+
+    /// Scale of the fixed-point keys: the two rows' ranges together map onto `0..=60000`.
+    const KEY_SPAN: f32 = 60000.0;
+
+    /// Word indices `0, 2, 4, ..` and `1, 3, 5, ..`: the first and second codes of 32 tokens
+    /// held in two registers (a two-register word permute reads word `i` of the pair).
+    const EVEN: [u16; 32] = {
+        let mut a = [0u16; 32];
+        let mut i = 0;
+        while i < 32 {
+            a[i] = 2 * i as u16;
+            i += 1;
+        }
+        a
+    };
+    const ODD: [u16; 32] = {
+        let mut a = [0u16; 32];
+        let mut i = 0;
+        while i < 32 {
+            a[i] = 2 * i as u16 + 1;
+            i += 1;
+        }
+        a
+    };
+
+    /// The 16-bit fixed-point rows of an `m = 2` table (two registers of 32 words per row) and
+    /// the key gap at which fixed-point keys order the `f32` scores exactly.
     ///
-    /// Returns `false`, with `out` untouched, when the bracket misses (the caller then runs the
-    /// general path).
-    #[target_feature(enable = "avx512f,bmi2,popcnt")]
-    fn take_best_m2_avx512(
+    /// Entry `Q_j[c] = trunc(((t_j[c] - min_j) * s) + 0.5)` in `f32` operations, with
+    /// `s = min(KEY_SPAN / (range_0 + range_1), 1 / u)` (`u` below), so a token's key `K = Q_0[c0] + Q_1[c1]` is at most
+    /// 60001 and fits a `u16`. Error bound: `(t - min) * s <= 60000 (1 + 2^-22)`; the `f32`
+    /// subtraction, multiplication and addition of 0.5 err by at most 0.0072 + 0.0072 + 0.002,
+    /// so each entry lies within 0.52 of the exact `(t_j[c] - min_j) * s`, and a key within 1.04
+    /// of `s` times the exact sum `t_0[c0] + t_1[c1]` less `min_0 + min_1`. Two tokens whose
+    /// keys differ by `gap` or more therefore have exact sums `y` that differ by at least
+    /// `(gap - 2.08) / s > u`, where `u = U * 2^-23 + 2^-149` and `U >= |y|` for every token:
+    /// `u` exceeds the two roundings to `f32` of such sums together (`|fl(y) - y| <= 2^-24 |y|`,
+    /// or `2^-150` below the normal range), so their `f32` scores `(0.0 + t_0) + t_1` differ in
+    /// the same direction. `gap = 3 + ceil(u * s)`, at most 5 (`u * s <= 1` up to rounding).
+    ///
+    /// `None` when an entry is not finite, all sums are equal, `U >= 2^126` (a sum could round
+    /// to infinity), or the gap would exceed [`MAX_GAP`]; the exact path runs then.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn fixed_rows(rows: &[[f32; 64]; 2]) -> Option<([[__m512i; 2]; 2], u32)> {
+        let t = load_rows(rows);
+        let mut lo = [0.0f32; 2];
+        let mut hi = [0.0f32; 2];
+        for r in 0..2 {
+            let mn = _mm512_min_ps(
+                _mm512_min_ps(t[r][0], t[r][1]),
+                _mm512_min_ps(t[r][2], t[r][3]),
+            );
+            let mx = _mm512_max_ps(
+                _mm512_max_ps(t[r][0], t[r][1]),
+                _mm512_max_ps(t[r][2], t[r][3]),
+            );
+            lo[r] = _mm512_reduce_min_ps(mn);
+            hi[r] = _mm512_reduce_max_ps(mx);
+        }
+        // A NaN entry can hide from min/max: `x - x` is NaN exactly where `x` is not finite.
+        let mut bad = 0u16;
+        for x in t.iter().flatten() {
+            bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(_mm512_sub_ps(*x, *x), _mm512_setzero_ps());
+        }
+        if bad != 0 {
+            return None;
+        }
+        let total = (hi[0] - lo[0]) + (hi[1] - lo[1]);
+        if !(total > 0.0 && total.is_finite()) {
+            return None;
+        }
+        let mag = |r: usize| f64::from(lo[r].abs().max(hi[r].abs()));
+        let big_u = (mag(0) + mag(1)) * (1.0 + 1e-12);
+        if big_u >= 2f64.powi(126) {
+            return None;
+        }
+        let u = big_u * 2f64.powi(-23) + 2f64.powi(-149);
+        // No finer than the `f32` spacing `u` (finer keys would only widen the gap).
+        let s = (f64::from(KEY_SPAN / total)).min(1.0 / u) as f32;
+        if !(s.is_finite() && s > 0.0) {
+            return None;
+        }
+        let gap = 3.0 + (u * f64::from(s)).ceil();
+        if gap > f64::from(MAX_GAP) {
+            return None;
+        }
+        let (sv, half) = (_mm512_set1_ps(s), _mm512_set1_ps(0.5));
+        let q = core::array::from_fn(|r| {
+            let lv = _mm512_set1_ps(lo[r]);
+            let w: [__m256i; 4] = core::array::from_fn(|i| {
+                let x = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(t[r][i], lv), sv), half);
+                _mm512_cvtepi32_epi16(_mm512_cvttps_epi32(x))
+            });
+            [
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w[0]), w[1]),
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w[2]), w[3]),
+            ]
+        });
+        Some((q, gap as u32))
+    }
+
+    /// Appends the first `count` (`<= 32`) words of `packed` to `v`, storing all 32 into its
+    /// spare capacity, as [`push16`] does (callers reserve 32 slots beyond what they keep).
+    #[inline(always)]
+    fn push32(v: &mut Vec<u16>, packed: __m512i, count: usize) {
+        let spare = v.spare_capacity_mut();
+        assert!(spare.len() >= 32 && count <= 32);
+        // SAFETY: `spare` holds at least 32 u16 slots (checked), valid for one unaligned 64-byte
+        // store; after it the first `count <= 32` spare slots are initialized.
+        unsafe {
+            _mm512_storeu_si512(spare.as_mut_ptr().cast(), packed);
+            v.set_len(v.len() + count);
+        }
+    }
+
+    /// The low `len` bits set (`len <= 32`).
+    #[inline(always)]
+    fn low_bits(len: usize) -> u32 {
+        if len >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << len) - 1
+        }
+    }
+
+    /// How many of `v` are `>= t1` and how many `>= t2`, 32 per step.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,popcnt")]
+    fn count_ge2_u16(v: &[u16], t1: u32, t2: u32) -> (usize, usize) {
+        let (u1, u2) = (
+            _mm512_set1_epi16(t1 as u16 as i16),
+            _mm512_set1_epi16(t2 as u16 as i16),
+        );
+        let (mut n1, mut n2) = (0usize, 0usize);
+        for c in v.chunks(32) {
+            let live = low_bits(c.len());
+            // SAFETY: only the `c.len()` live words are read, all inside `c`.
+            let x = unsafe { _mm512_maskz_loadu_epi16(live, c.as_ptr().cast()) };
+            n1 += _mm512_mask_cmpge_epu16_mask(live, x, u1).count_ones() as usize;
+            n2 += _mm512_mask_cmpge_epu16_mask(live, x, u2).count_ones() as usize;
+        }
+        (n1, n2)
+    }
+
+    /// The `js[i]`-th largest (from 0) of at most 64 keys `v` (every `js[i] < v.len()`):
+    /// each key's count of larger keys `g` (one broadcast compare per key and register), then
+    /// the `j`-th largest is the smallest key with `g <= j`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn nth_largest_u16<const N: usize>(v: &[u16], js: [usize; N]) -> [u16; N] {
+        let n = v.len().min(64);
+        let mut arr = [0u16; 64];
+        arr[..n].copy_from_slice(&v[..n]);
+        // SAFETY: `arr[32r..32r + 32]` is 32 u16 = 64 bytes in bounds (r < 2).
+        let regs: [__m512i; 2] =
+            core::array::from_fn(|r| unsafe { _mm512_loadu_si512(arr[32 * r..].as_ptr().cast()) });
+        let live = [low_bits(n), low_bits(n.saturating_sub(32))];
+        let one = _mm512_set1_epi16(1);
+        let mut g = [_mm512_setzero_si512(); 2];
+        for &x in &arr[..n] {
+            let b = _mm512_set1_epi16(x as i16);
+            for r in 0..2 {
+                let gt = _mm512_cmpgt_epu16_mask(b, regs[r]);
+                g[r] = _mm512_mask_add_epi16(g[r], gt, g[r], one);
+            }
+        }
+        js.map(|j| {
+            let jv = _mm512_set1_epi16(j as i16);
+            let ones = _mm512_set1_epi16(-1);
+            let pick = |r: usize| {
+                let m = live[r] & _mm512_cmple_epu16_mask(g[r], jv);
+                _mm512_mask_blend_epi16(m, ones, regs[r])
+            };
+            let mut lanes = [0u16; 32];
+            // SAFETY: `lanes` is 32 u16 = 64 bytes.
+            unsafe {
+                _mm512_storeu_si512(
+                    lanes.as_mut_ptr().cast(),
+                    _mm512_min_epu16(pick(0), pick(1)),
+                )
+            };
+            lanes.iter().copied().min().unwrap_or(u16::MAX)
+        })
+    }
+
+    /// The `j`-th largest (from 0) of `v`, whose keys all lie in `lo..=hi` (`j < v.len()`).
+    ///
+    /// Counting passes with two thresholds each, aimed by interpolation a margin either side of
+    /// the rank sought (halving instead after a pass that kept more than half), narrow
+    /// `[a, b]` until at most 64 keys lie in it; those are collected and ranked.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt")]
+    fn kth_u16(v: &[u16], j: usize, lo: u16, hi: u16) -> u16 {
+        // Invariants: the answer is in [a, b]; ca = #keys >= a > j; cb = #keys > b <= j.
+        let (mut a, mut b) = (u32::from(lo), u32::from(hi));
+        let (mut ca, mut cb) = (v.len(), 0usize);
+        let mut halve = false;
+        while ca - cb > 64 && a < b {
+            let width = ca - cb;
+            let (t1, t2) = if halve {
+                let mid = (a + b).div_ceil(2);
+                (mid, mid)
+            } else {
+                let (w, span) = (width as f64, f64::from(b - a));
+                let margin = (w / 16.0).max(8.0);
+                let need = (j - cb) as f64 + 0.5;
+                let at = |from_top: f64| {
+                    let f = (from_top / w).clamp(0.0, 1.0);
+                    ((f64::from(b) - f * span).round() as u32).clamp(a + 1, b)
+                };
+                (at(need + margin), at(need - margin))
+            };
+            let (c1, c2) = count_ge2_u16(v, t1, t2);
+            for (t, c) in [(t1, c1), (t2, c2)] {
+                if c > j {
+                    if t > a {
+                        (a, ca) = (t, c);
+                    }
+                } else if t <= b {
+                    (b, cb) = (t - 1, c);
+                }
+            }
+            halve = (ca - cb) * 2 > width;
+        }
+        if a == b {
+            return a as u16;
+        }
+        // At most 64 keys lie in [a, b]; 32 spare slots for the last full-width store.
+        let mut buf = [0u16; 96];
+        let mut len = 0usize;
+        let (av, wv) = (
+            _mm512_set1_epi16(a as u16 as i16),
+            _mm512_set1_epi16((b - a) as u16 as i16),
+        );
+        for c in v.chunks(32) {
+            let live = low_bits(c.len());
+            // SAFETY: only the `c.len()` live words are read, all inside `c`.
+            let x = unsafe { _mm512_maskz_loadu_epi16(live, c.as_ptr().cast()) };
+            let m = _mm512_mask_cmple_epu16_mask(live, _mm512_sub_epi16(x, av), wv);
+            let dst = &mut buf[len..len + 32];
+            // SAFETY: `dst` is 32 u16 = 64 bytes.
+            unsafe {
+                _mm512_storeu_si512(dst.as_mut_ptr().cast(), _mm512_maskz_compress_epi16(m, x))
+            };
+            len += m.count_ones() as usize;
+        }
+        // Branch-free bisection over the collected keys (two registers): the largest t in
+        // [a, b] with more than j - cb of them >= t.
+        let regs = [0, 32].map(|at| {
+            // SAFETY: `buf[at..at + 32]` is 32 u16 = 64 bytes in bounds (at <= 32 < 96 - 32).
+            unsafe { _mm512_loadu_si512(buf[at..].as_ptr().cast()) }
+        });
+        let live = [low_bits(len), low_bits(len.saturating_sub(32))];
+        let jj = j - cb;
+        let steps = 32 - (b - a).leading_zeros();
+        for _ in 0..steps {
+            let mid = (a + b).div_ceil(2);
+            let tv = _mm512_set1_epi16(mid as u16 as i16);
+            let c = _mm512_mask_cmpge_epu16_mask(live[0], regs[0], tv).count_ones()
+                + _mm512_mask_cmpge_epu16_mask(live[1], regs[1], tv).count_ones();
+            let up = c as usize > jj;
+            a = if up { mid } else { a };
+            b = if up { b } else { mid - 1 };
+        }
+        a as u16
+    }
+
+    /// Top-k in two passes over the tokens on 16-bit fixed-point keys ([`fixed_rows`]), with
+    /// the `f32` scores consulted only near the `k`-th key, so that the result is exactly
+    /// [`super::take_best_keys`]'s on the `f32` scores:
+    /// 1. a bracket `[lo, hi]` of keys from a 64-token sample (scored in registers as pass one
+    ///    scores, ranked by broadcast compares), widened by `gap - 1` each side into the band;
+    /// 2. pass one, 32 tokens per step: their keys (codes split into first and second by two
+    ///    word permutes, each looked up in its row by one more), a mask of those above the band
+    ///    and a mask of those in it, whose keys are compacted in index order;
+    /// 3. the `k`-th key `tau` among the band's keys ([`kth_u16`]: counting passes aimed by
+    ///    interpolation, then a bisection over the last 64 or fewer);
+    /// 4. every token whose key is `>= tau + gap` is among the `k` best `f32` scores (at most
+    ///    the tokens with keys `> tau`, fewer than `k`, can outrank it) and every token whose key
+    ///    is `<= tau - gap` is not (the `k` or more tokens with keys `>= tau` outrank it), so only
+    ///    the tokens within `gap - 1` of `tau` are ranked by their `f32` scores and ties, to fill
+    ///    the rest; each band key gets a taken bit;
+    /// 5. pass two over the masks: the taken mask is the above mask plus the block's taken bits
+    ///    deposited (`pdep`) at its band positions; the taken indices are compacted.
+    ///
+    /// Returns `false`, with `out` untouched, when the tables do not allow fixed-point keys or
+    /// the bracket misses (the caller then runs the general path).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,bmi2,popcnt")]
+    fn take_best_m2_fixed(
         codes: &[u16],
         rows: &[[f32; 64]; 2],
         base: u32,
@@ -807,130 +1086,211 @@ mod x86 {
         out: &mut Vec<u32>,
     ) -> bool {
         let n = codes.len() / 2;
+        let Some((tq, gap)) = fixed_rows(rows) else {
+            return false;
+        };
+        let near = gap - 1;
+        // SAFETY: `EVEN` and `ODD` are 32 u16 = 64 bytes each.
+        let (even, odd) = unsafe {
+            (
+                _mm512_loadu_si512(EVEN.as_ptr().cast()),
+                _mm512_loadu_si512(ODD.as_ptr().cast()),
+            )
+        };
+        // The keys of 32 tokens whose code pairs are the words of `a` (16 tokens) then `b`: the
+        // first and second codes split by two word permutes, each looked up in its row.
+        let keys32 = |a: __m512i, b: __m512i| {
+            let c0 = _mm512_permutex2var_epi16(a, even, b);
+            let c1 = _mm512_permutex2var_epi16(a, odd, b);
+            _mm512_add_epi16(
+                _mm512_permutex2var_epi16(tq[0][0], c0, tq[0][1]),
+                _mm512_permutex2var_epi16(tq[1][0], c1, tq[1][1]),
+            )
+        };
         // 1. The bracket: sample ranks r +- HALF_WIDTH around the expected rank r of the k-th.
         let stride = n / SAMPLE;
-        let mut sample = [0u32; SAMPLE];
-        for (i, x) in sample.iter_mut().enumerate() {
-            let at = 2 * (i * stride + stride / 2);
-            let (c0, c1) = (usize::from(codes[at]), usize::from(codes[at + 1]));
-            *x = super::order_key((0.0 + rows[0][c0 & 63]) + rows[1][c1 & 63]);
+        let pairs: [u16; 2 * SAMPLE] =
+            core::array::from_fn(|i| codes[2 * ((i / 2) * stride + stride / 2) + i % 2]);
+        let mut sample = [0u16; SAMPLE];
+        for (h, out) in sample.chunks_exact_mut(32).enumerate() {
+            let [a, b] = load128(&pairs[64 * h..64 * h + 64]);
+            // SAFETY: `out` is 32 u16 = 64 bytes.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), keys32(a, b)) };
         }
         let r = k * SAMPLE / n;
         let (lo, hi) = if r + HALF_WIDTH < SAMPLE {
-            let [lo, hi] =
-                nth_largest_avx512(&sample, [r + HALF_WIDTH, r.saturating_sub(HALF_WIDTH)]);
-            (lo, if r >= HALF_WIDTH { hi } else { u32::MAX })
+            let [lo, hi] = nth_largest_u16(&sample, [r + HALF_WIDTH, r.saturating_sub(HALF_WIDTH)]);
+            (lo, if r >= HALF_WIDTH { hi } else { u16::MAX })
         } else {
-            (0, u32::MAX)
+            (0, u16::MAX)
         };
+        let band_lo = u32::from(lo).saturating_sub(near);
+        let band_hi = (u32::from(hi) + near).min(0xFFFF);
         // 2. Pass one.
-        let t = load_rows(rows);
         let (hi_v, lo_v, w_v) = (
-            _mm512_set1_epi32(hi as i32),
-            _mm512_set1_epi32(lo as i32),
-            _mm512_set1_epi32(hi.wrapping_sub(lo) as i32),
+            _mm512_set1_epi16(band_hi as u16 as i16),
+            _mm512_set1_epi16(band_lo as u16 as i16),
+            _mm512_set1_epi16((band_hi - band_lo) as u16 as i16),
         );
-        let blocks = n.div_ceil(16);
-        // Per block: the `> hi` mask in the low 16 bits, the band mask in the high 16.
-        let mut masks = vec![0u32; blocks];
-        // The band's keys; 16 spare slots for the last full-width store. The cursor counts band
-        // keys of the blocks before, at most `16 * blocks - 16 <= n`, so every store fits.
-        let mut band: Vec<u32> = Vec::with_capacity(16 * blocks + 16);
+        let blocks = n.div_ceil(32);
+        // Per block of 32 tokens: the above-band mask in the low 32 bits, the band mask in the
+        // high 32.
+        let mut masks_stack = [0u64; 128];
+        let mut masks_heap = Vec::new();
+        let masks: &mut [u64] = if blocks <= masks_stack.len() {
+            &mut masks_stack[..blocks]
+        } else {
+            masks_heap.resize(blocks, 0);
+            &mut masks_heap
+        };
+        // The band's keys; 32 spare slots for the last full-width store (the cursor counts band
+        // keys of the blocks before, at most `32 * blocks - 32`).
+        let mut band: Vec<u16> = Vec::with_capacity(32 * blocks + 32);
         let mut n_above = 0usize;
-        // One block of 16 tokens: `v` their code pairs, `valid` the live lanes (a macro, so
-        // that the full blocks' loop runs with a constant mask).
         macro_rules! block {
-            ($v:expr, $j:expr, $valid:expr, $finite:expr) => {{
-                let sum = sums16(&t, $v);
-                let key = if $finite {
-                    finite_order_keys16(sum)
-                } else {
-                    order_keys16(sum)
-                };
-                let above = _mm512_mask_cmpgt_epu32_mask($valid, key, hi_v);
-                let inside = _mm512_mask_cmple_epu32_mask($valid, _mm512_sub_epi32(key, lo_v), w_v);
-                let packed = _mm512_maskz_compress_epi32(inside, key);
-                push16(&mut band, packed, inside.count_ones() as usize);
+            ($a:expr, $b:expr, $j:expr, $valid:expr) => {{
+                let key = keys32($a, $b);
+                let above = _mm512_mask_cmpgt_epu16_mask($valid, key, hi_v);
+                let inside = _mm512_mask_cmple_epu16_mask($valid, _mm512_sub_epi16(key, lo_v), w_v);
+                push32(
+                    &mut band,
+                    _mm512_maskz_compress_epi16(inside, key),
+                    inside.count_ones() as usize,
+                );
                 n_above += above.count_ones() as usize;
-                masks[$j] = u32::from(above) | u32::from(inside) << 16;
+                masks[$j] = u64::from(above) | u64::from(inside) << 32;
             }};
         }
-        // With every table entry finite no sum is NaN (a finite sum may round to an infinity,
-        // never to NaN), and the NaN test is skipped.
-        let finite = rows.iter().flatten().all(|x| x.is_finite());
-        let mut cs = codes.chunks_exact(32);
-        if finite {
-            for (j, c) in (&mut cs).enumerate() {
-                // SAFETY: `c` is 32 u16 = 64 bytes (lane j: code(j,0) | code(j,1) << 16).
-                block!(
-                    unsafe { _mm512_loadu_si512(c.as_ptr().cast()) },
-                    j,
-                    0xFFFF,
-                    true
-                );
-            }
-        } else {
-            for (j, c) in (&mut cs).enumerate() {
-                // SAFETY: as above.
-                block!(
-                    unsafe { _mm512_loadu_si512(c.as_ptr().cast()) },
-                    j,
-                    0xFFFF,
-                    false
-                );
-            }
+        let mut cs = codes.chunks_exact(64);
+        for (j, c) in (&mut cs).enumerate() {
+            let [a, b] = load128(c);
+            block!(a, b, j, u32::MAX);
         }
         let rem = cs.remainder();
         if !rem.is_empty() {
-            let mut pad = [0u16; 32];
+            let mut pad = [0u16; 64];
             pad[..rem.len()].copy_from_slice(rem);
-            // SAFETY: `pad` is 32 u16 = 64 bytes; the padding lanes are masked out.
-            let v = unsafe { _mm512_loadu_si512(pad.as_ptr().cast()) };
-            block!(v, blocks - 1, ((1u32 << (rem.len() / 2)) - 1) as u16, false);
+            let [a, b] = load128(&pad);
+            block!(a, b, blocks - 1, low_bits(rem.len() / 2));
         }
-        // 3. The k-th key within the band.
+        // 3. The k-th key, within the band.
         let n_band = band.len();
         if n_above >= k || n_above + n_band < k {
             return false;
         }
-        let (tau, mut ties) = super::kth_key(&band[..n_band], k - n_above, Some((lo, hi)));
-        // Taken bits of the band keys, 16 per little-endian word, in band order; 8 spare zero
-        // bytes so that pass two can read 8 bytes from any word.
-        let mut taken = vec![0u8; 2 * n_band.div_ceil(16) + 8];
-        let tau_v = _mm512_set1_epi32(tau as i32);
-        for (word, c) in taken.chunks_exact_mut(2).zip(band.chunks(16)) {
-            let valid = ((1u32 << c.len()) - 1) as u16;
-            // SAFETY: only the `c.len()` live lanes are read, all inside `c`.
-            let v = unsafe { _mm512_maskz_loadu_epi32(valid, c.as_ptr().cast()) };
-            let mut take = _mm512_mask_cmpgt_epu32_mask(valid, v, tau_v);
-            let mut eq = _mm512_mask_cmpeq_epu32_mask(valid, v, tau_v);
-            // The first `ties` keys equal to tau, in index order.
-            while eq != 0 && ties > 0 {
-                let low = eq & eq.wrapping_neg();
-                take |= low;
-                eq &= !low;
-                ties -= 1;
-            }
-            word.copy_from_slice(&take.to_le_bytes());
+        let tau = u32::from(kth_u16(
+            &band,
+            k - n_above - 1,
+            band_lo as u16,
+            band_hi as u16,
+        ));
+        // Every key within `near` of tau must be in the band (so whenever tau is in [lo, hi]).
+        if (band_lo > 0 && tau < band_lo + near) || (band_hi < 0xFFFF && tau + near > band_hi) {
+            return false;
         }
-        // 4. Pass two: `k` indices in all; 16 spare slots for the last full-width store.
-        out.reserve(k + 16);
-        let mut idx = _mm512_add_epi32(
-            _mm512_set1_epi32(base as i32),
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        // 4. Taken bits of the band keys, 32 per word in band order (two spare zero words so
+        // that pass two can read any word and the next), and the candidates near tau (their
+        // band positions, ascending; more than `MAX_CANDIDATES` leaves it to the exact path).
+        let words = n_band.div_ceil(32) + 2;
+        let mut taken_stack = [0u32; 136];
+        let mut taken_heap = Vec::new();
+        let taken: &mut [u32] = if words <= taken_stack.len() {
+            &mut taken_stack[..words]
+        } else {
+            taken_heap.resize(words, 0);
+            &mut taken_heap
+        };
+        let mut cands = [0u32; MAX_CANDIDATES];
+        let mut n_cands = 0usize;
+        let take_at = tau + gap;
+        let near_lo = tau.saturating_sub(near);
+        let (take_v, near_lo_v, near_w_v) = (
+            _mm512_set1_epi16(take_at.min(0xFFFF) as u16 as i16),
+            _mm512_set1_epi16(near_lo as u16 as i16),
+            _mm512_set1_epi16(((tau + near).min(0xFFFF) - near_lo) as u16 as i16),
         );
-        let step = _mm512_set1_epi32(16);
+        let mut n_taken = n_above;
+        for (w, c) in band.chunks(32).enumerate() {
+            let live = low_bits(c.len());
+            // SAFETY: only the `c.len()` live words are read, all inside `c`.
+            let v = unsafe { _mm512_maskz_loadu_epi16(live, c.as_ptr().cast()) };
+            let ge = if take_at <= 0xFFFF {
+                _mm512_mask_cmpge_epu16_mask(live, v, take_v)
+            } else {
+                0
+            };
+            let mut close =
+                _mm512_mask_cmple_epu16_mask(live, _mm512_sub_epi16(v, near_lo_v), near_w_v);
+            taken[w] = ge;
+            n_taken += ge.count_ones() as usize;
+            if n_cands + close.count_ones() as usize > MAX_CANDIDATES {
+                return false;
+            }
+            while close != 0 {
+                cands[n_cands] = 32 * w as u32 + close.trailing_zeros();
+                n_cands += 1;
+                close &= close - 1;
+            }
+        }
+        let cands = &cands[..n_cands];
+        // At least one and at most all candidates are needed (the argument above); a miss
+        // would be a bug, and the exact path still answers right.
+        let need = k.wrapping_sub(n_taken);
+        if need == 0 || need > n_cands {
+            debug_assert!(false, "fixed-point bracket: need {need} of {n_cands}");
+            return false;
+        }
+        // The candidates' exact ranking keys, from their tokens (found from their band
+        // positions); then the `need` best by key, ties to the lower token (= candidate) index.
+        let mut exact = [(0u32, 0u32); MAX_CANDIDATES];
+        let (mut ci, mut seen) = (0usize, 0u32);
+        for (j, &mask) in masks.iter().enumerate() {
+            if ci == n_cands {
+                break;
+            }
+            let inside = (mask >> 32) as u32;
+            let count = inside.count_ones();
+            while ci < n_cands && cands[ci] < seen + count {
+                let lane = _pdep_u32(1 << (cands[ci] - seen), inside).trailing_zeros() as usize;
+                let tok = 32 * j + lane;
+                let (c0, c1) = (usize::from(codes[2 * tok]), usize::from(codes[2 * tok + 1]));
+                let s = (0.0 + rows[0][c0 & 63]) + rows[1][c1 & 63];
+                exact[ci] = (super::order_key(s), ci as u32);
+                ci += 1;
+            }
+            seen += count;
+        }
+        let exact = &mut exact[..n_cands];
+        exact.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, i) in &exact[..need] {
+            let p = cands[i as usize];
+            taken[p as usize / 32] |= 1 << (p % 32);
+        }
+        // 5. Pass two: `k` indices in all; 32 spare slots for the last full-width stores.
+        out.reserve(k + 32);
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut idx = _mm512_add_epi32(_mm512_set1_epi32(base as i32), lanes);
+        let (sixteen, step) = (_mm512_set1_epi32(16), _mm512_set1_epi32(32));
         let mut cursor = 0usize;
-        for &mask in &masks {
-            let inside = mask >> 16;
-            let at = 2 * (cursor / 16);
-            let window = taken[at..].first_chunk::<8>().copied().unwrap_or_default();
-            let bits = (u64::from_le_bytes(window) >> (cursor % 16)) as u32;
+        for &mask in masks.iter() {
+            let (above, inside) = (mask as u32, (mask >> 32) as u32);
+            let at = cursor / 32;
+            let window = u64::from(taken[at]) | u64::from(taken[at + 1]) << 32;
+            let bits = (window >> (cursor % 32)) as u32;
             cursor += inside.count_ones() as usize;
-            let take = (mask & 0xFFFF) | _pdep_u32(bits, inside);
-            let packed = _mm512_maskz_compress_epi32(take as u16, idx);
-            // Only taken tokens advance the length, k of them in all: 16 spare slots remain.
-            push16(out, packed, take.count_ones() as usize);
+            let take = above | _pdep_u32(bits, inside);
+            let (t0, t1) = (take as u16, (take >> 16) as u16);
+            push16(
+                out,
+                _mm512_maskz_compress_epi32(t0, idx),
+                t0.count_ones() as usize,
+            );
+            let idx1 = _mm512_add_epi32(idx, sixteen);
+            push16(
+                out,
+                _mm512_maskz_compress_epi32(t1, idx1),
+                t1.count_ones() as usize,
+            );
             idx = _mm512_add_epi32(idx, step);
         }
         true
@@ -1114,6 +1474,73 @@ mod x86 {
         out
     }
 
+    /// `Some` of `dot(q, rows[i])` for 16 rows (each of `q.len()` floats, a multiple of 16)
+    /// where AVX-512 is available, every sum in dim order from `0.0` as [`super::dot`] does.
+    #[inline]
+    pub(super) fn dot_x16(q: &[f32], rows: [&[f32]; 16]) -> Option<[f32; 16]> {
+        if has_avx512() && q.len().is_multiple_of(16) && rows.iter().all(|r| r.len() == q.len()) {
+            // SAFETY: AVX-512F was just detected; the function has no other precondition.
+            Some(unsafe { dot_x16_avx512(q, rows) })
+        } else {
+            None
+        }
+    }
+
+    /// 16 rows at a time, lane `i` summing row `i`: per 16 dims the rows' 16x16 block is
+    /// transposed in registers (two unpack stages and two 128-bit shuffle stages), then each
+    /// dim's column is multiplied by `q[d]` and added, dims in order.
+    #[target_feature(enable = "avx512f")]
+    fn dot_x16_avx512(q: &[f32], rows: [&[f32]; 16]) -> [f32; 16] {
+        let mut acc = _mm512_setzero_ps();
+        for (b, qb) in q.chunks_exact(16).enumerate() {
+            let r: [__m512; 16] = core::array::from_fn(|i| {
+                let c = &rows[i][16 * b..16 * b + 16];
+                // SAFETY: `c` is 16 f32 = 64 bytes.
+                unsafe { _mm512_loadu_ps(c.as_ptr()) }
+            });
+            // Lane group k of t[2p] / t[2p+1]: rows 2p, 2p+1 at dims 4k, 4k+1 / 4k+2, 4k+3.
+            let t: [__m512; 16] = core::array::from_fn(|i| {
+                let (a, c) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 {
+                    _mm512_unpacklo_ps(a, c)
+                } else {
+                    _mm512_unpackhi_ps(a, c)
+                }
+            });
+            // u[4g + s]: rows 4g..4g+4 at dim 4k + s in lane group k.
+            let u: [__m512d; 16] = core::array::from_fn(|i| {
+                let (g, s) = (i / 4, i % 4);
+                let a = _mm512_castps_pd(t[4 * g + (s / 2)]);
+                let c = _mm512_castps_pd(t[4 * g + 2 + (s / 2)]);
+                if s % 2 == 0 {
+                    _mm512_unpacklo_pd(a, c)
+                } else {
+                    _mm512_unpackhi_pd(a, c)
+                }
+            });
+            let u: [__m512; 16] = u.map(|x| _mm512_castpd_ps(x));
+            let mut col = [_mm512_setzero_ps(); 16];
+            for s in 0..4 {
+                let (g0, g1, g2, g3) = (u[s], u[4 + s], u[8 + s], u[12 + s]);
+                let v0 = _mm512_shuffle_f32x4::<0b10_00_10_00>(g0, g1);
+                let v1 = _mm512_shuffle_f32x4::<0b10_00_10_00>(g2, g3);
+                let w0 = _mm512_shuffle_f32x4::<0b11_01_11_01>(g0, g1);
+                let w1 = _mm512_shuffle_f32x4::<0b11_01_11_01>(g2, g3);
+                col[s] = _mm512_shuffle_f32x4::<0b10_00_10_00>(v0, v1);
+                col[8 + s] = _mm512_shuffle_f32x4::<0b11_01_11_01>(v0, v1);
+                col[4 + s] = _mm512_shuffle_f32x4::<0b10_00_10_00>(w0, w1);
+                col[12 + s] = _mm512_shuffle_f32x4::<0b11_01_11_01>(w0, w1);
+            }
+            for (c, &x) in col.iter().zip(qb) {
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(x), *c));
+            }
+        }
+        let mut out = [0.0f32; 16];
+        // SAFETY: `out` is 16 f32 = 64 bytes.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+
     /// Appends like [`super::emit_portable`] and returns `true` where AVX-512 is available.
     #[inline]
     pub(super) fn emit(
@@ -1208,23 +1635,49 @@ pub fn rerank(
         return Err(PqError::CandidateOutOfRange { index, tokens: t });
     }
     let mut cand = candidates.to_vec();
-    cand.sort_unstable();
-    cand.dedup();
+    // A search's selection is already ascending and distinct: then nothing to sort.
+    if !cand.windows(2).all(|w| w[0] < w[1]) {
+        cand.sort_unstable();
+        cand.dedup();
+    }
     let row = |i: u32| &keys[i as usize * d..(i as usize + 1) * d];
     let mut sc: Vec<f32> = Vec::with_capacity(cand.len());
-    let mut groups = cand.chunks_exact(8);
+    // 16 at a time where the AVX-512 kernel runs (the same sums), then 8 at a time.
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    for g in cand.chunks_exact(16) {
+        match x86::dot_x16(query, core::array::from_fn(|j| row(g[j]))) {
+            Some(s) => sc.extend_from_slice(&s),
+            None => break,
+        }
+    }
+    let mut groups = cand[sc.len()..].chunks_exact(8);
     for g in &mut groups {
         sc.extend_from_slice(&dot_x8(query, core::array::from_fn(|j| row(g[j]))));
     }
     sc.extend(groups.remainder().iter().map(|&i| dot(query, row(i))));
-    let mut order: Vec<u32> = (0..cand.len() as u32).collect();
-    let k = k.min(order.len());
-    if k < order.len() && k > 0 {
-        order.select_nth_unstable_by(k - 1, |&a, &b| rank(&sc, a, b));
+    let k = k.min(cand.len());
+    if k == cand.len() {
+        return Ok(cand);
     }
-    order.truncate(k);
-    let mut out: Vec<u32> = order.iter().map(|&o| cand[o as usize]).collect();
-    out.sort_unstable();
+    // One integer per candidate that orders as `rank` does (larger first): the score's ranking
+    // key, then the lower index. The k best are those `>=` the k-th largest; every value is
+    // distinct, so exactly k are, and they are kept in index order.
+    let mut keyed: Vec<u64> = sc
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| u64::from(order_key(s)) << 32 | u64::from(!(i as u32)))
+        .collect();
+    let mut out = Vec::with_capacity(k);
+    if k > 0 {
+        let all = keyed.clone();
+        let (_, &mut kth, _) = keyed.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+        out.extend(
+            all.iter()
+                .zip(&cand)
+                .filter(|(&key, _)| key >= kth)
+                .map(|(_, &c)| c),
+        );
+    }
     Ok(out)
 }
 
@@ -1329,42 +1782,133 @@ mod tests {
     }
 
     /// The two-pass top-k kernel (where the CPU has it) equals the portable top-k over the
-    /// portable scan, with NaN, infinities, signed zeros and ties in the table; it runs (does
-    /// not miss its bracket) on most inputs.
+    /// portable scan, on tables of every kind its fixed-point filter must get right: NaN,
+    /// infinities and signed zeros (it must decline or agree), many exact ties, continuous
+    /// values, a large common offset with differences near the `f32` spacing (where rounding
+    /// merges sums and the key gap grows), subnormal and huge magnitudes. It runs (does not
+    /// decline or miss its bracket) on most inputs of continuous values.
     #[test]
     fn two_pass_kernel_equals_portable_top_k() {
         let mut x = Xs(0x5EED);
         let (mut ran, mut tried) = (0usize, 0usize);
-        for b in [1u8, 5, 6] {
-            let kk = 1usize << b;
-            for t in [512usize, 513, 700, 1000, 2048, 3001] {
-                let table = ScoreTable {
-                    m: 2,
-                    b,
-                    values: (0..2 * kk).map(|_| x.score()).collect(),
-                };
-                let codes: Vec<u16> = (0..2 * t).map(|_| (x.next() % kk as u64) as u16).collect();
-                let mut s = vec![0.0f32; t];
-                scan_portable(&codes, &table, &mut s);
-                for k in [1usize, 2, 37, t / 10, t / 5, t / 2, t - 1] {
-                    let mut want = vec![9u32];
-                    take_best_portable(&s, 5, k, &mut want);
-                    let mut got = vec![9u32];
-                    tried += 1;
-                    if take_best_codes(&codes, &table, 5, k, &mut got) {
-                        ran += 1;
-                        assert_eq!(got, want, "b {b} t {t} k {k}");
-                    } else {
-                        assert_eq!(got, [9]);
+        for kind in 0..7 {
+            for b in [1u8, 5, 6] {
+                let kk = 1usize << b;
+                for t in [512usize, 513, 700, 1000, 2048, 3001] {
+                    let value = |x: &mut Xs| {
+                        let u = (x.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                        match kind {
+                            0 => x.score(),
+                            1 => (x.next() % 8) as f32 - 4.0,
+                            2 => u * 60.0,
+                            3 => 3000.0 + (x.next() % 9) as f32 * 2.4e-4,
+                            4 => -70.0 + u * 1e-4,
+                            5 => u * 1e-40,
+                            _ => u * 1e37,
+                        }
+                    };
+                    let table = ScoreTable {
+                        m: 2,
+                        b,
+                        values: (0..2 * kk).map(|_| value(&mut x)).collect(),
+                    };
+                    let codes: Vec<u16> =
+                        (0..2 * t).map(|_| (x.next() % kk as u64) as u16).collect();
+                    let mut s = vec![0.0f32; t];
+                    scan_portable(&codes, &table, &mut s);
+                    for k in [1usize, 2, 37, t / 10, t / 5, t / 2, t - 1] {
+                        let mut want = vec![9u32];
+                        take_best_portable(&s, 5, k, &mut want);
+                        let mut got = vec![9u32];
+                        // Continuous values: few keys near the k-th, so it should run.
+                        let continuous = matches!(kind, 2 | 4 | 6);
+                        tried += usize::from(continuous);
+                        if take_best_codes(&codes, &table, 5, k, &mut got) {
+                            ran += usize::from(continuous);
+                            assert_eq!(got, want, "kind {kind} b {b} t {t} k {k}");
+                        } else {
+                            assert_eq!(got, [9]);
+                        }
                     }
                 }
             }
         }
         #[cfg(all(feature = "std", target_arch = "x86_64"))]
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("bmi2") {
+        if ["avx512f", "avx512bw", "avx512vbmi2", "bmi2"]
+            .iter()
+            .all(|f| match *f {
+                "avx512f" => std::is_x86_feature_detected!("avx512f"),
+                "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
+                "avx512vbmi2" => std::is_x86_feature_detected!("avx512vbmi2"),
+                _ => std::is_x86_feature_detected!("bmi2"),
+            })
+        {
             assert!(ran * 2 > tried, "the kernel ran on {ran} of {tried} inputs");
         }
         let _ = (ran, tried);
+    }
+
+    /// A code `>= 2^b` anywhere (first window, the tokens between, last window) gives the same
+    /// error from `search` as from `scores` (the first bad code), on the inputs the two-pass
+    /// kernel takes.
+    #[test]
+    fn search_reports_the_first_bad_code() {
+        let mut x = Xs(7);
+        let (b, t) = (6u8, 2048usize);
+        let table = ScoreTable {
+            m: 2,
+            b,
+            values: (0..128)
+                .map(|_| ((x.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 60.0)
+                .collect(),
+        };
+        let good: Vec<u16> = (0..2 * t).map(|_| (x.next() % 64) as u16).collect();
+        assert_eq!(
+            search(&good, &table, 410, 4, 64).unwrap().len(),
+            4 + 410 + 64
+        );
+        for at in [0usize, 7, 8, 1000, 3001, 2 * t - 128, 2 * t - 1] {
+            for (bad, second) in [(64u16, None), (u16::MAX, Some(40usize))] {
+                let mut codes = good.clone();
+                codes[at] = bad;
+                if let Some(d) = second {
+                    codes[(at + 2 * d) % (2 * t)] = 100;
+                }
+                let want = scores(&codes, &table).unwrap_err();
+                assert_eq!(
+                    search(&codes, &table, 410, 4, 64).unwrap_err(),
+                    want,
+                    "at {at}"
+                );
+            }
+        }
+    }
+
+    /// The 16-row dot kernel (where the CPU has it) equals [`dot`] bit for bit, row by row.
+    #[test]
+    fn dot_x16_equals_dot() {
+        let mut x = Xs(99);
+        for d in [16usize, 32, 64, 128] {
+            for _ in 0..20 {
+                let mut v = || match x.next() % 9 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    2 => 1.0e-30,
+                    3 => -3.0e25,
+                    _ => ((x.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0,
+                };
+                let q: Vec<f32> = (0..d).map(|_| v()).collect();
+                let rows: Vec<Vec<f32>> = (0..16).map(|_| (0..d).map(|_| v()).collect()).collect();
+                let r: [&[f32]; 16] = core::array::from_fn(|i| rows[i].as_slice());
+                #[cfg(all(feature = "std", target_arch = "x86_64"))]
+                if let Some(got) = x86::dot_x16(&q, r) {
+                    for (i, g) in got.iter().enumerate() {
+                        assert_eq!(g.to_bits(), dot(&q, r[i]).to_bits(), "d {d} row {i}");
+                    }
+                }
+                let _ = r;
+            }
+        }
     }
 
     #[test]

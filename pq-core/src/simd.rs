@@ -44,6 +44,49 @@ pub(crate) fn dot_x8(q: &[f32], rows: [&[f32]; 8]) -> [f32; 8] {
     acc
 }
 
+/// [`sq_l2`] of 8 pairs at once: 8 independent sums (each in dim order, equal to [`sq_l2`] bit
+/// for bit), so that their additions overlap instead of waiting on each other.
+#[inline]
+pub(crate) fn sq_l2_x8(a: [&[f32]; 8], b: [&[f32]; 8]) -> [f32; 8] {
+    let d = a[0].len();
+    assert!(a.iter().chain(&b).all(|r| r.len() == d));
+    let mut acc = [0.0f32; 8];
+    for j in 0..d {
+        for l in 0..8 {
+            let t = a[l][j] - b[l][j];
+            acc[l] += t * t;
+        }
+    }
+    acc
+}
+
+/// The index of the first smallest of `v` under `<` (NaN never smaller), from `start`: the
+/// first `c` with `v[c] < v[best]` strictly, scanning in order, as a loop
+/// `if v[c] < best_v { best = c }` would find it, but by a vectorizable minimum first.
+#[inline]
+pub(crate) fn argmin_from(v: &[f32], start: usize) -> usize {
+    let mut lanes = [f32::INFINITY; 8];
+    let mut ch = v.chunks_exact(8);
+    for c in &mut ch {
+        for l in 0..8 {
+            lanes[l] = if c[l] < lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    let mut m = lanes
+        .iter()
+        .fold(f32::INFINITY, |m, &x| if x < m { x } else { m });
+    for &x in ch.remainder() {
+        if x < m {
+            m = x;
+        }
+    }
+    if m < v[start] {
+        v.iter().position(|&x| x == m).unwrap_or(start)
+    } else {
+        start
+    }
+}
+
 /// Transposes `rows` (`[n, d]` row-major) into `[d, n]` row-major.
 pub(crate) fn transpose(rows: &[f32], d: usize) -> alloc::vec::Vec<f32> {
     let n = rows.len() / d;
@@ -57,7 +100,7 @@ pub(crate) fn transpose(rows: &[f32], d: usize) -> alloc::vec::Vec<f32> {
 }
 
 /// What a kernel sums per dim.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     /// `(x - c)^2`: squared L2 distance.
     SqL2,
@@ -167,6 +210,40 @@ pub(crate) mod x86 {
 mod tests {
     use super::*;
 
+    /// [`argmin_from`] equals the plain loop it replaces (first strictly smaller, in order,
+    /// from `start`), with ties, signed zeros, infinities and NaN.
+    #[test]
+    fn argmin_from_equals_the_loop() {
+        let mut s = 0x0123_4567_89ab_cdefu64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for len in [1usize, 5, 8, 9, 64, 67] {
+            for _ in 0..300 {
+                let v: alloc::vec::Vec<f32> = (0..len)
+                    .map(|_| match next() % 12 {
+                        0 => f32::NAN,
+                        1 => -0.0,
+                        2 => 0.0,
+                        3 => f32::INFINITY,
+                        _ => (next() % 6) as f32,
+                    })
+                    .collect();
+                let start = (next() as usize) % len;
+                let mut best = start;
+                for (c, &x) in v.iter().enumerate() {
+                    if c != start && x < v[best] {
+                        best = c;
+                    }
+                }
+                assert_eq!(argmin_from(&v, start), best, "{v:?} from {start}");
+            }
+        }
+    }
+
     /// The dispatched kernel (AVX2 where the CPU has it) equals the portable one and the scalar
     /// definitions bit for bit.
     #[test]
@@ -196,6 +273,14 @@ mod tests {
                         };
                         assert_eq!(a[c].to_bits(), b[c].to_bits());
                         assert_eq!(a[c].to_bits(), want.to_bits());
+                    }
+                    if op == Op::SqL2 && n >= 8 {
+                        let r: [&[f32]; 8] = core::array::from_fn(|i| &rows[i * d..(i + 1) * d]);
+                        let xs = [x.as_slice(); 8];
+                        let got = sq_l2_x8(xs, r);
+                        for (i, g) in got.iter().enumerate() {
+                            assert_eq!(g.to_bits(), sq_l2(&x, r[i]).to_bits());
+                        }
                     }
                     if n >= 8 {
                         let r: [&[f32]; 8] = core::array::from_fn(|i| &rows[i * d..(i + 1) * d]);

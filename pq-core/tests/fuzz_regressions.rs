@@ -1,18 +1,31 @@
-//! Replays every committed input of the cargo-fuzz target `pq_unpack` through its harness
-//! (`pq_core::fuzzing::pq_unpack_counting`, the function the target calls):
-//! `fuzz/regressions/pq_unpack/*` (inputs that once crashed, kept fixed) and
-//! `fuzz/seeds/pq_unpack/*` (the seed corpus), with a counting allocator so that the harness's
-//! allocation check runs here too. The fuzz crate itself is not part of the workspace.
+//! Replays every committed input of pq-core's cargo-fuzz targets through their harnesses (the
+//! functions the targets call): `pq_unpack` (`pq_core::fuzzing::pq_unpack_counting`, with a
+//! counting allocator so that the harness's allocation check runs here too) and `pq_search`
+//! (`pq_core::fuzzing::pq_search`), from `fuzz/regressions/<target>/*` (inputs that once
+//! crashed, kept fixed) and `fuzz/seeds/<target>/*` (the seed corpus). The fuzz crate itself is
+//! not part of the workspace.
 //!
-//! `write_seeds` (ignored) rewrites the `gen-*` seeds:
-//! `cargo test --release -p kvc-pq-core --test fuzz_regressions -- --ignored write_seeds`.
+//! `write_seeds` and `write_search_seeds` (ignored) rewrite the `gen-*` seeds:
+//! `cargo test --release -p kvc-pq-core --test fuzz_regressions -- --ignored write_`.
 
-use pq_core::fuzzing::{pq_unpack_counting, pq_unpack_input};
+use pq_core::fuzzing::{pq_search, pq_search_input, pq_unpack_counting, pq_unpack_input};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 const TARGET: &str = "pq_unpack";
+const SEARCH: &str = "pq_search";
+
+/// A harness: runs one input, panics on a failed check.
+type Harness = fn(&[u8]);
+
+/// Each target and the harness its inputs run through.
+fn targets() -> [(&'static str, Harness); 2] {
+    [
+        (TARGET, |d| pq_unpack_counting(d, allocated_bytes)),
+        (SEARCH, pq_search),
+    ]
+}
 
 thread_local! {
     /// Bytes allocated by this thread so far (never decremented). Per thread, because the test
@@ -73,13 +86,14 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Runs every input of `fuzz/<corpus>/pq_unpack/`; returns how many ran and the failures.
-fn replay(corpus: &str) -> (usize, Vec<String>) {
-    let files = inputs(&fuzz_dir().join(corpus).join(TARGET));
+/// Runs every input of `fuzz/<corpus>/<target>/` through `harness`; returns how many ran and
+/// the failures.
+fn replay(corpus: &str, target: &str, harness: Harness) -> (usize, Vec<String>) {
+    let files = inputs(&fuzz_dir().join(corpus).join(target));
     let mut failures = Vec::new();
     for file in &files {
         let data = std::fs::read(file).unwrap();
-        let result = std::panic::catch_unwind(|| pq_unpack_counting(&data, allocated_bytes));
+        let result = std::panic::catch_unwind(|| harness(&data));
         if let Err(e) = result {
             let msg = e
                 .downcast_ref::<String>()
@@ -94,41 +108,47 @@ fn replay(corpus: &str) -> (usize, Vec<String>) {
 
 #[test]
 fn regressions_replay_clean() {
-    assert!(fuzz_dir().join("regressions").join(TARGET).is_dir());
-    let (_, failures) = replay("regressions");
-    assert!(
-        failures.is_empty(),
-        "fuzz regressions fail:\n{}",
-        failures.join("\n")
-    );
+    for (target, harness) in targets() {
+        assert!(fuzz_dir().join("regressions").join(target).is_dir());
+        let (_, failures) = replay("regressions", target, harness);
+        assert!(
+            failures.is_empty(),
+            "fuzz regressions fail:\n{}",
+            failures.join("\n")
+        );
+    }
 }
 
 #[test]
 fn seeds_replay_clean() {
-    let (ran, failures) = replay("seeds");
-    assert!(
-        failures.is_empty(),
-        "fuzz seeds fail:\n{}",
-        failures.join("\n")
-    );
-    assert!(ran >= 8, "only {ran} seeds in fuzz/seeds/{TARGET}");
+    for (target, harness) in targets() {
+        let (ran, failures) = replay("seeds", target, harness);
+        assert!(
+            failures.is_empty(),
+            "fuzz seeds fail:\n{}",
+            failures.join("\n")
+        );
+        assert!(ran >= 8, "only {ran} seeds in fuzz/seeds/{target}");
+    }
 }
 
-/// The target is a cargo-fuzz binary of the fuzz crate, so `.ci/run` (which runs every target
-/// `cargo fuzz list` names) fuzzes it and replays it under ASan.
+/// The targets are cargo-fuzz binaries of the fuzz crate, so `.ci/run` (which runs every target
+/// `cargo fuzz list` names) fuzzes them and replays them under ASan.
 #[test]
-fn fuzz_target_is_registered() {
-    assert!(fuzz_dir()
-        .join("fuzz_targets")
-        .join(format!("{TARGET}.rs"))
-        .is_file());
+fn fuzz_targets_are_registered() {
     let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();
-    assert!(
-        manifest.contains(&format!(
-            "name = \"{TARGET}\"\npath = \"fuzz_targets/{TARGET}.rs\""
-        )),
-        "fuzz/Cargo.toml lacks [[bin]] {TARGET}"
-    );
+    for (target, _) in targets() {
+        assert!(fuzz_dir()
+            .join("fuzz_targets")
+            .join(format!("{target}.rs"))
+            .is_file());
+        assert!(
+            manifest.contains(&format!(
+                "name = \"{target}\"\npath = \"fuzz_targets/{target}.rs\""
+            )),
+            "fuzz/Cargo.toml lacks [[bin]] {target}"
+        );
+    }
 }
 
 /// The counting allocator sees the harness's allocations, so the check is not vacuous: a
@@ -177,6 +197,49 @@ fn write_seeds() {
     for &(name, b_sel, n_sel, n_arg, payload) in seeds {
         let data = pq_unpack_input(b_sel, n_sel, n_arg, payload);
         pq_unpack_counting(&data, allocated_bytes);
+        std::fs::write(dir.join(format!("gen-{name}.bin")), data).unwrap();
+    }
+}
+
+/// The `pq_search` seeds: every table mode at lengths below and above the AVX-512 kernel's
+/// 512-token minimum, `k` at the edges and at `T/5`, windows, `b` from 1 to 7, and long
+/// searches from short inputs (codes from the seed). Rerun after changing the input layout.
+#[test]
+#[ignore]
+fn write_search_seeds() {
+    let dir = fuzz_dir().join("seeds").join(SEARCH);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap().to_string_lossy().starts_with("gen-") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let bytes: Vec<u8> = (0u32..600).map(|i| (i * 37 + 11) as u8).collect();
+    let raw: Vec<u8> = [1.5f32, -2.25, 0.0, -0.0, 3.0e-39, 7.0, -7.0, 1.0e30]
+        .iter()
+        .cycle()
+        .take(128)
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    // (name, b_sel, mode, t_arg, k_arg, n_init, n_local, seed, payload)
+    type Seed<'a> = (&'a str, u8, u8, u16, u16, u8, u8, u32, &'a [u8]);
+    let seeds: &[Seed] = &[
+        ("b6-continuous-2048-k410", 5, 3, 2048, 410, 4, 64, 7, &[]),
+        ("b6-continuous-3001-k600", 5, 3, 3001, 600, 0, 0, 8, &[]),
+        ("b6-continuous-700-k1", 5, 3, 700, 1, 4, 64, 9, &[]),
+        ("b6-continuous-700-kmax", 5, 3, 700, 698, 0, 0, 10, &[]),
+        ("b5-palette-2048-k410", 4, 1, 2048, 410, 4, 64, 11, &bytes),
+        ("b6-spacing-1000-k200", 5, 2, 1000, 200, 4, 64, 12, &bytes),
+        ("b6-raw-bits-1024-k205", 5, 0, 1024, 205, 4, 64, 13, &raw),
+        ("b1-continuous-600-k120", 0, 3, 600, 120, 1, 1, 14, &[]),
+        ("b7-continuous-900-k90", 6, 3, 900, 90, 4, 64, 15, &[]),
+        ("b6-short-100-k20", 5, 3, 100, 20, 4, 8, 16, &bytes),
+        ("empty", 0, 0, 0, 0, 0, 0, 0, &[]),
+    ];
+    for &(name, b_sel, mode, t_arg, k_arg, n_init, n_local, seed, payload) in seeds {
+        let data = pq_search_input(b_sel, mode, t_arg, k_arg, n_init, n_local, seed, payload);
+        pq_search(&data);
         std::fs::write(dir.join(format!("gen-{name}.bin")), data).unwrap();
     }
 }
