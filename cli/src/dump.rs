@@ -670,11 +670,36 @@ pub fn write_dump(
         views.push((name.as_str(), view));
     }
     let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();
-    let bytes = safetensors::serialize(views, Some(md)).map_err(|e| DumpError::Serialize {
-        reason: e.to_string(),
-    })?;
+    let bytes =
+        serialize_safetensors(views, md).map_err(|reason| DumpError::Serialize { reason })?;
     drop(data);
     write_file_atomic(path, &bytes)
+}
+
+/// `safetensors::serialize`, with the header's keys (the metadata's and the tensors') in sorted
+/// order: the crate writes the metadata map in its hash order, which differs from run to run, so
+/// the same input would give different bytes. Only the header is rewritten (same content, sorted,
+/// padded with spaces to a multiple of 8 as the format asks); the tensor data are unchanged.
+pub fn serialize_safetensors<'a>(
+    views: Vec<(&str, TensorView<'a>)>,
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, String> {
+    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())?;
+    let n = bytes
+        .first_chunk::<8>()
+        .map(|b| u64::from_le_bytes(*b) as usize)
+        .filter(|&n| n <= bytes.len() - 8)
+        .ok_or("safetensors::serialize wrote no header")?;
+    // serde_json's maps are sorted by key (its `preserve_order` feature is off).
+    let header: serde_json::Value =
+        serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| e.to_string())?;
+    let mut h = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + h.len() + bytes.len() - 8 - n);
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&bytes[8 + n..]);
+    Ok(out)
 }
 
 /// Removes the temporary file on drop unless disarmed.

@@ -617,7 +617,7 @@ pub fn cmd_select(dump: &Dump, output: &Path, sel: &Selector, c: &Common, n: usi
         "layout".into(),
         "sel.{i}: int32 [n_q, q_heads, n], token indices <= the query's position, ascending, -1 padding".into(),
     );
-    let bytes = safetensors::serialize(views, Some(md)).map_err(|e| e.to_string())?;
+    let bytes = crate::dump::serialize_safetensors(views, md)?;
     write_file_atomic(output, &bytes).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: {} layers x {} queries x {} query heads, {} slots ({} first, {} last, {} chosen by {})",

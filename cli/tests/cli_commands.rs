@@ -53,6 +53,11 @@ fn encode_inspect_decode_with_and_without_profile() {
     );
     let (ok, _, err) = kvc(&["decode", &s(&kvc_sc), &s(&out_sc)]);
     assert!(ok, "{err}");
+    // Decoding again writes the same bytes (the header's metadata in sorted key order).
+    let again = p(dir.path(), "a2.safetensors");
+    let (ok, _, err) = kvc(&["decode", &s(&kvc_sc), &s(&again)]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(&out_sc).unwrap() == std::fs::read(&again).unwrap());
     let (ok, _, err) = kvc(&["profile", "-o", &s(&prof), SAMPLE]);
     assert!(ok, "{err}");
     let (ok, _, err) = kvc(&[

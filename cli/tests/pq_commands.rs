@@ -112,6 +112,8 @@ fn select_writes_causal_padded_indices_deterministically() {
     let x = check_selection(&a, 100, 4, 64);
     let y = check_selection(&b, 100, 4, 64);
     assert!(x == y, "the same selection twice");
+    // The same bytes too (the metadata's keys in sorted order, not a hash map's).
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
     // More slots than a query can see (queries at 448..511, 500 slots): -1 padding; no windows;
     // plain PQ without re-ranking.
     let (ok, _, err) = kvc(&[
