@@ -10,39 +10,14 @@
 //! Keys: layer 15, KV head 0 of `../shared/fixtures/smollm2-gpl3-2048.safetensors` when present,
 //! else the 512-token sample's layer 15 tiled 4 times (the same shapes, less realistic clusters).
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvc_benches::{big_fixture_path, load, sample_path};
+use kvc_benches::pq_keys_and_queries;
 use pq_core::{pack, rerank, score_table, scores, search, select, unpack, Codebook, PqParams};
 use std::hint::black_box;
 
 const LAYER: usize = 15;
 
-/// Layer `LAYER`'s keys of KV head 0 (2048 tokens) and the stored query heads that attend to
-/// that KV head (GQA: heads `0..q_heads / kv_heads` of each stored query), flat `[_, D]` (the
-/// first one is the query of the single-query benches).
-fn keys_and_queries() -> (Vec<f32>, Vec<f32>, usize) {
-    let f = load(&big_fixture_path().unwrap_or_else(sample_path));
-    let s = f.kv.shape;
-    let (h, d, t) = (s.kv_heads as usize, s.head_dim as usize, s.tokens as usize);
-    let all = f.kv.k[LAYER].to_f32_vec();
-    let mut keys = Vec::with_capacity(2048 * d);
-    while keys.len() < 2048 * d {
-        for tok in 0..t {
-            if keys.len() == 2048 * d {
-                break;
-            }
-            keys.extend_from_slice(&all[tok * h * d..tok * h * d + d]);
-        }
-    }
-    let group = f.q_heads / h;
-    let qs = f.q[LAYER]
-        .chunks_exact(f.q_heads * d)
-        .flat_map(|q| q[..group * d].iter().copied())
-        .collect();
-    (keys, qs, d)
-}
-
 fn bench(c: &mut Criterion) {
-    let (keys, qs_all, d) = keys_and_queries();
+    let (keys, qs_all, d) = pq_keys_and_queries(LAYER);
     let q = qs_all[..d].to_vec();
     let t = keys.len() / d;
     let mut g = c.benchmark_group("pq/train");
