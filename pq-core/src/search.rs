@@ -691,21 +691,35 @@ mod x86 {
         (lo, hi)
     }
 
-    /// Appends the first `count` (`<= 16`) lanes of `packed` to `v`, storing all 16 lanes into
-    /// its spare capacity (callers reserve 16 slots beyond what they keep; the lanes past
-    /// `count` are overwritten by the next store or left outside `v.len()`). No zero-filling
-    /// of the buffer first: this replaced a `resize` that measured about 5% of a search.
+    /// Integer lane types a 64-byte register is appended as ([`push_lanes`]).
+    trait Lane: Copy {}
+    impl Lane for u16 {}
+    impl Lane for u32 {}
+
+    /// Appends the first `count` lanes of `packed` (as `64 / size_of::<T>()` lanes of `T`) to
+    /// `v`, storing the whole register into its spare capacity (callers reserve one register's
+    /// lanes beyond what they keep; the lanes past `count` are overwritten by the next store or
+    /// left outside `v.len()`). No zero-filling of the buffer first: this replaced a `resize`
+    /// that measured about 5% of a search.
     #[inline(always)]
-    fn push16(v: &mut Vec<u32>, packed: __m512i, count: usize) {
+    fn push_lanes<T: Lane>(v: &mut Vec<T>, packed: __m512i, count: usize) {
+        let lanes = 64 / core::mem::size_of::<T>();
         let spare = v.spare_capacity_mut();
-        assert!(spare.len() >= 16 && count <= 16);
-        // SAFETY: `spare` holds at least 16 slots (checked), valid for one unaligned 64-byte
-        // store; after it the first `count <= 16` spare slots are initialized, so `len + count`
-        // covers only initialized elements.
+        assert!(spare.len() >= lanes && count <= lanes);
+        // SAFETY: `spare` holds at least `lanes` slots of `T` (checked), that is 64 bytes, valid
+        // for one unaligned 64-byte store; `T` is a plain integer (`Lane`), so after it the
+        // first `count <= lanes` spare slots are initialized and `len + count` covers only
+        // initialized elements.
         unsafe {
             _mm512_storeu_si512(spare.as_mut_ptr().cast(), packed);
             v.set_len(v.len() + count);
         }
+    }
+
+    /// [`push_lanes`] of 16 `u32` lanes.
+    #[inline(always)]
+    fn push16(v: &mut Vec<u32>, packed: __m512i, count: usize) {
+        push_lanes(v, packed, count);
     }
 
     /// The two 64-byte registers of a 128-byte chunk (of `u16` or `u32`).
@@ -893,18 +907,10 @@ mod x86 {
         Some((q, gap as u32))
     }
 
-    /// Appends the first `count` (`<= 32`) words of `packed` to `v`, storing all 32 into its
-    /// spare capacity, as [`push16`] does (callers reserve 32 slots beyond what they keep).
+    /// [`push_lanes`] of 32 `u16` lanes.
     #[inline(always)]
     fn push32(v: &mut Vec<u16>, packed: __m512i, count: usize) {
-        let spare = v.spare_capacity_mut();
-        assert!(spare.len() >= 32 && count <= 32);
-        // SAFETY: `spare` holds at least 32 u16 slots (checked), valid for one unaligned 64-byte
-        // store; after it the first `count <= 32` spare slots are initialized.
-        unsafe {
-            _mm512_storeu_si512(spare.as_mut_ptr().cast(), packed);
-            v.set_len(v.len() + count);
-        }
+        push_lanes(v, packed, count);
     }
 
     /// The low `len` bits set (`len <= 32`).

@@ -210,17 +210,21 @@ pub(crate) mod x86 {
 mod tests {
     use super::*;
 
-    /// [`argmin_from`] equals the plain loop it replaces (first strictly smaller, in order,
-    /// from `start`), with ties, signed zeros, infinities and NaN.
-    #[test]
-    fn argmin_from_equals_the_loop() {
-        let mut s = 0x0123_4567_89ab_cdefu64;
-        let mut next = || {
+    /// A xorshift64 stream from `seed` (non-zero).
+    fn xorshift(mut s: u64) -> impl FnMut() -> u64 {
+        move || {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
             s
-        };
+        }
+    }
+
+    /// [`argmin_from`] equals the plain loop it replaces (first strictly smaller, in order,
+    /// from `start`), with ties, signed zeros, infinities and NaN.
+    #[test]
+    fn argmin_from_equals_the_loop() {
+        let mut next = xorshift(0x0123_4567_89ab_cdef);
         for len in [1usize, 5, 8, 9, 64, 67] {
             for _ in 0..300 {
                 let v: alloc::vec::Vec<f32> = (0..len)
@@ -248,13 +252,8 @@ mod tests {
     /// definitions bit for bit.
     #[test]
     fn kernels_are_bit_exact() {
-        let mut s = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-        };
+        let mut bits = xorshift(0x1234_5678_9abc_def0);
+        let mut next = || ((bits() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0;
         for d in [1usize, 3, 8, 13, 32, 64, 67] {
             for n in [1usize, 3, 8, 13, 64, 75, 200] {
                 let x: alloc::vec::Vec<f32> = (0..d).map(|_| next()).collect();

@@ -161,19 +161,25 @@ fn allocation_counter_counts() {
     drop(v);
 }
 
+/// Creates seed directory `dir` and removes the seeds an earlier run wrote there (`gen-*`),
+/// leaving hand-placed ones.
+fn clear_generated_seeds(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap().to_string_lossy().starts_with("gen-") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+}
+
 /// The seeds: spec examples, each `n` mode, invalid `b`, wrong lengths, non-zero padding, huge
 /// claims. Written by hand once; rerun after changing the input layout.
 #[test]
 #[ignore]
 fn write_seeds() {
     let dir = fuzz_dir().join("seeds").join(TARGET);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().unwrap().to_string_lossy().starts_with("gen-") {
-            std::fs::remove_file(p).unwrap();
-        }
-    }
+    clear_generated_seeds(&dir);
     let bytes: Vec<u8> = (0u32..40).map(|i| (i * 37 + 11) as u8).collect();
     // (name, b_sel, n_sel, n_arg, payload)
     let seeds: &[(&str, u8, u8, u32, &[u8])] = &[
@@ -208,13 +214,7 @@ fn write_seeds() {
 #[ignore]
 fn write_search_seeds() {
     let dir = fuzz_dir().join("seeds").join(SEARCH);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().unwrap().to_string_lossy().starts_with("gen-") {
-            std::fs::remove_file(p).unwrap();
-        }
-    }
+    clear_generated_seeds(&dir);
     let bytes: Vec<u8> = (0u32..600).map(|i| (i * 37 + 11) as u8).collect();
     let raw: Vec<u8> = [1.5f32, -2.25, 0.0, -0.0, 3.0e-39, 7.0, -7.0, 1.0e30]
         .iter()
