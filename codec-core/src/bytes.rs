@@ -1,60 +1,85 @@
-//! Bounds-checked little-endian reading and writing. Every read returns
-//! [`DecodeError::Truncated`] instead of panicking when the input is short.
+//! Bounds-checked little-endian reading and writing, and the CRC-32C every section ends with
+//! (`spec/FORMAT.md` §3.4). A short read returns [`Truncated`], which each stage turns into its
+//! own error, instead of panicking.
 
-use crate::error::DecodeError;
 use alloc::vec::Vec;
+
+/// A read ran past the end of its input: `needed` bytes were asked for, `available` were left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Truncated {
+    /// Bytes the read needed.
+    pub needed: u64,
+    /// Bytes that were left.
+    pub available: u64,
+}
+
+/// Writes the message of a [`Truncated`] read of `what`, the same for every stage.
+pub(crate) fn fmt_truncated(
+    f: &mut core::fmt::Formatter<'_>,
+    what: &str,
+    needed: u64,
+    available: u64,
+) -> core::fmt::Result {
+    write!(
+        f,
+        "truncated input: {what} needs {needed} bytes, only {available} left"
+    )
+}
 
 /// A cursor over untrusted bytes.
 #[derive(Clone, Debug)]
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
-    what: &'static str,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8], what: &'static str) -> Self {
-        Reader { buf, pos: 0, what }
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
     }
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if n > self.remaining() {
-            return Err(DecodeError::Truncated {
-                what: self.what,
-                needed: n as u64,
+    /// Checks that `n` more bytes are present without reading them.
+    pub(crate) fn need(&self, n: u64) -> Result<(), Truncated> {
+        if n > self.remaining() as u64 {
+            return Err(Truncated {
+                needed: n,
                 available: self.remaining() as u64,
             });
         }
+        Ok(())
+    }
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Truncated> {
+        self.need(n as u64)?;
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
         Ok(s)
     }
-    pub(crate) fn bytes_n<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+    pub(crate) fn bytes_n<const N: usize>(&mut self) -> Result<[u8; N], Truncated> {
         self.array()
     }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Truncated> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
-    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, Truncated> {
         Ok(self.array::<1>()?[0])
     }
-    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, Truncated> {
         Ok(u16::from_le_bytes(self.array()?))
     }
-    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, Truncated> {
         Ok(u32::from_le_bytes(self.array()?))
     }
-    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, Truncated> {
         Ok(u64::from_le_bytes(self.array()?))
     }
-    pub(crate) fn f32(&mut self) -> Result<f32, DecodeError> {
+    pub(crate) fn f32(&mut self) -> Result<f32, Truncated> {
         Ok(f32::from_le_bytes(self.array()?))
     }
-    pub(crate) fn bytes32(&mut self) -> Result<[u8; 32], DecodeError> {
+    pub(crate) fn bytes32(&mut self) -> Result<[u8; 32], Truncated> {
         self.array()
     }
 }
@@ -84,6 +109,14 @@ impl PutLe for Vec<u8> {
     fn put_f32(&mut self, v: f32) {
         self.extend_from_slice(&v.to_le_bytes());
     }
+}
+
+/// Splits a section that ends with its CRC-32C into the covered bytes and the stored CRC;
+/// `None` if it is shorter than the CRC.
+pub(crate) fn split_crc(section: &[u8]) -> Option<(&[u8], u32)> {
+    let body_len = section.len().checked_sub(4)?;
+    let (body, crc) = section.split_at(body_len);
+    Some((body, u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]])))
 }
 
 /// CRC-32C (Castagnoli, reflected, init and xorout 0xFFFF_FFFF), as in iSCSI.

@@ -30,11 +30,9 @@
 //!
 //! All of it is f64 arithmetic with `libm` in a fixed order, so it is deterministic everywhere.
 
+use crate::consts::MAX_EXP;
 use crate::kv::{Rope, RopeStyle};
 use alloc::vec::Vec;
-
-/// Largest step exponent the format allows (`2^(15/2)`, about 181 times the base step).
-pub const MAX_EXP: u8 = 15;
 
 /// Parameters of the token-importance policy; stored in a profile, since the profile's steps are
 /// calibrated with the policy on.

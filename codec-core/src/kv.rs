@@ -4,6 +4,8 @@
 //! head_dim]` (token-major, as servers hand them over). A *channel* is one `(head, dim)` pair, so a
 //! token row of one tensor has `channels = kv_heads * head_dim` values.
 
+use crate::error::{EncodeError, Kv, ShapeError};
+use crate::limits::Limits;
 use alloc::string::String;
 use alloc::vec::Vec;
 use half::slice::HalfFloatSliceExt;
@@ -131,7 +133,7 @@ impl Default for Rope {
 /// Metadata that travels with a stream.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct KvMeta {
-    /// Free-form model identifier (UTF-8, at most [`crate::limits::MAX_MODEL_ID_BYTES`] bytes).
+    /// Free-form model identifier (UTF-8, at most [`crate::consts::MAX_MODEL_ID_BYTES`] bytes).
     pub model_id: String,
     /// Rotary settings.
     pub rope: Rope,
@@ -178,6 +180,14 @@ impl TensorRef<'_> {
             TensorRef::F16(s) => s[i].to_f32(),
             TensorRef::Bf16(s) => s[i].to_f32(),
             TensorRef::F32(s) => s[i],
+        }
+    }
+    /// `true` if no value is NaN or infinite.
+    pub fn all_finite(&self) -> bool {
+        match self {
+            TensorRef::F16(s) => s.iter().all(|x| x.is_finite()),
+            TensorRef::Bf16(s) => s.iter().all(|x| x.is_finite()),
+            TensorRef::F32(s) => s.iter().all(|x| x.is_finite()),
         }
     }
     /// Copies `dst.len()` elements starting at `start`, widened to f32.
@@ -316,6 +326,71 @@ pub struct KvView<'a> {
     pub v: Vec<TensorRef<'a>>,
     /// Metadata stored in the stream.
     pub meta: KvMeta,
+}
+
+impl KvView<'_> {
+    /// Checks the tensors against the shape (count, lengths, one dtype) and for non-finite
+    /// values: what every encoder and the profile learner require of their input.
+    pub fn check(&self) -> Result<(), EncodeError> {
+        let shape = self.shape;
+        let mismatch = |what| Err(EncodeError::ShapeMismatch { what });
+        if self.k.len() != shape.layers as usize || self.v.len() != shape.layers as usize {
+            return mismatch("number of layers");
+        }
+        if shape.layers == 0 || shape.kv_heads == 0 || shape.head_dim == 0 {
+            return mismatch("zero dimension");
+        }
+        let n = shape.tensor_len();
+        let dtype = self.k[0].dtype();
+        for (layer, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
+            if k.len() != n || v.len() != n {
+                return mismatch("tensor length is not tokens * kv_heads * head_dim");
+            }
+            if k.dtype() != dtype || v.dtype() != dtype {
+                return mismatch("tensors of mixed dtypes");
+            }
+            for (t, kv) in [(k, Kv::K), (v, Kv::V)] {
+                if !t.all_finite() {
+                    let layer = layer as u32;
+                    return Err(EncodeError::NonFinite { layer, kv });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a cache's dimensions against `limits`: checks H11-H13 of a stream header and P6 of a
+/// profile (`spec/FORMAT.md` §3.7, §4.6).
+pub(crate) fn check_dims(
+    layers: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    limits: &Limits,
+) -> Result<(), ShapeError> {
+    for (field, n) in [
+        ("layers", layers),
+        ("kv_heads", kv_heads),
+        ("head_dim", head_dim),
+    ] {
+        if n == 0 {
+            return Err(ShapeError::ZeroDimension { field });
+        }
+    }
+    if layers > limits.max_layers {
+        return Err(ShapeError::Layers {
+            got: layers,
+            max: limits.max_layers,
+        });
+    }
+    let channels = u64::from(kv_heads) * u64::from(head_dim);
+    if channels > u64::from(limits.max_channels) {
+        return Err(ShapeError::Channels {
+            got: channels,
+            max: u64::from(limits.max_channels),
+        });
+    }
+    Ok(())
 }
 
 /// An owned KV cache: the decoder's output.

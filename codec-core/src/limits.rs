@@ -1,14 +1,5 @@
 //! Caller-set limits checked by the decoder before anything is allocated (`spec/FORMAT.md`, "Limits").
 
-/// Hard cap on the model id length in bytes (a format constant, not a caller setting).
-pub const MAX_MODEL_ID_BYTES: usize = 1024;
-/// Hard cap on the number of levels in a profile.
-pub const MAX_LEVELS: usize = 16;
-/// Hard cap on the number of frequency tables per level (table ids are one byte).
-pub const MAX_TABLES_PER_LEVEL: usize = 256;
-/// Hard cap on the token-group size.
-pub const MAX_GROUP: u32 = 1024;
-
 /// Limits a decoder enforces on untrusted input. Every count read from a stream or profile is
 /// checked against these and against the bytes actually present before it is used to size an
 /// allocation. The defaults accept any cache up to 2^32 decoded elements (16 GiB of f32).

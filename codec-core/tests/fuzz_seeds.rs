@@ -9,7 +9,7 @@
 //! It deletes every `gen-*` file of each seed directory first and leaves other files (hand-made
 //! seeds) alone. The output is deterministic.
 
-use codec_core::codec::Header;
+use codec_core::container::Header;
 use codec_core::fuzzing::{
     chunk_input, chunk_profile, fixed_tables, freq_table_input, rans_lanes_input,
     stream_profile_input, ChunkCase, Target, PROFILE_FIX_CRC, STREAM_PROFILE_FIX_CRCS,
@@ -395,16 +395,17 @@ fn chunk_seeds(seeds: &mut Seeds, vectors: &[Vector]) {
     .enumerate()
     {
         let cache = synthetic(shape, dtype, first_position, 300 + i as u64);
-        let ctx = ChunkContext {
+        let ctx = ChunkContext::new(
             shape,
             dtype,
             first_position,
             group,
             n_sink,
-            profile: &profile,
-            rope: cache.meta.rope,
-            query_position: Some(first_position + u64::from(shape.tokens)),
-        };
+            &profile,
+            cache.meta.rope,
+        )
+        .unwrap()
+        .with_query_position(Some(first_position + u64::from(shape.tokens)));
         let token_start = shape.tokens - rows;
         let chunk = ctx
             .encode_chunk(&cache.view(), token_start..shape.tokens, level)

@@ -6,8 +6,9 @@ mod common;
 // encoder's step exponents), shared with the roundtrip_codec fuzz target.
 use codec_core::fuzzing::expected_reconstruction as expected;
 use codec_core::{
-    decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape,
-    LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream, Tensor,
+    decode, encode, learn_profile, BlockError, ChunkContext, DecodeError, Dtype, EncodeError,
+    EncodeParams, HeaderError, KvCache, KvMeta, KvShape, LearnParams, Limits, OpenError, Profile,
+    ProfileMode, Queries, Sample, Stream, Tensor,
 };
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -81,7 +82,7 @@ fn self_contained_needs_no_profile_and_referenced_does() {
     assert_eq!(a, b);
     assert!(matches!(
         decode(&referenced, None, &Limits::DEFAULT),
-        Err(DecodeError::ProfileRequired { .. })
+        Err(DecodeError::Open(OpenError::ProfileRequired { .. }))
     ));
     let other = learn_plain(
         &cache,
@@ -92,7 +93,7 @@ fn self_contained_needs_no_profile_and_referenced_does() {
     );
     assert!(matches!(
         decode(&referenced, Some(&other), &Limits::DEFAULT),
-        Err(DecodeError::ProfileMismatch { .. })
+        Err(DecodeError::Open(OpenError::ProfileMismatch { .. }))
     ));
 }
 
@@ -114,7 +115,7 @@ fn self_contained_streams_embed_the_profile_without_hints() {
     assert!(profile.importance().is_some());
     let bare = profile.without_importance();
     assert!(bare.importance().is_none());
-    assert_eq!(bare.version(), codec_core::profile::PROFILE_VERSION);
+    assert_eq!(bare.version(), codec_core::consts::PROFILE_VERSION);
     for kv in 0..2 {
         assert_eq!(bare.channel_params(1, kv), profile.channel_params(1, kv));
     }
@@ -132,7 +133,7 @@ fn self_contained_streams_embed_the_profile_without_hints() {
     // The stream that referenced the profile with hints does not take the one without.
     assert!(matches!(
         decode(&referenced, Some(&bare), &Limits::DEFAULT),
-        Err(DecodeError::ProfileMismatch { .. })
+        Err(DecodeError::Open(OpenError::ProfileMismatch { .. }))
     ));
 }
 
@@ -203,7 +204,7 @@ fn token_ranges_decode_only_what_they_need_and_match() {
     assert!(s2.decode_tokens(0..300).is_ok());
     assert!(matches!(
         s2.decode_tokens(0..401),
-        Err(DecodeError::ChunkCrc { chunk: 4, .. })
+        Err(DecodeError::Block(BlockError::Crc { chunk: 4, .. }))
     ));
 }
 
@@ -278,7 +279,7 @@ fn every_truncation_is_an_error() {
     long.push(0);
     assert!(matches!(
         decode(&long, None, &Limits::DEFAULT),
-        Err(DecodeError::Inconsistent { .. })
+        Err(DecodeError::Header(HeaderError::TrailingBytes { .. }))
     ));
 }
 
@@ -310,7 +311,10 @@ fn limits_are_enforced_before_decoding() {
     };
     assert!(matches!(
         decode(&bytes, None, &tight),
-        Err(DecodeError::LimitExceeded { what: "tokens", .. })
+        Err(DecodeError::Header(HeaderError::Tokens {
+            got: 40,
+            max: 39
+        }))
     ));
     let tight = Limits {
         max_profile_bytes: 100,
@@ -318,7 +322,10 @@ fn limits_are_enforced_before_decoding() {
     };
     assert!(matches!(
         decode(&bytes, None, &tight),
-        Err(DecodeError::LimitExceeded { .. })
+        Err(DecodeError::Header(HeaderError::ProfileLen {
+            max: 100,
+            ..
+        }))
     ));
     let tight = Limits {
         max_elements: 100,
@@ -326,13 +333,13 @@ fn limits_are_enforced_before_decoding() {
     };
     assert!(matches!(
         decode(&bytes, None, &tight),
-        Err(DecodeError::LimitExceeded { .. })
+        Err(DecodeError::Header(HeaderError::Elements { max: 100, .. }))
     ));
     let mut bad = bytes.clone();
     bad[0] = b'X';
     assert!(matches!(
         decode(&bad, None, &Limits::DEFAULT),
-        Err(DecodeError::BadMagic { .. })
+        Err(DecodeError::Header(HeaderError::BadMagic { .. }))
     ));
 }
 
@@ -554,7 +561,7 @@ fn encode_rejects_a_non_finite_rope_it_could_not_decode() {
 
 #[test]
 fn max_encoded_len_bounds_real_and_worst_case_streams() {
-    use codec_core::codec::max_encoded_len;
+    use codec_core::max_encoded_len;
     // Real data: far below the bound (the bound allows an escape for every value).
     let (cache, _, _, _) = common::load(common::SAMPLE, 2);
     let profile = learn_plain(&cache, &LearnParams::default());
@@ -770,23 +777,34 @@ fn importance_hints_stay_finite_and_queries_must_be() {
 }
 
 #[test]
-fn decode_chunk_rejects_an_inconsistent_context() {
+fn chunk_contexts_are_built_consistent() {
     let (bytes, profile) = small_stream();
     let s = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
     let e = s.header().chunks[0];
     let chunk = s.chunk_bytes(0).unwrap();
-    let run = |ctx: &codec_core::ChunkContext<'_>| {
-        ctx.decode_chunk(chunk, 0, e.token_start, e.tokens, e.level, |_, _, _, _| {})
+    let ctx = s.context();
+    assert!(ctx
+        .decode_chunk(chunk, 0, e.token_start, e.tokens, e.level, |_, _, _, _| {})
+        .is_ok());
+    let h = s.header();
+    let new = |group: u32, shape: KvShape| {
+        ChunkContext::new(
+            shape,
+            h.dtype,
+            h.meta.first_position,
+            group,
+            h.n_sink,
+            s.profile(),
+            h.meta.rope,
+        )
     };
-    assert!(run(&s.context()).is_ok());
-    let mut ctx = s.context();
-    ctx.group = 0;
+    assert!(new(u32::from(h.group), h.shape).is_ok());
     assert!(matches!(
-        run(&ctx),
-        Err(DecodeError::InvalidField { what: "group", .. })
+        new(0, h.shape),
+        Err(EncodeError::InvalidParam { what: "group", .. })
     ));
-    let mut ctx = s.context();
-    ctx.shape.head_dim += 1;
-    assert_eq!(run(&ctx), Err(DecodeError::ProfileShape));
+    let mut shape = h.shape;
+    shape.head_dim += 1;
+    assert!(matches!(new(10, shape), Err(EncodeError::ProfileShape)));
     let _ = profile;
 }

@@ -7,13 +7,15 @@ mod common;
 
 use common::crc32c;
 
-use codec_core::codec::{ChunkEntry, Header, STREAM_VERSION};
+use codec_core::consts::{EXP_MULT, STREAM_VERSION};
+use codec_core::container::{ChunkEntry, Header};
 use codec_core::importance::ImportanceParams;
-use codec_core::profile::{hex, ChannelParams, Importance, LevelTables, SymbolTable};
-use codec_core::quant::{dequantize_block, BlockConsts, Exps, EXP_MULT};
+use codec_core::profile::{hex, Importance, LevelTables, SymbolTable};
+use codec_core::quant::{dequantize_block, BlockConsts, ChannelParams, Exps};
 use codec_core::rans::{FreqTable, TableError};
 use codec_core::{
-    decode, DecodeError, Dtype, KvMeta, KvShape, Limits, Profile, Rope, RopeStyle, Tensor,
+    decode, BlockError, DecodeError, Dtype, HeaderError, KvMeta, KvShape, Limits, Profile,
+    ProfileError, Rope, RopeStyle, Tensor,
 };
 
 /// Bytes of a row of the spec's tables: hex pairs, separated by spaces and backticks.
@@ -424,16 +426,18 @@ fn appendix_b_variants_that_must_be_rejected_or_accepted() {
         let mut p = pbytes.clone();
         p[off..off + bytes.len()].copy_from_slice(bytes);
         fix_crc(&mut p);
-        Profile::from_bytes(&p, &Limits::DEFAULT).unwrap_err()
+        DecodeError::from(Profile::from_bytes(&p, &Limits::DEFAULT).unwrap_err())
     };
-    let invalid = |e: DecodeError| match e {
-        DecodeError::InvalidField { what, .. } => what,
-        other => panic!("InvalidField expected, got {other:?}"),
+    // The field an `InvalidField` error names: its message is "invalid {field}: {value}".
+    let invalid = |e: DecodeError| -> String {
+        assert_eq!(e.kind(), "InvalidField", "{e:?}");
+        let m = e.to_string();
+        m["invalid ".len()..m.rfind(": ").unwrap()].to_string()
     };
     // P3: version 1 profiles are not decoded.
     assert!(matches!(
         bad_profile(4, &[1]),
-        DecodeError::UnsupportedVersion { got: 1, .. }
+        DecodeError::Profile(ProfileError::UnsupportedVersion { got: 1 })
     ));
     // P8, P9: flags other than bit 0; reserved bytes 22..24.
     assert_eq!(invalid(bad_profile(21, &[3])), "profile flags");
@@ -518,17 +522,19 @@ fn appendix_b_variants_that_must_be_rejected_or_accepted() {
     // B3: exponent frequencies.
     assert!(matches!(
         bad_chunk(133, &[0, 0]).unwrap_err(),
-        DecodeError::Table(TableError::ZeroFrequency { symbol: 0 })
+        DecodeError::Block(BlockError::ExpTable(TableError::ZeroFrequency {
+            symbol: 0
+        }))
     ));
     assert!(matches!(
         bad_chunk(133, &[1, 4]).unwrap_err(),
-        DecodeError::Table(TableError::BadSum { .. })
+        DecodeError::Block(BlockError::ExpTable(TableError::BadSum { .. }))
     ));
     // B7: the escape of g = 4 is checked against the radius of down^2(2) = table 1 (R = 0):
     // 2 is valid there, but 0 is not (it would be index 0).
     assert!(matches!(
         bad_chunk(151, &[0, 0, 0, 0]).unwrap_err(),
-        DecodeError::BadEscape { .. }
+        DecodeError::Block(BlockError::BadEscape { .. })
     ));
     // B10: a non-finite sink value (f16 +infinity in V c0).
     let e = bad_chunk(316, &[0x00, 0x7c]).unwrap_err();
@@ -538,6 +544,6 @@ fn appendix_b_variants_that_must_be_rejected_or_accepted() {
     s[4] = 1;
     assert!(matches!(
         decode(&s, Some(&profile), &Limits::DEFAULT).unwrap_err(),
-        DecodeError::UnsupportedVersion { got: 1, .. }
+        DecodeError::Header(HeaderError::UnsupportedVersion { got: 1 })
     ));
 }

@@ -11,10 +11,10 @@ mod common;
 
 use common::crc32c;
 
-use codec_core::codec::Header;
+use codec_core::container::Header;
 use codec_core::{
-    decode, encode, learn_profile, Dtype, EncodeParams, KvCache, KvMeta, KvShape, LearnParams,
-    Limits, Profile, ProfileMode, Queries, Rope, RopeStyle, Sample, Tensor,
+    decode, encode, learn_profile, DecodeError, Dtype, EncodeParams, KvCache, KvMeta, KvShape,
+    LearnParams, Limits, Profile, ProfileMode, Queries, Rope, RopeStyle, Sample, Tensor,
 };
 use half::{bf16, f16};
 use serde_json::{json, Value};
@@ -153,11 +153,16 @@ fn check_vectors(dir: &Path) {
         let res = match v["profile"].is_null() {
             true => decode(&stream, None, &limits),
             false => Profile::from_bytes(&read(&v["profile"]), &limits)
+                .map_err(DecodeError::from)
                 .and_then(|p| decode(&stream, Some(&p), &limits)),
         };
         match res {
             Ok(_) => panic!("invalid vector {name} decoded"),
-            Err(e) => assert_eq!(e.kind(), v["error"].as_str().unwrap(), "{name}: {e}"),
+            Err(e) => {
+                assert_eq!(e.kind(), v["error"].as_str().unwrap(), "{name}: {e}");
+                assert_eq!(e.to_string(), v["message"].as_str().unwrap(), "{name}");
+                assert!(e.check().is_some(), "{name}: {e:?} names no spec check");
+            }
         }
     }
 }
@@ -886,6 +891,7 @@ fn write_vectors() {
         let res = match &v.profile {
             None => decode(&v.stream, None, &v.limits),
             Some(p) => Profile::from_bytes(p, &v.limits)
+                .map_err(DecodeError::from)
                 .and_then(|p| decode(&v.stream, Some(&p), &v.limits)),
         };
         let Err(err) = res else {

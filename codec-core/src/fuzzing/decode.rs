@@ -2,12 +2,15 @@
 
 use super::input::Input;
 use super::LIMITS;
+use crate::block::ChunkContext;
 use crate::bytes::crc32c;
-use crate::codec::{ChunkContext, Stream, HEADER_FIXED_LEN, INDEX_ENTRY_LEN};
+use crate::consts::{HEADER_FIXED_LEN, INDEX_ENTRY_LEN, PROFILE_VERSION};
+use crate::container::Stream;
 use crate::error::Kv;
 use crate::kv::{Dtype, KvCache, KvShape, Rope, Tensor};
 use crate::limits::Limits;
-use crate::profile::{ChannelParams, Profile, PROFILE_VERSION};
+use crate::profile::Profile;
+use crate::quant::ChannelParams;
 use alloc::vec::Vec;
 use sha2::{Digest, Sha256};
 
@@ -359,21 +362,22 @@ impl ChunkCase {
     /// The decoding context a stream with `profile`'s shape and this case's parameters would
     /// give (no rotary metadata, no importance: decoders use neither).
     pub fn context<'p>(&self, profile: &'p Profile) -> ChunkContext<'p> {
-        ChunkContext {
-            shape: KvShape {
-                layers: profile.layers(),
-                kv_heads: profile.kv_heads(),
-                head_dim: profile.head_dim(),
-                tokens: self.token_start.saturating_add(self.rows),
-            },
-            dtype: self.dtype,
-            first_position: self.first_position,
-            group: self.group,
-            n_sink: self.n_sink,
+        let shape = KvShape {
+            layers: profile.layers(),
+            kv_heads: profile.kv_heads(),
+            head_dim: profile.head_dim(),
+            tokens: self.token_start.saturating_add(self.rows),
+        };
+        ChunkContext::new(
+            shape,
+            self.dtype,
+            self.first_position,
+            self.group,
+            self.n_sink,
             profile,
-            rope: Rope::default(),
-            query_position: None,
-        }
+            Rope::default(),
+        )
+        .expect("a chunk case's group is in 1..=1024 and its shape is the profile's")
     }
 }
 
@@ -439,7 +443,7 @@ pub fn decode_chunk(profile: &Profile, data: &[u8]) {
         raw
     };
     let ctx = case.context(profile);
-    let c = ctx.shape.channels();
+    let c = ctx.shape().channels();
     let pos = case
         .first_position
         .saturating_add(u64::from(case.token_start));
@@ -467,6 +471,6 @@ pub fn decode_chunk(profile: &Profile, data: &[u8]) {
         },
     );
     if result.is_ok() {
-        assert_eq!(blocks, 2 * ctx.shape.layers, "every block is output");
+        assert_eq!(blocks, 2 * ctx.shape().layers, "every block is output");
     }
 }

@@ -15,7 +15,7 @@
 //! | [`decode_chunk`] | [`ChunkContext::decode_chunk`] (fixed profile [`chunk_profile`]) | no panic; each block's output has `rows * C` values and its sink rows' raw bytes |
 //! | [`freq_table`] | [`FreqTable::new`], [`FreqTable::from_counts`], [`DecodeTable::new`], [`LaneDecoder`] | errors are the documented ones; every lookup slot matches the cdf; `from_counts` is valid and (small alphabets) equals its documented greedy definition; lanes decode as the reference decoder does |
 //! | [`rans_lanes`] | [`LaneDecoder::new`], [`LaneDecoder::decode`], [`LaneDecoder::finish`] | no panic; symbols and errors equal a plain reference decoder of `spec/FORMAT.md` §6.3 |
-//! | [`roundtrip_rans`] | [`encode_lanes`] then [`LaneDecoder`] | the symbols come back, every lane ends clean, lane lengths obey the bound of [`crate::codec::max_lane_words`] |
+//! | [`roundtrip_rans`] | [`encode_lanes`] then [`LaneDecoder`] | the symbols come back, every lane ends clean, lane lengths obey the bound of [`crate::container::max_lane_words`] |
 //! | [`roundtrip_codec`] | [`crate::learn_profile`], [`crate::encode`], [`crate::decode`] | decoding gives exactly [`expected_reconstruction`]; the stream is at most [`max_encoded_len`] bytes; a partial decode matches |
 //!
 //! Input layouts are documented on each function; `fuzz/README.md` says how the seeds are made.
@@ -34,7 +34,7 @@
 //! [`LaneDecoder::decode`]: crate::rans::LaneDecoder::decode
 //! [`LaneDecoder::finish`]: crate::rans::LaneDecoder::finish
 //! [`encode_lanes`]: crate::rans::encode_lanes
-//! [`max_encoded_len`]: crate::codec::max_encoded_len
+//! [`max_encoded_len`]: crate::container::max_encoded_len
 
 mod decode;
 mod input;

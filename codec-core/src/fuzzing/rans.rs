@@ -1,7 +1,7 @@
 //! rANS targets: frequency tables, the lane decoder, and the lane coder's round trip.
 
 use super::input::Input;
-use crate::codec::max_lane_words;
+use crate::container::max_lane_words;
 use crate::rans::{
     encode_lanes, encode_lanes_into, DecodeTable, FreqTable, LaneDecoder, RansError, TableError,
     LANES, MAX_SYMBOLS, PRECISION,

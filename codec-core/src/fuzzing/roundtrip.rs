@@ -2,11 +2,12 @@
 
 use super::decode::assert_part_of;
 use super::input::Input;
-use crate::codec::{max_encoded_len, EncodeParams, ProfileMode, Stream};
+use crate::container::{max_encoded_len, EncodeParams, ProfileMode, Stream};
 use crate::importance::{block_exponents, reference_queries, ImportanceParams};
 use crate::kv::{Dtype, KvCache, KvMeta, KvShape, Rope, RopeStyle, Tensor};
+use crate::learn::{learn_profile, LearnParams, Queries, Sample};
 use crate::limits::Limits;
-use crate::profile::{learn_profile, LearnParams, Profile, Queries, Sample};
+use crate::profile::Profile;
 use crate::quant::{quantize_block, BlockConsts, Exps};
 use alloc::string::String;
 use alloc::vec;

@@ -10,27 +10,22 @@
 //! All arithmetic is f32 with round-to-nearest-even and no fused multiply-add, in the order
 //! written here, so that every implementation reconstructs identical values.
 
-use crate::profile::ChannelParams;
+use crate::consts::{EXP_MULT, MAX_SYMBOL};
 use alloc::vec::Vec;
 
-/// Largest magnitude of a quantized symbol; the encoder clamps to it and decoders reject larger
-/// escapes. 2^24 keeps `symbol as f32` exact.
-pub const MAX_SYMBOL: i32 = 1 << 24;
-
-/// Step multiplier of each step exponent `e`: `2^(e/2)` as f32. Even `e` are exact powers of
-/// two; odd `e` are `f32(sqrt 2) = 0x3FB504F3` times a power of two (exact). A token row's step in
-/// a head with exponent `e` is `step * EXP_MULT[e]`, one f32 multiplication.
-pub const EXP_MULT: [f32; 16] = {
-    let r2 = f32::from_bits(0x3FB5_04F3);
-    let mut m = [0f32; 16];
-    let mut e = 0;
-    while e < 16 {
-        let p = (1u32 << (e / 2)) as f32;
-        m[e] = if e % 2 == 0 { p } else { r2 * p };
-        e += 1;
-    }
-    m
-};
+/// Quantization parameters of one channel of one tensor of one layer (a profile stores them per
+/// `(layer, K/V, channel)`, §4.2).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChannelParams {
+    /// Channel mean: the anchor predictor, and the point deltas shrink towards.
+    pub mean: f32,
+    /// Base step of non-anchor tokens (multiplied by the level's multiplier).
+    pub delta_step: f32,
+    /// Base step of anchor tokens (multiplied by the level's multiplier).
+    pub anchor_step: f32,
+    /// Weight of the reconstructed anchor in the delta predictor, in sixteenths (0..=16).
+    pub weight: u8,
+}
 
 /// Per-channel constants of one block at one level, precomputed once.
 #[derive(Clone, Debug, Default)]

@@ -88,11 +88,7 @@ pub use table::{DecodeTable, FreqTable};
 
 use core::fmt;
 
-/// Probability precision in bits: every [`FreqTable`] sums to `1 << PRECISION` (= 4096).
-pub const PRECISION: u32 = 12;
-
-/// Number of interleaved rANS lanes; symbol `g` is coded in lane `g % LANES`.
-pub const LANES: usize = 32;
+pub use crate::consts::{LANES, PRECISION};
 
 /// Largest alphabet one [`FreqTable`] may have (symbols are `u8`).
 pub const MAX_SYMBOLS: usize = 256;

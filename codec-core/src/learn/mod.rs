@@ -22,14 +22,14 @@
 //! spread share a table, and each table links down to the table two quarter octaves narrower, the
 //! one a symbol uses when its token's step is one exponent (half an octave) coarser.
 
-use super::{ChannelParams, Importance, LevelTables, Profile, SymbolTable, MAX_RADIUS, WEIGHT_ONE};
+use crate::consts::{group_is_valid, MAX_LEVELS, MAX_RADIUS, WEIGHT_ONE};
 use crate::error::EncodeError;
 use crate::importance::{
     block_exponents, block_scores, reference_queries, rotate, ImportanceParams,
 };
 use crate::kv::{KvView, RopeStyle, TensorRef};
-use crate::limits::{MAX_GROUP, MAX_LEVELS};
-use crate::quant::{predict, quantize_block, BlockConsts, Exps};
+use crate::profile::{Importance, LevelTables, Profile, SymbolTable};
+use crate::quant::{predict, quantize_block, BlockConsts, ChannelParams, Exps};
 use crate::rans::FreqTable;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -127,7 +127,7 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
             got: 0,
         });
     }
-    if params.group == 0 || params.group > MAX_GROUP {
+    if !group_is_valid(params.group) {
         return Err(EncodeError::InvalidParam {
             what: "group",
             got: params.group as u64,
@@ -150,7 +150,7 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
         if (sh.layers, sh.kv_heads, sh.head_dim) != (shape.layers, shape.kv_heads, shape.head_dim) {
             return Err(EncodeError::ProfileShape);
         }
-        crate::codec::check_view(&s.kv)?;
+        s.kv.check()?;
         if let Some(q) = &s.queries {
             let d = shape.head_dim as usize;
             if q.q.len() != shape.layers as usize

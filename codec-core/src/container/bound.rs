@@ -1,6 +1,7 @@
 //! An upper bound on the length of an encoded stream, from the format alone.
 
 use super::EncodeParams;
+use crate::consts::{HEADER_FIXED_LEN, INDEX_ENTRY_LEN};
 use crate::kv::{Dtype, KvShape};
 use crate::rans::LANES;
 
@@ -110,9 +111,9 @@ pub fn max_encoded_len(
         let block = u128::from(BLOCK_FIXED_MAX) + 4 * rows * u128::from(c) + 4 * words;
         4 + 2 * u128::from(l) * block
     };
-    let header = u128::from(super::HEADER_FIXED_LEN as u64)
+    let header = u128::from(HEADER_FIXED_LEN as u64)
         + model_id_len as u128
-        + u128::from(super::INDEX_ENTRY_LEN as u64) * u128::from(n_chunks)
+        + u128::from(INDEX_ENTRY_LEN as u64) * u128::from(n_chunks)
         + 4;
     let mut total = header + u128::from(profile_len) + u128::from(full) * chunk(chunk_tokens);
     if rem > 0 {

@@ -1,0 +1,241 @@
+//! The chunk encoder: quantizes each block (§7), maps its symbols to table indices and escapes
+//! (§6.4), codes them over the lanes (§6.5) and lays the block out ([`super::layout`]).
+
+use super::layout::{write_block, BlockOut};
+use super::tables::BlockTables;
+use super::ChunkContext;
+use crate::bytes::{crc32c, PutLe};
+use crate::error::EncodeError;
+use crate::importance::{block_exponents, reference_queries};
+use crate::kv::{KvView, TensorRef};
+use crate::profile::LevelTables;
+use crate::quant::{quantize_block, BlockConsts, Exps};
+use crate::rans::{encode_lanes_into, FreqTable, LANES};
+use alloc::vec;
+use alloc::vec::Vec;
+use core::ops::Range;
+
+impl ChunkContext<'_> {
+    /// Encodes tokens `tokens` of `view` at `level` into a chunk (blocks and CRC), the unit a
+    /// streamer sends. `view` must have this context's shape except for its token count.
+    pub fn encode_chunk(
+        &self,
+        view: &KvView<'_>,
+        tokens: Range<u32>,
+        level: u8,
+    ) -> Result<Vec<u8>, EncodeError> {
+        let levels = self.profile().levels();
+        if level >= levels {
+            return Err(EncodeError::UnknownLevel { level, levels });
+        }
+        if tokens.start >= tokens.end || tokens.end > view.shape.tokens {
+            let got = u64::from(tokens.end);
+            return Err(EncodeError::InvalidParam {
+                what: "chunk token range",
+                got,
+            });
+        }
+        let mut enc = BlockEncoder::new(self, tokens, level);
+        let mut out = Vec::new();
+        for layer in 0..self.shape().layers {
+            enc.layer(view, layer, &mut out);
+        }
+        let crc = crc32c(&out);
+        out.put_u32(crc);
+        Ok(out)
+    }
+}
+
+/// The state of one chunk's encoding; buffers are reused from block to block.
+struct BlockEncoder<'c, 'p> {
+    ctx: &'c ChunkContext<'p>,
+    level: u8,
+    level_tables: &'p LevelTables,
+    mult: f32,
+    /// First token of the chunk, and its leading sink rows.
+    start: usize,
+    sink: usize,
+    /// One block's values and their reconstruction, `rows * C`.
+    x: Vec<f32>,
+    recon: Vec<f32>,
+    symbols: Vec<i32>,
+    /// The exponents then the value symbols' table indices: the block's rANS message.
+    indices: Vec<u8>,
+    escapes: Vec<i32>,
+    /// The layer's step exponents, one per (non-sink row, head); empty if all are 0.
+    exps: Vec<u8>,
+    consts: BlockConsts,
+    tables: BlockTables,
+    /// Table id of every value symbol.
+    tids: Vec<u8>,
+    lanes: [Vec<u32>; LANES],
+}
+
+impl<'c, 'p> BlockEncoder<'c, 'p> {
+    fn new(ctx: &'c ChunkContext<'p>, tokens: Range<u32>, level: u8) -> Self {
+        let c = ctx.shape().channels();
+        let rows = (tokens.end - tokens.start) as usize;
+        let profile = ctx.profile();
+        BlockEncoder {
+            ctx,
+            level,
+            level_tables: profile.level_tables(level),
+            mult: profile.level_multipliers()[level as usize],
+            start: tokens.start as usize,
+            sink: ctx.sink_rows(tokens.start, rows as u32),
+            x: vec![0f32; rows * c],
+            recon: vec![0f32; rows * c],
+            symbols: Vec::with_capacity(rows * c),
+            indices: Vec::with_capacity(rows * c),
+            escapes: Vec::new(),
+            exps: Vec::new(),
+            consts: BlockConsts::default(),
+            tables: BlockTables::default(),
+            tids: Vec::new(),
+            lanes: core::array::from_fn(|_| Vec::new()),
+        }
+    }
+
+    /// Appends the K and V blocks of `layer`.
+    fn layer(&mut self, view: &KvView<'_>, layer: u32, out: &mut Vec<u8>) {
+        let k_in_x = self.exponents(view, layer);
+        // Non-empty exps hold a nonzero exponent, so the alphabet has at least 2 symbols.
+        let n_exp = self.exps.iter().max().map_or(0, |&m| m as usize + 1);
+        let exp_table = (n_exp > 0).then(|| {
+            let mut counts = [0u64; 16];
+            self.exps.iter().for_each(|&e| counts[e as usize] += 1);
+            FreqTable::from_counts(&counts[..n_exp])
+        });
+        for (kv, t) in [view.k[layer as usize], view.v[layer as usize]]
+            .into_iter()
+            .enumerate()
+        {
+            if !(kv == 0 && k_in_x) {
+                t.read_f32(self.start * self.channels(), &mut self.x);
+            }
+            self.block(t, layer, kv, n_exp, exp_table.as_ref(), out);
+        }
+    }
+
+    fn channels(&self) -> usize {
+        self.ctx.shape().channels()
+    }
+
+    /// Sets the layer's step exponents from its K by the importance policy (empty if the policy
+    /// is off or gives every token exponent 0). Returns `true` if `x` now holds the layer's K.
+    fn exponents(&mut self, view: &KvView<'_>, layer: u32) -> bool {
+        self.exps.clear();
+        let ctx = self.ctx;
+        let (Some(pos), Some(imp)) = (ctx.query_position(), ctx.profile().importance()) else {
+            return false;
+        };
+        let (c, l) = (self.channels(), layer as usize);
+        let (d, heads) = (ctx.shape().head_dim as usize, ctx.shape().kv_heads as usize);
+        view.k[l].read_f32(self.start * c, &mut self.x);
+        let qref = reference_queries(&imp.query_mean[l * c..(l + 1) * c], d, pos, ctx.rope());
+        block_exponents(
+            &self.x,
+            c,
+            d,
+            self.sink,
+            ctx.position(self.start as u32),
+            &qref,
+            &imp.tau[l * heads..(l + 1) * heads],
+            ctx.rope(),
+            &imp.params,
+            &mut self.exps,
+        );
+        if self.exps.iter().all(|&e| e == 0) {
+            self.exps.clear();
+        }
+        true
+    }
+
+    /// Quantizes and codes the block `(layer, kv)` whose values are in `x`, and appends it.
+    fn block(
+        &mut self,
+        tensor: TensorRef<'_>,
+        layer: u32,
+        kv: usize,
+        n_exp: usize,
+        exp_table: Option<&FreqTable>,
+        out: &mut Vec<u8>,
+    ) {
+        let (c, group) = (self.channels(), self.ctx.group());
+        let profile = self.ctx.profile();
+        self.consts
+            .fill(profile.channel_params(layer, kv), self.mult);
+        self.symbols.clear();
+        let exps = Exps {
+            exps: &self.exps,
+            head_dim: self.ctx.shape().head_dim as usize,
+        };
+        quantize_block(
+            &self.x,
+            &self.consts,
+            group,
+            self.sink,
+            exps,
+            &mut self.symbols,
+            &mut self.recon,
+        );
+        self.tables.resolve(profile, self.level, layer, kv, n_exp);
+        self.value_tables(n_exp);
+        self.map_symbols();
+        let n_e = self.exps.len();
+        let (tids, level_tables) = (&self.tids, self.level_tables);
+        let table_of = |i: usize| -> &FreqTable {
+            match exp_table {
+                Some(et) if i < n_e => et,
+                _ => &level_tables.tables[tids[i - n_e] as usize].freqs,
+            }
+        };
+        encode_lanes_into(&self.indices, table_of, &mut self.lanes);
+        let block = BlockOut {
+            lanes: &self.lanes,
+            exp_table,
+            escapes: &self.escapes,
+        };
+        let first = self.start * c;
+        write_block(out, &block, tensor, first..first + self.sink * c);
+    }
+
+    /// The table id of every value symbol (row-major over the non-sink rows): a head's slice of
+    /// the block's resolved ids per row, by the row's kind and the head's exponent.
+    fn value_tables(&mut self, n_exp: usize) {
+        let (c, group) = (self.channels(), self.ctx.group());
+        let (d, heads) = (
+            self.ctx.shape().head_dim as usize,
+            c / self.ctx.shape().head_dim as usize,
+        );
+        debug_assert!(n_exp == 0 || !self.exps.is_empty());
+        self.tids.clear();
+        self.tids.resize(self.symbols.len(), 0);
+        let ids = self.tables.ids();
+        for (i, row_ids) in self.tids.chunks_exact_mut(c).enumerate() {
+            let kind = usize::from(!(self.sink + i).is_multiple_of(group));
+            for (h, seg) in row_ids.chunks_exact_mut(d).enumerate() {
+                let e = self.exps.get(i * heads + h).map_or(0, |&e| e as usize);
+                let from = self.tables.head_offset(kind, e, h, d);
+                seg.copy_from_slice(&ids[from..from + d]);
+            }
+        }
+    }
+
+    /// The block's rANS message: its exponents, then each value symbol as an index of its table
+    /// (`s + radius`), or the table's escape index with `s` appended to the escapes (§6.4).
+    fn map_symbols(&mut self) {
+        self.indices.clear();
+        self.indices.extend_from_slice(&self.exps);
+        self.escapes.clear();
+        for (&s, &t) in self.symbols.iter().zip(&self.tids) {
+            let table = &self.level_tables.tables[t as usize];
+            if s.unsigned_abs() <= u32::from(table.radius) {
+                self.indices.push((s + i32::from(table.radius)) as u8);
+            } else {
+                self.indices.push(table.escape());
+                self.escapes.push(s);
+            }
+        }
+    }
+}

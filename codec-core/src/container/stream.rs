@@ -1,0 +1,276 @@
+//! Reading a stream: [`Stream::open`] parses and validates the header and resolves the profile
+//! once (§3.7); decoding then checks only the chunks it reads (§5.5).
+
+use super::error::{DecodeError, OpenError};
+use super::header::Header;
+use crate::block::{ChunkAt, ChunkContext, RowSink};
+use crate::error::Kv;
+use crate::kv::{Dtype, KvCache, TensorMut};
+use crate::limits::Limits;
+use crate::profile::Profile;
+use alloc::borrow::Cow;
+use alloc::vec::Vec;
+use core::ops::Range;
+
+/// A parsed stream: header validated, profile resolved; chunks are checked as they are decoded.
+#[derive(Debug)]
+pub struct Stream<'a> {
+    bytes: &'a [u8],
+    header: Header,
+    profile: Cow<'a, Profile>,
+}
+
+impl<'a> Stream<'a> {
+    /// Parses a stream's header and index and resolves its profile: the embedded one, or
+    /// `profile`, which must then have the hash the stream names.
+    pub fn open(
+        bytes: &'a [u8],
+        profile: Option<&'a Profile>,
+        limits: &Limits,
+    ) -> Result<Self, DecodeError> {
+        let header = Header::parse(bytes, limits)?;
+        let profile = if header.profile_len > 0 {
+            let start = header.header_len();
+            let end = start + header.profile_len as usize;
+            let p = Profile::from_bytes(&bytes[start..end], limits)?;
+            Cow::Owned(p)
+        } else {
+            let hash = header.profile_hash;
+            Cow::Borrowed(profile.ok_or(OpenError::ProfileRequired { hash })?)
+        };
+        check_profile(&header, &profile)?;
+        Ok(Stream {
+            bytes,
+            header,
+            profile,
+        })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+    /// The profile in use.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+    /// The chunk context: what [`ChunkContext::decode_chunk`] needs to decode one of the
+    /// stream's chunks on its own.
+    pub fn context(&self) -> ChunkContext<'_> {
+        let h = &self.header;
+        ChunkContext::new(
+            h.shape,
+            h.dtype,
+            h.meta.first_position,
+            u32::from(h.group),
+            h.n_sink,
+            &self.profile,
+            h.meta.rope,
+        )
+        .expect("Stream::open checked the group (H18) and the profile's shape (O3)")
+    }
+    /// The raw bytes of chunk `i` (with its CRC).
+    pub fn chunk_bytes(&self, i: usize) -> Result<&'a [u8], DecodeError> {
+        let e = self
+            .header
+            .chunks
+            .get(i)
+            .ok_or(DecodeError::OutOfRange { what: "chunk" })?;
+        Ok(&self.bytes[e.offset as usize..e.offset as usize + e.len_bytes as usize])
+    }
+
+    /// Decodes the whole stream into an owned cache in the stream's dtype.
+    pub fn decode(&self) -> Result<KvCache, DecodeError> {
+        self.decode_tokens(0..self.header.shape.tokens)
+    }
+
+    /// Decodes tokens `range` into an owned cache (reads only the chunks that overlap it).
+    pub fn decode_tokens(&self, range: Range<u32>) -> Result<KvCache, DecodeError> {
+        if range.start > range.end || range.end > self.header.shape.tokens {
+            return Err(DecodeError::OutOfRange {
+                what: "token range",
+            });
+        }
+        let mut shape = self.header.shape;
+        shape.tokens = range.end - range.start;
+        let mut meta = self.header.meta.clone();
+        meta.first_position = meta.first_position.saturating_add(range.start as u64);
+        let mut cache = KvCache::zeros(shape, self.header.dtype, meta);
+        {
+            let (k, v) = (&mut cache.k, &mut cache.v);
+            let mut ks: Vec<TensorMut<'_>> = k.iter_mut().map(|t| t.as_mut()).collect();
+            let mut vs: Vec<TensorMut<'_>> = v.iter_mut().map(|t| t.as_mut()).collect();
+            self.decode_range_into(range, &mut ks, &mut vs)?;
+        }
+        Ok(cache)
+    }
+
+    /// Decodes the whole stream into the caller's buffers: per layer a K and a V tensor of
+    /// `tokens * channels` elements each, of any dtype (values are rounded into it).
+    pub fn decode_into<'o>(
+        &self,
+        k: &mut [TensorMut<'o>],
+        v: &mut [TensorMut<'o>],
+    ) -> Result<(), DecodeError> {
+        self.decode_range_into(0..self.header.shape.tokens, k, v)
+    }
+
+    /// Decodes tokens `range` into the caller's buffers (each `range.len() * channels` elements).
+    pub fn decode_range_into<'o>(
+        &self,
+        range: Range<u32>,
+        k: &mut [TensorMut<'o>],
+        v: &mut [TensorMut<'o>],
+    ) -> Result<(), DecodeError> {
+        let shape = self.header.shape;
+        if range.start > range.end || range.end > shape.tokens {
+            return Err(DecodeError::OutOfRange {
+                what: "token range",
+            });
+        }
+        let c = shape.channels();
+        let want = (range.end - range.start) as usize * c;
+        if k.len() != shape.layers as usize || v.len() != shape.layers as usize {
+            return Err(DecodeError::OutputMismatch {
+                what: "number of layers",
+            });
+        }
+        if k.iter().chain(v.iter()).any(|t| t.len() != want) {
+            return Err(DecodeError::OutputMismatch {
+                what: "tensor length",
+            });
+        }
+        let ctx = self.context();
+        for (i, e) in self.header.chunks.iter().enumerate() {
+            let (s, t) = (e.token_start, e.token_start + e.tokens);
+            if t <= range.start || s >= range.end {
+                continue;
+            }
+            let lo = s.max(range.start);
+            let hi = t.min(range.end);
+            let mut writer = RangeWriter {
+                k: &mut *k,
+                v: &mut *v,
+                lo: (lo - s) as usize,
+                hi: (hi - s) as usize,
+                dst: (lo - range.start) as usize * c,
+                channels: c,
+                dtype: self.header.dtype,
+            };
+            let at = ChunkAt {
+                chunk: i as u32,
+                token_start: s,
+                rows: e.tokens,
+                level: e.level,
+            };
+            ctx.decode_chunk_rows(self.chunk_bytes(i)?, &at, &mut writer)?;
+        }
+        Ok(())
+    }
+}
+
+/// O2-O4: the profile is the one the header names and fits it.
+fn check_profile(header: &Header, profile: &Profile) -> Result<(), OpenError> {
+    if profile.hash() != header.profile_hash {
+        return Err(OpenError::ProfileMismatch {
+            expected: header.profile_hash,
+            got: profile.hash(),
+        });
+    }
+    let s = header.shape;
+    let ours = [s.layers, s.kv_heads, s.head_dim];
+    let theirs = [profile.layers(), profile.kv_heads(), profile.head_dim()];
+    if ours != theirs {
+        return Err(OpenError::ProfileShape {
+            stream: ours,
+            profile: theirs,
+        });
+    }
+    let levels = profile.levels();
+    for (chunk, e) in header.chunks.iter().enumerate() {
+        if e.level >= levels {
+            let (chunk, level) = (chunk as u32, e.level);
+            return Err(OpenError::UnknownLevel {
+                chunk,
+                level,
+                levels,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes the rows of chunk-local rows `lo..hi` of each block into the caller's tensors, row
+/// `lo` going to element `dst` (for [`Stream::decode_range_into`]).
+struct RangeWriter<'w, 'o> {
+    k: &'w mut [TensorMut<'o>],
+    v: &'w mut [TensorMut<'o>],
+    lo: usize,
+    hi: usize,
+    dst: usize,
+    channels: usize,
+    dtype: Dtype,
+}
+
+impl<'o> RangeWriter<'_, 'o> {
+    fn tensor(&mut self, layer: u32, kv: Kv) -> &mut TensorMut<'o> {
+        match kv {
+            Kv::K => &mut self.k[layer as usize],
+            Kv::V => &mut self.v[layer as usize],
+        }
+    }
+}
+
+impl RowSink for RangeWriter<'_, '_> {
+    fn rows(&mut self, layer: u32, kv: Kv, first: usize, values: &[f32]) {
+        let c = self.channels;
+        let (lo, hi) = (first.max(self.lo), (first + values.len() / c).min(self.hi));
+        if lo >= hi {
+            return;
+        }
+        let at = self.dst + (lo - self.lo) * c;
+        let vals = &values[(lo - first) * c..(hi - first) * c];
+        self.tensor(layer, kv).write_f32(at, vals);
+    }
+    fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]) {
+        // Sink rows: copy the stored bits when the dtypes agree (already exact through f32,
+        // but NaN payloads and signed zeros stay untouched this way).
+        let (c, dtype) = (self.channels, self.dtype);
+        let size = dtype.size_bytes();
+        let sink_rows = raw_sink.len() / (c * size).max(1);
+        let (lo, hi) = (self.lo, self.hi.min(sink_rows));
+        if lo >= hi {
+            return;
+        }
+        let at = self.dst;
+        let raw = &raw_sink[lo * c * size..hi * c * size];
+        let dst = self.tensor(layer, kv);
+        if dst.dtype() != dtype {
+            return;
+        }
+        let n = raw.len() / size;
+        match dst {
+            TensorMut::F16(d) => raw
+                .chunks_exact(2)
+                .zip(&mut d[at..at + n])
+                .for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]])),
+            TensorMut::Bf16(d) => raw
+                .chunks_exact(2)
+                .zip(&mut d[at..at + n])
+                .for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]])),
+            TensorMut::F32(d) => raw
+                .chunks_exact(4)
+                .zip(&mut d[at..at + n])
+                .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        }
+    }
+}
+
+/// Decodes a whole stream (convenience for [`Stream::open`] + [`Stream::decode`]).
+pub fn decode(
+    bytes: &[u8],
+    profile: Option<&Profile>,
+    limits: &Limits,
+) -> Result<KvCache, DecodeError> {
+    Stream::open(bytes, profile, limits)?.decode()
+}

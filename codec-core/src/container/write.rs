@@ -1,0 +1,167 @@
+//! Writing a stream: the encoding parameters and [`encode`], which lays out the header, the
+//! embedded profile and the chunks (§3.1).
+
+use super::header::{ChunkEntry, Header};
+use crate::block::ChunkContext;
+use crate::consts::{MAX_MODEL_ID_BYTES, STREAM_VERSION};
+use crate::error::EncodeError;
+use crate::kv::KvView;
+use crate::profile::Profile;
+use alloc::vec;
+use alloc::vec::Vec;
+
+/// Default chunk size in tokens (CacheGen's ~1.5K).
+pub const DEFAULT_CHUNK_TOKENS: u32 = 1536;
+/// Default token-group size.
+pub const DEFAULT_GROUP: u32 = 10;
+/// Default number of sink tokens stored exactly.
+pub const DEFAULT_SINK: u16 = 1;
+
+/// How the stream refers to its profile.
+#[derive(Clone, Copy, Debug)]
+pub enum ProfileMode<'a> {
+    /// The stream carries only the profile's hash; decoding needs the same profile.
+    Referenced(&'a Profile),
+    /// The stream embeds the profile and decodes alone (self-contained). What is embedded is
+    /// the profile without its importance hints ([`Profile::without_importance`]), which
+    /// decoding never reads; the stream's profile hash is that profile's.
+    Embedded(&'a Profile),
+}
+
+impl<'a> ProfileMode<'a> {
+    fn profile(&self) -> &'a Profile {
+        match self {
+            ProfileMode::Referenced(p) | ProfileMode::Embedded(p) => p,
+        }
+    }
+}
+
+/// Encoding parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodeParams {
+    /// Tokens per chunk.
+    pub chunk_tokens: u32,
+    /// Tokens per group (anchor + deltas).
+    pub group: u32,
+    /// Tokens at absolute positions below this are stored exactly.
+    pub n_sink: u16,
+    /// Level of each chunk; a single entry applies to all chunks.
+    pub levels: Vec<u8>,
+    /// Give tokens that future queries will barely read coarser steps ([`crate::importance`]),
+    /// when the profile carries the hints for it.
+    pub token_importance: bool,
+}
+
+impl Default for EncodeParams {
+    fn default() -> Self {
+        EncodeParams {
+            chunk_tokens: DEFAULT_CHUNK_TOKENS,
+            group: DEFAULT_GROUP,
+            n_sink: DEFAULT_SINK,
+            levels: vec![7],
+            token_importance: true,
+        }
+    }
+}
+
+/// Encodes a cache into a stream.
+pub fn encode(
+    view: &KvView<'_>,
+    profile: ProfileMode<'_>,
+    params: &EncodeParams,
+) -> Result<Vec<u8>, EncodeError> {
+    view.check()?;
+    let p = profile.profile();
+    if params.chunk_tokens == 0 {
+        return Err(EncodeError::InvalidParam {
+            what: "chunk_tokens",
+            got: 0,
+        });
+    }
+    if view.meta.model_id.len() > MAX_MODEL_ID_BYTES {
+        return Err(EncodeError::InvalidParam {
+            what: "model id length",
+            got: view.meta.model_id.len() as u64,
+        });
+    }
+    // The header stores them and decoders reject non-finite ones (spec/FORMAT.md §3.7, H16).
+    for x in [view.meta.rope.theta, view.meta.rope.scaling] {
+        if !x.is_finite() {
+            return Err(EncodeError::InvalidParam {
+                what: "rope theta/scaling (not finite)",
+                got: u64::from(x.to_bits()),
+            });
+        }
+    }
+    let tokens = view.shape.tokens;
+    let n_chunks = tokens.div_ceil(params.chunk_tokens);
+    if params.levels.is_empty()
+        || (params.levels.len() != 1 && params.levels.len() != n_chunks as usize)
+    {
+        return Err(EncodeError::InvalidParam {
+            what: "number of chunk levels",
+            got: params.levels.len() as u64,
+        });
+    }
+    let meta = &view.meta;
+    let ctx = ChunkContext::new(
+        view.shape,
+        view.k[0].dtype(),
+        meta.first_position,
+        params.group,
+        params.n_sink,
+        p,
+        meta.rope,
+    )?
+    .with_query_position(
+        params
+            .token_importance
+            .then(|| meta.first_position.saturating_add(u64::from(tokens))),
+    );
+    let mut chunks = Vec::with_capacity(n_chunks as usize);
+    let mut entries = Vec::with_capacity(n_chunks as usize);
+    for i in 0..n_chunks {
+        let start = i * params.chunk_tokens;
+        let end = (start + params.chunk_tokens).min(tokens);
+        let level = if params.levels.len() == 1 {
+            params.levels[0]
+        } else {
+            params.levels[i as usize]
+        };
+        let bytes = ctx.encode_chunk(view, start..end, level)?;
+        entries.push(ChunkEntry {
+            offset: 0,
+            len_bytes: bytes.len() as u32,
+            token_start: start,
+            tokens: end - start,
+            level,
+        });
+        chunks.push(bytes);
+    }
+    // A self-contained stream embeds the profile without its importance hints: decoding never
+    // reads them (FORMAT.md §4.3), and they cost ~4 bytes per (layer, channel).
+    let embedded = match profile {
+        ProfileMode::Embedded(p) => Some(p.without_importance()),
+        ProfileMode::Referenced(_) => None,
+    };
+    let header = Header {
+        version: STREAM_VERSION,
+        shape: view.shape,
+        dtype: ctx.dtype(),
+        meta: view.meta.clone(),
+        chunk_tokens: params.chunk_tokens,
+        group: params.group as u16,
+        n_sink: params.n_sink,
+        profile_hash: embedded.as_ref().unwrap_or(p).hash(),
+        profile_len: embedded.as_ref().map_or(0, |e| e.as_bytes().len() as u64),
+        chunks: entries,
+    };
+    let mut out = header.to_bytes();
+    if let Some(e) = &embedded {
+        out.extend_from_slice(e.as_bytes());
+    }
+    for c in chunks {
+        out.extend_from_slice(&c);
+    }
+    Ok(out)
+}
