@@ -49,13 +49,13 @@ enum Cmd {
         #[arg(long)]
         profile: Option<PathBuf>,
         /// Tokens per chunk.
-        #[arg(long, default_value_t = codec_core::container::DEFAULT_CHUNK_TOKENS)]
+        #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_CHUNK_TOKENS)]
         chunk_tokens: u32,
         /// Tokens per group (anchor + deltas).
-        #[arg(long, default_value_t = codec_core::container::DEFAULT_GROUP)]
+        #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_GROUP)]
         group: u32,
         /// Leading tokens (attention sinks) stored exactly.
-        #[arg(long, default_value_t = codec_core::container::DEFAULT_SINK)]
+        #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_SINK)]
         sink: u16,
         /// Same steps for every token: turn off the coarser steps for tokens that later queries
         /// barely read (use this if the cache will be read by queries at unusual positions).

@@ -2,7 +2,7 @@
 //!
 //! This is encoder policy, not format: the format only carries, per block, one *step exponent*
 //! `e` per `(token, KV head)` (`spec/FORMAT.md`, "Step exponents"), and the decoder multiplies
-//! that token's steps by `2^(e/2)` ([`crate::quant::EXP_MULT`]). How the encoder picks `e` can
+//! that token's steps by `2^(e/2)` ([`crate::consts::EXP_MULT`]). How the encoder picks `e` can
 //! change without a format change.
 //!
 //! Why: the attention output is `sum_t a_t v_t`, so an error in token `t`'s V (and, through the

@@ -62,7 +62,7 @@ impl<'p> ChunkContext<'p> {
 
     /// Encoder only: the absolute position of the queries that will read the cache (usually the
     /// position after the stream's last token), which turns on the token-importance step policy
-    /// ([`crate::importance`]) when the profile carries its hints; `None` (the default) codes
+    /// (`spec/FORMAT.md` §9.2) when the profile carries its hints; `None` (the default) codes
     /// uniform steps.
     pub fn with_query_position(mut self, position: Option<u64>) -> Self {
         self.query_position = position;

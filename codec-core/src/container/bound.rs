@@ -11,12 +11,14 @@ pub const BLOCK_FIXED_MAX: u64 = 4 + 4 * LANES as u64 + 1 + 2 * 16;
 
 /// Most words a rANS lane holding `k` symbols can have: `ceil(12 k / 32)`, i.e. 12 bits per
 /// symbol, flush words included (see [`max_encoded_len`] for the proof).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
 pub const fn max_lane_words(k: u64) -> u64 {
     (3 * k).div_ceil(8)
 }
 
 /// Most lane words, over all 32 lanes, of a block coding `n` symbols (symbol `p` in lane
 /// `p mod 32`, so `n mod 32` lanes hold `n div 32 + 1` symbols and the others `n div 32`).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
 pub const fn max_block_words(n: u64) -> u64 {
     // At most about 3 n / 8 + 28 <= u64::MAX: the narrowing is exact.
     block_words_wide(n as u128) as u64
@@ -41,7 +43,7 @@ const fn block_words_wide(n: u128) -> u128 {
 /// With `C = kv_heads * head_dim`, `H = kv_heads`, `L = layers`, chunks of `rows` tokens (every
 /// chunk has `chunk_tokens` rows except a shorter last one; `ceil(tokens / chunk_tokens)`
 /// chunks), and `W(n) = sum over the 32 lanes of ceil(3 k_l / 8)` where lane `l` holds
-/// `k_l = |{p < n : p mod 32 = l}|` symbols ([`max_block_words`]):
+/// `k_l = |{p < n : p mod 32 = l}|` symbols:
 ///
 /// ```text
 /// len <= header + profile_len + sum over chunks of (4 + 2L * block(rows))

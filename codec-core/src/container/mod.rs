@@ -15,10 +15,10 @@ mod header;
 mod stream;
 mod write;
 
-pub use bound::{max_block_words, max_encoded_len, max_lane_words, BLOCK_FIXED_MAX};
+pub use bound::max_encoded_len;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for tests and fuzzing
+pub use bound::{max_block_words, max_lane_words, BLOCK_FIXED_MAX};
 pub use error::{DecodeError, HeaderError, OpenError};
 pub use header::{ChunkEntry, Header};
 pub use stream::{decode, Stream};
-pub use write::{
-    encode, EncodeParams, ProfileMode, DEFAULT_CHUNK_TOKENS, DEFAULT_GROUP, DEFAULT_SINK,
-};
+pub use write::{encode, EncodeParams, ProfileMode};

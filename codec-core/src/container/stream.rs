@@ -13,6 +13,34 @@ use alloc::vec::Vec;
 use core::ops::Range;
 
 /// A parsed stream: header validated, profile resolved; chunks are checked as they are decoded.
+///
+/// ```
+/// use codec_core::{decode, encode, learn_profile, BlockError, DecodeError, EncodeParams};
+/// use codec_core::{KvCache, KvMeta, KvShape, LearnParams, Limits, ProfileMode, Sample, Stream};
+/// # use codec_core::Tensor;
+/// # let shape = KvShape { layers: 1, kv_heads: 1, head_dim: 8, tokens: 40 };
+/// # let t = |s: usize| Tensor::F32((0..320).map(|i| ((i * 29 + s) % 97) as f32 / 40.0).collect());
+/// # let cache = KvCache { shape, k: vec![t(0)], v: vec![t(5)], meta: KvMeta::default() };
+/// // A 40-token cache in chunks of 16 tokens: chunks 0..16, 16..32, 32..40.
+/// let profile = learn_profile(&[Sample { kv: cache.view(), queries: None }], &LearnParams::default())?;
+/// let params = EncodeParams { chunk_tokens: 16, ..EncodeParams::default() };
+/// let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params)?;
+///
+/// let stream = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT)?;
+/// assert_eq!(stream.header().chunks.len(), 3);
+/// // Tokens 20..36 read chunks 1 and 2 only.
+/// let part = stream.decode_tokens(20..36)?;
+/// assert_eq!(part.shape.tokens, 16);
+/// assert_eq!(part.meta.first_position, 20);
+///
+/// // A flipped bit in the last chunk is reported by the block stage, with its spec check.
+/// let mut bad = bytes.clone();
+/// *bad.last_mut().unwrap() ^= 1;
+/// let err = decode(&bad, Some(&profile), &Limits::DEFAULT).unwrap_err();
+/// assert!(matches!(err, DecodeError::Block(BlockError::Crc { chunk: 2, .. })));
+/// assert_eq!((err.kind(), err.check()), ("ChunkCrc", Some("C1")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Stream<'a> {
     bytes: &'a [u8],

@@ -10,13 +10,6 @@ use crate::profile::Profile;
 use alloc::vec;
 use alloc::vec::Vec;
 
-/// Default chunk size in tokens (CacheGen's ~1.5K).
-pub const DEFAULT_CHUNK_TOKENS: u32 = 1536;
-/// Default token-group size.
-pub const DEFAULT_GROUP: u32 = 10;
-/// Default number of sink tokens stored exactly.
-pub const DEFAULT_SINK: u16 = 1;
-
 /// How the stream refers to its profile.
 #[derive(Clone, Copy, Debug)]
 pub enum ProfileMode<'a> {
@@ -47,18 +40,30 @@ pub struct EncodeParams {
     pub n_sink: u16,
     /// Level of each chunk; a single entry applies to all chunks.
     pub levels: Vec<u8>,
-    /// Give tokens that future queries will barely read coarser steps ([`crate::importance`]),
+    /// Give tokens that future queries will barely read coarser steps (`spec/FORMAT.md` §9.2),
     /// when the profile carries the hints for it.
     pub token_importance: bool,
+}
+
+impl EncodeParams {
+    /// Default chunk size in tokens (CacheGen's ~1.5K).
+    pub const DEFAULT_CHUNK_TOKENS: u32 = 1536;
+    /// Default token-group size.
+    pub const DEFAULT_GROUP: u32 = 10;
+    /// Default number of sink tokens stored exactly.
+    pub const DEFAULT_SINK: u16 = 1;
+    /// Default level: the coarsest of the default ladder's levels whose attention error stays
+    /// near 0.1 (see the README's results).
+    pub const DEFAULT_LEVEL: u8 = 7;
 }
 
 impl Default for EncodeParams {
     fn default() -> Self {
         EncodeParams {
-            chunk_tokens: DEFAULT_CHUNK_TOKENS,
-            group: DEFAULT_GROUP,
-            n_sink: DEFAULT_SINK,
-            levels: vec![7],
+            chunk_tokens: Self::DEFAULT_CHUNK_TOKENS,
+            group: Self::DEFAULT_GROUP,
+            n_sink: Self::DEFAULT_SINK,
+            levels: vec![Self::DEFAULT_LEVEL],
             token_importance: true,
         }
     }

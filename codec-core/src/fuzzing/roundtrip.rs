@@ -160,173 +160,34 @@ fn scale_of(b: u8) -> f32 {
 /// [`max_encoded_len`]; a token range decodes to the same bits as the full decode.
 pub fn roundtrip_codec(data: &[u8]) {
     let mut input = Input::new(data);
-    let layers = 1 + u32::from(input.u8() % 3);
-    let kv_heads = 1 + u32::from(input.u8() % 3);
-    let head_dim = 1 + u32::from(input.u8() % 16);
-    let tokens = u32::from(input.u8()) % 81;
-    let b = input.u8();
-    let dtype = Dtype::from_code(b % 3).unwrap_or(Dtype::F16);
-    let style = RopeStyle::from_code(b / 3 % 3).unwrap_or(RopeStyle::None);
-    let k_pre_rope = b / 9 % 2 == 1;
-    let flags = input.u8();
-    let chunk_tokens = match input.u8() {
-        255 => u32::MAX,
-        b => 1 + u32::from(b % 96),
+    let case = CodecCase::read(&mut input);
+    let cache = case.cache(&mut input);
+    let q_data = case.queries(&mut input);
+    let queries = q_data.as_ref().map(|(q, q_heads, q_start)| Queries {
+        q: q.iter().map(Vec::as_slice).collect(),
+        q_heads: *q_heads,
+        q_start: *q_start,
+    });
+    let sample = Sample {
+        kv: cache.view(),
+        queries,
     };
-    let group = match input.u8() {
-        255 => 1024,
-        b => 1 + u32::from(b % 64),
-    };
-    let n_sink = u16::from(input.u8() % 24);
-    let first_position = match (flags >> 5) & 3 {
-        0 => 0,
-        1 => u64::from(input.u16()),
-        2 => input.u64(),
-        _ => u64::MAX - u64::from(input.u8()),
-    };
-    let (theta, scaling) = if flags & 0x80 != 0 {
-        (f32::from_bits(input.u32()), f32::from_bits(input.u32()))
-    } else {
-        (
-            [10000.0, 500000.0, 1.0, 0.5][usize::from(input.u8() % 4)],
-            1.0,
-        )
-    };
-    let shape = KvShape {
-        layers,
-        kv_heads,
-        head_dim,
-        tokens,
-    };
-    let n_chunks = tokens.div_ceil(chunk_tokens) as usize;
-    let n_levels = 1 + input.u8() % 3;
-    let level_mult: Vec<f32> = (0..n_levels).map(|_| scale_of(input.u8())).collect();
-    let levels: Vec<u8> = if flags & 0x10 != 0 && n_chunks > 0 {
-        (0..n_chunks).map(|_| input.u8() % n_levels).collect()
-    } else {
-        vec![input.u8() % n_levels]
-    };
-    let id_len = usize::from(input.u8() % 8);
-    let model_id = String::from_utf8_lossy(input.bytes(id_len)).into_owned();
-    let target_error = [0.1, 0.02, 0.5, 0.005][usize::from(input.u8() % 4)];
-    let calibration_rounds = u32::from(input.u8() % 3);
-    let importance = if flags & 8 != 0 {
-        Some(ImportanceParams {
-            slope: [0.0, 0.5, 1.0, 4.0][usize::from(input.u8() % 4)],
-            quantile: [0.0, 0.5, 0.95, 1.0][usize::from(input.u8() % 4)],
-            max_exp: input.u8() % 16,
-        })
-    } else {
-        Some(ImportanceParams::default())
-    };
-
-    // Values.
-    let c = shape.channels();
-    let n = shape.tensor_len();
-    let mut tensors: Vec<Tensor> = Vec::with_capacity(2 * layers as usize);
-    for _ in 0..2 * layers {
-        let scale = scale_of(input.u8_or_rng().wrapping_add(128) / 2 + 64);
-        let offsets: Vec<f32> = (0..c)
-            .map(|_| f32::from(input.u8_or_rng() as i8) / 32.0 * scale)
-            .collect();
-        let mut values = Vec::with_capacity(n);
-        for i in 0..n {
-            let v = input.u8_or_rng();
-            let x = match v {
-                0x80 => 4096.0 * scale,
-                0x81 if dtype == Dtype::F32 => {
-                    f32::from_bits(u32::from_le_bytes(core::array::from_fn(|_| {
-                        input.u8_or_rng()
-                    })))
-                }
-                _ => f32::from(v as i8) / 16.0 * scale + offsets[i % c],
-            };
-            values.push(x);
-        }
-        tensors.push(finite_tensor(dtype, &values));
-    }
-    let (mut k, mut v) = (Vec::new(), Vec::new());
-    for (i, t) in tensors.into_iter().enumerate() {
-        if i % 2 == 0 {
-            k.push(t);
-        } else {
-            v.push(t);
-        }
-    }
-    let meta = KvMeta {
-        model_id,
-        rope: Rope {
-            theta,
-            style,
-            scaling,
-            k_pre_rope,
-        },
-        first_position,
-    };
-    let cache = KvCache { shape, k, v, meta };
-
-    // Queries.
-    let q_data: Vec<Vec<f32>>;
-    let queries = if flags & 4 != 0 {
-        let q_heads = kv_heads as usize * (1 + usize::from(input.u8() % 2));
-        let n_q = 1 + usize::from(input.u8() % 4);
-        let q_start = u64::from(input.u8()) % (u64::from(tokens) + 1);
-        let per = n_q * q_heads * head_dim as usize;
-        q_data = (0..layers)
-            .map(|_| {
-                (0..per)
-                    .map(|_| f32::from(input.u8_or_rng() as i8) / 32.0)
-                    .collect()
-            })
-            .collect();
-        Some(Queries {
-            q: q_data.iter().map(Vec::as_slice).collect(),
-            q_heads,
-            q_start,
-        })
-    } else {
-        None
-    };
-
-    let lp = LearnParams {
-        level_mult,
-        target_error,
-        anchor_ratio: 0.5,
-        group,
-        chunk_tokens,
-        n_sink,
-        calibration_rounds,
-        max_queries: 8,
-        importance,
-    };
-    let profile = match learn_profile(
-        &[Sample {
-            kv: cache.view(),
-            queries,
-        }],
-        &lp,
-    ) {
+    let profile = match learn_profile(&[sample], &case.learn) {
         Ok(p) => p,
         Err(e) => panic!("learn_profile failed on a valid cache: {e}"),
     };
-    let params = EncodeParams {
-        chunk_tokens,
-        group,
-        n_sink,
-        levels,
-        token_importance: flags & 2 != 0,
-    };
-    let embedded = flags & 1 != 0;
+    let embedded = case.flags & 1 != 0;
     let mode = if embedded {
         ProfileMode::Embedded(&profile)
     } else {
         ProfileMode::Referenced(&profile)
     };
-    let bytes = match crate::encode(&cache.view(), mode, &params) {
+    let bytes = match crate::encode(&cache.view(), mode, &case.params) {
         Ok(b) => b,
         Err(e) => {
+            let rope = cache.meta.rope;
             assert!(
-                !(theta.is_finite() && scaling.is_finite()),
+                !(rope.theta.is_finite() && rope.scaling.is_finite()),
                 "encode failed on a valid cache: {e}"
             );
             return;
@@ -338,9 +199,9 @@ pub fn roundtrip_codec(data: &[u8]) {
         0
     };
     let bound = max_encoded_len(
-        &shape,
-        dtype,
-        &params,
+        &cache.shape,
+        case.dtype,
+        &case.params,
         profile_len,
         cache.meta.model_id.len(),
     );
@@ -349,9 +210,21 @@ pub fn roundtrip_codec(data: &[u8]) {
         "stream of {} bytes exceeds max_encoded_len {bound}",
         bytes.len()
     );
-
     let supplied = if embedded { None } else { Some(&profile) };
-    let stream = match Stream::open(&bytes, supplied, &Limits::DEFAULT) {
+    check_decode(&mut input, &bytes, supplied, &cache, &profile, &case.params);
+}
+
+/// The stream `bytes` of `cache` decodes to exactly [`expected_reconstruction`] with the
+/// cache's shape and metadata, and a token range drawn from `input` to the same bits.
+fn check_decode(
+    input: &mut Input<'_>,
+    bytes: &[u8],
+    supplied: Option<&Profile>,
+    cache: &KvCache,
+    profile: &Profile,
+    params: &EncodeParams,
+) {
+    let stream = match Stream::open(bytes, supplied, &Limits::DEFAULT) {
         Ok(s) => s,
         Err(e) => panic!("an encoded stream opens: {e}"),
     };
@@ -366,9 +239,9 @@ pub fn roundtrip_codec(data: &[u8]) {
         decoded.meta.rope.theta.to_bits(),
         cache.meta.rope.theta.to_bits()
     );
-    let expected = expected_reconstruction(&cache, &profile, &params);
+    let expected = expected_reconstruction(cache, profile, params);
     assert_part_of(&decoded, &expected, 0);
-
+    let tokens = cache.shape.tokens;
     if tokens > 0 {
         let start = u32::from(input.u8()) % tokens;
         let end = start + 1 + u32::from(input.u8()) % (tokens - start);
@@ -376,5 +249,167 @@ pub fn roundtrip_codec(data: &[u8]) {
             Ok(part) => assert_part_of(&part, &decoded, start),
             Err(e) => panic!("a token range of a decodable stream decodes: {e}"),
         }
+    }
+}
+
+/// The settings [`roundtrip_codec`] reads first (items 1-4 of its input layout).
+struct CodecCase {
+    shape: KvShape,
+    dtype: Dtype,
+    flags: u8,
+    meta: KvMeta,
+    learn: LearnParams,
+    params: EncodeParams,
+}
+
+impl CodecCase {
+    fn read(input: &mut Input<'_>) -> Self {
+        let layers = 1 + u32::from(input.u8() % 3);
+        let kv_heads = 1 + u32::from(input.u8() % 3);
+        let head_dim = 1 + u32::from(input.u8() % 16);
+        let tokens = u32::from(input.u8()) % 81;
+        let b = input.u8();
+        let dtype = Dtype::from_code(b % 3).unwrap_or(Dtype::F16);
+        let style = RopeStyle::from_code(b / 3 % 3).unwrap_or(RopeStyle::None);
+        let k_pre_rope = b / 9 % 2 == 1;
+        let flags = input.u8();
+        let chunk_tokens = match input.u8() {
+            255 => u32::MAX,
+            b => 1 + u32::from(b % 96),
+        };
+        let group = match input.u8() {
+            255 => 1024,
+            b => 1 + u32::from(b % 64),
+        };
+        let n_sink = u16::from(input.u8() % 24);
+        let first_position = match (flags >> 5) & 3 {
+            0 => 0,
+            1 => u64::from(input.u16()),
+            2 => input.u64(),
+            _ => u64::MAX - u64::from(input.u8()),
+        };
+        let (theta, scaling) = if flags & 0x80 != 0 {
+            (f32::from_bits(input.u32()), f32::from_bits(input.u32()))
+        } else {
+            let theta = [10000.0, 500000.0, 1.0, 0.5][usize::from(input.u8() % 4)];
+            (theta, 1.0)
+        };
+        let shape = KvShape {
+            layers,
+            kv_heads,
+            head_dim,
+            tokens,
+        };
+        let n_chunks = tokens.div_ceil(chunk_tokens) as usize;
+        let n_levels = 1 + input.u8() % 3;
+        let level_mult: Vec<f32> = (0..n_levels).map(|_| scale_of(input.u8())).collect();
+        let levels: Vec<u8> = if flags & 0x10 != 0 && n_chunks > 0 {
+            (0..n_chunks).map(|_| input.u8() % n_levels).collect()
+        } else {
+            vec![input.u8() % n_levels]
+        };
+        let id_len = usize::from(input.u8() % 8);
+        let model_id = String::from_utf8_lossy(input.bytes(id_len)).into_owned();
+        let target_error = [0.1, 0.02, 0.5, 0.005][usize::from(input.u8() % 4)];
+        let calibration_rounds = u32::from(input.u8() % 3);
+        let importance = if flags & 8 != 0 {
+            Some(ImportanceParams {
+                slope: [0.0, 0.5, 1.0, 4.0][usize::from(input.u8() % 4)],
+                quantile: [0.0, 0.5, 0.95, 1.0][usize::from(input.u8() % 4)],
+                max_exp: input.u8() % 16,
+            })
+        } else {
+            Some(ImportanceParams::default())
+        };
+        let rope = Rope {
+            theta,
+            style,
+            scaling,
+            k_pre_rope,
+        };
+        CodecCase {
+            shape,
+            dtype,
+            flags,
+            meta: KvMeta {
+                model_id,
+                rope,
+                first_position,
+            },
+            learn: LearnParams {
+                level_mult,
+                target_error,
+                anchor_ratio: 0.5,
+                group,
+                chunk_tokens,
+                n_sink,
+                calibration_rounds,
+                max_queries: 8,
+                importance,
+            },
+            params: EncodeParams {
+                chunk_tokens,
+                group,
+                n_sink,
+                levels,
+                token_importance: flags & 2 != 0,
+            },
+        }
+    }
+
+    /// Item 5 of the input layout: the cache's values.
+    fn cache(&self, input: &mut Input<'_>) -> KvCache {
+        let (c, n) = (self.shape.channels(), self.shape.tensor_len());
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for i in 0..2 * self.shape.layers {
+            let scale = scale_of(input.u8_or_rng().wrapping_add(128) / 2 + 64);
+            let offsets: Vec<f32> = (0..c)
+                .map(|_| f32::from(input.u8_or_rng() as i8) / 32.0 * scale)
+                .collect();
+            let mut values = Vec::with_capacity(n);
+            for j in 0..n {
+                let b = input.u8_or_rng();
+                let x = match b {
+                    0x80 => 4096.0 * scale,
+                    0x81 if self.dtype == Dtype::F32 => {
+                        f32::from_bits(u32::from_le_bytes(core::array::from_fn(|_| {
+                            input.u8_or_rng()
+                        })))
+                    }
+                    _ => f32::from(b as i8) / 16.0 * scale + offsets[j % c],
+                };
+                values.push(x);
+            }
+            let t = finite_tensor(self.dtype, &values);
+            if i % 2 == 0 {
+                k.push(t)
+            } else {
+                v.push(t)
+            }
+        }
+        let (shape, meta) = (self.shape, self.meta.clone());
+        KvCache { shape, k, v, meta }
+    }
+
+    /// Item 6 of the input layout: per layer the queries, their query heads and `q_start`, if
+    /// flags bit 2 asks for them.
+    #[allow(clippy::type_complexity)]
+    fn queries(&self, input: &mut Input<'_>) -> Option<(Vec<Vec<f32>>, usize, u64)> {
+        if self.flags & 4 == 0 {
+            return None;
+        }
+        let s = self.shape;
+        let q_heads = s.kv_heads as usize * (1 + usize::from(input.u8() % 2));
+        let n_q = 1 + usize::from(input.u8() % 4);
+        let q_start = u64::from(input.u8()) % (u64::from(s.tokens) + 1);
+        let per = n_q * q_heads * s.head_dim as usize;
+        let q = (0..s.layers)
+            .map(|_| {
+                (0..per)
+                    .map(|_| f32::from(input.u8_or_rng() as i8) / 32.0)
+                    .collect()
+            })
+            .collect();
+        Some((q, q_heads, q_start))
     }
 }

@@ -13,7 +13,7 @@
 //!   anchor's `x - mean`, clamped to `[0, 1]` in sixteenths: on real caches many channels predict
 //!   better from their mean than from the anchor, which plain anchor/delta coding ignores.
 //!
-//! With queries, the profile also stores the token-importance hints ([`crate::importance`]): the
+//! With queries, the profile also stores the token-importance hints (`spec/FORMAT.md` §9.2): the
 //! mean pre-rotary query per `(layer, KV head)` and a score threshold per head (a quantile of the
 //! samples' scores); calibration and tables see the exponents the encoder will use.
 //!
@@ -75,7 +75,7 @@ pub struct LearnParams {
     pub calibration_rounds: u32,
     /// At most this many queries per layer are used for calibration (evenly spaced).
     pub max_queries: usize,
-    /// Token-importance policy ([`crate::importance`]) to calibrate with and store in the
+    /// Token-importance policy (`spec/FORMAT.md` §9.2) to calibrate with and store in the
     /// profile; used only if some sample has queries (they give the mean query).
     pub importance: Option<ImportanceParams>,
 }
@@ -99,9 +99,8 @@ impl Default for LearnParams {
 /// Default level multipliers: level 0 near-lossless, the last about one bit per element.
 ///
 /// Calibration aims at attention error `target_error * multiplier` on the samples (0.1 by
-/// default) and lands within 2.5% of it at the four finest levels on SmolLM2 dumps, so level 2
-/// (`0.145`) is the coarsest level whose error on its own samples stays under 0.015 (the
-/// self-contained case; it was `0.14` before, measured at 0.0141).
+/// default); level 2 (`0.145`) is the coarsest level whose error on its own samples stays under
+/// 0.015 (the README's results give the measurements behind the ladder).
 pub const DEFAULT_LEVELS: [f32; 12] = [
     0.1, 0.12, 0.145, 0.17, 0.25, 0.35, 0.5, 0.65, 0.8, 0.95, 2.0, 4.5,
 ];
@@ -111,77 +110,12 @@ pub const DEFAULT_LEVELS: [f32; 12] = [
 pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Profile, EncodeError> {
     let first = samples.first().ok_or(EncodeError::NoSamples)?;
     let shape = first.kv.shape;
-    if params.level_mult.is_empty() || params.level_mult.len() > MAX_LEVELS {
-        return Err(EncodeError::InvalidParam {
-            what: "level count",
-            got: params.level_mult.len() as u64,
-        });
-    }
-    if params
-        .level_mult
-        .iter()
-        .any(|m| !(m.is_finite() && *m > 0.0))
-    {
-        return Err(EncodeError::InvalidParam {
-            what: "level multiplier",
-            got: 0,
-        });
-    }
-    if !group_is_valid(params.group) {
-        return Err(EncodeError::InvalidParam {
-            what: "group",
-            got: params.group as u64,
-        });
-    }
-    if params.chunk_tokens == 0 {
-        return Err(EncodeError::InvalidParam {
-            what: "chunk_tokens",
-            got: 0,
-        });
-    }
-    if !(params.target_error > 0.0 && params.anchor_ratio > 0.0) {
-        return Err(EncodeError::InvalidParam {
-            what: "target_error/anchor_ratio",
-            got: 0,
-        });
-    }
-    for s in samples {
-        let sh = s.kv.shape;
-        if (sh.layers, sh.kv_heads, sh.head_dim) != (shape.layers, shape.kv_heads, shape.head_dim) {
-            return Err(EncodeError::ProfileShape);
-        }
-        s.kv.check()?;
-        if let Some(q) = &s.queries {
-            let d = shape.head_dim as usize;
-            if q.q.len() != shape.layers as usize
-                || q.q_heads == 0
-                || q.q_heads % shape.kv_heads as usize != 0
-                || q.q
-                    .iter()
-                    .any(|l| l.len() % (q.q_heads * d) != 0 || l.len() != q.q[0].len())
-            {
-                return Err(EncodeError::ShapeMismatch { what: "queries" });
-            }
-            if let Some(layer) = q.q.iter().position(|l| l.iter().any(|x| !x.is_finite())) {
-                return Err(EncodeError::InvalidParam {
-                    what: "queries (not finite) of layer",
-                    got: layer as u64,
-                });
-            }
-        }
-    }
+    check_params(params)?;
+    check_samples(samples)?;
     let layers = shape.layers as usize;
     let c = shape.channels();
     let group = params.group as usize;
     let d = shape.head_dim as usize;
-    if let Some(imp) = &params.importance {
-        if !imp.is_valid() {
-            return Err(EncodeError::InvalidParam {
-                what: "importance parameters",
-                got: imp.max_exp as u64,
-            });
-        }
-    }
     let importance = match params.importance {
         Some(p) if samples.iter().any(|s| s.queries.is_some()) => {
             let query_mean = query_means(samples, layers, c, d);
@@ -257,6 +191,85 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
         importance,
         levels,
     ))
+}
+
+/// The learning parameters are in range.
+fn check_params(params: &LearnParams) -> Result<(), EncodeError> {
+    if params.level_mult.is_empty() || params.level_mult.len() > MAX_LEVELS {
+        return Err(EncodeError::InvalidParam {
+            what: "level count",
+            got: params.level_mult.len() as u64,
+        });
+    }
+    if params
+        .level_mult
+        .iter()
+        .any(|m| !(m.is_finite() && *m > 0.0))
+    {
+        return Err(EncodeError::InvalidParam {
+            what: "level multiplier",
+            got: 0,
+        });
+    }
+    if !group_is_valid(params.group) {
+        return Err(EncodeError::InvalidParam {
+            what: "group",
+            got: params.group as u64,
+        });
+    }
+    if params.chunk_tokens == 0 {
+        return Err(EncodeError::InvalidParam {
+            what: "chunk_tokens",
+            got: 0,
+        });
+    }
+    if !(params.target_error > 0.0 && params.anchor_ratio > 0.0) {
+        return Err(EncodeError::InvalidParam {
+            what: "target_error/anchor_ratio",
+            got: 0,
+        });
+    }
+    if let Some(imp) = &params.importance {
+        if !imp.is_valid() {
+            return Err(EncodeError::InvalidParam {
+                what: "importance parameters",
+                got: imp.max_exp as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every sample has the first one's shape, consistent tensors and, if any, queries of a
+/// matching shape with finite values.
+fn check_samples(samples: &[Sample<'_>]) -> Result<(), EncodeError> {
+    let shape = samples[0].kv.shape;
+    for s in samples {
+        let sh = s.kv.shape;
+        if (sh.layers, sh.kv_heads, sh.head_dim) != (shape.layers, shape.kv_heads, shape.head_dim) {
+            return Err(EncodeError::ProfileShape);
+        }
+        s.kv.check()?;
+        if let Some(q) = &s.queries {
+            let d = shape.head_dim as usize;
+            if q.q.len() != shape.layers as usize
+                || q.q_heads == 0
+                || q.q_heads % shape.kv_heads as usize != 0
+                || q.q
+                    .iter()
+                    .any(|l| l.len() % (q.q_heads * d) != 0 || l.len() != q.q[0].len())
+            {
+                return Err(EncodeError::ShapeMismatch { what: "queries" });
+            }
+            if let Some(layer) = q.q.iter().position(|l| l.iter().any(|x| !x.is_finite())) {
+                return Err(EncodeError::InvalidParam {
+                    what: "queries (not finite) of layer",
+                    got: layer as u64,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Mean pre-rotary query per `(layer, kv_head, channel)` over the samples' queries.
@@ -408,21 +421,20 @@ fn to_f32(t: TensorRef<'_>) -> Vec<f32> {
     v
 }
 
-/// Channel parameters of one `(layer, K/V)`.
-#[allow(clippy::too_many_arguments)]
-fn learn_tensor(
-    samples: &[Sample<'_>],
-    tensors: &[(Vec<f32>, usize)],
-    exps: &[&[u8]],
-    layer: usize,
-    kv: usize,
-    c: usize,
-    group: usize,
-    params: &LearnParams,
-    head_dim: usize,
-    rope: RopeStyle,
-) -> Vec<ChannelParams> {
-    // Means and variances (f64 accumulation in a fixed order).
+/// Per-channel statistics of one `(layer, K/V)` over the samples.
+struct ChannelStats {
+    mean: Vec<f64>,
+    std: Vec<f64>,
+    /// The RMS deviation over all channels (at least 1e-6).
+    pooled_std: f64,
+    /// The anchor weight of each channel, in sixteenths: the least-squares slope of a delta
+    /// row's deviation on its anchor's, clamped to `0..=1`.
+    weight: Vec<u8>,
+}
+
+/// Means, deviations and anchor weights of the samples' `tensors` (f64 accumulation in a fixed
+/// order).
+fn channel_stats(tensors: &[(Vec<f32>, usize)], c: usize, group: usize) -> ChannelStats {
     let mut sum = vec![0f64; c];
     let mut n = 0usize;
     for (x, t) in tensors {
@@ -451,12 +463,12 @@ fn learn_tensor(
             }
         }
     }
-    let std: Vec<f64> = var
+    let std = var
         .iter()
         .map(|v| libm::sqrt(v / n.max(1) as f64))
         .collect();
     let pooled_std = libm::sqrt(var.iter().sum::<f64>() / (n.max(1) * c) as f64).max(1e-6);
-    let weight: Vec<u8> = (0..c)
+    let weight = (0..c)
         .map(|ch| {
             let w = if den[ch] > 0.0 {
                 num[ch] / den[ch]
@@ -466,97 +478,147 @@ fn learn_tensor(
             libm::round(w.clamp(0.0, 1.0) * WEIGHT_ONE as f64) as u8
         })
         .collect();
+    ChannelStats {
+        mean,
+        std,
+        pooled_std,
+        weight,
+    }
+}
 
-    // Shape of the steps across channels.
-    let with_queries: Vec<(&Queries<'_>, usize)> = samples
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| s.queries.as_ref().map(|q| (q, i)))
-        .collect();
-    let shape: Vec<f64> = if kv == 1 {
+/// The relative step of each channel (the calibrated scale multiplies it): V one step per layer;
+/// K inversely proportional to the RMS of the queries reading each channel when there are
+/// queries, else proportional to the channel's deviation.
+fn step_shape(
+    stats: &ChannelStats,
+    with_queries: &[(&Queries<'_>, usize)],
+    layer: usize,
+    kv: usize,
+    head_dim: usize,
+    rope: RopeStyle,
+) -> Vec<f64> {
+    let (c, pooled_std) = (stats.mean.len(), stats.pooled_std);
+    if kv == 1 {
         vec![pooled_std; c]
     } else if !with_queries.is_empty() {
-        let qms = query_mean_square(&with_queries, layer, c, head_dim, rope);
+        let qms = query_mean_square(with_queries, layer, c, head_dim, rope);
         let mean_qms = qms.iter().sum::<f64>() / c as f64;
         qms.iter()
             .map(|m| pooled_std * libm::sqrt(mean_qms / m.max(mean_qms * 1e-4)))
             .collect()
     } else {
-        std.iter().map(|s| s.max(pooled_std * 1e-3)).collect()
-    };
+        stats.std.iter().map(|s| s.max(pooled_std * 1e-3)).collect()
+    }
+}
 
-    // Step floors that keep every sample value representable at every level. The profile stores
-    // the mean as bf16, so even a channel that never varies (one sample token, a constant
-    // channel) has a residual of up to 2^-9 of its magnitude. Steps calibrated on zero variance
-    // would shrink until that residual needs more than `MAX_SYMBOL` steps and the encoder clamps
-    // it, breaking the half-a-step bound on the profile's own samples. The floor: the largest
-    // sample residual against the stored mean fits in 2^22 steps at the finest level (2^24 is the
-    // clamp; the margin covers bf16 rounding of the steps), twice that for deltas, whose
-    // predictor can sit on the other side of the mean. Real caches never reach it (their steps
-    // are many orders of magnitude above).
+/// Per channel, the smallest anchor step that keeps every sample value representable at every
+/// level.
+///
+/// The profile stores the mean as bf16, so even a channel that never varies (one sample token, a
+/// constant channel) has a residual of up to 2^-9 of its magnitude. Steps calibrated on zero
+/// variance would shrink until that residual needs more than `MAX_SYMBOL` steps and the encoder
+/// clamps it, breaking the half-a-step bound on the profile's own samples. The floor: the largest
+/// sample residual against the stored mean fits in 2^22 steps at the finest level (2^24 is the
+/// clamp; the margin covers bf16 rounding of the steps); deltas get twice it, since their
+/// predictor can sit on the other side of the mean. Real caches sit far above it.
+fn step_floors(
+    tensors: &[(Vec<f32>, usize)],
+    mean: &[f64],
+    c: usize,
+    params: &LearnParams,
+) -> Vec<f64> {
     let min_mult = params
         .level_mult
         .iter()
         .fold(f64::INFINITY, |m, x| m.min(*x as f64));
-    let floor_anchor: Vec<f64> = {
-        let stored: Vec<f64> = mean
-            .iter()
-            .map(|m| {
-                let bmax = half::bf16::MAX.to_f32() as f64;
-                half::bf16::from_f32(m.clamp(-bmax, bmax) as f32).to_f32() as f64
-            })
-            .collect();
-        let mut r = vec![0f64; c];
-        for (x, _) in tensors {
-            for row in x.chunks_exact(c) {
-                for ch in 0..c {
-                    let d = libm::fabs(row[ch] as f64 - stored[ch]);
-                    if d > r[ch] {
-                        r[ch] = d;
-                    }
+    let stored: Vec<f64> = mean
+        .iter()
+        .map(|m| {
+            let bmax = half::bf16::MAX.to_f32() as f64;
+            half::bf16::from_f32(m.clamp(-bmax, bmax) as f32).to_f32() as f64
+        })
+        .collect();
+    let mut r = vec![0f64; c];
+    for (x, _) in tensors {
+        for row in x.chunks_exact(c) {
+            for ch in 0..c {
+                let d = libm::fabs(row[ch] as f64 - stored[ch]);
+                if d > r[ch] {
+                    r[ch] = d;
                 }
             }
         }
-        r.iter()
-            .map(|r| r / (min_mult * (1u64 << 22) as f64))
-            .collect()
-    };
+    }
+    r.iter()
+        .map(|r| r / (min_mult * (1u64 << 22) as f64))
+        .collect()
+}
 
-    // Calibrate one scale for the whole (layer, K/V).
-    let make = |scale: f64| -> Vec<ChannelParams> {
-        // A version-3 profile holds means and steps as bf16 (FORMAT.md §4.2; `from_parts`
-        // rounds them). Keep them inside bf16's finite range so that they round to finite
-        // values and steps stay positive (P12): caches with values near f32::MAX would otherwise
-        // round them to infinity, and a tiny anchor ratio to 0.
-        let max = half::bf16::MAX.to_f32() as f64;
-        let min_pos = half::bf16::from_bits(1).to_f32() as f64;
-        (0..c)
-            .map(|ch| {
-                // (`max` before `min`: a NaN product becomes the floor, as before.)
-                let step = (shape[ch] * scale)
-                    .max(1e-30)
-                    .max(2.0 * floor_anchor[ch])
-                    .min(max);
-                let anchor = (step * params.anchor_ratio as f64)
-                    .max(min_pos)
-                    .max(floor_anchor[ch])
-                    .min(max);
-                ChannelParams {
-                    mean: mean[ch].clamp(-max, max) as f32,
-                    delta_step: step as f32,
-                    anchor_step: anchor as f32,
-                    weight: weight[ch],
-                }
-            })
-            .collect()
-    };
+/// The channel parameters of one `(layer, K/V)` at step scale `scale`.
+///
+/// A version-3 profile holds means and steps as bf16 (FORMAT.md §4.2; `from_parts` rounds them).
+/// They are kept inside bf16's finite range so that they round to finite values and steps stay
+/// positive (P12): caches with values near f32::MAX would otherwise round them to infinity, and a
+/// tiny anchor ratio to 0.
+fn channel_params(
+    stats: &ChannelStats,
+    shape: &[f64],
+    floor: &[f64],
+    scale: f64,
+    anchor_ratio: f32,
+) -> Vec<ChannelParams> {
+    let max = half::bf16::MAX.to_f32() as f64;
+    let min_pos = half::bf16::from_bits(1).to_f32() as f64;
+    (0..shape.len())
+        .map(|ch| {
+            // (`max` before `min`: a NaN product becomes the floor.)
+            let step = (shape[ch] * scale).max(1e-30).max(2.0 * floor[ch]).min(max);
+            let anchor = (step * anchor_ratio as f64)
+                .max(min_pos)
+                .max(floor[ch])
+                .min(max);
+            ChannelParams {
+                mean: stats.mean[ch].clamp(-max, max) as f32,
+                delta_step: step as f32,
+                anchor_step: anchor as f32,
+                weight: stats.weight[ch],
+            }
+        })
+        .collect()
+}
+
+/// Channel parameters of one `(layer, K/V)`: statistics, the relative step of each channel, and
+/// one scale calibrated so that the `(layer, K/V)` alone gives the target error on the samples.
+#[allow(clippy::too_many_arguments)]
+fn learn_tensor(
+    samples: &[Sample<'_>],
+    tensors: &[(Vec<f32>, usize)],
+    exps: &[&[u8]],
+    layer: usize,
+    kv: usize,
+    c: usize,
+    group: usize,
+    params: &LearnParams,
+    head_dim: usize,
+    rope: RopeStyle,
+) -> Vec<ChannelParams> {
+    let stats = channel_stats(tensors, c, group);
+    let with_queries: Vec<(&Queries<'_>, usize)> = samples
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.queries.as_ref().map(|q| (q, i)))
+        .collect();
+    let shape = step_shape(&stats, &with_queries, layer, kv, head_dim, rope);
+    let floor = step_floors(tensors, &stats.mean, c, params);
+    let make = |scale: f64| channel_params(&stats, &shape, &floor, scale, params.anchor_ratio);
     let mut scale = 0.5;
     for _ in 0..params.calibration_rounds {
         let p = make(scale);
-        let err = if with_queries.is_empty() {
-            recon_error(tensors, &p, c, group, params)
+        let (err, target) = if with_queries.is_empty() {
+            let err = recon_error(tensors, &p, c, group, params);
+            (err, params.target_error as f64 * 0.5)
         } else {
-            attention_error(
+            let err = attention_error(
                 samples,
                 &with_queries,
                 tensors,
@@ -567,12 +629,8 @@ fn learn_tensor(
                 c,
                 group,
                 params,
-            )
-        };
-        let target = if with_queries.is_empty() {
-            params.target_error as f64 * 0.5
-        } else {
-            params.target_error as f64 / core::f64::consts::SQRT_2
+            );
+            (err, params.target_error as f64 / core::f64::consts::SQRT_2)
         };
         if err.is_nan() || err <= 0.0 {
             break;
@@ -821,14 +879,18 @@ const B_PER_OCTAVE: i32 = 4;
 const B_MIN: i32 = -4 * B_PER_OCTAVE;
 const B_MAX: i32 = 10 * B_PER_OCTAVE;
 
-/// Learns the frequency tables of one level.
-///
-/// Tables are indexed by *spread*: the RMS of a channel's residual in units of its step, in
-/// quarter octaves (`round(4 log2 rms)`). A channel coded at step exponent `e` has a spread `2e`
-/// quarter octaves lower, so the table of bucket `b` links down to bucket `b - 2`. Each table's
-/// frequencies pool the symbols that are actually coded with it.
+/// What pass 1 of [`learn_tables`] gathers: every sample coded as the encoder would, giving the
+/// mean square of the residual in base-step units per `(layer, kv, kind, channel)` (sum and
+/// count) and every value symbol with its map slot and exponent.
+struct LevelStats {
+    ss: Vec<f64>,
+    cnt: Vec<f64>,
+    coded: Vec<(u32, u8, i32)>,
+}
+
+/// Pass 1 of [`learn_tables`] at one level multiplier.
 #[allow(clippy::too_many_arguments)]
-fn learn_tables(
+fn level_stats(
     samples: &[Sample<'_>],
     exps: &[Vec<Vec<u8>>],
     all: &[ChannelParams],
@@ -837,12 +899,10 @@ fn learn_tables(
     c: usize,
     d: usize,
     params: &LearnParams,
-) -> LevelTables {
-    const HR: usize = MAX_RADIUS as usize;
+) -> LevelStats {
     let group = params.group as usize;
     let heads = c / d;
     let n_map = layers * 4 * c;
-    // Pass 1: residual mean squares per (layer, kv, kind, channel), in base-step units.
     let mut ss = vec![0f64; n_map];
     let mut cnt = vec![0f64; n_map];
     // Symbols with their map slot and exponent, kept for pass 2.
@@ -909,6 +969,28 @@ fn learn_tables(
             }
         }
     }
+    LevelStats { ss, cnt, coded }
+}
+
+/// Learns the frequency tables of one level.
+///
+/// Tables are indexed by *spread*: the RMS of a channel's residual in units of its step, in
+/// quarter octaves (`round(4 log2 rms)`). A channel coded at step exponent `e` has a spread `2e`
+/// quarter octaves lower, so the table of bucket `b` links down to bucket `b - 2`. Each table's
+/// frequencies pool the symbols that are actually coded with it.
+#[allow(clippy::too_many_arguments)]
+fn learn_tables(
+    samples: &[Sample<'_>],
+    exps: &[Vec<Vec<u8>>],
+    all: &[ChannelParams],
+    mult: f32,
+    layers: usize,
+    c: usize,
+    d: usize,
+    params: &LearnParams,
+) -> LevelTables {
+    const HR: usize = MAX_RADIUS as usize;
+    let LevelStats { ss, cnt, coded } = level_stats(samples, exps, all, mult, layers, c, d, params);
     let bucket0: Vec<i32> = ss
         .iter()
         .zip(&cnt)

@@ -5,19 +5,19 @@
 //! steps and the anchor weight of the delta predictor; a multiplier per level; and per level a set
 //! of frequency tables plus a map from `(layer, K/V, anchor/delta, channel)` to a table. It is
 //! content-addressed: its identity is the SHA-256 of its serialized bytes, which every stream
-//! carries. [`format`] reads and writes the bytes; learning a profile is [`crate::learn`]'s.
+//! carries. The module `format` reads and writes the bytes; [`learn_profile`](crate::learn_profile)
+//! learns one.
 
 mod error;
 mod format;
 
-pub use error::ProfileError;
-
 use crate::consts::{MAX_EXP, MAX_LEVELS, PROFILE_VERSION};
 use crate::importance::ImportanceParams;
 use crate::limits::Limits;
-use crate::quant::ChannelParams;
+pub use crate::quant::ChannelParams;
 use crate::rans::{DecodeTable, FreqTable};
 use alloc::vec::Vec;
+pub use error::ProfileError;
 use format::Parts;
 use sha2::{Digest, Sha256};
 
@@ -58,7 +58,7 @@ pub struct LevelTables {
     pub map: Vec<u8>,
 }
 
-/// Encoder hints for the token-importance policy ([`crate::importance`]); decoders ignore them.
+/// Encoder hints for the token-importance policy (`spec/FORMAT.md` §9.2); decoders ignore them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Importance {
     /// Policy parameters the profile's steps were calibrated with.
@@ -70,7 +70,7 @@ pub struct Importance {
     pub tau: Vec<f32>,
 }
 
-/// A model profile. Construct with [`learn_profile`] or [`Profile::from_bytes`].
+/// A model profile. Construct with [`learn_profile`](crate::learn_profile) or [`Profile::from_bytes`].
 #[derive(Clone, Debug)]
 pub struct Profile {
     parts: Parts,

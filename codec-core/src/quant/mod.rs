@@ -120,6 +120,7 @@ pub struct Exps<'a> {
 
 impl Exps<'_> {
     /// All exponents zero.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
     pub const NONE: Exps<'static> = Exps {
         exps: &[],
         head_dim: 1,
@@ -227,6 +228,7 @@ pub fn quantize_block(
 ///
 /// `recon` holds `rows * C` values; its first `sink_rows` rows must already hold the sink values.
 /// `symbols` holds the non-sink rows' symbols in row-major order.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
 pub fn dequantize_block(
     symbols: &[i32],
     consts: &BlockConsts,
@@ -378,12 +380,6 @@ pub fn dequantize_one(consts: &BlockConsts, ch: usize, q: i32, m: f32, anchor: O
             predict(consts.mean[ch], consts.weight[ch], a) + q as f32 * (consts.delta_step[ch] * m)
         }
     }
-}
-
-/// `true` if row `row` of a chunk is an anchor row.
-#[inline]
-pub fn is_anchor(row: usize, group: usize) -> bool {
-    row.is_multiple_of(group)
 }
 
 #[cfg(test)]

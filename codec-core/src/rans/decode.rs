@@ -117,11 +117,11 @@ pub(super) fn vector_decode(
     tables: &[&DecodeTable],
     out: &mut [u8],
 ) -> bool {
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
     {
         super::x86::decode(state, pos, start_of, words, first, tables, out)
     }
-    #[cfg(not(all(feature = "std", target_arch = "x86_64")))]
+    #[cfg(not(all(feature = "std", feature = "simd", target_arch = "x86_64")))]
     {
         let _ = (state, pos, start_of, words, first, tables, out);
         false
@@ -136,6 +136,7 @@ impl<'a> LaneDecoder<'a> {
     ///
     /// Copies the words into one buffer; [`from_concatenated`](Self::from_concatenated)
     /// borrows words already laid out lane after lane, as a block stores them.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
     pub fn new(lane_words: [&[u32]; LANES]) -> Result<Self, RansError> {
         let lens = lane_words.map(<[u32]>::len);
         let words: Vec<u32> = lane_words.concat();
@@ -199,6 +200,7 @@ impl<'a> LaneDecoder<'a> {
     }
 
     /// Global index of the next symbol [`decode`](Self::decode) expects (number decoded so far).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
     pub fn position(&self) -> usize {
         self.next
     }

@@ -32,6 +32,7 @@ fn encode_step(x: &mut u64, out: &mut Vec<u32>, e: EncSym) {
 /// # Panics
 ///
 /// Encoder input is trusted: panics if a symbol is `>= table_of(g).len()` (it has no frequency).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
 pub fn encode_lanes<'t>(
     symbols: &[u8],
     table_of: impl Fn(usize) -> &'t FreqTable,

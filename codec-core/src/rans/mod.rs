@@ -56,26 +56,20 @@
 //! so the 32 dependency chains overlap; symbol lookup is one load from a 4096-entry
 //! [`DecodeTable`]; the refill is branch-free (select). A round consumes at most one word per
 //! lane, so while every lane has `k` unread words the next `k` rounds skip the "words left?"
-//! test. [`encode_lanes`] uses the hardware `u64` division: on this Zen 4 it measured faster
-//! than an exact multiply-by-reciprocal replacement (325 vs 261 M symbols/s).
+//! test. [`encode_lanes`] uses the hardware `u64` division.
 //!
-//! On x86-64 with the `std` feature, a CPU with AVX-512 (F and DQ, detected at run time) decodes
-//! with the module `x86`: the same arithmetic on 8 lanes per register, one gather of a packed
-//! per-slot entry (symbol, frequency, `slot - cdf`) per 8 symbols, and each lane's next word
-//! gathered ahead of its refill. Same symbols, states and positions as the portable steps, bit
-//! for bit (differential property tests, including arbitrary words and call splits). On the
-//! smollm2 2048-token fixture it decodes about 12% faster end to end (best-of-15 into reused
-//! buffers, level 7: 72-78 ms against 82-86 ms). It is the crate's only `unsafe` code.
-//!
-//! An AVX-512 encoder (the division `x / f` in `f64` on 8 lanes, exact after one correction
-//! each way) was tried and dropped: alternating runs of `cargo bench -p kvc-benches --bench
-//! rans` gave 253-299 M symbols/s against 247-283 for the portable encoder, within this VM's
-//! noise; the per-symbol table lookups and word pushes, not the divider, bound the encoder.
+//! On x86-64 with the `std` and `simd` features, a CPU with AVX-512 (F and DQ, detected at run
+//! time) decodes with the module `x86`: the same arithmetic on 8 lanes per register, one gather
+//! of a packed per-slot entry (symbol, frequency, `slot - cdf`) per 8 symbols, and each lane's
+//! next word gathered ahead of its refill. Same symbols, states and positions as the portable
+//! steps, bit for bit (differential property tests, including arbitrary words and call splits).
+//! It is the crate's only `unsafe` code. Measurements, and the AVX-512 encoder that was tried and
+//! dropped, are in the README's speed section.
 
 mod decode;
 mod encode;
 mod table;
-#[cfg(all(feature = "std", target_arch = "x86_64"))]
+#[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
 #[allow(unsafe_code)]
 mod x86;
 
@@ -83,7 +77,9 @@ mod x86;
 mod tests;
 
 pub use decode::LaneDecoder;
-pub use encode::{encode_lanes, encode_lanes_into};
+pub use encode::encode_lanes_into;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))] // for tests and benches
+pub use encode::encode_lanes;
 pub use table::{DecodeTable, FreqTable};
 
 use core::fmt;
@@ -96,7 +92,7 @@ pub const MAX_SYMBOLS: usize = 256;
 /// Total frequency of a table, `1 << PRECISION`.
 pub(crate) const TOTAL: u32 = 1 << PRECISION;
 
-/// Why a frequency table was rejected by [`FreqTable::new`].
+/// Why a frequency table was rejected by `FreqTable::new`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TableError {
@@ -105,11 +101,11 @@ pub enum TableError {
         /// Number of frequencies given.
         got: usize,
     },
-    /// More than [`MAX_SYMBOLS`] symbols.
+    /// More than `MAX_SYMBOLS` symbols.
     TooManySymbols {
         /// Number of frequencies given.
         got: usize,
-        /// The limit, [`MAX_SYMBOLS`].
+        /// The limit, `MAX_SYMBOLS`.
         max: usize,
     },
     /// A symbol has frequency 0.
@@ -158,41 +154,41 @@ pub enum RansError {
     /// out of words keeps decoding from its remaining (small) state, exactly as a valid stream
     /// does for its first-encoded symbols, so running out cannot be told apart from a valid
     /// tail while decoding; truncation surfaces as [`RansError::BadFinalState`] from
-    /// [`LaneDecoder::finish`]. Currently never returned.
+    /// `LaneDecoder::finish`. Currently never returned.
     OutOfWords {
         /// The lane.
         lane: usize,
     },
-    /// [`LaneDecoder::finish`]: the lane has words that were never read.
+    /// `LaneDecoder::finish`: the lane has words that were never read.
     TrailingData {
         /// The lane.
         lane: usize,
     },
-    /// [`LaneDecoder::finish`]: the lane's state is not constriction's initial state 0.
+    /// `LaneDecoder::finish`: the lane's state is not constriction's initial state 0.
     BadFinalState {
         /// The lane.
         lane: usize,
     },
-    /// [`LaneDecoder::new`]: the lane's last word (the first one read) is 0, which no encoder
+    /// `LaneDecoder::new`: the lane's last word (the first one read) is 0, which no encoder
     /// produces (constriction's `CompressedDataEndsWithZeroWord`).
     ZeroFinalWord {
         /// The lane.
         lane: usize,
     },
-    /// [`LaneDecoder::decode`]: `start` is not the index of the next undecoded symbol.
+    /// `LaneDecoder::decode`: `start` is not the index of the next undecoded symbol.
     PositionMismatch {
         /// The index of the next undecoded symbol.
         expected: usize,
         /// The `start` passed.
         got: usize,
     },
-    /// [`LaneDecoder::from_concatenated`]: the lane lengths do not add up to the number of
+    /// `LaneDecoder::from_concatenated`: the lane lengths do not add up to the number of
     /// words given.
     LaneLengths {
         /// The number of words given.
         words: usize,
     },
-    /// [`LaneDecoder::decode`]: fewer tables than symbols to decode.
+    /// `LaneDecoder::decode`: fewer tables than symbols to decode.
     TooFewTables {
         /// `out.len()`.
         needed: usize,

@@ -219,14 +219,11 @@ impl FreqTable {
 /// (one byte each) and, per symbol, its frequency and left cumulative frequency.
 ///
 /// 5 KiB, stored inline. A decode step reads `sym[slot]`, then `info[sym]`; the second read
-/// almost always hits L1. An earlier layout packed symbol, frequency and bias into one `u32`
-/// per slot (one read, 16 KiB per table); on real caches a block's rows use tens of tables, and
-/// for the portable decoder the 4x smaller footprint measured faster end to end (see
-/// `benches/benches/codec.rs`).
+/// almost always hits L1. (A block's rows use tens of tables, so the portable decoder keeps the
+/// footprint small rather than packing one `u32` per slot.)
 ///
-/// On x86-64 with the `std` feature the table also holds that packed form (21 KiB in all): the
-/// AVX-512 decoder gathers it, one gather per 8 symbols instead of two dependent ones, which
-/// measured faster there (two gathers were slower than the portable decoder).
+/// On x86-64 with the `std` and `simd` features the table also holds that packed form (21 KiB in
+/// all): the AVX-512 decoder gathers it, one gather per 8 symbols instead of two dependent ones.
 ///
 /// `#[repr(C)]`: the vector decoder relies on the field order for its offsets.
 #[derive(Clone)]
@@ -238,7 +235,7 @@ pub struct DecodeTable {
     pub(crate) info: [u32; 256],
     /// Per slot, for the vector decoder (`super::x86`): symbol in bits 0..8, frequency in bits
     /// 8..20, `slot - cdf` in bits 20..32.
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
     pub(crate) packed: [u32; TOTAL as usize],
 }
 
@@ -247,14 +244,14 @@ impl DecodeTable {
     pub fn new(table: &FreqTable) -> Self {
         let mut sym = [0u8; TOTAL as usize];
         let mut info = [0u32; 256];
-        #[cfg(all(feature = "std", target_arch = "x86_64"))]
+        #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
         let mut packed = [0u32; TOTAL as usize];
         let mut cdf = 0u32;
         for ((s, e), inf) in table.enc.iter().enumerate().zip(info.iter_mut()) {
             *inf = e.freq | cdf << 16;
             let slots = cdf as usize..(cdf + e.freq) as usize;
             sym[slots.clone()].fill(s as u8);
-            #[cfg(all(feature = "std", target_arch = "x86_64"))]
+            #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
             for (k, p) in packed[slots].iter_mut().enumerate() {
                 *p = s as u32 | e.freq << 8 | (k as u32) << 20;
             }
@@ -263,7 +260,7 @@ impl DecodeTable {
         DecodeTable {
             sym,
             info,
-            #[cfg(all(feature = "std", target_arch = "x86_64"))]
+            #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
             packed,
         }
     }

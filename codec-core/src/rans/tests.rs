@@ -720,11 +720,11 @@ fn assert_paths_agree(
 /// Whether this machine runs the vector path (else the tests below compare the portable path
 /// with itself, and say so).
 fn vector_path_here() -> bool {
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
     {
         super::x86::available()
     }
-    #[cfg(not(all(feature = "std", target_arch = "x86_64")))]
+    #[cfg(not(all(feature = "std", feature = "simd", target_arch = "x86_64")))]
     {
         false
     }
