@@ -439,7 +439,7 @@ fn cmd_decode(
 
 fn cmd_inspect(input: &Path) -> Result<()> {
     let bytes = read(input)?;
-    let h = codec_core::container::Header::parse(&bytes, &Limits::DEFAULT)
+    let h = codec_core::Header::parse(&bytes, &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
     let s = h.shape;
     println!(

@@ -8,7 +8,7 @@ use crate::bytes::{crc32c, PutLe};
 use crate::error::EncodeError;
 use crate::importance::{block_exponents, reference_queries};
 use crate::kv::{KvView, TensorRef};
-use crate::profile::LevelTables;
+use crate::profile::{LevelTables, SymbolTable};
 use crate::quant::{quantize_block, BlockConsts, Exps};
 use crate::rans::{encode_lanes_into, FreqTable, LANES};
 use alloc::vec;
@@ -181,7 +181,14 @@ impl<'c, 'p> BlockEncoder<'c, 'p> {
         );
         self.tables.resolve(profile, self.level, layer, kv, n_exp);
         self.value_tables(n_exp);
-        self.map_symbols();
+        map_symbols(
+            &self.exps,
+            &self.symbols,
+            &self.tids,
+            &self.level_tables.tables,
+            &mut self.indices,
+            &mut self.escapes,
+        );
         let n_e = self.exps.len();
         let (tids, level_tables) = (&self.tids, self.level_tables);
         let table_of = |i: usize| -> &FreqTable {
@@ -221,21 +228,29 @@ impl<'c, 'p> BlockEncoder<'c, 'p> {
             }
         }
     }
+}
 
-    /// The block's rANS message: its exponents, then each value symbol as an index of its table
-    /// (`s + radius`), or the table's escape index with `s` appended to the escapes (§6.4).
-    fn map_symbols(&mut self) {
-        self.indices.clear();
-        self.indices.extend_from_slice(&self.exps);
-        self.escapes.clear();
-        for (&s, &t) in self.symbols.iter().zip(&self.tids) {
-            let table = &self.level_tables.tables[t as usize];
-            if s.unsigned_abs() <= u32::from(table.radius) {
-                self.indices.push((s + i32::from(table.radius)) as u8);
-            } else {
-                self.indices.push(table.escape());
-                self.escapes.push(s);
-            }
+/// The block's rANS message: its exponents `exps`, then each value symbol as an index of its
+/// table (`s + radius`), or the table's escape index with `s` appended to `escapes` (§6.4).
+/// `tids` holds the table id of each symbol.
+fn map_symbols(
+    exps: &[u8],
+    symbols: &[i32],
+    tids: &[u8],
+    tables: &[SymbolTable],
+    indices: &mut Vec<u8>,
+    escapes: &mut Vec<i32>,
+) {
+    indices.clear();
+    indices.extend_from_slice(exps);
+    escapes.clear();
+    for (&s, &t) in symbols.iter().zip(tids) {
+        let table = &tables[t as usize];
+        if s.unsigned_abs() <= u32::from(table.radius) {
+            indices.push((s + i32::from(table.radius)) as u8);
+        } else {
+            indices.push(table.escape());
+            escapes.push(s);
         }
     }
 }
