@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 extern crate alloc;
 
+pub mod attention;
 mod bytes;
 pub mod codec;
 pub mod error;
