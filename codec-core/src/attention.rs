@@ -63,19 +63,23 @@ pub struct Query {
     pub len: usize,
 }
 
-/// A layer's keys with each KV head transposed to `[head_dim, tokens]`: the layout in which step
-/// 1 runs over many tokens at once.
+/// A layer's keys laid out for step 1: each KV head's tokens in blocks of [`LANES`], each block
+/// dimension-major (`[kv_heads, ceil(tokens / LANES), head_dim, LANES]`, the last block
+/// zero-padded), so that one pass over the dimensions advances the scores of a block of tokens
+/// held in registers, each token still adding its products in dimension order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TransposedKeys {
     kv_heads: usize,
     head_dim: usize,
     tokens: usize,
-    /// `[kv_heads, head_dim, tokens]`.
-    data: Vec<f32>,
+    blocks: Vec<[f32; LANES]>,
 }
 
+/// Tokens whose scores one pass over the dimensions keeps in registers.
+const LANES: usize = 8;
+
 impl TransposedKeys {
-    /// Transposes `k`, laid out `[tokens, kv_heads, head_dim]`.
+    /// Lays out `k`, which is `[tokens, kv_heads, head_dim]`.
     ///
     /// Panics if `kv_heads` or `head_dim` is zero, or if `k.len()` is not a multiple of
     /// `kv_heads * head_dim`.
@@ -87,17 +91,22 @@ impl TransposedKeys {
             k.len()
         );
         let tokens = k.len() / c;
-        let mut data = vec![0.0f32; k.len()];
+        let per_head = tokens.div_ceil(LANES) * head_dim;
+        let mut blocks = vec![[0.0f32; LANES]; kv_heads * per_head];
         for (t, row) in k.chunks_exact(c).enumerate() {
-            for (ch, &x) in row.iter().enumerate() {
-                data[ch * tokens + t] = x;
+            let (tb, lane) = (t / LANES, t % LANES);
+            for (h, key) in row.chunks_exact(head_dim).enumerate() {
+                let at = h * per_head + tb * head_dim;
+                for (b, &x) in blocks[at..at + head_dim].iter_mut().zip(key) {
+                    b[lane] = x;
+                }
             }
         }
         TransposedKeys {
             kv_heads,
             head_dim,
             tokens,
-            data,
+            blocks,
         }
     }
 
@@ -106,10 +115,10 @@ impl TransposedKeys {
         self.tokens
     }
 
-    /// The `[head_dim, tokens]` block of KV head `h`.
-    fn head(&self, h: usize) -> &[f32] {
-        let n = self.head_dim * self.tokens;
-        &self.data[h * n..(h + 1) * n]
+    /// The blocks of KV head `h`.
+    fn head(&self, h: usize) -> &[[f32; LANES]] {
+        let n = self.tokens.div_ceil(LANES) * self.head_dim;
+        &self.blocks[h * n..(h + 1) * n]
     }
 
     /// Step 1 for one query head: `out[t] = q . k_t` for the tokens `t < out.len()` of KV head
@@ -124,33 +133,36 @@ impl TransposedKeys {
             "attention: more scores than tokens"
         );
         let n = out.len();
-        score_rows(self.head(kv_head), self.tokens, &[q], n, out);
+        score_rows(self.head(kv_head), self.head_dim, [q], n, out);
     }
 }
-
-/// Tokens per tile of the score pass: one dimension's keys and the rows' scores of a tile stay
-/// in L1 while every dimension is added.
-const TILE: usize = 512;
 
 /// Query rows that share each key and value load.
 const ROWS: usize = 4;
 
-/// Step 1 for several query rows of one KV head: `out[r * n + t] = qs[r] . k_t` for `t < n`.
-/// `kt` is the head's `[head_dim, tokens]` block.
-fn score_rows(kt: &[f32], tokens: usize, qs: &[&[f32]], n: usize, out: &mut [f32]) {
-    for t0 in (0..n).step_by(TILE) {
-        let t1 = (t0 + TILE).min(n);
-        for r in 0..qs.len() {
-            out[r * n + t0..r * n + t1].fill(0.0);
-        }
-        for (j, kj) in kt.chunks_exact(tokens).enumerate() {
-            let kj = &kj[t0..t1];
-            for (r, q) in qs.iter().enumerate() {
-                let a = q[j];
-                for (s, &x) in out[r * n + t0..r * n + t1].iter_mut().zip(kj) {
-                    *s += a * x;
+/// Step 1 for `R` query rows of one KV head: `out[r * n + t] = qs[r] . k_t` for `t < n`, from
+/// the head's [`TransposedKeys`] blocks.
+fn score_rows<const R: usize>(
+    blocks: &[[f32; LANES]],
+    d: usize,
+    qs: [&[f32]; R],
+    n: usize,
+    out: &mut [f32],
+) {
+    for (tb, block) in blocks.chunks_exact(d).take(n.div_ceil(LANES)).enumerate() {
+        let mut acc = [[0.0f32; LANES]; R];
+        for (j, kj) in block.iter().enumerate() {
+            for (a, q) in acc.iter_mut().zip(&qs) {
+                let x = q[j];
+                for (al, &k) in a.iter_mut().zip(kj) {
+                    *al += x * k;
                 }
             }
+        }
+        let t0 = tb * LANES;
+        let m = LANES.min(n - t0);
+        for (r, a) in acc.iter().enumerate() {
+            out[r * n + t0..r * n + t0 + m].copy_from_slice(&a[..m]);
         }
     }
 }
@@ -163,12 +175,74 @@ fn weights_in_place(x: &mut [f64], scale: f64) -> f64 {
         *s *= scale;
         m = m.max(*s);
     }
-    let mut z = 0.0f64;
     for s in x.iter_mut() {
-        *s = libm::exp(*s - m);
-        z += *s;
+        *s -= m;
     }
-    z
+    exp_in_place(x);
+    x.iter().fold(0.0, |z, &w| z + w)
+}
+
+/// `libm::exp`'s argument reduction and rational approximation (FreeBSD's `e_exp.c`), for
+/// `|x| < 708.39` (below the `libm::exp` special cases), written without branches so that
+/// loops over it vectorize. The same operations in the same order as `libm::exp`, so the same
+/// bits; the tests hold it to `libm::exp`.
+#[inline(always)]
+fn exp_reduced(x: f64) -> f64 {
+    const LN2HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+    const INVLN2: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
+    const P1: f64 = f64::from_bits(0x3fc5_5555_5555_553e);
+    const P2: f64 = f64::from_bits(0xbf66_c16c_16be_bd93);
+    const P3: f64 = f64::from_bits(0x3f11_566a_af25_de2c);
+    const P4: f64 = f64::from_bits(0xbebb_bd41_c5d2_6bf1);
+    const P5: f64 = f64::from_bits(0x3e66_3769_72be_a4d0);
+    let high = (x.to_bits() >> 32) as u32;
+    let negative = high >> 31 == 1;
+    let hx = high & 0x7fff_ffff;
+    // x = k ln2 + r: k rounded half away from zero above 1.5 ln2, +-1 above ln2 / 2, else 0.
+    let k_far = (INVLN2 * x + if negative { -0.5 } else { 0.5 }) as i32;
+    let k_near = if negative { -1 } else { 1 };
+    let k = if hx >= 0x3ff0_a2b2 {
+        k_far
+    } else if hx > 0x3fd6_2e42 {
+        k_near
+    } else {
+        0
+    };
+    let kf = k as f64;
+    let hi = x - kf * LN2HI;
+    let lo = kf * LN2LO;
+    let r = hi - lo;
+    let rr = r * r;
+    let c = r - rr * (P1 + rr * (P2 + rr * (P3 + rr * (P4 + rr * P5))));
+    let y = 1.0 + (r * c / (2.0 - c) - lo + hi);
+    // scalbn(y, k): |k| <= 1022 here, so one multiplication by 2^k.
+    let scaled = y * f64::from_bits(((0x3ff + k) as u64) << 52);
+    let general = if k == 0 { y } else { scaled };
+    // |x| <= 2^-28: libm returns 1 + x.
+    if hx <= 0x3e30_0000 {
+        1.0 + x
+    } else {
+        general
+    }
+}
+
+/// `x <- libm::exp(x)` for every element, bit for bit: [`exp_reduced`] eight at a time, and
+/// `libm::exp` itself for any group holding an argument beyond its range (or NaN).
+fn exp_in_place(xs: &mut [f64]) {
+    const GROUP: usize = 8;
+    let reduced = |x: f64| ((x.to_bits() >> 32) as u32 & 0x7fff_ffff) < 0x4086_232b;
+    for g in xs.chunks_mut(GROUP) {
+        if g.iter().fold(true, |ok, &x| ok & reduced(x)) {
+            for x in g.iter_mut() {
+                *x = exp_reduced(*x);
+            }
+        } else {
+            for x in g.iter_mut() {
+                *x = libm::exp(*x);
+            }
+        }
+    }
 }
 
 /// `1 / sqrt(head_dim)` as step 2 computes it.
@@ -187,13 +261,50 @@ pub fn softmax_into(scores: &[f32], head_dim: usize, out: &mut Vec<f64>) {
     }
 }
 
-/// Step 4 for one row: `o[j] += w[t] * v_tj` over `t < w.len()` in token order, where `v_tj` is
-/// `v[t * stride + j]`.
-fn add_weighted(w: &[f64], v: &[f32], stride: usize, o: &mut [f64]) {
-    let d = o.len();
-    for (t, &wt) in w.iter().enumerate() {
-        for (oj, &x) in o.iter_mut().zip(&v[t * stride..t * stride + d]) {
-            *oj += wt * x as f64;
+/// One KV head's values as `[ceil(head_dim / 4), tokens]` groups of four channels (the last
+/// group zero-padded): step 4 then streams each group's tokens in order.
+fn value_panel(v: &[f32], c: usize, g: usize, d: usize, panel: &mut Vec<[f32; 4]>) {
+    let tokens = v.len() / c;
+    let d4 = d.div_ceil(4);
+    panel.clear();
+    panel.resize(d4 * tokens, [0.0; 4]);
+    for (t, row) in v.chunks_exact(c).enumerate() {
+        for (j4, ch) in row[g * d..(g + 1) * d].chunks(4).enumerate() {
+            panel[j4 * tokens + t][..ch.len()].copy_from_slice(ch);
+        }
+    }
+}
+
+/// Step 4 for `R` rows over the tokens `range`: `o[r][j] += w[r][t] * v_tj`, each sum in token
+/// order. `panel` is [`value_panel`]'s, `o` holds the rows' sums as `R` runs of `ceil(d / 4)`
+/// groups of four channels.
+fn weighted_sums<const R: usize>(
+    w: [&[f64]; R],
+    panel: &[[f32; 4]],
+    tokens: usize,
+    range: core::ops::Range<usize>,
+    o: &mut [[f64; 4]],
+) {
+    let d4 = panel.len() / tokens.max(1);
+    let ws: [&[f64]; R] = w.map(|x| &x[range.clone()]);
+    for j4 in 0..d4 {
+        let vs = &panel[j4 * tokens..(j4 + 1) * tokens][range.clone()];
+        // Four channels of R rows stay in registers while the tokens stream past.
+        let mut acc = [[0.0f64; 4]; R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = o[r * d4 + j4];
+        }
+        for (i, v) in vs.iter().enumerate() {
+            let vf = [v[0] as f64, v[1] as f64, v[2] as f64, v[3] as f64];
+            for (a, wr) in acc.iter_mut().zip(&ws) {
+                let wt = wr[i];
+                for (al, &x) in a.iter_mut().zip(&vf) {
+                    *al += wt * x;
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            o[r * d4 + j4] = *a;
         }
     }
 }
@@ -228,40 +339,71 @@ pub fn outputs(q: &[f32], heads: Heads, queries: &[Query], k: &[f32], v: &[f32])
     }
     let group = heads.q_heads / heads.kv_heads;
     let scale = score_scale(d);
+    let d4 = d.div_ceil(4);
     let mut out = vec![0.0f64; queries.len() * row_len];
     let n_max_all = queries.iter().map(|qr| qr.len).max().unwrap_or(0);
     let mut scores = vec![0.0f32; ROWS * n_max_all];
-    let mut weights = vec![0.0f64; n_max_all];
+    let mut weights = vec![0.0f64; ROWS * n_max_all];
+    let mut sums = vec![[0.0f64; 4]; ROWS * d4];
+    let mut panel = Vec::new();
     // (index into `queries`, query head) of one KV head's rows, query by query.
     let mut rows: Vec<(usize, usize)> = Vec::with_capacity(queries.len() * group);
     for g in 0..heads.kv_heads {
+        value_panel(v, c, g, d, &mut panel);
         rows.clear();
         for qi in 0..queries.len() {
             rows.extend((g * group..(g + 1) * group).map(|qh| (qi, qh)));
         }
         for block in rows.chunks(ROWS) {
-            let n = block
-                .iter()
-                .map(|&(qi, _)| queries[qi].len)
-                .max()
-                .unwrap_or(0);
+            let lens: Vec<usize> = block.iter().map(|&(qi, _)| queries[qi].len).collect();
+            let n = lens.iter().copied().max().unwrap_or(0);
             let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
             for (slot, &(qi, qh)) in qs.iter_mut().zip(block) {
                 let at = queries[qi].row * row_len + qh * d;
                 *slot = &q[at..at + d];
             }
-            score_rows(kt.head(g), tokens, &qs[..block.len()], n, &mut scores);
-            for (r, &(qi, qh)) in block.iter().enumerate() {
-                let len = queries[qi].len;
-                let w = &mut weights[..len];
+            match <[&[f32]; ROWS]>::try_from(&qs[..block.len()]) {
+                Ok(full) => score_rows(kt.head(g), d, full, n, &mut scores),
+                Err(_) => {
+                    for (q, out) in qs[..block.len()].iter().zip(scores.chunks_mut(n.max(1))) {
+                        score_rows(kt.head(g), d, [*q], n, out);
+                    }
+                }
+            }
+            let mut z = [0.0f64; ROWS];
+            for (r, &len) in lens.iter().enumerate() {
+                let w = &mut weights[r * n..r * n + len];
                 for (x, &s) in w.iter_mut().zip(&scores[r * n..r * n + len]) {
                     *x = s as f64;
                 }
-                let z = weights_in_place(w, scale);
+                z[r] = weights_in_place(w, scale);
+            }
+            sums.fill([0.0; 4]);
+            // All rows of a full block share each value load over their common tokens; each
+            // row then adds its own remaining tokens.
+            let common = if block.len() == ROWS {
+                let n_min = lens.iter().copied().min().unwrap_or(0);
+                let w: [&[f64]; ROWS] = core::array::from_fn(|r| &weights[r * n..(r + 1) * n]);
+                weighted_sums(w, &panel, tokens, 0..n_min, &mut sums);
+                n_min
+            } else {
+                0
+            };
+            for (r, &len) in lens.iter().enumerate() {
+                let w = [&weights[r * n..(r + 1) * n]];
+                weighted_sums(
+                    w,
+                    &panel,
+                    tokens,
+                    common..len,
+                    &mut sums[r * d4..(r + 1) * d4],
+                );
+            }
+            for (r, &(qi, qh)) in block.iter().enumerate() {
                 let o = &mut out[(qi * heads.q_heads + qh) * d..][..d];
-                add_weighted(w, &v[g * d..], c, o);
-                for oj in o.iter_mut() {
-                    *oj /= z;
+                let s = sums[r * d4..(r + 1) * d4].as_flattened();
+                for (oj, &sj) in o.iter_mut().zip(s) {
+                    *oj = sj / z[r];
                 }
             }
         }
@@ -415,6 +557,59 @@ mod tests {
         }
         softmax_into(&[], d, &mut w);
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn exp_matches_libm_bit_for_bit() {
+        let mut xs: Vec<f64> = Vec::new();
+        // Around every branch point of libm::exp, both signs, a few ulps either side.
+        for edge in [
+            0.0f64,
+            f64::from_bits(0x3e30_0000_0000_0000),
+            f64::from_bits(0x3fd6_2e42_ffff_ffff),
+            f64::from_bits(0x3ff0_a2b2_0000_0000),
+            f64::from_bits(0x4086_232b_0000_0000),
+            0.5 * core::f64::consts::LN_2,
+            1.5 * core::f64::consts::LN_2,
+            708.396_418_532_264_1,
+            709.782_712_893_384,
+            745.133_219_101_941_1,
+        ] {
+            for sign in [1.0, -1.0] {
+                let b = (edge * sign).to_bits();
+                for d in 0..64u64 {
+                    xs.push(f64::from_bits(b.wrapping_add(d)));
+                    xs.push(f64::from_bits(b.wrapping_sub(d)));
+                }
+            }
+        }
+        xs.extend([
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            1e-300,
+            -1e-300,
+        ]);
+        // Every multiple of ln2 / 64 up to the range, and pseudo-random arguments: uniform over
+        // [-750, 750] and arbitrary bit patterns.
+        xs.extend((-70_000..70_000).map(|i| i as f64 * core::f64::consts::LN_2 / 64.0));
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..4_000_000u32 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            xs.push(if i % 4 == 0 {
+                f64::from_bits(s)
+            } else {
+                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 1500.0
+            });
+        }
+        let mut got = xs.clone();
+        exp_in_place(&mut got);
+        for (x, y) in xs.iter().zip(&got) {
+            assert_eq!(y.to_bits(), libm::exp(*x).to_bits(), "exp({x:e})");
+        }
     }
 
     #[test]
