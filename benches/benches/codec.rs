@@ -8,13 +8,13 @@
 
 use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode, Stream};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvc_benches::{big_fixture_path, load, sample_path};
+use kvc_benches::{big_fixture_path, load, sample_path, self_profile};
 use std::hint::black_box;
 use std::path::Path;
 
 fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
     let f = load(path);
-    let profile = f.self_profile();
+    let profile = self_profile(&f);
     let bytes = f.kv.shape.total_elements() * 2;
     let mut g = c.benchmark_group(format!("codec/{name}"));
     g.throughput(Throughput::Bytes(bytes));

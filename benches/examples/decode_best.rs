@@ -4,7 +4,7 @@
 //! decodes into reused buffers and to a fresh owned cache (`ONLY_INTO=1` skips the latter), and
 //! the time `KvCache::zeros` takes. The profile is learned from the dump itself.
 use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode};
-use kvc_benches::{big_fixture_path, load};
+use kvc_benches::{big_fixture_path, load, self_profile};
 use std::time::Instant;
 
 fn main() {
@@ -17,7 +17,7 @@ fn main() {
         .map(|s| s.parse().unwrap())
         .unwrap_or(20);
     let f = load(&big_fixture_path().unwrap());
-    let profile = f.self_profile();
+    let profile = self_profile(&f);
     let params = EncodeParams {
         levels: vec![level],
         ..EncodeParams::default()

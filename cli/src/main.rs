@@ -1,26 +1,22 @@
 //! `kvc`: encode, decode, inspect and evaluate KV-cache streams.
 
-mod dump;
-mod metrics;
+//!
+//! Argument parsing and printing only: dumps, metrics, token selection and the encode policies
+//! live in `kvc-io`.
+
+mod eval;
 mod pq;
 mod progress;
 
 use clap::{Parser, Subcommand};
 use codec_core::profile::hex;
-use codec_core::{
-    EncodeParams, KvCache, LearnParams, Limits, Profile, ProfileMode, Queries, Sample, Stream,
-};
-use dump::{load_dump, write_dump, write_file_atomic, Dump};
-use progress::Progress;
+use codec_core::{EncodeParams, Limits, Stream};
+use kvc_io::policy::{self, ProfileUse};
+use kvc_io::pq::{Rerank, Selector, Windows};
+use kvc_io::{write_dump, write_file_atomic, Dump};
+use progress::Bars;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
-
-/// The built-in sample: 512 tokens of SmolLM2-135M's KV cache (see testdata/).
-const BUILTIN_SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../testdata/smollm2-gpl3-512.safetensors"
-);
 
 #[derive(Parser)]
 #[command(
@@ -203,18 +199,18 @@ impl PqOpts {
             },
         })
     }
-    fn selector(&self, with_rerank: bool) -> Result<pq::Selector> {
-        Ok(pq::Selector {
+    fn selector(&self, with_rerank: bool) -> Result<Selector> {
+        Ok(Selector {
             params: self.params()?,
-            rerank: (with_rerank && self.rerank > 0.0).then(|| pq::Rerank {
+            rerank: (with_rerank && self.rerank > 0.0).then(|| Rerank {
                 factor: self.rerank,
                 level: self.rerank_level,
                 profile: self.rerank_profile.clone(),
             }),
         })
     }
-    fn common(&self) -> pq::Common {
-        pq::Common {
+    fn windows(&self) -> Windows {
+        Windows {
             n_init: self.n_init,
             n_local: self.n_local,
         }
@@ -226,7 +222,7 @@ fn cmd_pq(cmd: PqCmd) -> Result<()> {
         PqCmd::Eval { input, opts, json } => {
             let d = load(&input)?;
             let mut sels = Vec::new();
-            let paper = pq::Selector {
+            let paper = Selector {
                 params: pq_core::PqParams {
                     seed: opts.seed,
                     ..pq_core::PqParams::paper()
@@ -241,7 +237,7 @@ fn cmd_pq(cmd: PqCmd) -> Result<()> {
             if opts.rerank > 0.0 {
                 sels.push(opts.selector(true)?);
             }
-            pq::cmd_eval(&input, &d, &sels, &opts.common(), json)
+            pq::cmd_eval(&input, &d, &sels, opts.windows(), json)
         }
         PqCmd::Select {
             input,
@@ -250,7 +246,7 @@ fn cmd_pq(cmd: PqCmd) -> Result<()> {
             opts,
         } => {
             let d = load(&input)?;
-            pq::cmd_select(&d, &output, &opts.selector(true)?, &opts.common(), k)
+            pq::cmd_select(&d, &output, &opts.selector(true)?, opts.windows(), k)
         }
     }
 }
@@ -292,9 +288,9 @@ fn main() -> ExitCode {
             input,
             profile,
             json,
-        } => cmd_eval(&input, profile.as_deref(), json),
+        } => eval::cmd_eval(&input, profile.as_deref(), json),
         Cmd::Pq { cmd } => cmd_pq(cmd),
-        Cmd::Demo { json } => cmd_eval(Path::new(BUILTIN_SAMPLE), None, json),
+        Cmd::Demo { json } => eval::cmd_eval(&kvc_io::fixtures::sample(), None, json),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -310,32 +306,7 @@ fn read(path: &Path) -> Result<Vec<u8>> {
 }
 
 fn load(path: &Path) -> Result<Dump> {
-    load_dump(path).map_err(|e| e.to_string())
-}
-
-fn load_profile(path: &Path) -> Result<Profile> {
-    let bytes = read(path)?;
-    Profile::from_bytes(&bytes, &Limits::DEFAULT).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn sample_of(d: &Dump) -> Sample<'_> {
-    Sample {
-        kv: d.kv.view(),
-        queries: d.q.as_ref().map(|q| Queries {
-            q: q.iter().map(|l| l.as_slice()).collect(),
-            q_heads: d.q_heads,
-            q_start: d.q_start,
-        }),
-    }
-}
-
-fn learn(dumps: &[&Dump]) -> Result<Profile> {
-    let samples: Vec<Sample<'_>> = dumps.iter().map(|d| sample_of(d)).collect();
-    let bar = Progress::new(1, "learning profile");
-    let p =
-        codec_core::learn_profile(&samples, &LearnParams::default()).map_err(|e| e.to_string())?;
-    bar.finish();
-    Ok(p)
+    kvc_io::load_dump(path).map_err(|e| e.to_string())
 }
 
 fn cmd_encode(
@@ -347,32 +318,19 @@ fn cmd_encode(
     let d = load(input)?;
     let (bytes, mode) = match profile {
         Some(pp) => {
-            let p = load_profile(pp)?;
-            let b = codec_core::encode(&d.kv.view(), ProfileMode::Referenced(&p), &params)
+            let p = policy::load_profile(pp).map_err(|e| e.to_string())?;
+            let enc = policy::encode(&d.kv.view(), ProfileUse::Referenced(&p), &params)
                 .map_err(|e| e.to_string())?;
-            (b, format!("referencing profile {}", &p.hash_hex()[..16]))
+            (
+                enc.bytes,
+                format!("referencing profile {}", &p.hash_hex()[..16]),
+            )
         }
         None => {
-            let full = learn(&[&d])?;
-            let mut used: Vec<u8> = params.levels.clone();
-            used.sort_unstable();
-            used.dedup();
-            if let Some(&bad) = used.iter().find(|&&l| l >= full.levels()) {
-                return Err(format!(
-                    "level {bad} does not exist (levels 0..{})",
-                    full.levels()
-                ));
-            }
-            let p = full.with_levels(&used);
-            let mut params = params;
-            params.levels = params
-                .levels
-                .iter()
-                .map(|l| used.iter().position(|u| u == l).unwrap_or(0) as u8)
-                .collect();
-            let b = codec_core::encode(&d.kv.view(), ProfileMode::Embedded(&p), &params)
+            let full = policy::learn(&[&d], &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
+            let enc = policy::encode(&d.kv.view(), ProfileUse::SelfContained(&full), &params)
                 .map_err(|e| e.to_string())?;
-            (b, "self-contained".to_string())
+            (enc.bytes, "self-contained".to_string())
         }
     };
     write_file_atomic(output, &bytes).map_err(|e| e.to_string())?;
@@ -392,7 +350,10 @@ fn cmd_decode(
     level: Option<u8>,
 ) -> Result<()> {
     let bytes = read(input)?;
-    let p = profile.map(load_profile).transpose()?;
+    let p = profile
+        .map(policy::load_profile)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let s = Stream::open(&bytes, p.as_ref(), &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
     if let Some(l) = level {
@@ -525,7 +486,7 @@ fn cmd_profile(output: &Path, samples: &[PathBuf]) -> Result<()> {
         .map(|p| load(p))
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&Dump> = dumps.iter().collect();
-    let p = learn(&refs)?;
+    let p = policy::learn(&refs, &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
     write_file_atomic(output, p.as_bytes()).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: profile {} ({} bytes, {} levels)",
@@ -534,175 +495,5 @@ fn cmd_profile(output: &Path, samples: &[PathBuf]) -> Result<()> {
         p.as_bytes().len(),
         p.levels()
     );
-    Ok(())
-}
-
-struct Row {
-    name: String,
-    bits_per_element: f64,
-    k_rel: f64,
-    v_rel: f64,
-    attn: f64,
-    k_rel_layers: Vec<f64>,
-    v_rel_layers: Vec<f64>,
-    attn_layers: Vec<f64>,
-    encode_mb_s: Option<f64>,
-    decode_mb_s: Option<f64>,
-    bytes: Option<usize>,
-}
-
-fn mean(x: &[f64]) -> f64 {
-    if x.is_empty() {
-        f64::NAN
-    } else {
-        x.iter().sum::<f64>() / x.len() as f64
-    }
-}
-
-#[allow(clippy::needless_range_loop)]
-fn errors(d: &Dump, orig_attn: &[Option<Vec<f32>>], rec: &KvCache, name: String, bpe: f64) -> Row {
-    let (mut kl, mut vl, mut al) = (Vec::new(), Vec::new(), Vec::new());
-    for l in 0..d.kv.shape.layers as usize {
-        let (k, v) = (d.kv.k[l].to_f32_vec(), d.kv.v[l].to_f32_vec());
-        let (k2, v2) = (rec.k[l].to_f32_vec(), rec.v[l].to_f32_vec());
-        kl.push(metrics::rel_error(&k, &k2));
-        vl.push(metrics::rel_error(&v, &v2));
-        if let (Some(a), Some(b)) = (
-            &orig_attn[l],
-            metrics::dump_attention_output(d, l, &k2, &v2),
-        ) {
-            al.push(metrics::rel_error(a, &b));
-        }
-    }
-    Row {
-        name,
-        bits_per_element: bpe,
-        k_rel: mean(&kl),
-        v_rel: mean(&vl),
-        attn: mean(&al),
-        k_rel_layers: kl,
-        v_rel_layers: vl,
-        attn_layers: al,
-        encode_mb_s: None,
-        decode_mb_s: None,
-        bytes: None,
-    }
-}
-
-fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
-    let d = load(input)?;
-    let shape = d.kv.shape;
-    let elements = shape.total_elements();
-    let f16_mb = elements as f64 * 2.0 / 1e6;
-    let (full, mode) = match profile {
-        Some(p) => (load_profile(p)?, format!("profile {}", p.display())),
-        None => (learn(&[&d])?, "self-contained".to_string()),
-    };
-    let orig_attn: Vec<Option<Vec<f32>>> = (0..shape.layers as usize)
-        .map(|l| {
-            metrics::dump_attention_output(&d, l, &d.kv.k[l].to_f32_vec(), &d.kv.v[l].to_f32_vec())
-        })
-        .collect();
-    let mut rows = Vec::new();
-    let bar = Progress::new(full.levels() as u64, "levels");
-    for level in 0..full.levels() {
-        let params = EncodeParams {
-            levels: vec![if profile.is_some() { level } else { 0 }],
-            ..EncodeParams::default()
-        };
-        let embedded;
-        let (mode, prof) = if profile.is_some() {
-            (ProfileMode::Referenced(&full), &full)
-        } else {
-            embedded = full.with_levels(&[level]);
-            (ProfileMode::Embedded(&embedded), &embedded)
-        };
-        let view = d.kv.view();
-        let t0 = Instant::now();
-        let bytes = codec_core::encode(&view, mode, &params).map_err(|e| e.to_string())?;
-        let enc_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let stream =
-            Stream::open(&bytes, Some(prof), &Limits::DEFAULT).map_err(|e| e.to_string())?;
-        let rec = stream.decode().map_err(|e| e.to_string())?;
-        let dec_s = t1.elapsed().as_secs_f64();
-        let bpe = bytes.len() as f64 * 8.0 / elements as f64;
-        let mut row = errors(
-            &d,
-            &orig_attn,
-            &rec,
-            format!(
-                "kvc level {level} (x{})",
-                full.level_multipliers()[level as usize]
-            ),
-            bpe,
-        );
-        row.encode_mb_s = Some(f16_mb / enc_s);
-        row.decode_mb_s = Some(f16_mb / dec_s);
-        row.bytes = Some(bytes.len());
-        rows.push(row);
-        bar.inc(1);
-    }
-    bar.finish();
-    for b in metrics::minmax_baselines(&d, &[8, 4, 3]) {
-        rows.push(Row {
-            name: b.name.clone(),
-            bits_per_element: b.bits_per_element,
-            k_rel: b.k_rel,
-            v_rel: b.v_rel,
-            attn: b.attn,
-            k_rel_layers: vec![],
-            v_rel_layers: vec![],
-            attn_layers: vec![],
-            encode_mb_s: None,
-            decode_mb_s: None,
-            bytes: None,
-        });
-    }
-    if json {
-        let j = serde_json::json!({
-            "input": input.display().to_string(),
-            "mode": mode,
-            "shape": {"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "tokens": shape.tokens},
-            "profile_bytes": full.as_bytes().len(),
-            "rows": rows.iter().map(|r| serde_json::json!({
-                "name": r.name, "bits_per_element": r.bits_per_element, "bytes": r.bytes,
-                "k_rel": r.k_rel, "v_rel": r.v_rel, "attn": r.attn,
-                "k_rel_layers": r.k_rel_layers, "v_rel_layers": r.v_rel_layers, "attn_layers": r.attn_layers,
-                "encode_mb_s": r.encode_mb_s, "decode_mb_s": r.decode_mb_s,
-            })).collect::<Vec<_>>(),
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
-        );
-    } else {
-        println!(
-            "{} ({} layers x {} tokens x {} channels, {}), {mode}",
-            input.display(),
-            shape.layers,
-            shape.tokens,
-            shape.channels(),
-            d.kv.dtype().name()
-        );
-        println!(
-            "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}",
-            "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s"
-        );
-        for r in &rows {
-            let f = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
-            println!(
-                "{:<28} {:>8.3} {:>9.4} {:>8.4} {:>8.4} {:>10} {:>10}",
-                r.name,
-                r.bits_per_element,
-                r.attn,
-                r.k_rel,
-                r.v_rel,
-                f(r.encode_mb_s),
-                f(r.decode_mb_s)
-            );
-        }
-        println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
-    }
     Ok(())
 }

@@ -79,6 +79,7 @@ macro_rules! layers {
     )*};
 }
 
+pub mod attention;
 mod bytes;
 pub mod consts;
 #[cfg(feature = "fuzzing")]

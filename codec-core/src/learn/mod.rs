@@ -823,7 +823,9 @@ fn attention_error(
     errs / qs.len() as f64
 }
 
-/// Causal attention output of (a subset of) the sample's queries, in f64.
+/// Causal attention output of (a subset of) the sample's queries, in f64: every `stride`-th
+/// query, each seeing the tokens up to its position (clamped to the sample). The arithmetic is
+/// the attention oracle's ([`crate::attention`]), which the profile's bytes depend on.
 pub(crate) fn attention(
     q: &Queries<'_>,
     layer: usize,
@@ -838,40 +840,22 @@ pub(crate) fn attention(
     let per = q.q_heads * d;
     let n_q = q.q[layer].len() / per;
     let stride = n_q.div_ceil(max_queries.max(1)).max(1);
-    let scale = 1.0 / libm::sqrt(d as f64);
-    let gsize = q.q_heads / heads;
-    let mut out = Vec::new();
-    let mut scores = vec![0f64; tokens];
-    let mut o = vec![0f64; d];
-    for i in (0..n_q).step_by(stride) {
-        let last = (q.q_start.saturating_add(i as u64) as usize).min(tokens.saturating_sub(1));
-        for qh in 0..q.q_heads {
-            let h = qh / gsize;
-            let qv = &q.q[layer][i * per + qh * d..i * per + (qh + 1) * d];
-            let mut mx = f64::NEG_INFINITY;
-            for (t, sc) in scores.iter_mut().enumerate().take(last + 1) {
-                let kr = &k[t * c + h * d..t * c + (h + 1) * d];
-                let mut acc = 0f32;
-                for j in 0..d {
-                    acc += qv[j] * kr[j];
-                }
-                *sc = acc as f64 * scale;
-                mx = mx.max(*sc);
+    let queries: Vec<crate::attention::Query> = (0..n_q)
+        .step_by(stride)
+        .map(|i| {
+            let last = (q.q_start.saturating_add(i as u64) as usize).min(tokens.saturating_sub(1));
+            crate::attention::Query {
+                row: i,
+                len: (last + 1).min(tokens),
             }
-            o.iter_mut().for_each(|x| *x = 0.0);
-            let mut z = 0f64;
-            for (t, sc) in scores.iter().enumerate().take(last + 1) {
-                let w = libm::exp(sc - mx);
-                z += w;
-                let vr = &v[t * c + h * d..t * c + (h + 1) * d];
-                for j in 0..d {
-                    o[j] += w * vr[j] as f64;
-                }
-            }
-            out.extend(o.iter().map(|x| x / z));
-        }
-    }
-    out
+        })
+        .collect();
+    let heads = crate::attention::Heads {
+        q_heads: q.q_heads,
+        kv_heads: heads,
+        head_dim: d,
+    };
+    crate::attention::outputs(q.q[layer], heads, &queries, k, v)
 }
 
 /// Lowest and highest spread bucket (quarter octaves of the residual RMS in steps).

@@ -1,19 +1,16 @@
 //! Loading and writing KV dumps: round trips on the shipped sample and every error path.
 
-#[path = "../src/dump.rs"]
-mod dump;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use codec_core::{Dtype, RopeStyle, Tensor};
-use dump::{load_dump, write_dump, write_file_atomic, DumpError};
+use kvc_io::{load_dump, parse_dump, write_dump, write_file_atomic, Dump, DumpError};
 use safetensors::tensor::{SafeTensors, TensorView};
 use safetensors::Dtype as StDtype;
 
 fn sample() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors")
+    kvc_io::fixtures::sample()
 }
 
 /// The sample's tensors and metadata, for building modified files.
@@ -55,7 +52,7 @@ impl Raw {
         let bytes = safetensors::serialize(views, Some(self.metadata.clone())).unwrap();
         fs::write(path, bytes).unwrap();
     }
-    fn load(&self) -> Result<dump::Dump, DumpError> {
+    fn load(&self) -> Result<Dump, DumpError> {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.safetensors");
         self.write(&p);
@@ -429,4 +426,27 @@ fn error_messages_name_the_problem() {
     }
     .to_string();
     assert!(s.contains("k.2") && s.contains("I16"), "{s}");
+}
+
+#[test]
+fn parse_dump_reads_bytes_like_load_dump() {
+    let bytes = fs::read(sample()).unwrap();
+    let parsed = parse_dump(Path::new("in-memory"), &bytes).unwrap();
+    assert_eq!(parsed, load_dump(&sample()).unwrap());
+    // The path only names the input in errors.
+    match parse_dump(Path::new("in-memory"), &bytes[..10]) {
+        Err(DumpError::NotSafetensors { path, .. }) => assert_eq!(path, Path::new("in-memory")),
+        other => panic!("expected NotSafetensors, got {other:?}"),
+    }
+}
+
+#[test]
+fn huge_q_start_is_inconsistent_not_a_wrap_around() {
+    // q_start + n_q overflows u64: refused, not wrapped to a small position.
+    let mut raw = Raw::sample();
+    raw.metadata.insert("q_start".into(), u64::MAX.to_string());
+    match raw.load() {
+        Err(DumpError::InconsistentMetadata { key, .. }) => assert_eq!(key, "q_start"),
+        other => panic!("expected InconsistentMetadata, got {other:?}"),
+    }
 }

@@ -1,24 +1,26 @@
 //! Attention metrics and minmax baselines, checked against a slow f64 reference and against the
 //! figures published with the fixtures.
 
-#[path = "../src/dump.rs"]
-mod dump;
-#[path = "../src/metrics.rs"]
-mod metrics;
-
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use dump::{load_dump, Dump};
+use codec_core::attention::Heads;
 use half::f16;
-use metrics::{attention_error, attention_output, minmax_baselines, minmax_quantize, rel_error};
-
-fn manifest() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use kvc_io::metrics::{
+    attention_error, attention_output, minmax_baselines, minmax_quantize, rel_error, rel_error_f64,
+};
+use kvc_io::{load_dump, Dump};
 
 fn sample() -> PathBuf {
-    manifest().join("../testdata/smollm2-gpl3-512.safetensors")
+    kvc_io::fixtures::sample()
+}
+
+fn heads(q_heads: usize, kv_heads: usize, head_dim: usize) -> Heads {
+    Heads {
+        q_heads,
+        kv_heads,
+        head_dim,
+    }
 }
 
 /// Straightforward causal attention in f64: `[n_q, q_heads, d]`.
@@ -100,24 +102,12 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 #[test]
 fn attention_matches_f64_reference() {
     let d = load_dump(&sample()).unwrap();
-    let s = d.kv.shape;
     for layer in [0usize, 13, 29] {
         let k = d.kv.k[layer].to_f32_vec();
         let v = d.kv.v[layer].to_f32_vec();
-        let fast = attention_output(
-            &d.q.as_ref().unwrap()[layer],
-            d.n_q(),
-            d.q_heads,
-            &k,
-            &v,
-            s.tokens as usize,
-            s.kv_heads as usize,
-            s.head_dim as usize,
-            d.q_start,
-        );
+        let fast = attention_output(&d.q.as_ref().unwrap()[layer], d.heads(), d.q_start, &k, &v);
         let slow = reference_attention(&d, layer, &k, &v);
-        let fast64: Vec<f64> = fast.iter().map(|x| *x as f64).collect();
-        let err = rel64(&slow, &fast64);
+        let err = rel64(&slow, &fast);
         assert!(
             err < 1e-5,
             "layer {layer}: f32 vs f64 attention differ by {err}"
@@ -133,8 +123,7 @@ fn attention_is_causal_and_uses_gqa_mapping() {
     let q = &d.q.as_ref().unwrap()[5];
     let k = d.kv.k[5].to_f32_vec();
     let v = d.kv.v[5].to_f32_vec();
-    let run =
-        |k: &[f32], v: &[f32]| attention_output(q, d.n_q(), d.q_heads, k, v, t, hk, hd, d.q_start);
+    let run = |k: &[f32], v: &[f32]| attention_output(q, d.heads(), d.q_start, k, v);
     let base = run(&k, &v);
     // Changing the last token only affects the last query.
     let mut v2 = v.clone();
@@ -169,7 +158,7 @@ fn attention_is_causal_and_uses_gqa_mapping() {
         }
     }
     // Identical inputs give zero attention error.
-    let e = attention_error(q, n_q, d.q_heads, &k, &v, &k, &v, t, hk, hd, d.q_start);
+    let e = attention_error(q, d.heads(), d.q_start, (&k, &v), (&k, &v));
     assert_eq!(e, 0.0);
 }
 
@@ -241,11 +230,10 @@ fn minmax_quantize_matches_reference() {
 
 #[test]
 fn baselines_match_published_figures_on_2048_fixture() {
-    let path = manifest().join("../../shared/fixtures/smollm2-gpl3-2048.safetensors");
-    if !path.exists() {
-        eprintln!("note: {} absent, skipping", path.display());
+    let Some(path) = kvc_io::fixtures::shared("smollm2-gpl3-2048.safetensors") else {
+        eprintln!("note: ../shared/fixtures/smollm2-gpl3-2048.safetensors absent, skipping");
         return;
-    }
+    };
     let d = load_dump(&path).unwrap();
     let t0 = Instant::now();
     let rows = minmax_baselines(&d, &[8, 4, 3]);
@@ -266,4 +254,113 @@ fn baselines_match_published_figures_on_2048_fixture() {
         assert!(close(r.k_rel, p.2, 0.10), "{r:?} vs {p:?}");
         assert!(close(r.v_rel, p.3, 0.10), "{r:?} vs {p:?}");
     }
+}
+
+#[test]
+fn rel_error_basics() {
+    assert_eq!(rel_error(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
+    assert!((rel_error(&[3.0, 4.0], &[0.0, 4.0]) - 0.6).abs() < 1e-12);
+    assert_eq!(rel_error(&[0.0], &[0.0]), 0.0);
+    assert!(rel_error(&[0.0], &[1.0]).is_infinite());
+    assert_eq!(rel_error_f64(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
+    assert!((rel_error_f64(&[3.0, 4.0], &[0.0, 4.0]) - 0.6).abs() < 1e-12);
+    assert_eq!(rel_error_f64(&[0.0], &[0.0]), 0.0);
+    assert!(rel_error_f64(&[0.0], &[1.0]).is_infinite());
+}
+
+/// Straightforward f64 attention for cross-checking odd shapes.
+#[allow(clippy::too_many_arguments)]
+fn naive(
+    q: &[f32],
+    n_q: usize,
+    hq: usize,
+    k: &[f32],
+    v: &[f32],
+    hk: usize,
+    d: usize,
+    q_start: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0f64; n_q * hq * d];
+    for i in 0..n_q {
+        for h in 0..hq {
+            let g = h / (hq / hk);
+            let qv = &q[(i * hq + h) * d..][..d];
+            let s: Vec<f64> = (0..=q_start + i)
+                .map(|t| {
+                    let kv = &k[(t * hk + g) * d..][..d];
+                    let dot: f64 = qv.iter().zip(kv).map(|(a, b)| (a * b) as f64).sum();
+                    dot / (d as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (t, x) in s.iter().enumerate() {
+                let wt = (x - m).exp() / z;
+                for j in 0..d {
+                    out[(i * hq + h) * d + j] += wt * v[(t * hk + g) * d + j] as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn odd_shapes_match_naive() {
+    // head_dim not a multiple of 8, group sizes 1..3, blocks not multiples of 4, few tokens.
+    for &(n_q, hq, hk, d, tokens, q_start) in &[
+        (1usize, 1usize, 1usize, 1usize, 1usize, 0usize),
+        (3, 3, 3, 5, 4, 1),
+        (5, 6, 2, 13, 9, 4),
+        (2, 4, 1, 8, 20, 18),
+        (7, 9, 3, 64, 33, 26),
+    ] {
+        let f =
+            |n: usize, a: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * a).sin() * 3.0).collect() };
+        let q = f(n_q * hq * d, 0.71);
+        let k = f(tokens * hk * d, 0.37);
+        let v = f(tokens * hk * d, 0.13);
+        let fast = attention_output(&q, heads(hq, hk, d), q_start as u64, &k, &v);
+        let slow = naive(&q, n_q, hq, &k, &v, hk, d, q_start);
+        let e = rel_error_f64(&slow, &fast);
+        assert!(e < 1e-5, "{n_q} {hq} {hk} {d} {tokens} {q_start}: {e}");
+    }
+}
+
+#[test]
+fn minmax_exact_on_grid_and_bounded() {
+    // Values on the quantization grid come back exactly.
+    let x: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
+    assert_eq!(minmax_quantize(&x, 16, 4), x);
+    // Error at most half a step (plus f16 rounding of min/scale), constant groups exact.
+    let y: Vec<f32> = (0..100)
+        .map(|i| ((i * 37) % 101) as f32 / 7.0 - 3.0)
+        .collect();
+    for bits in [3u32, 4, 8] {
+        let r = minmax_quantize(&y, 10, bits);
+        for (c, rc) in y.chunks(10).zip(r.chunks(10)) {
+            let lo = c.iter().cloned().fold(f32::INFINITY, f32::min);
+            let hi = c.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let step = (hi - lo) / ((1 << bits) - 1) as f32;
+            for (a, b) in c.iter().zip(rc) {
+                assert!((a - b).abs() <= 0.5 * step + 2e-3 * (hi - lo) + 1e-3);
+            }
+        }
+    }
+    assert_eq!(minmax_quantize(&[1.25; 5], 4, 3), vec![1.25; 5]);
+}
+
+#[test]
+fn attention_single_key_and_causality() {
+    // One KV head, two query heads, head_dim 2, 3 tokens.
+    let k = [1.0, 0.0, 0.0, 1.0, 5.0, 5.0];
+    let v = [1.0, 2.0, 3.0, 4.0, 100.0, 100.0];
+    let q = [0.3, -0.2, 1.0, 1.0];
+    // Query at position 0 sees only token 0: output = v[0] for both heads.
+    let out = attention_output(&q, heads(2, 1, 2), 0, &k, &v);
+    assert_eq!(out, vec![1.0, 2.0, 1.0, 2.0]);
+    // At position 1, equal scores give the mean of v[0] and v[1]; token 2 is never seen.
+    let q = [0.5, 0.5];
+    let out = attention_output(&q, heads(1, 1, 2), 1, &k, &v);
+    assert!((out[0] - 2.0).abs() < 1e-6 && (out[1] - 3.0).abs() < 1e-6);
 }

@@ -1,10 +1,9 @@
-//! Reading and writing KV dumps (safetensors files), and atomic file output.
+//! KV dumps: safetensors files in and out, and atomic file output.
 //!
 //! A dump holds, per layer `i`, `k.{i}` and `v.{i}` shaped `[tokens, kv_heads, head_dim]` in one
 //! float dtype (F16, BF16 or F32), optionally `q.{i}` shaped `[n_q, q_heads, head_dim]` (any of
 //! those float dtypes), and string metadata (`layers`, `kv_heads`, `q_heads`, `head_dim`,
 //! `tokens`, `q_start`, `rope_theta`, `rope_style`, `pre_rope`, `model`, ...).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -13,7 +12,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use codec_core::{Dtype, KvCache, KvMeta, KvShape, Rope, RopeStyle, Tensor};
+use codec_core::attention::Heads;
+use codec_core::{Dtype, KvCache, KvMeta, KvShape, Queries, Rope, RopeStyle, Sample, Tensor};
 use half::{bf16, f16};
 use safetensors::tensor::{SafeTensors, TensorView};
 use safetensors::Dtype as StDtype;
@@ -44,6 +44,27 @@ impl Dump {
                 q[0].len().checked_div(row).unwrap_or(0)
             }
             _ => 0,
+        }
+    }
+
+    /// The heads of the dump's attention (query heads, KV heads, head dimension).
+    pub fn heads(&self) -> Heads {
+        Heads {
+            q_heads: self.q_heads,
+            kv_heads: self.kv.shape.kv_heads as usize,
+            head_dim: self.kv.shape.head_dim as usize,
+        }
+    }
+
+    /// The dump as a profile-learning sample: the cache, with its queries when it has them.
+    pub fn sample(&self) -> Sample<'_> {
+        Sample {
+            kv: self.kv.view(),
+            queries: self.q.as_ref().map(|q| Queries {
+                q: q.iter().map(|l| l.as_slice()).collect(),
+                q_heads: self.q_heads,
+                q_start: self.q_start,
+            }),
         }
     }
 }
@@ -337,6 +358,8 @@ fn to_u32(dim: &'static str, value: usize) -> Result<u32, DumpError> {
 }
 
 /// Reads a KV dump from a safetensors file (see the module documentation for the layout).
+///
+/// Every malformed input is a [`DumpError`]; nothing in the file can make it panic.
 pub fn load_dump(path: &Path) -> Result<Dump, DumpError> {
     let bytes = fs::read(path).map_err(|e| io_err(path, "read", e))?;
     parse_dump(path, &bytes)
@@ -356,8 +379,40 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
         .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
         .unwrap_or_default();
     let views: HashMap<String, TensorView<'_>> = st.tensors().into_iter().collect();
+    let layers = count_layers(&views, &metadata)?;
+    let (kv_shape, k, v) = read_kv(&views, &metadata, layers)?;
+    let (q, q_heads, q_start) = read_queries(&views, &metadata, kv_shape)?;
+    let meta = kv_meta(&metadata)?;
+    Ok(Dump {
+        kv: KvCache {
+            shape: kv_shape,
+            k,
+            v,
+            meta,
+        },
+        q,
+        q_heads,
+        q_start,
+        metadata,
+    })
+}
 
-    // Layers: consecutive k.0, k.1, ...
+/// The tensor `name`, or [`DumpError::MissingTensor`].
+fn tensor<'a, 'b>(
+    views: &'a HashMap<String, TensorView<'b>>,
+    name: &str,
+) -> Result<&'a TensorView<'b>, DumpError> {
+    views.get(name).ok_or_else(|| DumpError::MissingTensor {
+        name: name.to_string(),
+    })
+}
+
+/// The number of layers: the run `k.0`, `k.1`, ... without a gap, agreeing with the `layers`
+/// metadata when present.
+fn count_layers(
+    views: &HashMap<String, TensorView<'_>>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<usize, DumpError> {
     let mut layers = 0usize;
     while views.contains_key(&format!("k.{layers}")) {
         layers += 1;
@@ -368,7 +423,7 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
             .and_then(|s| s.parse::<usize>().ok())
             .is_some_and(|i| i >= layers)
     });
-    if let Some(md_layers) = parse_meta::<usize>(&metadata, "layers")? {
+    if let Some(md_layers) = parse_meta::<usize>(metadata, "layers")? {
         if md_layers > layers {
             return Err(DumpError::MissingTensor {
                 name: format!("k.{layers}"),
@@ -383,9 +438,6 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
         }
     }
     if stray {
-        if layers == 0 {
-            return Err(DumpError::MissingTensor { name: "k.0".into() });
-        }
         return Err(DumpError::MissingTensor {
             name: format!("k.{layers}"),
         });
@@ -393,15 +445,17 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
     if layers == 0 {
         return Err(DumpError::NoLayers);
     }
+    Ok(layers)
+}
 
-    let get = |name: &str| {
-        views.get(name).ok_or_else(|| DumpError::MissingTensor {
-            name: name.to_string(),
-        })
-    };
-
-    // Dtype and shape from k.0.
-    let k0 = get("k.0")?;
+/// The K and V tensors of every layer: one float dtype and one `[tokens, kv_heads, head_dim]`
+/// shape (that of `k.0`), agreeing with the dimension metadata when present.
+fn read_kv(
+    views: &HashMap<String, TensorView<'_>>,
+    metadata: &BTreeMap<String, String>,
+    layers: usize,
+) -> Result<(KvShape, Vec<Tensor>, Vec<Tensor>), DumpError> {
+    let k0 = tensor(views, "k.0")?;
     let dtype = codec_dtype(k0.dtype()).ok_or_else(|| DumpError::WrongDtype {
         name: "k.0".into(),
         dtype: k0.dtype().to_string(),
@@ -425,9 +479,9 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
             return Err(DumpError::Empty { dim });
         }
     }
-    check_meta_usize(&metadata, "tokens", tokens, "tokens")?;
-    check_meta_usize(&metadata, "kv_heads", kv_heads, "KV heads")?;
-    check_meta_usize(&metadata, "head_dim", head_dim, "as head dimension")?;
+    check_meta_usize(metadata, "tokens", tokens, "tokens")?;
+    check_meta_usize(metadata, "kv_heads", kv_heads, "KV heads")?;
+    check_meta_usize(metadata, "head_dim", head_dim, "as head dimension")?;
     let kv_shape = KvShape {
         layers: to_u32("layers", layers)?,
         kv_heads: to_u32("kv_heads", kv_heads)?,
@@ -440,7 +494,7 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
     for i in 0..layers {
         for (kind, out) in [("k", &mut k), ("v", &mut v)] {
             let name = format!("{kind}.{i}");
-            let t = get(&name)?;
+            let t = tensor(views, &name)?;
             if t.dtype() != k0.dtype() {
                 let expected = if codec_dtype(t.dtype()).is_some() {
                     format!("{} (the dtype of k.0)", k0.dtype())
@@ -463,91 +517,84 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
             out.push(tensor_from_le(dtype, t.data()));
         }
     }
+    Ok((kv_shape, k, v))
+}
 
-    // Queries: all layers or none.
-    let md_q_heads = parse_meta::<usize>(&metadata, "q_heads")?;
-    let md_q_start = parse_meta::<u64>(&metadata, "q_start")?;
+/// The queries (all layers or none) widened to f32, the query heads and the first query's
+/// position.
+#[allow(clippy::type_complexity)]
+fn read_queries(
+    views: &HashMap<String, TensorView<'_>>,
+    metadata: &BTreeMap<String, String>,
+    kv_shape: KvShape,
+) -> Result<(Option<Vec<Vec<f32>>>, usize, u64), DumpError> {
+    let (layers, kv_heads, head_dim, tokens) = (
+        kv_shape.layers as usize,
+        kv_shape.kv_heads as usize,
+        kv_shape.head_dim as usize,
+        kv_shape.tokens as usize,
+    );
+    let md_q_heads = parse_meta::<usize>(metadata, "q_heads")?;
+    let md_q_start = parse_meta::<u64>(metadata, "q_start")?;
     let any_q = views.keys().any(|n| {
         n.strip_prefix("q.")
             .is_some_and(|s| s.parse::<usize>().is_ok())
     });
-    let (q, q_heads, q_start) = if any_q {
-        let mut qs = Vec::with_capacity(layers);
-        let mut q_shape: Option<Vec<usize>> = None;
-        for i in 0..layers {
-            let name = format!("q.{i}");
-            let t = get(&name)?;
-            let qd = codec_dtype(t.dtype()).ok_or_else(|| DumpError::WrongDtype {
-                name: name.clone(),
-                dtype: t.dtype().to_string(),
-                expected: "F16, BF16 or F32".into(),
-            })?;
-            let s = t.shape();
-            match &q_shape {
-                None => {
-                    if s.len() != 3 || s[2] != head_dim || s[0] == 0 || s[1] == 0 {
-                        return Err(DumpError::WrongShape {
-                            name,
-                            got: s.to_vec(),
-                            expected: vec![0, 0, head_dim],
-                        });
-                    }
-                    q_shape = Some(s.to_vec());
-                }
-                Some(expected) => {
-                    if s != expected.as_slice() {
-                        return Err(DumpError::WrongShape {
-                            name,
-                            got: s.to_vec(),
-                            expected: expected.clone(),
-                        });
-                    }
-                }
-            }
-            qs.push(tensor_from_le(qd, t.data()).to_f32_vec());
-        }
-        let qsh = q_shape.unwrap_or_default();
-        let (n_q, q_heads) = (qsh[0], qsh[1]);
-        check_meta_usize(&metadata, "q_heads", q_heads, "query heads in q.0")?;
-        if q_heads % kv_heads != 0 {
-            return Err(DumpError::WrongShape {
-                name: "q.0".into(),
-                got: qsh.clone(),
-                expected: vec![n_q, kv_heads * q_heads.div_ceil(kv_heads), head_dim],
-            });
-        }
-        let q_start = md_q_start.unwrap_or((tokens - n_q.min(tokens)) as u64);
-        if q_start + n_q as u64 > tokens as u64 {
-            return Err(DumpError::InconsistentMetadata {
-                key: "q_start".into(),
-                value: metadata
-                    .get("q_start")
-                    .cloned()
-                    .unwrap_or_else(|| "(absent)".into()),
-                reason: format!(
-                    "{n_q} queries from position {q_start} run past the {tokens} tokens"
-                ),
-            });
-        }
-        (Some(qs), q_heads, q_start)
-    } else {
+    if !any_q {
         let q_heads = md_q_heads.unwrap_or(kv_heads);
-        (None, q_heads, md_q_start.unwrap_or(0))
-    };
-
-    let meta = kv_meta(&metadata)?;
-    Ok(Dump {
-        kv: KvCache {
-            shape: kv_shape,
-            k,
-            v,
-            meta,
-        },
-        q,
-        q_heads,
-        q_start,
-        metadata,
-    })
+        return Ok((None, q_heads, md_q_start.unwrap_or(0)));
+    }
+    let mut qs = Vec::with_capacity(layers);
+    let mut q_shape: Vec<usize> = Vec::new();
+    for i in 0..layers {
+        let name = format!("q.{i}");
+        let t = tensor(views, &name)?;
+        let qd = codec_dtype(t.dtype()).ok_or_else(|| DumpError::WrongDtype {
+            name: name.clone(),
+            dtype: t.dtype().to_string(),
+            expected: "F16, BF16 or F32".into(),
+        })?;
+        let s = t.shape();
+        if i == 0 {
+            if s.len() != 3 || s[2] != head_dim || s[0] == 0 || s[1] == 0 {
+                return Err(DumpError::WrongShape {
+                    name,
+                    got: s.to_vec(),
+                    expected: vec![0, 0, head_dim],
+                });
+            }
+            q_shape = s.to_vec();
+        } else if s != q_shape.as_slice() {
+            return Err(DumpError::WrongShape {
+                name,
+                got: s.to_vec(),
+                expected: q_shape.clone(),
+            });
+        }
+        qs.push(tensor_from_le(qd, t.data()).to_f32_vec());
+    }
+    let (n_q, q_heads) = (q_shape[0], q_shape[1]);
+    check_meta_usize(metadata, "q_heads", q_heads, "query heads in q.0")?;
+    if q_heads % kv_heads != 0 {
+        return Err(DumpError::WrongShape {
+            name: "q.0".into(),
+            got: q_shape.clone(),
+            expected: vec![n_q, kv_heads * q_heads.div_ceil(kv_heads), head_dim],
+        });
+    }
+    let q_start = md_q_start.unwrap_or((tokens - n_q.min(tokens)) as u64);
+    // Saturating: a q_start near u64::MAX must fail here, not wrap around.
+    if q_start.saturating_add(n_q as u64) > tokens as u64 {
+        return Err(DumpError::InconsistentMetadata {
+            key: "q_start".into(),
+            value: metadata
+                .get("q_start")
+                .cloned()
+                .unwrap_or_else(|| "(absent)".into()),
+            reason: format!("{n_q} queries from position {q_start} run past the {tokens} tokens"),
+        });
+    }
+    Ok((Some(qs), q_heads, q_start))
 }
 
 /// Validates a cache before writing it.
@@ -670,8 +717,7 @@ pub fn write_dump(
         views.push((name.as_str(), view));
     }
     let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();
-    let bytes =
-        serialize_safetensors(views, md).map_err(|reason| DumpError::Serialize { reason })?;
+    let bytes = serialize_safetensors(views, md)?;
     drop(data);
     write_file_atomic(path, &bytes)
 }
@@ -680,8 +726,17 @@ pub fn write_dump(
 /// order: the crate writes the metadata map in its hash order, which differs from run to run, so
 /// the same input would give different bytes. Only the header is rewritten (same content, sorted,
 /// padded with spaces to a multiple of 8 as the format asks); the tensor data are unchanged.
-pub fn serialize_safetensors<'a>(
-    views: Vec<(&str, TensorView<'a>)>,
+pub(crate) fn serialize_safetensors(
+    views: Vec<(&str, TensorView<'_>)>,
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, DumpError> {
+    let bytes =
+        sorted_safetensors(views, metadata).map_err(|reason| DumpError::Serialize { reason })?;
+    Ok(bytes)
+}
+
+fn sorted_safetensors(
+    views: Vec<(&str, TensorView<'_>)>,
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>, String> {
     let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())?;

@@ -1,0 +1,82 @@
+//! `kvc eval` and `kvc demo`: the table (or JSON) of every level against the baselines.
+
+use std::path::Path;
+
+use kvc_io::eval::{evaluate, Row};
+use kvc_io::policy::{self, ProfileUse};
+
+use crate::progress::Bars;
+use crate::Result;
+
+/// Measures every level of a profile (`profile`, or self-contained: learned from the input and
+/// embedded) on the dump at `input`, and prints the table or JSON.
+pub fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
+    let d = kvc_io::load_dump(input).map_err(|e| e.to_string())?;
+    let mut bars = Bars::on_stderr();
+    let (full, mode) = match profile {
+        Some(p) => (
+            policy::load_profile(p).map_err(|e| e.to_string())?,
+            format!("profile {}", p.display()),
+        ),
+        None => (
+            policy::learn(&[&d], &mut bars).map_err(|e| e.to_string())?,
+            "self-contained".to_string(),
+        ),
+    };
+    let how = match profile {
+        Some(_) => ProfileUse::Referenced(&full),
+        None => ProfileUse::SelfContained(&full),
+    };
+    let rows = evaluate(&d, how, &mut bars).map_err(|e| e.to_string())?;
+    let shape = d.kv.shape;
+    if json {
+        let j = serde_json::json!({
+            "input": input.display().to_string(),
+            "mode": mode,
+            "shape": {"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "tokens": shape.tokens},
+            "profile_bytes": full.as_bytes().len(),
+            "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    println!(
+        "{} ({} layers x {} tokens x {} channels, {}), {mode}",
+        input.display(),
+        shape.layers,
+        shape.tokens,
+        shape.channels(),
+        d.kv.dtype().name()
+    );
+    println!(
+        "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}",
+        "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s"
+    );
+    for r in &rows {
+        let f = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<28} {:>8.3} {:>9.4} {:>8.4} {:>8.4} {:>10} {:>10}",
+            r.name,
+            r.bits_per_element,
+            r.attn,
+            r.k_rel,
+            r.v_rel,
+            f(r.encode_mb_s),
+            f(r.decode_mb_s)
+        );
+    }
+    println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
+    Ok(())
+}
+
+fn row_json(r: &Row) -> serde_json::Value {
+    serde_json::json!({
+        "name": r.name, "bits_per_element": r.bits_per_element, "bytes": r.bytes,
+        "k_rel": r.k_rel, "v_rel": r.v_rel, "attn": r.attn,
+        "k_rel_layers": r.k_rel_layers, "v_rel_layers": r.v_rel_layers, "attn_layers": r.attn_layers,
+        "encode_mb_s": r.encode_mb_s, "decode_mb_s": r.decode_mb_s,
+    })
+}

@@ -1,0 +1,135 @@
+//! The crate's error type: everything a dump, a profile, the codec or the token selector can
+//! refuse, with the file concerned where there is one.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use codec_core::{DecodeError, EncodeError, ProfileError};
+use pq_core::PqError;
+
+use crate::dump::DumpError;
+
+/// Why a kvc-io operation failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A dump could not be read, parsed or written.
+    Dump(DumpError),
+    /// A file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A profile file is not a valid profile.
+    Profile {
+        /// The file.
+        path: PathBuf,
+        /// What the profile parser found.
+        source: ProfileError,
+    },
+    /// The codec refused to learn a profile or to encode.
+    Encode(EncodeError),
+    /// A stream could not be opened or decoded.
+    Decode(DecodeError),
+    /// A level the profile does not have.
+    NoSuchLevel {
+        /// The level asked for.
+        level: u8,
+        /// How many levels the profile has.
+        levels: u8,
+    },
+    /// Token selection needs queries and the dump has none.
+    NoQueries,
+    /// The dump's queries do not fit its cache (only for dumps not built by the loader, which
+    /// checks this).
+    QueryLayout {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The number of selected tokens per query head is not within `1..=tokens`.
+    SlotCount {
+        /// Slots asked for.
+        slots: usize,
+        /// The dump's tokens.
+        tokens: usize,
+    },
+    /// pq-core refused its input.
+    Pq {
+        /// Where, e.g. `layer 3 head 1` (empty if nowhere in particular).
+        at: String,
+        /// pq-core's error.
+        source: PqError,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Dump(e) => e.fmt(f),
+            Error::Read { path, source } => write!(f, "cannot read {}: {source}", path.display()),
+            Error::Profile { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Encode(e) => e.fmt(f),
+            Error::Decode(e) => e.fmt(f),
+            Error::NoSuchLevel { level, levels } => {
+                write!(f, "level {level} does not exist (levels 0..{levels})")
+            }
+            Error::NoQueries => write!(
+                f,
+                "the dump has no queries (q.{{i}} tensors); kvc pq needs them"
+            ),
+            Error::QueryLayout { reason } => f.write_str(reason),
+            Error::SlotCount { slots, tokens } => write!(
+                f,
+                "{slots} slots per query head: must be within 1..={tokens} (the dump's tokens)"
+            ),
+            Error::Pq { at, source } if at.is_empty() => source.fmt(f),
+            Error::Pq { at, source } => write!(f, "{at}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The wrapped errors are transparent (their message is this one), so the chain goes on
+        // from their own source.
+        match self {
+            Error::Dump(e) => e.source(),
+            Error::Encode(e) => e.source(),
+            Error::Decode(e) => e.source(),
+            Error::Read { source, .. } => Some(source),
+            Error::Profile { source, .. } => Some(source),
+            Error::Pq { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<DumpError> for Error {
+    fn from(e: DumpError) -> Self {
+        Error::Dump(e)
+    }
+}
+
+impl From<EncodeError> for Error {
+    fn from(e: EncodeError) -> Self {
+        Error::Encode(e)
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Error::Decode(e)
+    }
+}
+
+impl From<PqError> for Error {
+    fn from(source: PqError) -> Self {
+        Error::Pq {
+            at: String::new(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! # kvc-io
+//!
+//! What the `kvc` command and the bindings share, on top of the `no_std` cores (`codec-core`,
+//! `pq-core`): files, measurements and policies, with typed errors.
+//!
+//! - [`dump`]: KV dumps as safetensors files in and out ([`load_dump`], [`write_dump`]), atomic
+//!   file output; [`fixtures`] says where the workspace's test dumps are.
+//! - [`metrics`]: relative error, attention-output error (the one attention oracle,
+//!   [`codec_core::attention`]), the minmax int8/int4/int3 baselines; [`eval`]: every level of a
+//!   profile on a dump, as `kvc eval` reports it.
+//! - [`pq`]: PQCache-style token selection measured on a dump's queries (`kvc pq eval`) and the
+//!   selected indices (`kvc pq select`).
+//! - [`policy`]: how a stream gets its profile (referenced, or self-contained with only the
+//!   levels it uses), profile files and learning.
+//!
+//! Long computations report to a [`Progress`]; the command draws it as bars.
+//!
+//! ```
+//! use kvc_io::{fixtures, load_dump, metrics};
+//!
+//! let dump = load_dump(&fixtures::sample())?;
+//! assert_eq!((dump.kv.shape.layers, dump.kv.shape.tokens), (30, 512));
+//! assert_eq!((dump.q_heads, dump.n_q()), (9, 64));
+//!
+//! // Per-token-head int4 keys of layer 0 and their relative error.
+//! let k = dump.kv.k[0].to_f32_vec();
+//! let k4 = metrics::minmax_quantize(&k, 64, 4);
+//! let e = metrics::rel_error(&k, &k4);
+//! assert!(e > 0.0 && e < 0.2, "{e}");
+//! # Ok::<(), kvc_io::Error>(())
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod dump;
+mod error;
+pub mod eval;
+pub mod fixtures;
+pub mod metrics;
+pub mod policy;
+pub mod pq;
+mod progress;
+
+pub use dump::{load_dump, parse_dump, write_dump, write_file_atomic, Dump, DumpError};
+pub use error::Error;
+pub use progress::{Progress, Silent};

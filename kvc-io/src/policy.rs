@@ -1,0 +1,102 @@
+//! Encode policies: where a stream's profile comes from, and which of its levels a stream keeps.
+//!
+//! A stream either references a profile learned once per model (the reader needs the same
+//! profile) or is self-contained: it embeds a profile learned from the cache itself, cut down to
+//! the levels its chunks use, so that the embedded bytes (counted in the stream's size) carry no
+//! unused level.
+
+use std::path::Path;
+
+use codec_core::{EncodeParams, KvView, LearnParams, Limits, Profile, ProfileMode};
+
+use crate::dump::Dump;
+use crate::error::Error;
+use crate::progress::Progress;
+
+/// How a stream carries its profile.
+#[derive(Clone, Copy, Debug)]
+pub enum ProfileUse<'a> {
+    /// The stream references this profile; its reader must supply the same one.
+    Referenced(&'a Profile),
+    /// The stream embeds this profile, keeping only the levels the stream uses.
+    SelfContained(&'a Profile),
+}
+
+/// An encoded stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoded {
+    /// The stream's bytes.
+    pub bytes: Vec<u8>,
+    /// The profile embedded in a self-contained stream (`None` when the stream references
+    /// one).
+    pub embedded: Option<Profile>,
+}
+
+/// Reads a profile file (`.kvcp`) within the default limits.
+pub fn load_profile(path: &Path) -> Result<Profile, Error> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Profile::from_bytes(&bytes, &Limits::DEFAULT).map_err(|source| Error::Profile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Learns a profile from dumps with the default parameters, using their queries where they have
+/// them; reported to `progress` as one step.
+pub fn learn(dumps: &[&Dump], progress: &mut dyn Progress) -> Result<Profile, Error> {
+    let samples: Vec<_> = dumps.iter().map(|d| d.sample()).collect();
+    progress.start("learning profile", 1);
+    let p = codec_core::learn_profile(&samples, &LearnParams::default())?;
+    progress.finish();
+    Ok(p)
+}
+
+/// The self-contained policy: the profile to embed (`full` with only the levels in `levels`,
+/// in ascending order) and the chunk levels renumbered into it.
+///
+/// Errors with [`Error::NoSuchLevel`] if `full` lacks one of `levels`.
+pub fn self_contained(full: &Profile, levels: &[u8]) -> Result<(Profile, Vec<u8>), Error> {
+    let mut used: Vec<u8> = levels.to_vec();
+    used.sort_unstable();
+    used.dedup();
+    if let Some(&level) = used.iter().find(|&&l| l >= full.levels()) {
+        return Err(Error::NoSuchLevel {
+            level,
+            levels: full.levels(),
+        });
+    }
+    let renumbered = levels
+        .iter()
+        .map(|l| used.iter().position(|u| u == l).unwrap_or(0) as u8)
+        .collect();
+    Ok((full.with_levels(&used), renumbered))
+}
+
+/// Encodes `kv` with `params` (its `levels` name levels of the given profile), referencing the
+/// profile or self-contained as `profile` says.
+pub fn encode(
+    kv: &KvView<'_>,
+    profile: ProfileUse<'_>,
+    params: &EncodeParams,
+) -> Result<Encoded, Error> {
+    match profile {
+        ProfileUse::Referenced(p) => Ok(Encoded {
+            bytes: codec_core::encode(kv, ProfileMode::Referenced(p), params)?,
+            embedded: None,
+        }),
+        ProfileUse::SelfContained(full) => {
+            let (p, levels) = self_contained(full, &params.levels)?;
+            let params = EncodeParams {
+                levels,
+                ..params.clone()
+            };
+            Ok(Encoded {
+                bytes: codec_core::encode(kv, ProfileMode::Embedded(&p), &params)?,
+                embedded: Some(p),
+            })
+        }
+    }
+}
