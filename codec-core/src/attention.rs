@@ -13,11 +13,13 @@
 //!
 //! Query head `h` reads KV head `h / (q_heads / kv_heads)` (grouped-query attention).
 //!
-//! Every sum has a fixed order, so loops are rearranged only where each sum keeps its own: the
-//! keys of each KV head are transposed to `[head_dim, tokens]` ([`TransposedKeys`]) so that one
-//! pass over a dimension advances the scores of a whole tile of tokens, each token still adding
-//! its products in dimension order; up to four query rows of a KV head share every key and value
-//! load. The unit tests hold the results bit for bit to the plain scalar loops.
+//! Every sum has a fixed order, so loops are rearranged only where each sum keeps its own: keys
+//! are laid out in blocks of 8 tokens, dimension-major ([`TransposedKeys`]), so that one pass
+//! over the dimensions advances 8 scores held in registers, each token still adding its
+//! products in dimension order; values are read as panels of 4 channels; four query rows of a
+//! KV head share every key and value load; `exp` is `libm::exp`'s own algorithm written without
+//! branches, so that it vectorizes. The unit tests hold the results bit for bit to the plain
+//! scalar loops and to `libm::exp`.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -63,9 +65,8 @@ pub struct Query {
     pub len: usize,
 }
 
-/// A layer's keys laid out for step 1: each KV head's tokens in blocks of [`LANES`], each block
-/// dimension-major (`[kv_heads, ceil(tokens / LANES), head_dim, LANES]`, the last block
-/// zero-padded), so that one pass over the dimensions advances the scores of a block of tokens
+/// A layer's keys laid out for step 1: each KV head's tokens in blocks of 8, each block
+/// dimension-major (`[kv_heads, ceil(tokens / 8), head_dim, 8]`, the last block zero-padded), so that one pass over the dimensions advances the scores of a block of tokens
 /// held in registers, each token still adding its products in dimension order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TransposedKeys {
