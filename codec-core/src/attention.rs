@@ -13,11 +13,13 @@
 //!
 //! Query head `h` reads KV head `h / (q_heads / kv_heads)` (grouped-query attention).
 //!
-//! Every sum has a fixed order, so loops are rearranged only where each sum keeps its own: the
-//! keys of each KV head are transposed to `[head_dim, tokens]` ([`TransposedKeys`]) so that one
-//! pass over a dimension advances the scores of a whole tile of tokens, each token still adding
-//! its products in dimension order; up to four query rows of a KV head share every key and value
-//! load. The unit tests hold the results bit for bit to the plain scalar loops.
+//! Every sum has a fixed order, so loops are rearranged only where each sum keeps its own: keys
+//! are laid out in blocks of 8 tokens, dimension-major ([`TransposedKeys`]), so that one pass
+//! over the dimensions advances 8 scores held in registers, each token still adding its
+//! products in dimension order; values are read as panels of 4 channels; four query rows of a
+//! KV head share every key and value load; `exp` is `libm::exp`'s own algorithm written without
+//! branches, so that it vectorizes. The unit tests hold the results bit for bit to the plain
+//! scalar loops and to `libm::exp`.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -63,9 +65,8 @@ pub struct Query {
     pub len: usize,
 }
 
-/// A layer's keys laid out for step 1: each KV head's tokens in blocks of [`LANES`], each block
-/// dimension-major (`[kv_heads, ceil(tokens / LANES), head_dim, LANES]`, the last block
-/// zero-padded), so that one pass over the dimensions advances the scores of a block of tokens
+/// A layer's keys laid out for step 1: each KV head's tokens in blocks of 8, each block
+/// dimension-major (`[kv_heads, ceil(tokens / 8), head_dim, 8]`, the last block zero-padded), so that one pass over the dimensions advances the scores of a block of tokens
 /// held in registers, each token still adding its products in dimension order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TransposedKeys {
@@ -167,19 +168,35 @@ fn score_rows<const R: usize>(
     }
 }
 
-/// Steps 2 and 3 in place: turns the scores `x[t] = f64(s_t)` into `w_t = exp(x_t * scale - m)`
-/// and returns `z`, the sum of the weights in token order.
-fn weights_in_place(x: &mut [f64], scale: f64) -> f64 {
-    let mut m = f64::NEG_INFINITY;
+/// Steps 2 and 3 up to the sum, in place: turns the scores `x[t] = f64(s_t)` into the weights
+/// `w_t = exp(x_t * scale - m)`.
+fn weights_in_place(x: &mut [f64], scale: f64) {
     for s in x.iter_mut() {
         *s *= scale;
-        m = m.max(*s);
     }
+    let m = max_of(x);
     for s in x.iter_mut() {
         *s -= m;
     }
     exp_in_place(x);
-    x.iter().fold(0.0, |z, &w| z + w)
+}
+
+/// The largest element (NaNs ignored; -inf for none), in eight lanes. A fold in token order
+/// could differ only in the sign of a zero maximum (`f64::max` may return either zero), and
+/// `x - m` then differs only in the sign of a zero difference, whose `exp` is 1 either way.
+fn max_of(x: &[f64]) -> f64 {
+    let chunks = x.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &a| m.max(a));
+    let mut lanes = [f64::NEG_INFINITY; 8];
+    for c in chunks {
+        for (l, &a) in lanes.iter_mut().zip(c) {
+            *l = l.max(a);
+        }
+    }
+    lanes.iter().fold(tail, |m, &a| m.max(a))
 }
 
 /// `libm::exp`'s argument reduction and rational approximation (FreeBSD's `e_exp.c`), for
@@ -199,26 +216,39 @@ fn exp_reduced(x: f64) -> f64 {
     let high = (x.to_bits() >> 32) as u32;
     let negative = high >> 31 == 1;
     let hx = high & 0x7fff_ffff;
-    // x = k ln2 + r: k rounded half away from zero above 1.5 ln2, +-1 above ln2 / 2, else 0.
-    let k_far = (INVLN2 * x + if negative { -0.5 } else { 0.5 }) as i32;
-    let k_near = if negative { -1 } else { 1 };
-    let k = if hx >= 0x3ff0_a2b2 {
+    // x = k ln2 + r: k = trunc(x / ln2 +- 1/2) above 1.5 ln2, +-1 above ln2 / 2, else 0. The
+    // truncation is done in f64 (no saturating integer cast, which does not vectorize): adding
+    // and removing 1.5 * 2^52 rounds to an integer, then one step towards zero where rounding
+    // went away from it. |v| < 1024 here, so every step is exact.
+    const MAGIC: f64 = 6_755_399_441_055_744.0;
+    let v = INVLN2 * x + if negative { -0.5 } else { 0.5 };
+    let rounded = (v + MAGIC) - MAGIC;
+    let k_far = if rounded > v && v >= 0.0 {
+        rounded - 1.0
+    } else if rounded < v && v < 0.0 {
+        rounded + 1.0
+    } else {
+        rounded
+    };
+    let k_near = if negative { -1.0 } else { 1.0 };
+    let kf = if hx >= 0x3ff0_a2b2 {
         k_far
     } else if hx > 0x3fd6_2e42 {
         k_near
     } else {
-        0
+        0.0
     };
-    let kf = k as f64;
     let hi = x - kf * LN2HI;
     let lo = kf * LN2LO;
     let r = hi - lo;
     let rr = r * r;
     let c = r - rr * (P1 + rr * (P2 + rr * (P3 + rr * (P4 + rr * P5))));
     let y = 1.0 + (r * c / (2.0 - c) - lo + hi);
-    // scalbn(y, k): |k| <= 1022 here, so one multiplication by 2^k.
-    let scaled = y * f64::from_bits(((0x3ff + k) as u64) << 52);
-    let general = if k == 0 { y } else { scaled };
+    // scalbn(y, k): |k| <= 1022 here, so one multiplication by 2^k, whose exponent field is
+    // k + 1023 (k read back from the low bits of kf + 1.5 * 2^52).
+    let k = ((kf + MAGIC).to_bits() as i64).wrapping_sub(MAGIC.to_bits() as i64);
+    let scaled = y * f64::from_bits((k.wrapping_add(0x3ff) as u64) << 52);
+    let general = if kf == 0.0 { y } else { scaled };
     // |x| <= 2^-28: libm returns 1 + x.
     if hx <= 0x3e30_0000 {
         1.0 + x
@@ -255,7 +285,8 @@ fn score_scale(head_dim: usize) -> f64 {
 pub fn softmax_into(scores: &[f32], head_dim: usize, out: &mut Vec<f64>) {
     out.clear();
     out.extend(scores.iter().map(|&s| s as f64));
-    let z = weights_in_place(out, score_scale(head_dim));
+    weights_in_place(out, score_scale(head_dim));
+    let z = out.iter().fold(0.0, |z, &w| z + w);
     for w in out.iter_mut() {
         *w /= z;
     }
@@ -275,18 +306,25 @@ fn value_panel(v: &[f32], c: usize, g: usize, d: usize, panel: &mut Vec<[f32; 4]
     }
 }
 
-/// Step 4 for `R` rows over the tokens `range`: `o[r][j] += w[r][t] * v_tj`, each sum in token
-/// order. `panel` is [`value_panel`]'s, `o` holds the rows' sums as `R` runs of `ceil(d / 4)`
-/// groups of four channels.
+/// Step 4 for `R` rows over the tokens `range`: `o[r][j] += w[r][t] * v_tj` and `z[r] += w[r][t]`,
+/// each sum in token order. `panel` is [`value_panel`]'s, `o` holds the rows' sums as `R` runs of
+/// `ceil(d / 4)` groups of four channels.
 fn weighted_sums<const R: usize>(
     w: [&[f64]; R],
     panel: &[[f32; 4]],
     tokens: usize,
     range: core::ops::Range<usize>,
     o: &mut [[f64; 4]],
+    z: &mut [f64],
 ) {
     let d4 = panel.len() / tokens.max(1);
     let ws: [&[f64]; R] = w.map(|x| &x[range.clone()]);
+    // R independent chains, so that each addition's latency overlaps the others'.
+    for i in 0..range.len() {
+        for (zr, wr) in z.iter_mut().zip(&ws) {
+            *zr += wr[i];
+        }
+    }
     for j4 in 0..d4 {
         let vs = &panel[j4 * tokens..(j4 + 1) * tokens][range.clone()];
         // Four channels of R rows stay in registers while the tokens stream past.
@@ -370,34 +408,29 @@ pub fn outputs(q: &[f32], heads: Heads, queries: &[Query], k: &[f32], v: &[f32])
                     }
                 }
             }
-            let mut z = [0.0f64; ROWS];
             for (r, &len) in lens.iter().enumerate() {
                 let w = &mut weights[r * n..r * n + len];
                 for (x, &s) in w.iter_mut().zip(&scores[r * n..r * n + len]) {
                     *x = s as f64;
                 }
-                z[r] = weights_in_place(w, scale);
+                weights_in_place(w, scale);
             }
+            let mut z = [0.0f64; ROWS];
             sums.fill([0.0; 4]);
             // All rows of a full block share each value load over their common tokens; each
             // row then adds its own remaining tokens.
             let common = if block.len() == ROWS {
                 let n_min = lens.iter().copied().min().unwrap_or(0);
                 let w: [&[f64]; ROWS] = core::array::from_fn(|r| &weights[r * n..(r + 1) * n]);
-                weighted_sums(w, &panel, tokens, 0..n_min, &mut sums);
+                weighted_sums(w, &panel, tokens, 0..n_min, &mut sums, &mut z);
                 n_min
             } else {
                 0
             };
             for (r, &len) in lens.iter().enumerate() {
                 let w = [&weights[r * n..(r + 1) * n]];
-                weighted_sums(
-                    w,
-                    &panel,
-                    tokens,
-                    common..len,
-                    &mut sums[r * d4..(r + 1) * d4],
-                );
+                let o = &mut sums[r * d4..(r + 1) * d4];
+                weighted_sums(w, &panel, tokens, common..len, o, &mut z[r..r + 1]);
             }
             for (r, &(qi, qh)) in block.iter().enumerate() {
                 let o = &mut out[(qi * heads.q_heads + qh) * d..][..d];

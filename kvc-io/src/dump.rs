@@ -298,7 +298,7 @@ fn check_meta_usize(
 }
 
 /// The rotary style named by a `rope_style` metadata value.
-pub fn parse_rope_style(s: &str) -> RopeStyle {
+fn parse_rope_style(s: &str) -> RopeStyle {
     let s = s.trim().to_ascii_lowercase();
     if s.starts_with("rotate_half") || s.contains("neox") {
         RopeStyle::NeoX

@@ -71,6 +71,14 @@ pub struct Windows {
     pub n_local: usize,
 }
 
+impl Windows {
+    /// No window: every token is chosen by score.
+    pub const NONE: Windows = Windows {
+        n_init: 0,
+        n_local: 0,
+    };
+}
+
 /// Tokens per block of the simulated block cache.
 pub const BLOCK_TOKENS: u32 = 128;
 
@@ -467,14 +475,6 @@ fn score_layer(
         }
     }
     Ok(())
-}
-
-impl Windows {
-    /// No window: every token is chosen by score.
-    pub const NONE: Windows = Windows {
-        n_init: 0,
-        n_local: 0,
-    };
 }
 
 /// Mean time of the score table and search (with windows) of every stored query head, alone.
