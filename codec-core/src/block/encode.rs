@@ -180,7 +180,17 @@ impl<'c, 'p> BlockEncoder<'c, 'p> {
             &mut self.recon,
         );
         self.tables.resolve(profile, self.level, layer, kv, n_exp);
-        self.value_tables(n_exp);
+        let shape = self.ctx.shape();
+        let rows = RowLayout {
+            channels: c,
+            head_dim: shape.head_dim as usize,
+            sink: self.sink,
+            group,
+        };
+        self.tids.clear();
+        self.tids.resize(self.symbols.len(), 0);
+        debug_assert!(n_exp == 0 || !self.exps.is_empty());
+        value_tables(&mut self.tids, &self.tables, &self.exps, &rows);
         map_symbols(
             &self.exps,
             &self.symbols,
@@ -206,26 +216,30 @@ impl<'c, 'p> BlockEncoder<'c, 'p> {
         let first = self.start * c;
         write_block(out, &block, tensor, first..first + self.sink * c);
     }
+}
 
-    /// The table id of every value symbol (row-major over the non-sink rows): a head's slice of
-    /// the block's resolved ids per row, by the row's kind and the head's exponent.
-    fn value_tables(&mut self, n_exp: usize) {
-        let (c, group) = (self.channels(), self.ctx.group());
-        let (d, heads) = (
-            self.ctx.shape().head_dim as usize,
-            c / self.ctx.shape().head_dim as usize,
-        );
-        debug_assert!(n_exp == 0 || !self.exps.is_empty());
-        self.tids.clear();
-        self.tids.resize(self.symbols.len(), 0);
-        let ids = self.tables.ids();
-        for (i, row_ids) in self.tids.chunks_exact_mut(c).enumerate() {
-            let kind = usize::from(!(self.sink + i).is_multiple_of(group));
-            for (h, seg) in row_ids.chunks_exact_mut(d).enumerate() {
-                let e = self.exps.get(i * heads + h).map_or(0, |&e| e as usize);
-                let from = self.tables.head_offset(kind, e, h, d);
-                seg.copy_from_slice(&ids[from..from + d]);
-            }
+
+/// Where a block's value symbols sit: rows of `channels` in heads of `head_dim`, after `sink`
+/// sink rows, in groups of `group` rows.
+struct RowLayout {
+    channels: usize,
+    head_dim: usize,
+    sink: usize,
+    group: usize,
+}
+
+/// The table id of every value symbol (row-major over the non-sink rows): per row, each head's
+/// slice of the block's resolved ids, by the row's kind and the head's exponent in `exps`.
+fn value_tables(tids: &mut [u8], tables: &BlockTables, exps: &[u8], rows: &RowLayout) {
+    let (c, d) = (rows.channels, rows.head_dim);
+    let heads = c / d;
+    let ids = tables.ids();
+    for (i, row_ids) in tids.chunks_exact_mut(c).enumerate() {
+        let kind = usize::from(!(rows.sink + i).is_multiple_of(rows.group));
+        for (h, seg) in row_ids.chunks_exact_mut(d).enumerate() {
+            let e = exps.get(i * heads + h).map_or(0, |&e| e as usize);
+            let from = tables.head_offset(kind, e, h, d);
+            seg.copy_from_slice(&ids[from..from + d]);
         }
     }
 }

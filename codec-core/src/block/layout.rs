@@ -123,13 +123,18 @@ pub(crate) fn write_block(
         None => out.put_u8(0),
     }
     match tensor {
-        TensorRef::F16(s) => s[sink].iter().for_each(|x| out.extend(x.to_le_bytes())),
-        TensorRef::Bf16(s) => s[sink].iter().for_each(|x| out.extend(x.to_le_bytes())),
-        TensorRef::F32(s) => s[sink].iter().for_each(|x| out.extend(x.to_le_bytes())),
+        TensorRef::F16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
+        TensorRef::Bf16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
+        TensorRef::F32(s) => s[sink].iter().for_each(|x| out.put_f32(*x)),
     }
-    block
-        .escapes
-        .iter()
-        .for_each(|e| out.extend(e.to_le_bytes()));
-    block.lanes.iter().flatten().for_each(|w| out.put_u32(*w));
+    let words: usize = block.lanes.iter().map(Vec::len).sum();
+    out.reserve(4 * (block.escapes.len() + words));
+    for e in block.escapes {
+        out.put_u32(*e as u32);
+    }
+    for lane in block.lanes {
+        for w in lane {
+            out.put_u32(*w);
+        }
+    }
 }
