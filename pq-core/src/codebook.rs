@@ -22,7 +22,7 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::kmeans::{kmeans, KMeansParams};
-use crate::simd::{columns, transpose, Op};
+use crate::sums::{columns, transpose, Op};
 
 /// How the books of a [`Codebook`] split the key (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,13 +21,26 @@
 //! ```
 //!
 //! Everything is deterministic: the same inputs and seed give the same codewords, codes and
-//! selections bit for bit on every platform (no fused multiply-add, sums in dim order). On
-//! x86-64 with `std`, AVX2/AVX-512 kernels are picked at run time; they compute the same results
-//! as the portable code, which tests check.
+//! selections bit for bit on every platform (no fused multiply-add, sums in dim order). With
+//! the `simd` feature (default) on x86-64, AVX2/AVX-512 kernels are picked at run time; they
+//! compute the same results as the portable code, which tests check.
+//!
+//! # Features
+//!
+//! - `std` (default): `std::error::Error` for [`PqError`]. Without it the crate is `no_std` +
+//!   `alloc`.
+//! - `simd` (default, implies `std` for run-time CPU detection): the x86-64 AVX2/AVX-512 kernels
+//!   of the private `arch` module, the crate's only `unsafe` code. Without it the portable code
+//!   runs everywhere, with the same results.
+//! - `fuzzing`: the `fuzzing` module, the harnesses of the cargo-fuzz targets.
 #![cfg_attr(not(feature = "std"), no_std)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 extern crate alloc;
 
+#[cfg(all(feature = "simd", target_arch = "x86_64"))]
+#[allow(unsafe_code)]
+mod arch;
 pub mod cache;
 pub mod codebook;
 pub mod error;
@@ -35,10 +48,11 @@ pub mod error;
 pub mod fuzzing;
 pub mod head;
 pub mod kmeans;
+mod order;
 pub mod pack;
 mod rng;
 pub mod search;
-mod simd;
+mod sums;
 
 pub use cache::{blocks_of, BlockCache, Policy, DEFAULT_BLOCK_TOKENS};
 pub use codebook::{Codebook, Method, PqParams};
