@@ -310,8 +310,8 @@ pub(super) fn emit(
             }
         }
         // Compress in a register, then store all 16 lanes (a compressing store to memory is
-        // microcoded on AMD Zen 4). Only taken keys advance the length, k in all, so 16 spare
-        // slots remain.
+        // microcoded on AMD Zen 4: `spec/PQ.md` §6). Only taken keys advance the length, k in
+        // all, so 16 spare slots remain.
         let packed = _mm512_maskz_compress_epi32(take, idx);
         push16(out, packed, take.count_ones() as usize);
         idx = _mm512_add_epi32(idx, step);
