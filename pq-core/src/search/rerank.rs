@@ -93,6 +93,7 @@ mod tests {
 
     /// The 16-row dot kernel (where the CPU has it) equals [`dot`] bit for bit, row by row.
     #[test]
+    #[cfg_attr(miri, ignore = "checks an AVX-512 kernel; Miri runs without `simd`")]
     fn dot_x16_equals_dot() {
         let mut x = Xs(99);
         for d in [16usize, 32, 64, 128] {
