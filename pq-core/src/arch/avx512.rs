@@ -731,8 +731,9 @@ fn sample_bracket(codes: &[u16], fk: &FixedKeys, n: usize, k: usize) -> (u16, u1
 ///    is `<= tau - gap` is not (the `k` or more tokens with keys `>= tau` outrank it), so only
 ///    the tokens within `gap - 1` of `tau` are ranked by their `f32` scores and ties, to fill
 ///    the rest ([`rank_near`]); each band key gets a taken bit;
-/// 5. pass two over the masks: the taken mask is the above mask plus the block's taken bits
-///    deposited (`pdep`) at its band positions; the taken indices are compacted.
+/// 5. pass two over the masks ([`emit_taken`]): the taken mask is the above mask plus the
+///    block's taken bits deposited (`pdep`) at its band positions; the taken indices are
+///    compacted.
 ///
 /// Returns `false`, with `out` untouched, when the tables do not allow fixed-point keys or
 /// the bracket misses (the caller then runs the general path).
@@ -830,13 +831,25 @@ pub(super) fn take_best_m2_fixed(
     if !rank_near(&band, masks, codes, rows, near_tau, k - n_above, taken) {
         return false;
     }
-    // 5. Pass two: `k` indices in all; 32 spare slots for the last full-width stores.
+    // 5. Pass two.
+    emit_taken(masks, taken, base, k, out);
+    true
+}
+
+/// Step 5 of [`take_best_m2_fixed`]: appends `base + i` for every token `i` taken, ascending:
+/// per block of 32 tokens (`masks`: above-band bits low, band bits high), those above the band
+/// and those band tokens whose taken bit is set (`taken`, in band order, two spare zero words
+/// at the end). `k` tokens in all.
+#[inline]
+#[target_feature(enable = "avx512f,bmi2,popcnt")]
+fn emit_taken(masks: &[u64], taken: &[u32], base: u32, k: usize, out: &mut Vec<u32>) {
+    // 32 spare slots for the last full-width stores.
     out.reserve(k + 32);
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let mut idx = _mm512_add_epi32(_mm512_set1_epi32(base as i32), lanes);
     let (sixteen, step) = (_mm512_set1_epi32(16), _mm512_set1_epi32(32));
     let mut cursor = 0usize;
-    for &mask in masks.iter() {
+    for &mask in masks {
         let (above, inside) = (mask as u32, (mask >> 32) as u32);
         let at = cursor / 32;
         let window = u64::from(taken[at]) | u64::from(taken[at + 1]) << 32;
@@ -857,7 +870,6 @@ pub(super) fn take_best_m2_fixed(
         );
         idx = _mm512_add_epi32(idx, step);
     }
-    true
 }
 
 /// The `k`-th key `tau` of [`take_best_m2_fixed`] and the key gap beyond which keys order the
