@@ -1,5 +1,6 @@
 //! Per-(layer, KV head) key quantizers: product quantization (PQ, the PQCache paper's) and
-//! residual quantization (RQ, kvc's default, which measures better at the same bits).
+//! residual quantization (RQ, kvc's default, which recalls more at the same bits: `spec/PQ.md`
+//! §6).
 //!
 //! Both give every key `m` codes of `b` bits, stored as a flat `[T, m]` buffer of `u16`,
 //! token-major, and both score a query the same way: `score = sum_j table[j][code_j]`, where
@@ -22,7 +23,7 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::kmeans::{kmeans, KMeansParams};
-use crate::simd::{columns, transpose, Op};
+use crate::sums::{columns, transpose, Op};
 
 /// How the books of a [`Codebook`] split the key (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

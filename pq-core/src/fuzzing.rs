@@ -349,7 +349,13 @@ mod tests {
 
     #[test]
     fn harness_accepts_its_edge_cases() {
-        for b_sel in [0, 1, 3, 6, 8, 12, 13, 16, 17, 19, 0xF0, 0xFF] {
+        // Under Miri, which interprets every step, a subset of the same `b` selectors.
+        let b_sels: &[u8] = if cfg!(miri) {
+            &[0, 1, 6, 16, 17, 0xFF]
+        } else {
+            &[0, 1, 3, 6, 8, 12, 13, 16, 17, 19, 0xF0, 0xFF]
+        };
+        for &b_sel in b_sels {
             for n_sel in 0..8u8 {
                 for payload in [
                     &[][..],

@@ -22,7 +22,7 @@
 //!    only to a centroid strictly nearer than its current one (the lowest such index among the
 //!    nearest), and step 3 runs again. The loop stops early when no point moved.
 //!
-//! Distances are squared L2 in `f32`, summed in dim order from `0.0` (see the crate's `simd`
+//! Distances are squared L2 in `f32`, summed in dim order from `0.0` (see the crate's `sums`
 //! module); the objective is their `f64` sum in point order. Reassignment and step 3 can only lower each point's distance, and the guarded update
 //! can only lower each cluster's sum, so the objective never increases (up to the rounding of the
 //! `f64` sums, about 1e-16 relative).
@@ -33,7 +33,7 @@ use alloc::vec::Vec;
 
 use crate::error::PqError;
 use crate::rng::SplitMix64;
-use crate::simd::{argmin_from, columns, sq_l2, sq_l2_x8, transpose, Op};
+use crate::sums::{argmin_from, columns, sq_l2, sq_l2_x8, transpose, Op};
 
 /// The largest number of clusters: codes are `u16`.
 pub const MAX_K: usize = 1 << 16;

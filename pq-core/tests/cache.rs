@@ -10,6 +10,9 @@
 use pq_core::cache::{blocks_of, BlockCache, Policy};
 use proptest::prelude::*;
 
+mod common;
+use common::proptest_config;
+
 struct Reference {
     capacity: usize,
     policy: Policy,
@@ -86,7 +89,7 @@ fn policy() -> impl Strategy<Value = Policy> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(proptest_config(Some(512)))]
 
     /// Single accesses: the same hit/miss sequence, resident set and counters as the reference.
     #[test]

@@ -7,7 +7,7 @@ use pq_core::{
 use proptest::prelude::*;
 
 mod common;
-use common::Rng;
+use common::{or_under_miri, proptest_config, Rng};
 
 /// `t` keys of dimension `d` around `n_clusters` Gaussian centres, with noise `sigma`.
 fn clustered(rng: &mut Rng, t: usize, d: usize, n_clusters: usize, sigma: f32) -> Vec<f32> {
@@ -56,6 +56,8 @@ fn score_strategy() -> impl Strategy<Value = f32> {
 }
 
 proptest! {
+    #![proptest_config(proptest_config(None))]
+
     #[test]
     fn pack_round_trip(b in 1u8..=16, raw in prop::collection::vec(any::<u16>(), 0..300)) {
         let mask = ((1u32 << b) - 1) as u16;
@@ -94,7 +96,7 @@ proptest! {
     /// a few repeated values to force ties at the threshold.
     #[test]
     fn select_equals_brute_force_long(
-        seed in any::<u64>(), t in 0usize..5000, k in 0usize..5000,
+        seed in any::<u64>(), t in 0usize..or_under_miri(5000, 300), k in 0usize..or_under_miri(5000, 300),
         n_init in 0usize..10, n_local in 0usize..100, repeat in 0usize..50,
     ) {
         let mut rng = Rng(seed);
@@ -110,7 +112,8 @@ proptest! {
     /// tables with repeated entries (ties) and all window sizes.
     #[test]
     fn search_equals_select_of_scores(
-        seed in any::<u64>(), t in 0usize..700, b in 1u8..=7, m in 1usize..=3, residual in any::<bool>(),
+        seed in any::<u64>(), t in 0usize..or_under_miri(700, 60), b in 1u8..=or_under_miri(7, 3),
+        m in 1usize..=3, residual in any::<bool>(),
         k in 0usize..300, n_init in 0usize..8, n_local in 0usize..80, coarse in any::<bool>(),
     ) {
         let mut rng = Rng(seed);
@@ -133,6 +136,7 @@ proptest! {
     /// the path where the fused search brackets the k-th score from a sample and takes the
     /// top-k in two passes over the codes.
     #[test]
+    #[cfg_attr(miri, ignore = "trains on up to 3000 keys; too slow under Miri")]
     fn long_search_equals_select_of_scores(
         seed in any::<u64>(), t in 500usize..3000, b in 1u8..=6, residual in any::<bool>(),
         k_frac in 0.0f64..1.0, n_init in 0usize..8, n_local in 0usize..80, coarse in any::<bool>(),
@@ -155,7 +159,10 @@ proptest! {
     /// `rerank` equals sorting the distinct candidates by the exact inner product (dims 16
     /// and 64: the AVX-512 kernel's 16 rows at a time where the CPU has it; 8 and 24 otherwise).
     #[test]
-    fn rerank_equals_brute_force(seed in any::<u64>(), n in 1usize..300, c in 0usize..400, k in 0usize..100, d in prop::sample::select(vec![8usize, 16, 24, 64])) {
+    fn rerank_equals_brute_force(
+        seed in any::<u64>(), n in 1usize..or_under_miri(300, 100), c in 0usize..or_under_miri(400, 120),
+        k in 0usize..100, d in prop::sample::select(vec![8usize, 16, 24, 64]),
+    ) {
         let mut rng = Rng(seed);
         let keys = rng.normals(n * d);
         let q = rng.normals(d);
@@ -181,7 +188,7 @@ proptest! {
 
     #[test]
     fn select_equals_brute_force(
-        s in prop::collection::vec(score_strategy(), 0..200),
+        s in prop::collection::vec(score_strategy(), 0..or_under_miri(200, 60)),
         k in 0usize..220, n_init in 0usize..10, n_local in 0usize..40,
     ) {
         prop_assert_eq!(select(&s, k, n_init, n_local).unwrap(), select_brute(&s, k, n_init, n_local));
@@ -190,7 +197,8 @@ proptest! {
     #[test]
     fn kmeans_objective_never_increases(
         seed in any::<u64>(), data_seed in any::<u64>(),
-        n in 1usize..120, dim in 1usize..12, k in 1usize..20,
+        n in 1usize..or_under_miri(120, 40), dim in 1usize..or_under_miri(12, 6),
+        k in 1usize..or_under_miri(20, 6),
     ) {
         let mut rng = Rng(data_seed);
         let data = clustered(&mut rng, n, dim, 4, 0.5);
@@ -212,13 +220,14 @@ proptest! {
     }
 
     #[test]
-    fn encode_is_nearest_centroid(seed in any::<u64>(), b in 1u8..=5, m in 1usize..=4) {
+    fn encode_is_nearest_centroid(seed in any::<u64>(), b in 1u8..=or_under_miri(5, 3), m in 1usize..=4) {
         let mut rng = Rng(seed);
         let d = 4 * m;
-        let keys = clustered(&mut rng, 50, d, 5, 0.3);
+        let t = or_under_miri(50, 20);
+        let keys = clustered(&mut rng, t, d, 5, 0.3);
         let cb = Codebook::train(&keys, d, &PqParams { m, b, max_iters: 5, seed, ..PqParams::paper() }).unwrap();
         let codes = cb.encode(&keys).unwrap();
-        prop_assert_eq!(codes.len(), 50 * m);
+        prop_assert_eq!(codes.len(), t * m);
         let sd = d / m;
         for (t, key) in keys.chunks_exact(d).enumerate() {
             for j in 0..m {
@@ -235,11 +244,11 @@ proptest! {
     }
 
     #[test]
-    fn lut_scores_match_decoded_keys(seed in any::<u64>(), b in 1u8..=6, residual in any::<bool>()) {
+    fn lut_scores_match_decoded_keys(seed in any::<u64>(), b in 1u8..=or_under_miri(6, 3), residual in any::<bool>()) {
         // The LUT score of a token equals q · decode(codes) (up to f32 rounding), so the top-k of
         // `scores` is the exact top-k over the decoded keys.
         let mut rng = Rng(seed);
-        let (t, d) = (64, 16);
+        let (t, d) = or_under_miri((64, 16), (24, 8));
         let keys = clustered(&mut rng, t, d, 6, 0.3);
         let cb = Codebook::train(&keys, d, &PqParams { m: 2, b, max_iters: 5, seed, ..method_params(residual) }).unwrap();
         let codes = cb.encode(&keys).unwrap();
@@ -266,16 +275,16 @@ fn sq(a: &[f32], b: &[f32]) -> f32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(proptest_config(Some(24)))]
 
     /// Residual encoding: with no refinement each stage's code is the nearest codeword to what the
     /// earlier stages left; refinement re-picks codes given the others, which can only lower each
     /// key's reconstruction error, and leaves the last stage's code nearest to its target.
     #[test]
-    fn residual_encode_is_greedy_then_refined(seed in any::<u64>(), b in 1u8..=5, m in 1usize..=3) {
+    fn residual_encode_is_greedy_then_refined(seed in any::<u64>(), b in 1u8..=or_under_miri(5, 3), m in 1usize..=3) {
         let mut rng = Rng(seed);
         let d = 8;
-        let keys = clustered(&mut rng, 60, d, 5, 0.4);
+        let keys = clustered(&mut rng, or_under_miri(60, 24), d, 5, 0.4);
         let p0 = PqParams { m, b, max_iters: 4, seed, refine_rounds: 0, method: Method::Residual };
         let cb0 = Codebook::train(&keys, d, &p0).unwrap();
         let greedy = cb0.encode(&keys).unwrap();
@@ -310,14 +319,15 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(proptest_config(Some(16)))]
 
     /// Tokens pushed one by one get the codes a batch encode gives, once they leave the window;
     /// the window is always selected and the selection equals `select` over all tokens' scores
     /// with the window kept.
     #[test]
     fn head_index_codes_tokens_as_they_leave_the_window(
-        seed in any::<u64>(), t0 in 1usize..80, extra in 0usize..40, n_local in 0usize..12,
+        seed in any::<u64>(), t0 in 1usize..or_under_miri(80, 30), extra in 0usize..or_under_miri(40, 12),
+        n_local in 0usize..12,
         k in 0usize..30, n_init in 0usize..5, residual in any::<bool>(),
     ) {
         let mut rng = Rng(seed);
@@ -347,6 +357,7 @@ proptest! {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "k-means on 2048 keys of 64 dims; too slow under Miri")]
 fn kmeans_is_deterministic() {
     let mut rng = Rng(42);
     let data = clustered(&mut rng, 2048, 64, 40, 0.4);
@@ -400,6 +411,10 @@ fn kmeans_seed_zero_iterations_are_data_points() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "trains a default codebook on 300 keys; too slow under Miri"
+)]
 fn gqa_group_table_is_the_sum_of_head_tables() {
     let mut rng = Rng(5);
     let (t, d, g) = (300, 32, 4);
@@ -432,6 +447,7 @@ fn gqa_group_table_is_the_sum_of_head_tables() {
 /// centroids per 32-dim sub-space cannot represent, hence not ~1.0. The threshold 0.65 sits below
 /// every measured value yet far above chance, so a broken table, code or selection fails it.
 #[test]
+#[cfg_attr(miri, ignore = "trains on 2048 keys of 64 dims; too slow under Miri")]
 fn search_recall_on_clustered_keys() {
     let mut rng = Rng(2024);
     let (t, d) = (2048, 64);

@@ -1,6 +1,24 @@
 //! Helpers shared by pq-core's integration tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
+/// `normal`, or `miri` when the test runs under Miri, which interprets every step (about a
+/// thousand times slower): smaller sizes and fewer proptest cases for `.ci/miri`.
+pub fn or_under_miri<T>(normal: T, miri: T) -> T {
+    if cfg!(miri) {
+        miri
+    } else {
+        normal
+    }
+}
+
+/// A proptest configuration with `cases` cases (proptest's default when `None`, which
+/// `PROPTEST_CASES` sets), or one under Miri.
+pub fn proptest_config(cases: Option<u32>) -> proptest::test_runner::Config {
+    let default = proptest::test_runner::Config::default();
+    let cases = or_under_miri(cases.unwrap_or(default.cases), 1);
+    proptest::test_runner::Config { cases, ..default }
+}
+
 /// Test-only data generator: SplitMix64, plus uniform and Box-Muller normal draws.
 pub struct Rng(pub u64);
 

@@ -5,9 +5,8 @@
 //!
 //! The hot kernels compute many such sums at once against a *transposed* matrix (`[D, n]`, one
 //! column per vector): the sums run in dim order along each column and are independent across
-//! columns, so they vectorize across columns without changing any sum's order. On x86-64 with
-//! `std`, CPUs with AVX2 run the same code compiled for AVX2 ([`x86`]).
-
+//! columns, so they vectorize across columns without changing any sum's order. With the `simd`
+//! feature on x86-64, CPUs with AVX2 run the same code compiled for AVX2 (`crate::arch`).
 /// `sum_d (a_d - b_d)^2` in dim order. Slices must have equal length (checked by callers).
 #[inline]
 pub(crate) fn sq_l2(a: &[f32], b: &[f32]) -> f32 {
@@ -114,8 +113,15 @@ pub(crate) enum Op {
 #[inline]
 pub(crate) fn columns(op: Op, x: &[f32], cols: &[f32], out: &mut [f32]) {
     debug_assert_eq!(cols.len(), x.len() * out.len());
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
-    if x86::columns(op, x, cols, out) {
+    // The AVX2 build of the same code: Rust neither reassociates nor contracts `f32`
+    // operations, so it computes the portable results bit for bit (`kernels_are_bit_exact`).
+    #[cfg(all(feature = "simd", target_arch = "x86_64"))]
+    if crate::arch::with_avx2(
+        #[inline(always)]
+        || columns_portable(op, x, cols, out),
+    )
+    .is_some()
+    {
         return;
     }
     columns_portable(op, x, cols, out)
@@ -172,40 +178,6 @@ fn block<const B: usize>(
     out[c0..c0 + B].copy_from_slice(&acc);
 }
 
-/// Runtime dispatch to an AVX2 build of the portable kernel above.
-///
-/// The kernel is written once, in safe portable Rust, and marked `#[inline(always)]`; the
-/// function here only compiles that same code with AVX2 enabled. Rust never reassociates or
-/// contracts floating-point operations (and FMA is not enabled), so the AVX2 build computes
-/// exactly what the portable build computes, bit for bit; a test compares both. Measured on the
-/// k-means of 2048 real keys (`cargo bench -p kvc-benches --bench pq`), it is what brings
-/// training under the 20 ms target.
-#[cfg(all(feature = "std", target_arch = "x86_64"))]
-#[allow(unsafe_code)]
-pub(crate) mod x86 {
-    use super::Op;
-
-    #[target_feature(enable = "avx2")]
-    fn columns_avx2(op: Op, x: &[f32], cols: &[f32], out: &mut [f32]) {
-        super::columns_portable(op, x, cols, out)
-    }
-
-    /// Runs the AVX2 build of [`super::columns`] and returns `true` if the CPU has AVX2, else
-    /// returns `false` and does nothing. (An AVX-512 build measured no faster: this CPU splits
-    /// 512-bit operations in two.)
-    #[inline]
-    pub(crate) fn columns(op: Op, x: &[f32], cols: &[f32], out: &mut [f32]) -> bool {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the only precondition of a `#[target_feature(enable = "avx2")]` function
-            // is that the CPU supports AVX2, which was just checked.
-            unsafe { columns_avx2(op, x, cols, out) };
-            true
-        } else {
-            false
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,8 +197,10 @@ mod tests {
     #[test]
     fn argmin_from_equals_the_loop() {
         let mut next = xorshift(0x0123_4567_89ab_cdef);
+        // Fewer draws under Miri, which interprets every step.
+        let draws = if cfg!(miri) { 20 } else { 300 };
         for len in [1usize, 5, 8, 9, 64, 67] {
-            for _ in 0..300 {
+            for _ in 0..draws {
                 let v: alloc::vec::Vec<f32> = (0..len)
                     .map(|_| match next() % 12 {
                         0 => f32::NAN,
@@ -254,8 +228,14 @@ mod tests {
     fn kernels_are_bit_exact() {
         let mut bits = xorshift(0x1234_5678_9abc_def0);
         let mut next = || ((bits() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0;
-        for d in [1usize, 3, 8, 13, 32, 64, 67] {
-            for n in [1usize, 3, 8, 13, 64, 75, 200] {
+        // A subset of the shapes under Miri, which interprets every step.
+        let (dims, cols): (&[usize], &[usize]) = if cfg!(miri) {
+            (&[1, 3, 13], &[1, 8, 13, 75])
+        } else {
+            (&[1, 3, 8, 13, 32, 64, 67], &[1, 3, 8, 13, 64, 75, 200])
+        };
+        for &d in dims {
+            for &n in cols {
                 let x: alloc::vec::Vec<f32> = (0..d).map(|_| next()).collect();
                 let rows: alloc::vec::Vec<f32> = (0..d * n).map(|_| next()).collect();
                 let cols = transpose(&rows, d);
