@@ -2,6 +2,10 @@
 //! [`PqError`] instead of panicking.
 use core::fmt;
 
+/// [`crate::kmeans::MAX_K`] (checked equal there), for the messages: this bottom module imports
+/// no other.
+pub(crate) const MAX_CLUSTERS: usize = 1 << 16;
+
 /// Bad parameters or inputs to a pq-core function.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -104,7 +108,7 @@ impl fmt::Display for PqError {
             Self::Empty => write!(f, "no data points"),
             Self::NonFinite { index } => write!(f, "value at index {index} is NaN or infinite"),
             Self::ClustersOutOfRange { k } => {
-                write!(f, "{k} clusters, expected 1..={}", crate::kmeans::MAX_K)
+                write!(f, "{k} clusters, expected 1..={MAX_CLUSTERS}")
             }
             Self::CodeOutOfRange { index, code, max } => {
                 write!(f, "code {code} at index {index} exceeds the maximum {max}")

@@ -37,6 +37,8 @@ use crate::sums::{argmin_from, columns, sq_l2, sq_l2_x8, transpose, Op};
 
 /// The largest number of clusters: codes are `u16`.
 pub const MAX_K: usize = 1 << 16;
+// The error messages quote the same bound without importing this module.
+const _: () = assert!(MAX_K == crate::error::MAX_CLUSTERS);
 
 /// Parameters of one k-means run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
