@@ -171,16 +171,8 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
     }
     let mut levels = Vec::with_capacity(params.level_mult.len());
     for &mult in &params.level_mult {
-        levels.push(learn_tables(
-            samples,
-            &exps,
-            &all_params,
-            mult,
-            layers,
-            c,
-            d,
-            params,
-        ));
+        let stats = level_stats(samples, &exps, &all_params, mult, layers, c, d, params);
+        levels.push(learn_tables(stats));
     }
     Ok(Profile::from_parts(
         shape.layers,
@@ -961,20 +953,11 @@ fn level_stats(
 /// Tables are indexed by *spread*: the RMS of a channel's residual in units of its step, in
 /// quarter octaves (`round(4 log2 rms)`). A channel coded at step exponent `e` has a spread `2e`
 /// quarter octaves lower, so the table of bucket `b` links down to bucket `b - 2`. Each table's
-/// frequencies pool the symbols that are actually coded with it.
-#[allow(clippy::too_many_arguments)]
-fn learn_tables(
-    samples: &[Sample<'_>],
-    exps: &[Vec<Vec<u8>>],
-    all: &[ChannelParams],
-    mult: f32,
-    layers: usize,
-    c: usize,
-    d: usize,
-    params: &LearnParams,
-) -> LevelTables {
+/// frequencies pool the symbols that are actually coded with it. `stats` is the level's
+/// [`level_stats`].
+fn learn_tables(stats: LevelStats) -> LevelTables {
     const HR: usize = MAX_RADIUS as usize;
-    let LevelStats { ss, cnt, coded } = level_stats(samples, exps, all, mult, layers, c, d, params);
+    let LevelStats { ss, cnt, coded } = stats;
     let bucket0: Vec<i32> = ss
         .iter()
         .zip(&cnt)
