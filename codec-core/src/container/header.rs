@@ -230,7 +230,11 @@ fn check_preamble(bytes: &[u8]) -> Result<(&[u8], u16), HeaderError> {
             needed: u64::from(header_len),
             available: bytes.len() as u64,
         })?;
-    let (body, stored) = split_crc(header).expect("header_len >= 106");
+    // `header_len >= 106`, so the split always succeeds; mapped rather than unwrapped.
+    let (body, stored) = split_crc(header).ok_or(HeaderError::HeaderLen {
+        got: header_len,
+        min: MIN as u32,
+    })?;
     let computed = crc32c(body);
     if stored != computed {
         return Err(HeaderError::Crc { stored, computed });
