@@ -11,48 +11,35 @@ use crate::kv::{KvView, TensorRef};
 use crate::profile::{LevelTables, SymbolTable};
 use crate::quant::{quantize_block, BlockConsts, Exps};
 use crate::rans::{encode_lanes_into, FreqTable, LANES};
-use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
-impl ChunkContext<'_> {
+impl<'p> ChunkContext<'p> {
     /// Encodes tokens `tokens` of `view` at `level` into a chunk (blocks and CRC), the unit a
     /// streamer sends. `view` must have this context's shape except for its token count.
+    ///
+    /// To encode many chunks, [`ChunkEncoder::append_chunk`] reuses one set of buffers.
     pub fn encode_chunk(
         &self,
         view: &KvView<'_>,
         tokens: Range<u32>,
         level: u8,
     ) -> Result<Vec<u8>, EncodeError> {
-        let levels = self.profile().levels();
-        if level >= levels {
-            return Err(EncodeError::UnknownLevel { level, levels });
-        }
-        if tokens.start >= tokens.end || tokens.end > view.shape.tokens {
-            let got = u64::from(tokens.end);
-            return Err(EncodeError::InvalidParam {
-                what: "chunk token range",
-                got,
-            });
-        }
-        let mut enc = BlockEncoder::new(self, tokens, level);
         let mut out = Vec::new();
-        for layer in 0..self.shape().layers {
-            enc.layer(view, layer, &mut out);
-        }
-        let crc = crc32c(&out);
-        out.put_u32(crc);
+        ChunkEncoder::new(self).append_chunk(view, tokens, level, &mut out)?;
         Ok(out)
     }
 }
 
-/// The state of one chunk's encoding; buffers are reused from block to block.
-struct BlockEncoder<'c, 'p> {
+/// A chunk encoder over one [`ChunkContext`]; its buffers are reused from block to block and
+/// from chunk to chunk.
+#[derive(Debug)]
+pub struct ChunkEncoder<'c, 'p> {
     ctx: &'c ChunkContext<'p>,
     level: u8,
     level_tables: &'p LevelTables,
     mult: f32,
-    /// First token of the chunk, and its leading sink rows.
+    /// First token of the current chunk, and its leading sink rows.
     start: usize,
     sink: usize,
     /// One block's values and their reconstruction, `rows * C`.
@@ -71,22 +58,21 @@ struct BlockEncoder<'c, 'p> {
     lanes: [Vec<u32>; LANES],
 }
 
-impl<'c, 'p> BlockEncoder<'c, 'p> {
-    fn new(ctx: &'c ChunkContext<'p>, tokens: Range<u32>, level: u8) -> Self {
-        let c = ctx.shape().channels();
-        let rows = (tokens.end - tokens.start) as usize;
+impl<'c, 'p> ChunkEncoder<'c, 'p> {
+    /// An encoder for chunks of `ctx`'s stream.
+    pub fn new(ctx: &'c ChunkContext<'p>) -> Self {
         let profile = ctx.profile();
-        BlockEncoder {
+        ChunkEncoder {
             ctx,
-            level,
-            level_tables: profile.level_tables(level),
-            mult: profile.level_multipliers()[level as usize],
-            start: tokens.start as usize,
-            sink: ctx.sink_rows(tokens.start, rows as u32),
-            x: vec![0f32; rows * c],
-            recon: vec![0f32; rows * c],
-            symbols: Vec::with_capacity(rows * c),
-            indices: Vec::with_capacity(rows * c),
+            level: 0,
+            level_tables: profile.level_tables(0),
+            mult: profile.level_multipliers()[0],
+            start: 0,
+            sink: 0,
+            x: Vec::new(),
+            recon: Vec::new(),
+            symbols: Vec::new(),
+            indices: Vec::new(),
             escapes: Vec::new(),
             exps: Vec::new(),
             consts: BlockConsts::default(),
@@ -94,6 +80,45 @@ impl<'c, 'p> BlockEncoder<'c, 'p> {
             tids: Vec::new(),
             lanes: core::array::from_fn(|_| Vec::new()),
         }
+    }
+
+    /// Appends the chunk of tokens `tokens` of `view` at `level` (blocks and CRC) to `out`: the
+    /// bytes [`ChunkContext::encode_chunk`] returns.
+    pub fn append_chunk(
+        &mut self,
+        view: &KvView<'_>,
+        tokens: Range<u32>,
+        level: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
+        let profile = self.ctx.profile();
+        let levels = profile.levels();
+        if level >= levels {
+            return Err(EncodeError::UnknownLevel { level, levels });
+        }
+        if tokens.start >= tokens.end || tokens.end > view.shape.tokens {
+            let got = u64::from(tokens.end);
+            return Err(EncodeError::InvalidParam {
+                what: "chunk token range",
+                got,
+            });
+        }
+        let rows = tokens.end - tokens.start;
+        self.level = level;
+        self.level_tables = profile.level_tables(level);
+        self.mult = profile.level_multipliers()[level as usize];
+        self.start = tokens.start as usize;
+        self.sink = self.ctx.sink_rows(tokens.start, rows);
+        let n = rows as usize * self.channels();
+        self.x.resize(n, 0.0);
+        self.recon.resize(n, 0.0);
+        let first = out.len();
+        for layer in 0..self.ctx.shape().layers {
+            self.layer(view, layer, out);
+        }
+        let crc = crc32c(&out[first..]);
+        out.put_u32(crc);
+        Ok(())
     }
 
     /// Appends the K and V blocks of `layer`.
@@ -200,11 +225,12 @@ impl<'c, 'p> BlockEncoder<'c, 'p> {
             &mut self.escapes,
         );
         let n_e = self.exps.len();
-        let (tids, level_tables) = (&self.tids, self.level_tables);
+        // Slices, not the Vecs: their bounds then stay in registers through the coding loop.
+        let (tids, tables): (&[u8], &[SymbolTable]) = (&self.tids, &self.level_tables.tables);
         let table_of = |i: usize| -> &FreqTable {
             match exp_table {
                 Some(et) if i < n_e => et,
-                _ => &level_tables.tables[tids[i - n_e] as usize].freqs,
+                _ => &tables[tids[i - n_e] as usize].freqs,
             }
         };
         encode_lanes_into(&self.indices, table_of, &mut self.lanes);
@@ -258,13 +284,14 @@ fn map_symbols(
     indices.clear();
     indices.extend_from_slice(exps);
     escapes.clear();
-    for (&s, &t) in symbols.iter().zip(tids) {
+    // One `extend` of an exact-length iterator: a single reservation, no per-symbol length check.
+    indices.extend(symbols.iter().zip(tids).map(|(&s, &t)| {
         let table = &tables[t as usize];
         if s.unsigned_abs() <= u32::from(table.radius) {
-            indices.push((s + i32::from(table.radius)) as u8);
+            (s + i32::from(table.radius)) as u8
         } else {
-            indices.push(table.escape());
             escapes.push(s);
+            table.escape()
         }
-    }
+    }));
 }

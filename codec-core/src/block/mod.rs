@@ -19,4 +19,5 @@ mod tables;
 
 pub use context::ChunkContext;
 pub(crate) use decode::{ChunkAt, RowSink};
+pub use encode::ChunkEncoder;
 pub use error::BlockError;

@@ -106,20 +106,22 @@ pub fn max_encoded_len(
     let full = tokens / chunk_tokens;
     let rem = tokens % chunk_tokens;
     let n_chunks = full + u64::from(rem > 0);
-    // Per-chunk sizes, in u128 so that no shape overflows before saturating.
+    // In u128, a block of any shape fits (rows < 2^32, C + H < 2^64: under 2^100); a chunk's
+    // 2L blocks and the sum over chunks may not, so those saturate.
     let chunk = |rows: u64| -> u128 {
         let rows = u128::from(rows);
-        let words = block_words_wide(rows * u128::from(c + h));
+        let words = block_words_wide(rows * (u128::from(c) + u128::from(h)));
         let block = u128::from(BLOCK_FIXED_MAX) + 4 * rows * u128::from(c) + 4 * words;
-        4 + 2 * u128::from(l) * block
+        (2 * u128::from(l)).saturating_mul(block).saturating_add(4)
     };
     let header = u128::from(HEADER_FIXED_LEN as u64)
         + model_id_len as u128
         + u128::from(INDEX_ENTRY_LEN as u64) * u128::from(n_chunks)
         + 4;
-    let mut total = header + u128::from(profile_len) + u128::from(full) * chunk(chunk_tokens);
+    let mut total = header + u128::from(profile_len);
+    total = total.saturating_add(u128::from(full).saturating_mul(chunk(chunk_tokens)));
     if rem > 0 {
-        total += chunk(rem);
+        total = total.saturating_add(chunk(rem));
     }
     u64::try_from(total).unwrap_or(u64::MAX)
 }

@@ -2,7 +2,7 @@
 //! embedded profile and the chunks (§3.1).
 
 use super::header::{ChunkEntry, Header};
-use crate::block::ChunkContext;
+use crate::block::{ChunkContext, ChunkEncoder};
 use crate::consts::{MAX_MODEL_ID_BYTES, STREAM_VERSION};
 use crate::error::EncodeError;
 use crate::kv::KvView;
@@ -123,8 +123,28 @@ pub fn encode(
             .token_importance
             .then(|| meta.first_position.saturating_add(u64::from(tokens))),
     );
-    let mut chunks = Vec::with_capacity(n_chunks as usize);
-    let mut entries = Vec::with_capacity(n_chunks as usize);
+    // The stream is written in place: the header with every chunk length 0 (its size does not
+    // depend on them), the profile, the chunks; then the header again with their lengths.
+    let mut header = Header {
+        version: STREAM_VERSION,
+        shape: view.shape,
+        dtype: ctx.dtype(),
+        meta: view.meta.clone(),
+        chunk_tokens: params.chunk_tokens,
+        group: params.group as u16,
+        n_sink: params.n_sink,
+        profile_hash: [0; 32],
+        profile_len: 0,
+        chunks: Vec::with_capacity(n_chunks as usize),
+    };
+    // A self-contained stream embeds the profile without its importance hints: decoding never
+    // reads them (FORMAT.md §4.3), and they cost ~4 bytes per (layer, channel).
+    let embedded = match profile {
+        ProfileMode::Embedded(p) => Some(p.without_importance()),
+        ProfileMode::Referenced(_) => None,
+    };
+    header.profile_hash = embedded.as_ref().unwrap_or(p).hash();
+    header.profile_len = embedded.as_ref().map_or(0, |e| e.as_bytes().len() as u64);
     for i in 0..n_chunks {
         let start = i * params.chunk_tokens;
         let end = (start + params.chunk_tokens).min(tokens);
@@ -133,40 +153,32 @@ pub fn encode(
         } else {
             params.levels[i as usize]
         };
-        let bytes = ctx.encode_chunk(view, start..end, level)?;
-        entries.push(ChunkEntry {
+        header.chunks.push(ChunkEntry {
             offset: 0,
-            len_bytes: bytes.len() as u32,
+            len_bytes: 0,
             token_start: start,
             tokens: end - start,
             level,
         });
-        chunks.push(bytes);
     }
-    // A self-contained stream embeds the profile without its importance hints: decoding never
-    // reads them (FORMAT.md §4.3), and they cost ~4 bytes per (layer, channel).
-    let embedded = match profile {
-        ProfileMode::Embedded(p) => Some(p.without_importance()),
-        ProfileMode::Referenced(_) => None,
-    };
-    let header = Header {
-        version: STREAM_VERSION,
-        shape: view.shape,
-        dtype: ctx.dtype(),
-        meta: view.meta.clone(),
-        chunk_tokens: params.chunk_tokens,
-        group: params.group as u16,
-        n_sink: params.n_sink,
-        profile_hash: embedded.as_ref().unwrap_or(p).hash(),
-        profile_len: embedded.as_ref().map_or(0, |e| e.as_bytes().len() as u64),
-        chunks: entries,
-    };
     let mut out = header.to_bytes();
+    let header_len = out.len();
     if let Some(e) = &embedded {
         out.extend_from_slice(e.as_bytes());
     }
-    for c in chunks {
-        out.extend_from_slice(&c);
+    let mut encoder = ChunkEncoder::new(&ctx);
+    for entry in &mut header.chunks {
+        let first = out.len();
+        let tokens = entry.token_start..entry.token_start + entry.tokens;
+        encoder.append_chunk(view, tokens, entry.level, &mut out)?;
+        let len = out.len() - first;
+        entry.len_bytes = u32::try_from(len).map_err(|_| EncodeError::InvalidParam {
+            what: "chunk size in bytes (over 4 GiB: use fewer chunk tokens)",
+            got: len as u64,
+        })?;
     }
+    let bytes = header.to_bytes();
+    debug_assert_eq!(bytes.len(), header_len);
+    out[..header_len].copy_from_slice(&bytes);
     Ok(out)
 }
