@@ -1,0 +1,139 @@
+//! The runner against an fp32 reference and against itself (cache paths). Runs when
+//! `tools/fetch-model` has fetched the model; CI sets `KVC_REQUIRE_MODEL=1` so that none skip.
+
+use codec_core::{KvCache, RopeStyle, Tensor as KvTensor};
+use kvc_llm::{Model, PrefillOptions};
+use std::path::Path;
+use std::sync::OnceLock;
+
+fn model() -> Option<&'static Model> {
+    static MODEL: OnceLock<Option<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            kvc_llm::test_model(&root).map(|p| Model::load(&p).unwrap())
+        })
+        .as_ref()
+}
+
+fn gpl3_tokens(m: &Model, n: usize) -> Vec<u32> {
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
+    let t = m.tokenizer().encode(&text).unwrap();
+    assert!(t.len() >= n);
+    t[..n].to_vec()
+}
+
+/// `max |a - b| / max |b|`.
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    d / b.iter().map(|y| y.abs()).fold(0f32, f32::max)
+}
+
+#[test]
+fn gpl3_next_token_top5_matches_fp32_reference() {
+    let Some(m) = model() else { return };
+    let p = m.prefill(&gpl3_tokens(m, 64)).unwrap();
+    let mut idx: Vec<usize> = (0..p.logits.len()).collect();
+    idx.sort_by(|&a, &b| p.logits[b].total_cmp(&p.logits[a]));
+    let want = [
+        (260, 27.02),
+        (355, 24.23),
+        (357, 19.19),
+        (1195, 18.69),
+        (451, 17.46),
+    ];
+    for (&i, (id, logit)) in idx.iter().zip(want) {
+        assert_eq!(i, id);
+        // The reference's figures are given to 2 decimals.
+        assert!((p.logits[i] - logit).abs() < 0.006, "{i}: {}", p.logits[i]);
+    }
+}
+
+#[test]
+fn prefill_then_continuation_equals_one_forward() {
+    let Some(m) = model() else { return };
+    // 300 + 40: the prefill crosses a step boundary, the continuation starts mid-step.
+    let t = gpl3_tokens(m, 340);
+    let full = m.forward(&t).unwrap();
+    let vocab = m.config().vocab;
+    let pre = m.prefill(&t[..300]).unwrap();
+    assert!(rel(&pre.logits, &full[299 * vocab..300 * vocab]) < 1e-4);
+    let cont = m.forward_with_cache(&pre.cache, &t[300..]).unwrap();
+    let r = rel(&cont, &full[300 * vocab..]);
+    assert!(r < 1e-4, "relative difference {r}");
+}
+
+#[test]
+fn shifted_or_twice_rotated_cache_changes_the_result() {
+    let Some(m) = model() else { return };
+    let t = gpl3_tokens(m, 200);
+    let pre = m.prefill(&t[..160]).unwrap();
+    let good = m.forward_with_cache(&pre.cache, &t[160..]).unwrap();
+    let mut shifted = pre.cache.clone();
+    shifted.meta.first_position = 1;
+    let s = m.forward_with_cache(&shifted, &t[160..]).unwrap();
+    assert!(rel(&s, &good) > 1e-3, "a one-token shift went unnoticed");
+    let mut twice = pre.cache.clone();
+    twice.meta.rope.k_pre_rope = true;
+    let r2 = m.forward_with_cache(&twice, &t[160..]).unwrap();
+    assert!(rel(&r2, &good) > 1e-3, "a second rotation went unnoticed");
+}
+
+#[test]
+fn pre_rope_and_neox_caches_continue_alike() {
+    let Some(m) = model() else { return };
+    let t = gpl3_tokens(m, 120);
+    let opt = PrefillOptions {
+        queries: 8,
+        pre_rope_k: true,
+    };
+    let pre = m.prefill_with(&t[..100], opt).unwrap();
+    assert!(pre.cache.meta.rope.k_pre_rope);
+    let c = m.config();
+    assert_eq!(pre.queries.len(), c.layers);
+    assert!(pre.queries.iter().all(|q| q.len() == 8 * c.heads * c.head_dim));
+    let post = m.prefill(&t[..100]).unwrap();
+    assert!(rel(&pre.logits, &post.logits) < 1e-6);
+    let a = m.forward_with_cache(&pre.cache, &t[100..]).unwrap();
+    let b = m.forward_with_cache(&post.cache, &t[100..]).unwrap();
+    assert!(rel(&a, &b) < 1e-5);
+    let neox = to_neox(&post.cache, c.head_dim);
+    let n = m.forward_with_cache(&neox, &t[100..]).unwrap();
+    assert!(rel(&n, &b) < 1e-6);
+}
+
+/// The cache with each head's K channels in NeoX order (the inverse of the runner's import).
+fn to_neox(cache: &KvCache, d: usize) -> KvCache {
+    let mut out = cache.clone();
+    out.meta.rope.style = RopeStyle::NeoX;
+    for k in &mut out.k {
+        let mut v = k.to_f32_vec();
+        for head in v.chunks_exact_mut(d) {
+            let g = head.to_vec();
+            for j in 0..d / 2 {
+                head[j] = g[2 * j];
+                head[j + d / 2] = g[2 * j + 1];
+            }
+        }
+        *k = KvTensor::F32(v);
+    }
+    out
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let Some(m) = model() else { return };
+    assert!(m.prefill(&[]).is_err());
+    assert!(m.prefill(&[m.config().vocab as u32]).is_err());
+    let pre = m.prefill(&[1, 2, 3]).unwrap();
+    let mut wrong = pre.cache.clone();
+    wrong.meta.rope.theta = 10_000.0;
+    let e = m.forward_with_cache(&wrong, &[4]).unwrap_err();
+    assert!(e.to_string().contains("rotary"), "{e}");
+    let mut far = pre.cache.clone();
+    far.meta.first_position = m.config().context as u64;
+    assert!(m.forward_with_cache(&far, &[4]).is_err());
+    let missing = Model::load(Path::new("/nonexistent/model.gguf")).unwrap_err();
+    assert!(missing.to_string().contains("tools/fetch-model"), "{missing}");
+}
