@@ -5,6 +5,7 @@
 //! live in `kvc-io`.
 
 mod eval;
+mod judge;
 mod pq;
 mod progress;
 
@@ -94,6 +95,51 @@ enum Cmd {
     Pq {
         #[command(subcommand)]
         cmd: PqCmd,
+    },
+    /// Prefill a text with a GGUF model and write its KV cache (and last queries) as a dump.
+    Dump {
+        /// The model (tools/fetch-model fetches the reference one and prints its path).
+        model: PathBuf,
+        /// A text file.
+        text: PathBuf,
+        /// Output dump (.safetensors): k.{i}, v.{i} f16 [tokens, kv_heads, head_dim], q.{i}.
+        output: PathBuf,
+        /// Tokens of the text to prefill (from its start, no BOS token).
+        #[arg(long)]
+        tokens: usize,
+        /// Post-rotary queries of this many last positions.
+        #[arg(long, default_value_t = 64)]
+        queries: usize,
+        /// Store K before the rotary embedding.
+        #[arg(long)]
+        pre_rope: bool,
+    },
+    /// Judge the codec by the model: perplexity, KL and top-1 agreement of a continuation fed on
+    /// top of each level's decoded cache, next to the minmax baselines.
+    Judge {
+        /// The model (tools/fetch-model fetches the reference one and prints its path).
+        model: PathBuf,
+        /// A text file: its first --ctx tokens are the cache, the next --cont are scored.
+        text: PathBuf,
+        /// Context tokens.
+        #[arg(long, default_value_t = 2048)]
+        ctx: usize,
+        /// Continuation tokens scored on top of the cache.
+        #[arg(long, default_value_t = 256)]
+        cont: usize,
+        /// Profile the streams reference (learned on other text, e.g. `kvc profile` on a `kvc
+        /// dump` of it); without it each stream embeds one learned from the context.
+        #[arg(long)]
+        profile: Option<PathBuf>,
+        /// Levels to judge, comma separated (default: every level of the profile).
+        #[arg(long, value_delimiter = ',')]
+        levels: Option<Vec<u8>>,
+        /// Leave out the minmax int8/int4/int3 baselines.
+        #[arg(long)]
+        no_baselines: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// `eval` on the built-in 512-token sample.
     Demo {
@@ -290,6 +336,35 @@ fn main() -> ExitCode {
             json,
         } => eval::cmd_eval(&input, profile.as_deref(), json),
         Cmd::Pq { cmd } => cmd_pq(cmd),
+        Cmd::Dump {
+            model,
+            text,
+            output,
+            tokens,
+            queries,
+            pre_rope,
+        } => judge::cmd_dump(&model, &text, &output, tokens, queries, pre_rope),
+        Cmd::Judge {
+            model,
+            text,
+            ctx,
+            cont,
+            profile,
+            levels,
+            no_baselines,
+            json,
+        } => judge::cmd_judge(judge::JudgeArgs {
+            model: &model,
+            text: &text,
+            params: kvc_io::judge::JudgeParams {
+                ctx,
+                cont,
+                levels,
+                baselines: !no_baselines,
+            },
+            profile: profile.as_deref(),
+            json,
+        }),
         Cmd::Demo { json } => eval::cmd_eval(&kvc_io::fixtures::sample(), None, json),
     };
     match r {

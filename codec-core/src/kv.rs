@@ -261,6 +261,12 @@ impl Tensor {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// A tensor of `dtype` holding `values` rounded to it (to nearest, ties to even).
+    pub fn from_f32(dtype: Dtype, values: &[f32]) -> Self {
+        let mut t = Tensor::zeros(dtype, values.len());
+        t.as_mut().write_f32(0, values);
+        t
+    }
     /// All elements widened to f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let r = self.as_ref();

@@ -699,21 +699,64 @@ pub fn write_dump(
     kv: &KvCache,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), DumpError> {
+    write_tensors(path, kv, None, metadata)
+}
+
+/// Writes a whole dump: its cache as [`write_dump`] does, and its queries `q.{i}` `[n_q,
+/// q_heads, head_dim]` in the cache's dtype with `q_heads` and `q_start` in the metadata, so
+/// that [`load_dump`] reads it back.
+pub fn write_full_dump(path: &Path, dump: &Dump) -> Result<(), DumpError> {
+    let q = dump.q.as_ref().map(|q| (q.as_slice(), dump.q_heads));
+    let mut md = dump.metadata.clone();
+    if q.is_some() {
+        md.insert("q_heads".into(), dump.q_heads.to_string());
+        md.insert("q_start".into(), dump.q_start.to_string());
+    }
+    write_tensors(path, &dump.kv, q, &md)
+}
+
+/// Queries per layer (f32, `[n_q, q_heads, head_dim]` row-major) and the query heads.
+type QueriesOut<'a> = (&'a [Vec<f32>], usize);
+
+fn write_tensors(
+    path: &Path,
+    kv: &KvCache,
+    queries: Option<QueriesOut<'_>>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), DumpError> {
     check_cache(kv)?;
     let s = kv.shape;
-    let shape = vec![s.tokens as usize, s.kv_heads as usize, s.head_dim as usize];
-    let dtype = st_dtype(kv.dtype());
-    let mut data: Vec<(String, Vec<u8>)> = Vec::with_capacity(2 * s.layers as usize);
+    let (d, dtype) = (s.head_dim as usize, kv.dtype());
+    let shape = vec![s.tokens as usize, s.kv_heads as usize, d];
+    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(3 * s.layers as usize);
     for i in 0..s.layers as usize {
-        data.push((format!("k.{i}"), tensor_to_le(&kv.k[i])));
-        data.push((format!("v.{i}"), tensor_to_le(&kv.v[i])));
+        data.push((format!("k.{i}"), shape.clone(), tensor_to_le(&kv.k[i])));
+        data.push((format!("v.{i}"), shape.clone(), tensor_to_le(&kv.v[i])));
+    }
+    if let Some((q, q_heads)) = queries {
+        if q.len() != s.layers as usize || q_heads == 0 {
+            return Err(DumpError::InvalidCache {
+                reason: format!("{} query layers of {q_heads} heads", q.len()),
+            });
+        }
+        for (i, ql) in q.iter().enumerate() {
+            let n_q = ql.len() / (q_heads * d);
+            if n_q * q_heads * d != ql.len() {
+                return Err(DumpError::InvalidCache {
+                    reason: format!("layer {i}: {} query values", ql.len()),
+                });
+            }
+            let t = Tensor::from_f32(dtype, ql);
+            data.push((format!("q.{i}"), vec![n_q, q_heads, d], tensor_to_le(&t)));
+        }
     }
     let mut views = Vec::with_capacity(data.len());
-    for (name, bytes) in &data {
-        let view =
-            TensorView::new(dtype, shape.clone(), bytes).map_err(|e| DumpError::Serialize {
+    for (name, shape, bytes) in &data {
+        let view = TensorView::new(st_dtype(dtype), shape.clone(), bytes).map_err(|e| {
+            DumpError::Serialize {
                 reason: e.to_string(),
-            })?;
+            }
+        })?;
         views.push((name.as_str(), view));
     }
     let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();

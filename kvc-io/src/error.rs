@@ -56,6 +56,15 @@ pub enum Error {
         /// The dump's tokens.
         tokens: usize,
     },
+    /// The model could not be loaded or run.
+    Model(llm::LlmError),
+    /// A text has fewer tokens than asked for.
+    TextTooShort {
+        /// Tokens the text has.
+        have: usize,
+        /// Tokens asked for.
+        need: usize,
+    },
     /// pq-core refused its input.
     Pq {
         /// Where, e.g. `layer 3 head 1` (empty if nowhere in particular).
@@ -85,6 +94,11 @@ impl fmt::Display for Error {
                 f,
                 "{slots} slots per query head: must be within 1..={tokens} (the dump's tokens)"
             ),
+            Error::Model(e) => e.fmt(f),
+            Error::TextTooShort { have, need } => write!(
+                f,
+                "the text has {have} tokens; {need} are needed (use a longer text or fewer tokens)"
+            ),
             Error::Pq { at, source } if at.is_empty() => source.fmt(f),
             Error::Pq { at, source } => write!(f, "{at}: {source}"),
         }
@@ -97,6 +111,7 @@ impl std::error::Error for Error {
         // from their own source.
         match self {
             Error::Dump(e) => e.source(),
+            Error::Model(e) => e.source(),
             Error::Encode(e) => e.source(),
             Error::Decode(e) => e.source(),
             Error::Read { source, .. } => Some(source),
@@ -110,6 +125,12 @@ impl std::error::Error for Error {
 impl From<DumpError> for Error {
     fn from(e: DumpError) -> Self {
         Error::Dump(e)
+    }
+}
+
+impl From<llm::LlmError> for Error {
+    fn from(e: llm::LlmError) -> Self {
+        Error::Model(e)
     }
 }
 

@@ -10,6 +10,8 @@
 //!   profile on a dump, as `kvc eval` reports it.
 //! - [`pq`]: PQCache-style token selection measured on a dump's queries (`kvc pq eval`) and the
 //!   selected indices (`kvc pq select`).
+//! - [`judge`]: the model as the judge: dumps made by the reference runner (`kvc dump`) and
+//!   perplexity, KL and top-1 agreement after a round trip through each level (`kvc judge`).
 //! - [`policy`]: how a stream gets its profile (referenced, or self-contained with only the
 //!   levels it uses), profile files and learning.
 //!
@@ -36,11 +38,14 @@ pub mod dump;
 mod error;
 pub mod eval;
 pub mod fixtures;
+pub mod judge;
 pub mod metrics;
 pub mod policy;
 pub mod pq;
 mod progress;
 
-pub use dump::{load_dump, parse_dump, write_dump, write_file_atomic, Dump, DumpError};
+pub use dump::{
+    load_dump, parse_dump, write_dump, write_file_atomic, write_full_dump, Dump, DumpError,
+};
 pub use error::Error;
 pub use progress::{Progress, Silent};

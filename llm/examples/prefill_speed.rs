@@ -24,12 +24,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let best = (0..3)
             .map(|_| {
                 let t0 = Instant::now();
-                model.prefill(&tokens[..n]).map(|_| t0.elapsed().as_secs_f64())
+                model
+                    .prefill(&tokens[..n])
+                    .map(|_| t0.elapsed().as_secs_f64())
             })
             .collect::<Result<Vec<_>, _>>()?
             .into_iter()
             .fold(f64::INFINITY, f64::min);
-        println!("prefill {n:>5} tokens: {best:>6.2} s, {:>6.0} tokens/s", n as f64 / best);
+        println!(
+            "prefill {n:>5} tokens: {best:>6.2} s, {:>6.0} tokens/s",
+            n as f64 / best
+        );
     }
     Ok(())
 }

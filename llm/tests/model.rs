@@ -26,7 +26,11 @@ fn gpl3_tokens(m: &Model, n: usize) -> Vec<u32> {
 /// `max |a - b| / max |b|`.
 fn rel(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     d / b.iter().map(|y| y.abs()).fold(0f32, f32::max)
 }
 
@@ -92,7 +96,10 @@ fn pre_rope_and_neox_caches_continue_alike() {
     assert!(pre.cache.meta.rope.k_pre_rope);
     let c = m.config();
     assert_eq!(pre.queries.len(), c.layers);
-    assert!(pre.queries.iter().all(|q| q.len() == 8 * c.heads * c.head_dim));
+    assert!(pre
+        .queries
+        .iter()
+        .all(|q| q.len() == 8 * c.heads * c.head_dim));
     let post = m.prefill(&t[..100]).unwrap();
     assert!(rel(&pre.logits, &post.logits) < 1e-6);
     let a = m.forward_with_cache(&pre.cache, &t[100..]).unwrap();
@@ -135,5 +142,8 @@ fn bad_inputs_are_errors() {
     far.meta.first_position = m.config().context as u64;
     assert!(m.forward_with_cache(&far, &[4]).is_err());
     let missing = Model::load(Path::new("/nonexistent/model.gguf")).unwrap_err();
-    assert!(missing.to_string().contains("tools/fetch-model"), "{missing}");
+    assert!(
+        missing.to_string().contains("tools/fetch-model"),
+        "{missing}"
+    );
 }

@@ -1,0 +1,125 @@
+//! `kvc dump` and `kvc judge`: the reference model making dumps and judging the codec.
+
+use std::path::Path;
+
+use kvc_io::judge::{self, JudgeParams, JudgeProfile, JudgeRow};
+use kvc_io::policy;
+use llm::Model;
+
+use crate::progress::Bars;
+use crate::Result;
+
+fn load_model(path: &Path) -> Result<Model> {
+    Model::load(path).map_err(|e| e.to_string())
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Prefills the first `tokens` tokens of `text` and writes the dump to `out`.
+pub fn cmd_dump(
+    model: &Path,
+    text: &Path,
+    out: &Path,
+    tokens: usize,
+    queries: usize,
+    pre_rope: bool,
+) -> Result<()> {
+    let m = load_model(model)?;
+    let t = read_text(text)?;
+    let mut bars = Bars::on_stderr();
+    let source = text.display().to_string();
+    let d = judge::dump_text(&m, &t, &source, tokens, queries, pre_rope, &mut bars)
+        .map_err(|e| e.to_string())?;
+    kvc_io::write_full_dump(out, &d).map_err(|e| e.to_string())?;
+    eprintln!(
+        "{}: {} layers x {} tokens x {} channels (f16, GPT-J pairing K{}), {} queries",
+        out.display(),
+        d.kv.shape.layers,
+        d.kv.shape.tokens,
+        d.kv.shape.channels(),
+        if pre_rope { " before rotation" } else { "" },
+        d.n_q()
+    );
+    Ok(())
+}
+
+/// Options of `kvc judge`.
+pub struct JudgeArgs<'a> {
+    pub model: &'a Path,
+    pub text: &'a Path,
+    pub params: JudgeParams,
+    pub profile: Option<&'a Path>,
+    pub json: bool,
+}
+
+pub fn cmd_judge(a: JudgeArgs<'_>) -> Result<()> {
+    let m = load_model(a.model)?;
+    let t = read_text(a.text)?;
+    let loaded = a
+        .profile
+        .map(policy::load_profile)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let how = match &loaded {
+        Some(p) => JudgeProfile::Referenced(p),
+        None => JudgeProfile::SelfLearned,
+    };
+    let mut bars = Bars::on_stderr();
+    let j = judge::judge(&m, &t, &a.params, how, &mut bars).map_err(|e| e.to_string())?;
+    let mode = match a.profile {
+        Some(p) => format!("profile {}", p.display()),
+        None => "self-contained (profile learned from the context)".to_string(),
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "model": m.model_id(),
+            "text": a.text.display().to_string(),
+            "ctx": j.ctx,
+            "cont": j.cont,
+            "mode": mode,
+            "rows": j.rows.iter().map(row_json).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    println!(
+        "{} on {}: {} context tokens, {} scored, {mode}",
+        m.model_id(),
+        a.text.display(),
+        j.ctx,
+        j.cont
+    );
+    println!(
+        "{:<14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>8} {:>8}",
+        "method", "level", "bits/el", "ppl", "KL nats", "top-1", "enc s", "dec s"
+    );
+    for r in &j.rows {
+        let s = |x: Option<f64>| x.map_or_else(|| "-".into(), |v| format!("{v:.2}"));
+        println!(
+            "{:<14} {:>5} {:>8.3} {:>9.4} {:>10.6} {:>7.4} {:>8} {:>8}",
+            r.method,
+            r.level.map_or_else(|| "-".into(), |l| l.to_string()),
+            r.bits_per_elem,
+            r.ppl,
+            r.kl,
+            r.top1,
+            s(r.encode_s),
+            s(r.decode_s)
+        );
+    }
+    println!("(KL(original || decoded) per scored token; top-1: argmax agreement with the original cache)");
+    Ok(())
+}
+
+fn row_json(r: &JudgeRow) -> serde_json::Value {
+    serde_json::json!({
+        "method": r.method, "level": r.level, "bits_per_elem": r.bits_per_elem,
+        "ppl": r.ppl, "kl": r.kl, "top1": r.top1,
+        "encode_s": r.encode_s, "decode_s": r.decode_s,
+    })
+}
