@@ -24,12 +24,13 @@
 //! runner's K is a channel permutation of a NeoX-paired runtime's; the caches it makes say
 //! [`RopeStyle::GptJ`](codec_core::RopeStyle), and it accepts either pairing as input.
 
+mod arch;
 mod cache;
 mod config;
 mod error;
 mod model;
+mod ops;
 mod rope;
-mod softmax;
 mod tokenizer;
 mod weights;
 

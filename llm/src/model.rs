@@ -3,8 +3,8 @@
 
 use crate::config::Config;
 use crate::error::{bad_input, LlmError};
+use crate::ops::{CausalSoftmax, SwiGlu};
 use crate::rope::Rotary;
-use crate::softmax::CausalSoftmax;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Block, Weights};
 use candle_core::quantized::gguf_file::Content;
@@ -243,10 +243,9 @@ impl Model {
 
     /// The SwiGLU MLP: `down(silu(gate h) * up h)`.
     fn mlp(&self, block: &Block, h: &Tensor) -> Result<Tensor, LlmError> {
-        let f = self.config.ffn;
-        let gu = h.matmul(&block.gate_up)?;
-        let act = (candle_nn::ops::silu(&gu.narrow(1, 0, f)?)? * gu.narrow(1, f, f)?)?;
-        Ok(act.matmul(&block.down)?)
+        let gate = h.matmul(&block.gate)?;
+        gate.inplace_op2(&h.matmul(&block.up)?, &SwiGlu)?;
+        Ok(gate.matmul(&block.down)?)
     }
 
     /// Logits `[n, vocab]` of the final-normed hidden states `hidden` (`[n, hidden]`).

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::path::Path;
 
 /// One transformer block's weights. Matrices are stored transposed (`[in, out]`) so that a
-/// projection is `x.matmul(w)`; Q, K and V are one matrix, as are the MLP's gate and up.
+/// projection is `x.matmul(w)`; Q, K and V are one matrix.
 #[derive(Debug)]
 pub(crate) struct Block {
     pub attn_norm: Tensor,
@@ -17,8 +17,9 @@ pub(crate) struct Block {
     /// `[heads * head_dim, hidden]`.
     pub wo: Tensor,
     pub ffn_norm: Tensor,
-    /// `[hidden, 2 ffn]`: gate, then up.
-    pub gate_up: Tensor,
+    /// `[hidden, ffn]` each (two products, so that each is contiguous for the fused SwiGLU).
+    pub gate: Tensor,
+    pub up: Tensor,
     /// `[ffn, hidden]`.
     pub down: Tensor,
 }
@@ -102,7 +103,8 @@ impl Weights {
                 wqkv: r.stacked_t(&qkv, h)?,
                 wo: r.stacked_t(&[(n("attn_output"), h)], c.heads * d)?,
                 ffn_norm: r.get(&n("ffn_norm"), &[h])?,
-                gate_up: r.stacked_t(&[(n("ffn_gate"), c.ffn), (n("ffn_up"), c.ffn)], h)?,
+                gate: r.stacked_t(&[(n("ffn_gate"), c.ffn)], h)?,
+                up: r.stacked_t(&[(n("ffn_up"), c.ffn)], h)?,
                 down: r.stacked_t(&[(n("ffn_down"), h)], c.ffn)?,
             });
         }

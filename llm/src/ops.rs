@@ -1,8 +1,9 @@
-//! Scaled, causally masked softmax of attention scores, in place: one pass per row instead of
-//! candle's separate scale, mask-add and softmax passes over the `[heads, t, tokens]` scores,
-//! and no exponentials for masked entries.
+//! The runner's own element-wise kernels, in place, each one pass where candle would take
+//! several: the scaled, causally masked softmax of the attention scores (no exponentials for
+//! masked entries) and the SwiGLU activation `silu(gate) * up`. Both use [`exp_neg`], a
+//! vectorizing `e^x` for `x <= 0`.
 
-use candle_core::{CpuStorage, InplaceOp1, Layout};
+use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, Layout};
 use rayon::prelude::*;
 
 /// For scores `[rows, past + t]` whose row `r` belongs to step token `r % t`: row entries
@@ -15,7 +16,8 @@ pub(crate) struct CausalSoftmax {
 }
 
 impl CausalSoftmax {
-    fn row(&self, r: usize, row: &mut [f32]) {
+    #[inline(always)]
+    pub(crate) fn row(&self, r: usize, row: &mut [f32]) {
         let (seen, masked) = row.split_at_mut(self.past + r % self.t + 1);
         masked.fill(0.0);
         let max = lanes(seen, f32::NEG_INFINITY, f32::max);
@@ -98,7 +100,66 @@ impl InplaceOp1 for CausalSoftmax {
         scores
             .par_chunks_mut(total)
             .enumerate()
-            .for_each(|(r, row)| self.row(r, row));
+            .for_each(|(r, row)| crate::arch::softmax_row(self, r, row));
+        Ok(())
+    }
+}
+
+/// `gate <- silu(gate) * up` element-wise, for `[t, ffn]` tensors of the same layout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SwiGlu;
+
+/// `x * sigmoid(x)`, with `sigmoid` from `e^-|x|` so that [`exp_neg`] serves both signs.
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    let e = exp_neg(-x.abs());
+    let s = if x >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    };
+    x * s
+}
+
+/// The SwiGLU loop itself (for [`crate::arch`]).
+pub(crate) struct SwiGluKernel;
+
+impl SwiGluKernel {
+    #[inline(always)]
+    pub(crate) fn apply(gate: &mut [f32], up: &[f32]) {
+        gate.iter_mut()
+            .zip(up)
+            .for_each(|(g, &u)| *g = silu(*g) * u);
+    }
+}
+
+impl InplaceOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let (Some((a0, a1)), Some((b0, b1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            candle_core::bail!("swiglu needs contiguous tensors");
+        };
+        let (CpuStorage::F32(gate), CpuStorage::F32(up)) = (s1, s2) else {
+            candle_core::bail!("swiglu needs f32 tensors");
+        };
+        if a1 - a0 != b1 - b0 {
+            candle_core::bail!("swiglu: {:?} and {:?} differ", l1.dims(), l2.dims());
+        }
+        const PIECE: usize = 1 << 14;
+        gate[a0..a1]
+            .par_chunks_mut(PIECE)
+            .zip(up[b0..b1].par_chunks(PIECE))
+            .for_each(|(g, u)| crate::arch::swiglu(g, u));
         Ok(())
     }
 }
@@ -148,5 +209,20 @@ mod tests {
                 assert!((f64::from(row[j]) - want).abs() < 1e-6, "row {r} col {j}");
             }
         }
+    }
+
+    #[test]
+    fn silu_matches_its_definition() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.05;
+            let want = f64::from(x) / (1.0 + (-f64::from(x)).exp());
+            let got = f64::from(silu(x));
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                "{x}: {got} vs {want}"
+            );
+        }
+        assert_eq!(silu(-200.0), -0.0);
+        assert_eq!(silu(200.0), 200.0);
     }
 }

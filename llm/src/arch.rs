@@ -1,0 +1,86 @@
+//! The crate's only unsafe code: the element-wise kernels of [`crate::ops`] compiled a second time
+//! for AVX2 and picked at run time. The code is the same (`#[inline(always)]` bodies), only the
+//! vector width changes: Rust never fuses multiply-adds, so both give the same bits.
+#![allow(unsafe_code)]
+
+use crate::ops::{CausalSoftmax, SwiGluKernel};
+
+/// `true` if the running CPU has AVX2 (the detection is cached by std).
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+/// [`CausalSoftmax::row`], on AVX2 where the CPU has it.
+pub(crate) fn softmax_row(op: &CausalSoftmax, r: usize, row: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2, checked just above; the function has no other requirement.
+        return unsafe { softmax_row_avx2(op, r, row) };
+    }
+    op.row(r, row)
+}
+
+/// [`SwiGluKernel::apply`], on AVX2 where the CPU has it.
+pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: as in `softmax_row`.
+        return unsafe { swiglu_avx2(gate, up) };
+    }
+    SwiGluKernel::apply(gate, up)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn softmax_row_avx2(op: &CausalSoftmax, r: usize, row: &mut [f32]) {
+    op.row(r, row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    SwiGluKernel::apply(gate, up)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values in [-20, 20) from a fixed xorshift.
+    fn data(n: usize) -> Vec<f32> {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 40.0 - 20.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dispatched_kernels_give_the_portable_bits() {
+        let op = CausalSoftmax {
+            past: 37,
+            t: 5,
+            scale: 0.125,
+        };
+        let x = data(5 * 42);
+        let (mut a, mut b) = (x.clone(), x.clone());
+        for (r, (ra, rb)) in a.chunks_mut(42).zip(b.chunks_mut(42)).enumerate() {
+            softmax_row(&op, r, ra);
+            op.row(r, rb);
+        }
+        assert_eq!(a, b);
+        let (up, mut g1) = (
+            data(1001),
+            data(1001).iter().map(|v| v * 0.3).collect::<Vec<_>>(),
+        );
+        let mut g2 = g1.clone();
+        swiglu(&mut g1, &up);
+        SwiGluKernel::apply(&mut g2, &up);
+        assert_eq!(g1, g2);
+    }
+}
