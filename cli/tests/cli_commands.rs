@@ -1,24 +1,14 @@
 //! The `kvc` binary end to end: encode, inspect, decode, profile, and clean failures.
 
+mod common;
+use common::kvc;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const SAMPLE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../testdata/smollm2-gpl3-512.safetensors"
 );
-
-fn kvc(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn p(d: &Path, name: &str) -> PathBuf {
     d.join(name)

@@ -1,20 +1,10 @@
 //! `kvc dump`, then `kvc encode` / `kvc decode` of that dump, then `kvc judge`, end to end.
 //! Skipped (and said so) without the model; CI fetches it and sets `KVC_REQUIRE_MODEL=1`.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
+use common::kvc;
 
-fn kvc(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use std::path::Path;
 
 #[test]
 fn dump_encode_decode_judge() {
