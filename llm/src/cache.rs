@@ -35,7 +35,7 @@ impl Model {
         self.prefill_with(tokens, PrefillOptions::default())
     }
 
-    /// [`prefill`](Self::prefill) with options; `progress` is called with the tokens done so far.
+    /// [`prefill`](Self::prefill) with options.
     pub fn prefill_with(&self, tokens: &[u32], opt: PrefillOptions) -> Result<Prefill, LlmError> {
         self.prefill_progress(tokens, opt, &mut |_| {})
     }
@@ -104,7 +104,7 @@ impl Model {
         tokens: &[u32],
     ) -> Result<Vec<f32>, LlmError> {
         let mut state = self.state_of(cache)?;
-        let after = state.first_position + state.tokens as u64;
+        let after = state.first_position.saturating_add(state.tokens as u64);
         self.check_tokens(tokens, after)?;
         let mut logits = Vec::with_capacity(tokens.len() * self.config().vocab);
         for r in steps(tokens.len()) {
@@ -197,6 +197,13 @@ impl Model {
             );
         }
         let t = s.tokens as usize;
+        let end = cache.meta.first_position.saturating_add(t as u64);
+        if end > c.context as u64 {
+            bad_input!(
+                "cache positions up to {end} exceed the model's context of {}",
+                c.context
+            );
+        }
         let dev = self.device();
         let load = |x: &KvTensor, is_k: bool| -> Result<Tensor, LlmError> {
             let mut v = x.to_f32_vec();

@@ -173,7 +173,7 @@ impl Model {
             queries: Vec::new(),
             pre_rope_k: Vec::new(),
         };
-        let first = state.first_position + state.tokens as u64;
+        let first = state.first_position.saturating_add(state.tokens as u64);
         for (l, block) in self.weights.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_eps as f32)?;
             let attn = self.attention(block, &h, l, state, first, keep, &mut out)?;

@@ -141,6 +141,10 @@ fn bad_inputs_are_errors() {
     let mut far = pre.cache.clone();
     far.meta.first_position = m.config().context as u64;
     assert!(m.forward_with_cache(&far, &[4]).is_err());
+    far.meta.first_position = u64::MAX;
+    assert!(m.forward_with_cache(&far, &[4]).is_err());
+    far.meta.rope.k_pre_rope = true;
+    assert!(m.forward_with_cache(&far, &[4]).is_err());
     let missing = Model::load(Path::new("/nonexistent/model.gguf")).unwrap_err();
     assert!(
         missing.to_string().contains("tools/fetch-model"),
