@@ -6,16 +6,9 @@ use kvc_io::judge::{self, JudgeParams, JudgeProfile};
 use kvc_io::{fixtures, load_dump, Silent};
 use llm::Model;
 use std::path::Path;
-use std::sync::OnceLock;
 
 fn model() -> Option<&'static Model> {
-    static MODEL: OnceLock<Option<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            llm::test_model(&root).map(|p| Model::load(&p).unwrap())
-        })
-        .as_ref()
+    llm::shared_test_model(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
 }
 
 fn gpl3() -> String {

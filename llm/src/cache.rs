@@ -103,22 +103,20 @@ impl Model {
         cache: &KvCache,
         tokens: &[u32],
     ) -> Result<Vec<f32>, LlmError> {
-        let mut state = self.state_of(cache)?;
-        let after = state.first_position.saturating_add(state.tokens as u64);
-        self.check_tokens(tokens, after)?;
-        let mut logits = Vec::with_capacity(tokens.len() * self.config().vocab);
-        for r in steps(tokens.len()) {
-            let out = self.step(&mut state, &tokens[r], Keep::default())?;
-            logits.extend(self.logits(&out.hidden)?.flatten_all()?.to_vec1::<f32>()?);
-        }
-        Ok(logits)
+        let state = self.state_of(cache)?;
+        self.continue_state(state, tokens)
     }
 
     /// Logits after each of `tokens` run from position 0 without a cache, `[n, vocab]`
     /// (the reference that prefill + continuation must reproduce).
     pub fn forward(&self, tokens: &[u32]) -> Result<Vec<f32>, LlmError> {
-        self.check_tokens(tokens, 0)?;
-        let mut state = self.empty_state(0)?;
+        self.continue_state(self.empty_state(0)?, tokens)
+    }
+
+    /// Feeds `tokens` on top of `state`: the logits after each, `[n, vocab]`.
+    fn continue_state(&self, mut state: State, tokens: &[u32]) -> Result<Vec<f32>, LlmError> {
+        let after = state.first_position.saturating_add(state.tokens as u64);
+        self.check_tokens(tokens, after)?;
         let mut logits = Vec::with_capacity(tokens.len() * self.config().vocab);
         for r in steps(tokens.len()) {
             let out = self.step(&mut state, &tokens[r], Keep::default())?;

@@ -63,3 +63,13 @@ pub fn test_model(root: &std::path::Path) -> Option<std::path::PathBuf> {
     );
     None
 }
+
+/// For the project's tests: the reference model under `root` ([`test_model`]), loaded once per
+/// test binary and shared by its tests.
+#[doc(hidden)]
+pub fn shared_test_model(root: &std::path::Path) -> Option<&'static Model> {
+    static MODEL: std::sync::OnceLock<Option<Model>> = std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| test_model(root).map(|p| Model::load(&p).expect("the fetched model loads")))
+        .as_ref()
+}

@@ -4,16 +4,9 @@
 use codec_core::{KvCache, RopeStyle, Tensor as KvTensor};
 use kvc_llm::{Model, PrefillOptions};
 use std::path::Path;
-use std::sync::OnceLock;
 
 fn model() -> Option<&'static Model> {
-    static MODEL: OnceLock<Option<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            kvc_llm::test_model(&root).map(|p| Model::load(&p).unwrap())
-        })
-        .as_ref()
+    kvc_llm::shared_test_model(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
 }
 
 fn gpl3_tokens(m: &Model, n: usize) -> Vec<u32> {
