@@ -57,15 +57,24 @@ pub fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> 
     );
     for r in &rows {
         let f = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
+        let attn = if r.attn.is_nan() {
+            "-".into()
+        } else {
+            format!("{:.4}", r.attn)
+        };
         println!(
-            "{:<28} {:>8.3} {:>9.4} {:>8.4} {:>8.4} {:>10} {:>10}",
+            "{:<28} {:>8.3} {attn:>9} {:>8.4} {:>8.4} {:>10} {:>10}",
             r.name,
             r.bits_per_element,
-            r.attn,
             r.k_rel,
             r.v_rel,
             f(r.encode_mb_s),
             f(r.decode_mb_s)
+        );
+    }
+    if d.q.is_none() {
+        println!(
+            "(the dump has no queries q.{{i}}, so no attention error: `kvc dump` writes them)"
         );
     }
     println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");

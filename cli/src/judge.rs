@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use kvc_io::judge::{self, JudgeParams, JudgeProfile, JudgeRow};
-use kvc_io::policy;
+use kvc_io::{policy, Output};
 use llm::Model;
 
 use crate::progress::Bars;
@@ -17,11 +17,19 @@ fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
+/// The error's message, naming the text file where the text is the problem.
+fn in_text(text: &Path, e: kvc_io::Error) -> String {
+    match e {
+        kvc_io::Error::TextTooShort { .. } => format!("{}: {e}", text.display()),
+        e => e.to_string(),
+    }
+}
+
 /// Prefills the first `tokens` tokens of `text` and writes the dump to `out`.
 pub fn cmd_dump(
     model: &Path,
     text: &Path,
-    out: &Path,
+    out: &Output,
     tokens: usize,
     queries: usize,
     pre_rope: bool,
@@ -31,11 +39,11 @@ pub fn cmd_dump(
     let mut bars = Bars::on_stderr();
     let source = text.display().to_string();
     let d = judge::dump_text(&m, &t, &source, tokens, queries, pre_rope, &mut bars)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| in_text(text, e))?;
     kvc_io::write_full_dump(out, &d).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: {} layers x {} tokens x {} channels (f16, GPT-J pairing K{}), {} queries",
-        out.display(),
+        out.path().display(),
         d.kv.shape.layers,
         d.kv.shape.tokens,
         d.kv.shape.channels(),
@@ -67,7 +75,7 @@ pub fn cmd_judge(a: JudgeArgs<'_>) -> Result<()> {
         None => JudgeProfile::SelfLearned,
     };
     let mut bars = Bars::on_stderr();
-    let j = judge::judge(&m, &t, &a.params, how, &mut bars).map_err(|e| e.to_string())?;
+    let j = judge::judge(&m, &t, &a.params, how, &mut bars).map_err(|e| in_text(a.text, e))?;
     let mode = match a.profile {
         Some(p) => format!("profile {}", p.display()),
         None => "self-contained (profile learned from the context)".to_string(),

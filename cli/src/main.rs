@@ -14,7 +14,7 @@ use codec_core::profile::hex;
 use codec_core::{EncodeParams, Limits, Stream};
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::pq::{Rerank, Selector, Windows};
-use kvc_io::{write_dump, write_file_atomic, Dump};
+use kvc_io::{write_dump, Dump, Output};
 use progress::Bars;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,6 +26,9 @@ use std::process::ExitCode;
     about = "Compact, checksummed, chunked bitstreams for LLM KV caches"
 )]
 struct Cli {
+    /// Replace output files that exist (an output that is one of the inputs is refused anyway).
+    #[arg(short, long, global = true)]
+    force: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -46,10 +49,12 @@ enum Cmd {
         #[arg(long)]
         profile: Option<PathBuf>,
         /// Tokens per chunk.
-        #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_CHUNK_TOKENS)]
+        #[arg(long, default_value_t = EncodeParams::DEFAULT_CHUNK_TOKENS,
+              value_parser = clap::value_parser!(u32).range(1..))]
         chunk_tokens: u32,
         /// Tokens per group (anchor + deltas).
-        #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_GROUP)]
+        #[arg(long, default_value_t = EncodeParams::DEFAULT_GROUP,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(EncodeParams::MAX_GROUP)))]
         group: u32,
         /// Leading tokens (attention sinks) stored exactly.
         #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_SINK)]
@@ -71,7 +76,12 @@ enum Cmd {
         level: Option<u8>,
     },
     /// Print a stream's header, profile hash, chunks, levels and sizes.
-    Inspect { input: PathBuf },
+    Inspect {
+        input: PathBuf,
+        /// The profile a referencing stream was coded with: shows its levels' multipliers.
+        #[arg(long)]
+        profile: Option<PathBuf>,
+    },
     /// Learn a profile (.kvcp) from one or more sample dumps.
     Profile {
         /// Output profile path.
@@ -107,9 +117,9 @@ enum Cmd {
         /// Tokens of the text to prefill (from its start, no BOS token).
         #[arg(long)]
         tokens: usize,
-        /// Post-rotary queries of this many last positions.
-        #[arg(long, default_value_t = 64)]
-        queries: usize,
+        /// Post-rotary queries of this many last positions [default: 64, or --tokens if fewer].
+        #[arg(long)]
+        queries: Option<usize>,
         /// Store K before the rotary embedding.
         #[arg(long)]
         pre_rope: bool,
@@ -245,6 +255,17 @@ impl PqOpts {
             },
         })
     }
+    /// The parameters checked against the dump's head dimension, in the options' terms.
+    fn checked_params(&self, head_dim: u32) -> Result<pq_core::PqParams> {
+        let p = self.params()?;
+        p.check(head_dim as usize).map_err(|e| {
+            format!(
+                "--method {} --m {} --b {} on keys of {head_dim} dimensions: {e}",
+                self.method, self.m, self.b
+            )
+        })?;
+        Ok(p)
+    }
     fn selector(&self, with_rerank: bool) -> Result<Selector> {
         Ok(Selector {
             params: self.params()?,
@@ -263,10 +284,15 @@ impl PqOpts {
     }
 }
 
-fn cmd_pq(cmd: PqCmd) -> Result<()> {
+fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
+    // The options first: they fail faster than a dump loads.
+    match &cmd {
+        PqCmd::Eval { opts, .. } | PqCmd::Select { opts, .. } => opts.params()?,
+    };
     match cmd {
         PqCmd::Eval { input, opts, json } => {
-            let d = load(&input)?;
+            let d = load_with_queries(&input)?;
+            opts.checked_params(d.kv.shape.head_dim)?;
             let mut sels = Vec::new();
             let paper = Selector {
                 params: pq_core::PqParams {
@@ -291,8 +317,12 @@ fn cmd_pq(cmd: PqCmd) -> Result<()> {
             k,
             opts,
         } => {
-            let d = load(&input)?;
-            pq::cmd_select(&d, &output, &opts.selector(true)?, opts.windows(), k)
+            let mut inputs = vec![input.as_path()];
+            inputs.extend(opts.rerank_profile.as_deref());
+            let out = output_file(&output, &inputs, force)?;
+            let d = load_with_queries(&input)?;
+            opts.checked_params(d.kv.shape.head_dim)?;
+            pq::cmd_select(&d, &out, &opts.selector(true)?, opts.windows(), k)
         }
     }
 }
@@ -301,6 +331,13 @@ type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // On Ctrl-C (or SIGTERM) no half-written temporary file stays behind.
+    let _ = ctrlc::set_handler(|| {
+        kvc_io::output::remove_temporaries();
+        eprintln!("kvc: interrupted");
+        std::process::exit(130);
+    });
+    let force = cli.force;
     let r = match cli.cmd {
         Cmd::Encode {
             input,
@@ -320,22 +357,22 @@ fn main() -> ExitCode {
                 levels: levels.unwrap_or_else(|| vec![level]),
                 token_importance: !uniform_steps,
             };
-            cmd_encode(&input, &output, profile.as_deref(), params)
+            cmd_encode(&input, &output, profile.as_deref(), params, force)
         }
         Cmd::Decode {
             input,
             output,
             profile,
             level,
-        } => cmd_decode(&input, &output, profile.as_deref(), level),
-        Cmd::Inspect { input } => cmd_inspect(&input),
-        Cmd::Profile { output, samples } => cmd_profile(&output, &samples),
+        } => cmd_decode(&input, &output, profile.as_deref(), level, force),
+        Cmd::Inspect { input, profile } => cmd_inspect(&input, profile.as_deref()),
+        Cmd::Profile { output, samples } => cmd_profile(&output, &samples, force),
         Cmd::Eval {
             input,
             profile,
             json,
         } => eval::cmd_eval(&input, profile.as_deref(), json),
-        Cmd::Pq { cmd } => cmd_pq(cmd),
+        Cmd::Pq { cmd } => cmd_pq(cmd, force),
         Cmd::Dump {
             model,
             text,
@@ -343,7 +380,10 @@ fn main() -> ExitCode {
             tokens,
             queries,
             pre_rope,
-        } => judge::cmd_dump(&model, &text, &output, tokens, queries, pre_rope),
+        } => output_file(&output, &[&model, &text], force).and_then(|out| {
+            let queries = queries.unwrap_or(tokens.min(64));
+            judge::cmd_dump(&model, &text, &out, tokens, queries, pre_rope)
+        }),
         Cmd::Judge {
             model,
             text,
@@ -380,8 +420,27 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
+/// An output file of the command: refused if it is one of `inputs`, or exists without --force.
+fn output_file(path: &Path, inputs: &[&Path], force: bool) -> Result<Output> {
+    Output::checked(path, inputs, force).map_err(|e| e.to_string())
+}
+
 fn load(path: &Path) -> Result<Dump> {
-    kvc_io::load_dump(path).map_err(|e| e.to_string())
+    use kvc_io::DumpError;
+    kvc_io::load_dump(path).map_err(|e| match e {
+        // These name the file already.
+        DumpError::Io { .. } | DumpError::NotSafetensors { .. } => e.to_string(),
+        e => format!("{}: {e}", path.display()),
+    })
+}
+
+/// A dump that has queries (token selection needs them).
+fn load_with_queries(path: &Path) -> Result<Dump> {
+    let d = load(path)?;
+    match d.q {
+        Some(_) => Ok(d),
+        None => Err(format!("{}: {}", path.display(), kvc_io::Error::NoQueries)),
+    }
 }
 
 fn cmd_encode(
@@ -389,7 +448,11 @@ fn cmd_encode(
     output: &Path,
     profile: Option<&Path>,
     params: EncodeParams,
+    force: bool,
 ) -> Result<()> {
+    let mut inputs = vec![input];
+    inputs.extend(profile);
+    let out = output_file(output, &inputs, force)?;
     let d = load(input)?;
     let (bytes, mode) = match profile {
         Some(pp) => {
@@ -408,7 +471,7 @@ fn cmd_encode(
             (enc.bytes, "self-contained".to_string())
         }
     };
-    write_file_atomic(output, &bytes).map_err(|e| e.to_string())?;
+    out.write(&bytes).map_err(|e| e.to_string())?;
     let bpe = bytes.len() as f64 * 8.0 / d.kv.shape.total_elements() as f64;
     eprintln!(
         "{}: {} bytes, {bpe:.3} bits/element, {mode}",
@@ -423,7 +486,11 @@ fn cmd_decode(
     output: &Path,
     profile: Option<&Path>,
     level: Option<u8>,
+    force: bool,
 ) -> Result<()> {
+    let mut inputs = vec![input];
+    inputs.extend(profile);
+    let out = output_file(output, &inputs, force)?;
     let bytes = read(input)?;
     let p = profile
         .map(policy::load_profile)
@@ -432,8 +499,15 @@ fn cmd_decode(
     let s = Stream::open(&bytes, p.as_ref(), &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
     if let Some(l) = level {
-        if let Some(e) = s.header().chunks.iter().find(|e| e.level != l) {
-            return Err(format!("chunk at token {} is coded at level {}, not {l} (levels are chosen at encode time)", e.token_start, e.level));
+        let ladder = policy::ladder_levels(s.profile());
+        let named = |e: &codec_core::ChunkEntry| ladder[e.level as usize].unwrap_or(e.level);
+        if let Some(e) = s.header().chunks.iter().find(|e| named(e) != l) {
+            return Err(format!(
+                "{}: the chunk at token {} is coded at level {}, not {l} (a stream keeps the levels it was encoded at)",
+                input.display(),
+                e.token_start,
+                named(e)
+            ));
         }
     }
     let cache = s
@@ -462,7 +536,7 @@ fn cmd_decode(
         }
         .to_string(),
     );
-    write_dump(output, &cache, &meta).map_err(|e| e.to_string())?;
+    write_dump(&out, &cache, &meta).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: {} layers x {} tokens, {}",
         output.display(),
@@ -473,10 +547,73 @@ fn cmd_decode(
     Ok(())
 }
 
-fn cmd_inspect(input: &Path) -> Result<()> {
+fn cmd_inspect(input: &Path, profile: Option<&Path>) -> Result<()> {
     let bytes = read(input)?;
     let h = codec_core::Header::parse(&bytes, &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
+    print_header(input, &bytes, &h);
+    let levels = stream_profile(&bytes, &h, profile)?;
+    let s = h.shape;
+    println!("chunk  tokens          level  multiplier  bytes       bits/element");
+    for (i, e) in h.chunks.iter().enumerate() {
+        let el = s.layers as f64 * 2.0 * e.tokens as f64 * s.channels() as f64;
+        let (level, mult) = match &levels {
+            Some(p) => {
+                let ladder = policy::ladder_levels(p);
+                let named = ladder.get(e.level as usize).copied().flatten();
+                let m = p.level_multipliers().get(e.level as usize);
+                (
+                    named.map_or_else(|| format!("p{}", e.level), |l| l.to_string()),
+                    m.map_or_else(|| "-".into(), |m| format!("x{m}")),
+                )
+            }
+            None => (e.level.to_string(), "-".into()),
+        };
+        println!(
+            "{i:<6} {:>6}..{:<7} {level:>5}  {mult:<10}  {:<10}  {:.4}",
+            e.token_start,
+            e.token_start + e.tokens,
+            e.len_bytes,
+            e.len_bytes as f64 * 8.0 / el
+        );
+    }
+    if levels.is_none() {
+        println!("(levels of the referenced profile; --profile FILE shows their multipliers)");
+    }
+    Ok(())
+}
+
+/// The profile whose levels the chunks name: the embedded one, or the referenced one if given
+/// (and matching the stream's hash).
+fn stream_profile(
+    bytes: &[u8],
+    h: &codec_core::Header,
+    profile: Option<&Path>,
+) -> Result<Option<codec_core::Profile>> {
+    if h.profile_len > 0 {
+        let at = h.header_len();
+        let embedded = bytes
+            .get(at..at + h.profile_len as usize)
+            .ok_or("the stream is shorter than its embedded profile")?;
+        return codec_core::Profile::from_bytes(embedded, &Limits::DEFAULT)
+            .map(Some)
+            .map_err(|e| format!("embedded profile: {e}"));
+    }
+    let Some(path) = profile else { return Ok(None) };
+    let p = policy::load_profile(path).map_err(|e| e.to_string())?;
+    if p.hash() != h.profile_hash {
+        return Err(format!(
+            "{} (profile {}) is not the profile the stream references ({})",
+            path.display(),
+            &p.hash_hex()[..16],
+            &hex(&h.profile_hash)[..16]
+        ));
+    }
+    Ok(Some(p))
+}
+
+/// The stream's header, one field per line.
+fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) {
     let s = h.shape;
     println!(
         "file            {} ({} bytes)",
@@ -540,29 +677,18 @@ fn cmd_inspect(input: &Path) -> Result<()> {
         "total           {:.4} bits/element",
         bytes.len() as f64 * 8.0 / total
     );
-    println!("chunk  tokens          level  bytes       bits/element");
-    for (i, e) in h.chunks.iter().enumerate() {
-        let el = s.layers as f64 * 2.0 * e.tokens as f64 * s.channels() as f64;
-        println!(
-            "{i:<6} {:>6}..{:<7} {:>5}  {:<10}  {:.4}",
-            e.token_start,
-            e.token_start + e.tokens,
-            e.level,
-            e.len_bytes,
-            e.len_bytes as f64 * 8.0 / el
-        );
-    }
-    Ok(())
 }
 
-fn cmd_profile(output: &Path, samples: &[PathBuf]) -> Result<()> {
+fn cmd_profile(output: &Path, samples: &[PathBuf], force: bool) -> Result<()> {
+    let inputs: Vec<&Path> = samples.iter().map(|p| p.as_path()).collect();
+    let out = output_file(output, &inputs, force)?;
     let dumps = samples
         .iter()
         .map(|p| load(p))
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&Dump> = dumps.iter().collect();
     let p = policy::learn(&refs, &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
-    write_file_atomic(output, p.as_bytes()).map_err(|e| e.to_string())?;
+    out.write(p.as_bytes()).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: profile {} ({} bytes, {} levels)",
         output.display(),

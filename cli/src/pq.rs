@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use kvc_io::pq::{self, Figures, Report, Selector, Windows};
-use kvc_io::Dump;
+use kvc_io::{Dump, Output};
 
 use crate::progress::Bars;
 use crate::Result;
@@ -110,7 +110,7 @@ fn figures_json(f: &Figures, tokens: usize) -> serde_json::Value {
 /// `kvc pq select`: writes `sel.{i}` int32 `[n_q, q_heads, slots]` per layer to `output`.
 pub fn cmd_select(
     dump: &Dump,
-    output: &Path,
+    output: &Output,
     sel: &Selector,
     w: Windows,
     slots: usize,
@@ -127,7 +127,7 @@ pub fn cmd_select(
     pq::write_selection(output, &s).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: {} layers x {} queries x {} query heads, {} slots ({} first, {} last, {} chosen by {})",
-        output.display(),
+        output.path().display(),
         s.layers.len(),
         s.n_q,
         s.q_heads,

@@ -93,7 +93,21 @@ pub enum EncodeError {
         what: &'static str,
     },
     /// The profile was learned for another shape.
-    ProfileShape,
+    ProfileShape {
+        /// The profile's `[layers, kv_heads, head_dim]`.
+        profile: [u32; 3],
+        /// The input's.
+        input: [u32; 3],
+    },
+    /// Sample caches of different shapes were given to learn one profile.
+    SampleShape {
+        /// The sample that differs from the first.
+        sample: usize,
+        /// Its `[layers, kv_heads, head_dim]`.
+        shape: [u32; 3],
+        /// The first sample's.
+        first: [u32; 3],
+    },
     /// A level outside the profile was requested.
     UnknownLevel {
         /// Level requested.
@@ -110,6 +124,15 @@ pub enum EncodeError {
     },
     /// No sample data was given to learn a profile.
     NoSamples,
+    /// The number of chunk levels is neither 1 nor the number of chunks.
+    ChunkLevels {
+        /// Levels given.
+        given: usize,
+        /// The cache's tokens.
+        tokens: u32,
+        /// Tokens per chunk.
+        chunk_tokens: u32,
+    },
 }
 
 impl fmt::Display for EncodeError {
@@ -118,17 +141,52 @@ impl fmt::Display for EncodeError {
         match self {
             InvalidParam { what, got } => write!(f, "invalid parameter {what}: {got}"),
             ShapeMismatch { what } => write!(f, "input does not match its shape: {what}"),
-            ProfileShape => {
-                f.write_str("profile shape (layers, heads, head_dim) differs from the input's")
-            }
-            UnknownLevel { level, levels } => {
-                write!(f, "level {level} not in profile (it has {levels} levels)")
-            }
+            ProfileShape { profile, input } => write!(
+                f,
+                "the profile is for {}, the input has {} (a profile serves one model)",
+                Dims(profile),
+                Dims(input)
+            ),
+            SampleShape {
+                sample,
+                shape,
+                first,
+            } => write!(
+                f,
+                "sample {sample} has {}, sample 0 has {} (learn a profile from one model's caches)",
+                Dims(shape),
+                Dims(first)
+            ),
+            UnknownLevel { level, levels } => write!(
+                f,
+                "level {level} is not in the profile (its levels are 0 to {})",
+                levels.saturating_sub(1)
+            ),
             NonFinite { layer, kv } => write!(f, "layer {layer} {kv} holds NaN or infinity"),
             NoSamples => f.write_str("no sample caches given to learn a profile from"),
+            ChunkLevels {
+                given,
+                tokens,
+                chunk_tokens,
+            } => write!(
+                f,
+                "{given} chunk levels given, but {tokens} tokens at {chunk_tokens} tokens per \
+                 chunk make {} chunks: give one level per chunk, or one level for all",
+                tokens.div_ceil(*chunk_tokens)
+            ),
         }
     }
 }
 
 #[cfg(feature = "std")]
 impl std::error::Error for EncodeError {}
+
+/// `[layers, kv_heads, head_dim]` in words.
+pub(crate) struct Dims<'a>(pub &'a [u32; 3]);
+
+impl fmt::Display for Dims<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [l, h, d] = self.0;
+        write!(f, "{l} layers x {h} KV heads x {d} head dim")
+    }
+}

@@ -808,6 +808,9 @@ fn chunk_contexts_are_built_consistent() {
     ));
     let mut shape = h.shape;
     shape.head_dim += 1;
-    assert!(matches!(new(10, shape), Err(EncodeError::ProfileShape)));
+    assert!(matches!(
+        new(10, shape),
+        Err(EncodeError::ProfileShape { .. })
+    ));
     let _ = profile;
 }

@@ -7,16 +7,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use codec_core::attention::Heads;
 use codec_core::{Dtype, KvCache, KvMeta, KvShape, Queries, Rope, RopeStyle, Sample, Tensor};
 use half::{bf16, f16};
 use safetensors::tensor::{SafeTensors, TensorView};
 use safetensors::Dtype as StDtype;
+
+use crate::output::{Output, OutputError};
 
 /// A KV dump loaded from a safetensors file.
 #[derive(Clone, Debug, PartialEq)]
@@ -144,6 +145,8 @@ pub enum DumpError {
         /// The serializer's complaint.
         reason: String,
     },
+    /// The output file was refused or could not be written.
+    Output(OutputError),
 }
 
 impl fmt::Display for DumpError {
@@ -159,7 +162,11 @@ impl fmt::Display for DumpError {
                     path.display()
                 )
             }
-            DumpError::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
+            DumpError::MissingTensor { name } => write!(
+                f,
+                "missing tensor `{name}` (a KV dump holds k.{{i}} and v.{{i}}, [tokens, \
+                 kv_heads, head_dim], for every layer i)"
+            ),
             DumpError::WrongDtype {
                 name,
                 dtype,
@@ -176,7 +183,11 @@ impl fmt::Display for DumpError {
             DumpError::InconsistentMetadata { key, value, reason } => {
                 write!(f, "metadata `{key}` = {value:?}: {reason}")
             }
-            DumpError::NoLayers => write!(f, "no layers: tensor `k.0` not found"),
+            DumpError::NoLayers => write!(
+                f,
+                "no layers: tensor `k.0` not found (a KV dump holds k.{{i}} and v.{{i}}, \
+                 [tokens, kv_heads, head_dim], for every layer i)"
+            ),
             DumpError::Empty { dim } => write!(f, "the dump has zero {dim}"),
             DumpError::TooLarge { dim, value } => {
                 write!(
@@ -189,7 +200,14 @@ impl fmt::Display for DumpError {
             DumpError::Serialize { reason } => {
                 write!(f, "safetensors serialization failed: {reason}")
             }
+            DumpError::Output(e) => e.fmt(f),
         }
+    }
+}
+
+impl From<OutputError> for DumpError {
+    fn from(e: OutputError) -> Self {
+        DumpError::Output(e)
     }
 }
 
@@ -197,6 +215,8 @@ impl std::error::Error for DumpError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             DumpError::Io { source, .. } => Some(source),
+            // Transparent: its message is this one.
+            DumpError::Output(e) => e.source(),
             _ => None,
         }
     }
@@ -695,31 +715,31 @@ fn output_metadata(kv: &KvCache, metadata: &BTreeMap<String, String>) -> BTreeMa
 /// when they already describe `kv.meta`, and overwritten otherwise, so that [`load_dump`] of the
 /// written file returns a cache equal to `kv`. Queries are not written.
 pub fn write_dump(
-    path: &Path,
+    out: &Output,
     kv: &KvCache,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), DumpError> {
-    write_tensors(path, kv, None, metadata)
+    write_tensors(out, kv, None, metadata)
 }
 
 /// Writes a whole dump: its cache as [`write_dump`] does, and its queries `q.{i}` `[n_q,
 /// q_heads, head_dim]` in the cache's dtype with `q_heads` and `q_start` in the metadata, so
 /// that [`load_dump`] reads it back.
-pub fn write_full_dump(path: &Path, dump: &Dump) -> Result<(), DumpError> {
+pub fn write_full_dump(out: &Output, dump: &Dump) -> Result<(), DumpError> {
     let q = dump.q.as_ref().map(|q| (q.as_slice(), dump.q_heads));
     let mut md = dump.metadata.clone();
     if q.is_some() {
         md.insert("q_heads".into(), dump.q_heads.to_string());
         md.insert("q_start".into(), dump.q_start.to_string());
     }
-    write_tensors(path, &dump.kv, q, &md)
+    write_tensors(out, &dump.kv, q, &md)
 }
 
 /// Queries per layer (f32, `[n_q, q_heads, head_dim]` row-major) and the query heads.
 type QueriesOut<'a> = (&'a [Vec<f32>], usize);
 
 fn write_tensors(
-    path: &Path,
+    out: &Output,
     kv: &KvCache,
     queries: Option<QueriesOut<'_>>,
     metadata: &BTreeMap<String, String>,
@@ -762,7 +782,7 @@ fn write_tensors(
     let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();
     let bytes = serialize_safetensors(views, md)?;
     drop(data);
-    write_file_atomic(path, &bytes)
+    Ok(out.write(&bytes)?)
 }
 
 /// `safetensors::serialize`, with the header's keys (the metadata's and the tensors') in sorted
@@ -800,63 +820,6 @@ fn sorted_safetensors(
     Ok(out)
 }
 
-/// Removes the temporary file on drop unless disarmed.
-struct TempGuard {
-    path: Option<PathBuf>,
-}
-
-impl Drop for TempGuard {
-    fn drop(&mut self) {
-        if let Some(p) = self.path.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `bytes` to `path` atomically: into a new temporary file in the same directory, flushed
-/// to disk, then renamed over `path`. On any error the temporary file is removed and `path` is
-/// left as it was.
-pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<(), DumpError> {
-    let file_name = path.file_name().ok_or_else(|| DumpError::Io {
-        path: path.to_path_buf(),
-        op: "write",
-        source: io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"),
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    // Find a fresh temporary name (create_new never clobbers anything).
-    let (tmp, mut file) = loop {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut name = std::ffi::OsString::from(".");
-        name.push(file_name);
-        name.push(format!(".tmp-{}-{n}", std::process::id()));
-        let tmp = dir.join(name);
-        match File::options().write(true).create_new(true).open(&tmp) {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < u64::MAX => continue,
-            Err(e) => return Err(io_err(&tmp, "create temporary file", e)),
-        }
-    };
-    let mut guard = TempGuard {
-        path: Some(tmp.clone()),
-    };
-    file.write_all(bytes)
-        .map_err(|e| io_err(&tmp, "write", e))?;
-    file.sync_all().map_err(|e| io_err(&tmp, "sync", e))?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(|e| io_err(path, "rename temporary file onto", e))?;
-    guard.path = None;
-    // Make the rename durable where the platform allows; failure here loses nothing written.
-    if let Ok(d) = File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -885,16 +848,5 @@ mod tests {
         // Byte order is little-endian.
         let t = Tensor::F32(vec![1.0]);
         assert_eq!(tensor_to_le(&t), 1.0f32.to_le_bytes().to_vec());
-    }
-
-    #[test]
-    fn atomic_write_replaces_existing() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("out.bin");
-        fs::write(&p, b"old").unwrap();
-        write_file_atomic(&p, b"new contents").unwrap();
-        assert_eq!(fs::read(&p).unwrap(), b"new contents");
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(names.len(), 1);
     }
 }

@@ -58,6 +58,19 @@ pub enum Error {
     },
     /// The model could not be loaded or run.
     Model(llm::LlmError),
+    /// A count asked for is outside what is possible.
+    OutOfRange {
+        /// What is counted, e.g. `"ctx (context tokens)"`.
+        what: &'static str,
+        /// The count asked for.
+        got: usize,
+        /// The smallest possible.
+        min: usize,
+        /// The largest possible.
+        max: usize,
+        /// Why the largest is what it is (may be empty).
+        why: String,
+    },
     /// A text has fewer tokens than asked for.
     TextTooShort {
         /// Tokens the text has.
@@ -83,11 +96,15 @@ impl fmt::Display for Error {
             Error::Encode(e) => e.fmt(f),
             Error::Decode(e) => e.fmt(f),
             Error::NoSuchLevel { level, levels } => {
-                write!(f, "level {level} does not exist (levels 0..{levels})")
+                write!(
+                    f,
+                    "level {level} does not exist (the levels are 0 to {})",
+                    levels.saturating_sub(1)
+                )
             }
             Error::NoQueries => write!(
                 f,
-                "the dump has no queries (q.{{i}} tensors); kvc pq needs them"
+                "the dump has no queries (q.{{i}} tensors), which token selection needs (kvc dump writes them)"
             ),
             Error::QueryLayout { reason } => f.write_str(reason),
             Error::SlotCount { slots, tokens } => write!(
@@ -95,6 +112,19 @@ impl fmt::Display for Error {
                 "{slots} slots per query head: must be within 1..={tokens} (the dump's tokens)"
             ),
             Error::Model(e) => e.fmt(f),
+            Error::OutOfRange {
+                what,
+                got,
+                min,
+                max,
+                why,
+            } => {
+                write!(f, "{what} = {got}: must be within {min}..={max}")?;
+                if !why.is_empty() {
+                    write!(f, " ({why})")?;
+                }
+                Ok(())
+            }
             Error::TextTooShort { have, need } => write!(
                 f,
                 "the text has {have} tokens; {need} are needed (use a longer text or fewer tokens)"

@@ -29,6 +29,30 @@ pub fn first_tokens(model: &Model, text: &str, n: usize) -> Result<Vec<u32>, Err
     Ok(t)
 }
 
+/// [`Error::OutOfRange`] unless `min <= got <= max`.
+fn check_range(
+    what: &'static str,
+    got: usize,
+    min: usize,
+    max: usize,
+    why: String,
+) -> Result<(), Error> {
+    if (min..=max).contains(&got) {
+        return Ok(());
+    }
+    Err(Error::OutOfRange {
+        what,
+        got,
+        min,
+        max,
+        why,
+    })
+}
+
+fn context_note(context: usize) -> String {
+    format!("the model's context is {context} tokens")
+}
+
 /// First 16 hex digits of the SHA-256 of `tokens` as little-endian u32 (the fixtures'
 /// `tokens_sha256_16`).
 pub fn tokens_sha256_16(tokens: &[u32]) -> String {
@@ -52,6 +76,15 @@ pub fn dump_text(
     pre_rope: bool,
     progress: &mut dyn Progress,
 ) -> Result<Dump, Error> {
+    let context = model.config().context;
+    check_range("tokens", tokens, 1, context, context_note(context))?;
+    check_range(
+        "queries",
+        queries,
+        0,
+        tokens,
+        "at most one per token".into(),
+    )?;
     let ids = first_tokens(model, text, tokens)?;
     let pre = prefill(model, &ids, queries, pre_rope, progress)?;
     Ok(as_dump(model, &ids, pre, source))
@@ -201,12 +234,12 @@ pub fn judge(
     profile: JudgeProfile<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Judgement, Error> {
-    if params.cont < 2 {
-        return Err(Error::TextTooShort {
-            have: params.cont,
-            need: 2,
-        });
-    }
+    let context = model.config().context;
+    let why = format!("scoring needs 2; ctx + cont must fit the model's {context} tokens");
+    check_range("cont (scored tokens)", params.cont, 2, context - 1, why)?;
+    let max_ctx = context - params.cont;
+    let why = format!("{} with cont = {}", context_note(context), params.cont);
+    check_range("ctx (context tokens)", params.ctx, 1, max_ctx, why)?;
     let ids = first_tokens(model, text, params.ctx + params.cont)?;
     let (context, cont) = ids.split_at(params.ctx);
     let pre = prefill(model, context, queries_for(params.ctx), false, progress)?;

@@ -3,8 +3,10 @@
 //! What the `kvc` command and the bindings share, on top of the `no_std` cores (`codec-core`,
 //! `pq-core`): files, measurements and policies, with typed errors.
 //!
-//! - [`dump`]: KV dumps as safetensors files in and out ([`load_dump`], [`write_dump`]), atomic
-//!   file output; [`fixtures`] says where the workspace's test dumps are.
+//! - [`dump`]: KV dumps as safetensors files in and out ([`load_dump`], [`write_dump`]);
+//!   [`fixtures`] says where the workspace's test dumps are.
+//! - [`output`]: files written whole or not at all, never over an input, over an existing file
+//!   only when allowed, with no temporary file left behind on error or Ctrl-C.
 //! - [`metrics`]: relative error, attention-output error (the one attention oracle,
 //!   [`codec_core::attention`]), the minmax int8/int4/int3 baselines; [`eval`]: every level of a
 //!   profile on a dump, as `kvc eval` reports it.
@@ -40,12 +42,12 @@ pub mod eval;
 pub mod fixtures;
 pub mod judge;
 pub mod metrics;
+pub mod output;
 pub mod policy;
 pub mod pq;
 mod progress;
 
-pub use dump::{
-    load_dump, parse_dump, write_dump, write_file_atomic, write_full_dump, Dump, DumpError,
-};
+pub use dump::{load_dump, parse_dump, write_dump, write_full_dump, Dump, DumpError};
 pub use error::Error;
+pub use output::{Output, OutputError};
 pub use progress::{Progress, Silent};

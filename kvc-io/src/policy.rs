@@ -75,6 +75,23 @@ pub fn self_contained(full: &Profile, levels: &[u8]) -> Result<(Profile, Vec<u8>
     Ok((full.with_levels(&used), renumbered))
 }
 
+/// The level a user names for each level of `profile`: its place on the default ladder
+/// (the multipliers of [`LearnParams::default`], which `kvc profile` learns and `--level` counts
+/// in), found
+/// by its multiplier; `None` for a multiplier not on the ladder. A self-contained stream's profile
+/// keeps only the levels its chunks use, so its own level numbers are not the ones asked for.
+pub fn ladder_levels(profile: &Profile) -> Vec<Option<u8>> {
+    let ladder = LearnParams::default().level_mult;
+    profile
+        .level_multipliers()
+        .iter()
+        .map(|m| {
+            let at = ladder.iter().position(|l| l.to_bits() == m.to_bits());
+            at.map(|i| i as u8)
+        })
+        .collect()
+}
+
 /// Encodes `kv` with `params` (its `levels` name levels of the given profile), referencing the
 /// profile or self-contained as `profile` says.
 pub fn encode(

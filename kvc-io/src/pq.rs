@@ -17,8 +17,9 @@ use codec_core::{EncodeParams, Limits, Stream};
 use pq_core::cache::{blocks_of, BlockCache, Policy};
 use pq_core::{k_for_fraction, rerank, score_table, search, Codebook, PqError, PqParams};
 
-use crate::dump::{serialize_safetensors, write_file_atomic, Dump};
+use crate::dump::{serialize_safetensors, Dump};
 use crate::error::Error;
+use crate::output::Output;
 use crate::policy::{self, ProfileUse};
 use crate::progress::Progress;
 
@@ -654,7 +655,7 @@ pub fn select(
 /// Writes a selection as safetensors, atomically: per layer `sel.{i}` int32 `[n_q, q_heads,
 /// slots]`, and metadata naming the selector, its parameters and the layout. The header's keys
 /// are sorted, so the same selection gives the same bytes.
-pub fn write_selection(path: &Path, s: &Selection) -> Result<(), Error> {
+pub fn write_selection(out: &Output, s: &Selection) -> Result<(), Error> {
     let bytes: Vec<(String, Vec<u8>)> = s
         .layers
         .iter()
@@ -673,8 +674,9 @@ pub fn write_selection(path: &Path, s: &Selection) -> Result<(), Error> {
             })?;
         views.push((name.as_str(), v));
     }
-    let out = serialize_safetensors(views, selection_metadata(s))?;
-    write_file_atomic(path, &out)?;
+    let bytes_out = serialize_safetensors(views, selection_metadata(s))?;
+    out.write(&bytes_out)
+        .map_err(crate::dump::DumpError::from)?;
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use codec_core::{Dtype, RopeStyle, Tensor};
-use kvc_io::{load_dump, parse_dump, write_dump, write_file_atomic, Dump, DumpError};
+use kvc_io::{load_dump, parse_dump, Dump, DumpError, Output, OutputError};
 use safetensors::tensor::{SafeTensors, TensorView};
 use safetensors::Dtype as StDtype;
 
@@ -102,6 +102,15 @@ fn loads_sample() {
     }
     assert!(d.kv.k[0].to_f32_vec().iter().all(|x| x.is_finite()));
     assert!(d.kv.k[0].to_f32_vec().iter().any(|x| *x != 0.0));
+}
+
+/// `kvc_io::write_dump` to a path it may replace.
+fn write_dump(
+    path: &Path,
+    kv: &codec_core::KvCache,
+    md: &BTreeMap<String, String>,
+) -> Result<(), DumpError> {
+    kvc_io::write_dump(&Output::replacing(path), kv, md)
 }
 
 #[test]
@@ -369,22 +378,25 @@ fn failed_write_leaves_nothing() {
     fs::create_dir(&target).unwrap();
     fs::write(target.join("keep"), b"x").unwrap();
     let err = write_dump(&target, &d.kv, &d.metadata).unwrap_err();
-    assert!(matches!(err, DumpError::Io { .. }), "{err:?}");
+    assert!(
+        matches!(err, DumpError::Output(OutputError::IsDirectory { .. })),
+        "{err:?}"
+    );
     let names: Vec<_> = fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("out.safetensors")]);
     assert!(target.is_dir());
-    let err = write_file_atomic(&target, b"bytes").unwrap_err();
-    assert!(matches!(err, DumpError::Io { .. }), "{err:?}");
+    let err = Output::replacing(&target).write(b"bytes").unwrap_err();
+    assert!(matches!(err, OutputError::IsDirectory { .. }), "{err:?}");
     assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
 
     // The directory does not exist.
     let missing = dir.path().join("no/such/dir/out.safetensors");
     assert!(matches!(
         write_dump(&missing, &d.kv, &d.metadata),
-        Err(DumpError::Io { .. })
+        Err(DumpError::Output(OutputError::Io { .. }))
     ));
     assert!(!dir.path().join("no").exists());
 

@@ -22,7 +22,10 @@ fn self_contained_keeps_only_the_levels_used() {
                 levels: 12,
             },
         ) => {
-            assert_eq!(e.to_string(), "level 12 does not exist (levels 0..12)")
+            assert_eq!(
+                e.to_string(),
+                "level 12 does not exist (the levels are 0 to 11)"
+            )
         }
         other => panic!("expected NoSuchLevel, got {other:?}"),
     }

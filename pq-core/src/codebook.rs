@@ -111,6 +111,13 @@ impl PqParams {
             refine_rounds: 0,
         }
     }
+
+    /// Checks the parameters for keys of `dim` dimensions, as [`Codebook::train`] does first:
+    /// `dim > 0`, `m` within `1..=`[`MAX_BOOKS`] (and dividing `dim` for
+    /// [`Method::Product`]), `b` within `1..=`[`MAX_CODEBOOK_BITS`].
+    pub fn check(&self, dim: usize) -> Result<(), PqError> {
+        check_shape(self.method, dim, self.m, self.b)
+    }
 }
 
 /// The seed that sub-space `j` is clustered with (see [`PqParams::seed`]).

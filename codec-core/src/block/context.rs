@@ -46,7 +46,10 @@ impl<'p> ChunkContext<'p> {
         if (p.layers(), p.kv_heads(), p.head_dim())
             != (shape.layers, shape.kv_heads, shape.head_dim)
         {
-            return Err(EncodeError::ProfileShape);
+            return Err(EncodeError::ProfileShape {
+                profile: [p.layers(), p.kv_heads(), p.head_dim()],
+                input: [shape.layers, shape.kv_heads, shape.head_dim],
+            });
         }
         Ok(ChunkContext {
             shape,

@@ -3,7 +3,7 @@
 
 use super::header::{ChunkEntry, Header};
 use crate::block::{ChunkContext, ChunkEncoder};
-use crate::consts::{MAX_MODEL_ID_BYTES, STREAM_VERSION};
+use crate::consts::{MAX_GROUP, MAX_MODEL_ID_BYTES, STREAM_VERSION};
 use crate::error::EncodeError;
 use crate::kv::KvView;
 use crate::profile::Profile;
@@ -50,6 +50,8 @@ impl EncodeParams {
     pub const DEFAULT_CHUNK_TOKENS: u32 = 1536;
     /// Default token-group size.
     pub const DEFAULT_GROUP: u32 = 10;
+    /// Largest token-group size (groups are `1..=MAX_GROUP` tokens).
+    pub const MAX_GROUP: u32 = MAX_GROUP;
     /// Default number of sink tokens stored exactly.
     pub const DEFAULT_SINK: u16 = 1;
     /// Default level: the coarsest of the default ladder's levels whose attention error stays
@@ -103,9 +105,10 @@ pub fn encode(
     if params.levels.is_empty()
         || (params.levels.len() != 1 && params.levels.len() != n_chunks as usize)
     {
-        return Err(EncodeError::InvalidParam {
-            what: "number of chunk levels",
-            got: params.levels.len() as u64,
+        return Err(EncodeError::ChunkLevels {
+            given: params.levels.len(),
+            tokens,
+            chunk_tokens: params.chunk_tokens,
         });
     }
     let meta = &view.meta;

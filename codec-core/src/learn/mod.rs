@@ -27,7 +27,7 @@ use crate::error::EncodeError;
 use crate::importance::{
     block_exponents, block_scores, reference_queries, rotate, ImportanceParams,
 };
-use crate::kv::{KvView, RopeStyle, TensorRef};
+use crate::kv::{KvShape, KvView, RopeStyle, TensorRef};
 use crate::profile::{Importance, LevelTables, Profile, SymbolTable};
 use crate::quant::{predict, quantize_block, BlockConsts, ChannelParams, Exps};
 use crate::rans::FreqTable;
@@ -236,10 +236,14 @@ fn check_params(params: &LearnParams) -> Result<(), EncodeError> {
 /// matching shape with finite values.
 fn check_samples(samples: &[Sample<'_>]) -> Result<(), EncodeError> {
     let shape = samples[0].kv.shape;
-    for s in samples {
-        let sh = s.kv.shape;
-        if (sh.layers, sh.kv_heads, sh.head_dim) != (shape.layers, shape.kv_heads, shape.head_dim) {
-            return Err(EncodeError::ProfileShape);
+    let dims = |s: KvShape| [s.layers, s.kv_heads, s.head_dim];
+    for (i, s) in samples.iter().enumerate() {
+        if dims(s.kv.shape) != dims(shape) {
+            return Err(EncodeError::SampleShape {
+                sample: i,
+                shape: dims(s.kv.shape),
+                first: dims(shape),
+            });
         }
         s.kv.check()?;
         if let Some(q) = &s.queries {
