@@ -4,13 +4,21 @@ use std::path::Path;
 
 use kvc_io::eval::{evaluate, Row};
 use kvc_io::policy::{self, ProfileUse};
+use kvc_io::Output;
 
+use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;
 
 /// Measures every level of a profile (`profile`, or self-contained: learned from the input and
-/// embedded) on the dump at `input`, and prints the table or JSON.
-pub fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> {
+/// embedded) on the dump at `input`, and prints the table or JSON; with `plot`, also draws bits
+/// per element against attention error into that SVG file.
+pub fn cmd_eval(
+    input: &Path,
+    profile: Option<&Path>,
+    json: bool,
+    plot: Option<&Output>,
+) -> Result<()> {
     let d = kvc_io::load_dump(input).map_err(|e| e.to_string())?;
     let mut bars = Bars::on_stderr();
     let (full, mode) = match profile {
@@ -28,13 +36,29 @@ pub fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> 
         None => ProfileUse::SelfContained(&full),
     };
     let rows = evaluate(&d, how, &mut bars).map_err(|e| e.to_string())?;
+    print(input, &d, &mode, full.as_bytes().len(), &rows, json)?;
+    match plot {
+        Some(p) => plot::write(p, &chart(input, &rows)),
+        None => Ok(()),
+    }
+}
+
+/// The table, or the JSON with `json`.
+fn print(
+    input: &Path,
+    d: &kvc_io::Dump,
+    mode: &str,
+    profile_bytes: usize,
+    rows: &[Row],
+    json: bool,
+) -> Result<()> {
     let shape = d.kv.shape;
     if json {
         let j = serde_json::json!({
             "input": input.display().to_string(),
             "mode": mode,
             "shape": {"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "tokens": shape.tokens},
-            "profile_bytes": full.as_bytes().len(),
+            "profile_bytes": profile_bytes,
             "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
         });
         println!(
@@ -55,7 +79,7 @@ pub fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> 
         "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}",
         "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s"
     );
-    for r in &rows {
+    for r in rows {
         let f = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
         let attn = if r.attn.is_nan() {
             "-".into()
@@ -79,6 +103,43 @@ pub fn cmd_eval(input: &Path, profile: Option<&Path>, json: bool) -> Result<()> 
     }
     println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
     Ok(())
+}
+
+/// The level number of a row named like `kvc level 2 (x0.145)` (`None` for the baselines).
+fn level_of(r: &Row) -> Option<&str> {
+    r.name.strip_prefix("kvc level ")?.split(' ').next()
+}
+
+/// Bits per element against attention error (log): kvc's levels as one curve, each point
+/// labelled with its level; each baseline as its own point.
+fn chart(input: &Path, rows: &[Row]) -> Chart {
+    let mut levels = Series {
+        name: "kvc levels".into(),
+        ..Series::default()
+    };
+    let mut baselines = Vec::new();
+    for r in rows {
+        let p = (r.bits_per_element, r.attn);
+        match level_of(r) {
+            Some(l) => {
+                levels.points.push(p);
+                levels.labels.push(l.to_string());
+            }
+            None => baselines.push(Series {
+                name: r.name.clone(),
+                points: vec![p],
+                labels: vec![],
+            }),
+        }
+    }
+    Chart {
+        title: format!("kvc eval: {}", plot::file_name(input)),
+        x_label: "bits per element (every byte of the stream)".into(),
+        y_label: "attention output error ||out'-out||/||out||".into(),
+        log_y: true,
+        curves: vec![levels],
+        points: baselines,
+    }
 }
 
 fn row_json(r: &Row) -> serde_json::Value {

@@ -6,6 +6,7 @@ use kvc_io::judge::{self, JudgeParams, JudgeProfile, JudgeRow};
 use kvc_io::{policy, Output};
 use llm::Model;
 
+use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;
 
@@ -60,8 +61,12 @@ pub struct JudgeArgs<'a> {
     pub params: JudgeParams,
     pub profile: Option<&'a Path>,
     pub json: bool,
+    /// Also draw bits per element against KL into this SVG file.
+    pub plot: Option<&'a Output>,
 }
 
+/// Judges every level (and the baselines) by the model on `a.text`; prints the table or JSON,
+/// and with `a.plot` draws the chart.
 pub fn cmd_judge(a: JudgeArgs<'_>) -> Result<()> {
     let m = load_model(a.model)?;
     let t = read_text(a.text)?;
@@ -80,6 +85,15 @@ pub fn cmd_judge(a: JudgeArgs<'_>) -> Result<()> {
         Some(p) => format!("profile {}", p.display()),
         None => "self-contained (profile learned from the context)".to_string(),
     };
+    print(&a, &m, &j, &mode)?;
+    match a.plot {
+        Some(p) => plot::write(p, &chart(&a, &m, &j)),
+        None => Ok(()),
+    }
+}
+
+/// The table, or the JSON with `a.json`.
+fn print(a: &JudgeArgs<'_>, m: &Model, j: &judge::Judgement, mode: &str) -> Result<()> {
     if a.json {
         let v = serde_json::json!({
             "model": m.model_id(),
@@ -122,6 +136,48 @@ pub fn cmd_judge(a: JudgeArgs<'_>) -> Result<()> {
     }
     println!("(KL(original || decoded) per scored token; top-1: argmax agreement with the original cache)");
     Ok(())
+}
+
+/// Bits per element against KL (log): the kvc levels as one curve labelled with their levels,
+/// each minmax baseline as its own point. The uncompressed row (KL 0 by construction) is not
+/// drawn.
+fn chart(a: &JudgeArgs<'_>, m: &Model, j: &judge::Judgement) -> Chart {
+    let mut levels = Series {
+        name: "kvc levels".into(),
+        ..Series::default()
+    };
+    let mut baselines = Vec::new();
+    for r in &j.rows {
+        let p = (r.bits_per_elem, r.kl);
+        match (r.method.as_str(), r.level) {
+            ("kvc", l) => {
+                levels.points.push(p);
+                levels
+                    .labels
+                    .push(l.map_or_else(String::new, |l| l.to_string()));
+            }
+            ("uncompressed", _) => {}
+            (name, _) => baselines.push(Series {
+                name: name.to_string(),
+                points: vec![p],
+                labels: vec![],
+            }),
+        }
+    }
+    Chart {
+        title: format!(
+            "kvc judge: {} on {} ({} + {} tokens)",
+            m.model_id(),
+            plot::file_name(a.text),
+            j.ctx,
+            j.cont
+        ),
+        x_label: "bits per element (every byte of the stream)".into(),
+        y_label: "KL(original || decoded), nats per token".into(),
+        log_y: true,
+        curves: vec![levels],
+        points: baselines,
+    }
 }
 
 fn row_json(r: &JudgeRow) -> serde_json::Value {

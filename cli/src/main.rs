@@ -6,6 +6,7 @@
 
 mod eval;
 mod judge;
+mod plot;
 mod pq;
 mod progress;
 
@@ -100,6 +101,9 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also draw bits per element against attention error into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
     /// PQCache-style token selection on a dump's real queries (q.{i}).
     Pq {
@@ -150,12 +154,18 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also draw bits per element against KL into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
     /// `eval` on the built-in 512-token sample.
     Demo {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also draw bits per element against attention error into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
 }
 
@@ -171,6 +181,9 @@ enum PqCmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also draw code bits per key against the miss rate (1 - recall@T/5) into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
     /// Write the selected token indices: per layer `sel.{i}` int32 [n_q, q_heads, K] (token
     /// indices up to each query's position, ascending, -1 padding).
@@ -290,7 +303,13 @@ fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
         PqCmd::Eval { opts, .. } | PqCmd::Select { opts, .. } => opts.params()?,
     };
     match cmd {
-        PqCmd::Eval { input, opts, json } => {
+        PqCmd::Eval {
+            input,
+            opts,
+            json,
+            plot,
+        } => {
+            let plot = plot_file(plot.as_deref(), &[&input], force)?;
             let d = load_with_queries(&input)?;
             opts.checked_params(d.kv.shape.head_dim)?;
             let mut sels = Vec::new();
@@ -309,7 +328,7 @@ fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
             if opts.rerank > 0.0 {
                 sels.push(opts.selector(true)?);
             }
-            pq::cmd_eval(&input, &d, &sels, opts.windows(), json)
+            pq::cmd_eval(&input, &d, &sels, opts.windows(), json, plot.as_ref())
         }
         PqCmd::Select {
             input,
@@ -371,7 +390,13 @@ fn main() -> ExitCode {
             input,
             profile,
             json,
-        } => eval::cmd_eval(&input, profile.as_deref(), json),
+            plot,
+        } => {
+            let mut inputs = vec![input.as_path()];
+            inputs.extend(profile.as_deref());
+            plot_file(plot.as_deref(), &inputs, force)
+                .and_then(|plot| eval::cmd_eval(&input, profile.as_deref(), json, plot.as_ref()))
+        }
         Cmd::Pq { cmd } => cmd_pq(cmd, force),
         Cmd::Dump {
             model,
@@ -393,19 +418,31 @@ fn main() -> ExitCode {
             levels,
             no_baselines,
             json,
-        } => judge::cmd_judge(judge::JudgeArgs {
-            model: &model,
-            text: &text,
-            params: kvc_io::judge::JudgeParams {
-                ctx,
-                cont,
-                levels,
-                baselines: !no_baselines,
-            },
-            profile: profile.as_deref(),
-            json,
-        }),
-        Cmd::Demo { json } => eval::cmd_eval(&kvc_io::fixtures::sample(), None, json),
+            plot,
+        } => {
+            let mut inputs = vec![model.as_path(), text.as_path()];
+            inputs.extend(profile.as_deref());
+            plot_file(plot.as_deref(), &inputs, force).and_then(|plot| {
+                judge::cmd_judge(judge::JudgeArgs {
+                    model: &model,
+                    text: &text,
+                    params: kvc_io::judge::JudgeParams {
+                        ctx,
+                        cont,
+                        levels,
+                        baselines: !no_baselines,
+                    },
+                    profile: profile.as_deref(),
+                    json,
+                    plot: plot.as_ref(),
+                })
+            })
+        }
+        Cmd::Demo { json, plot } => {
+            let sample = kvc_io::fixtures::sample();
+            plot_file(plot.as_deref(), &[&sample], force)
+                .and_then(|plot| eval::cmd_eval(&sample, None, json, plot.as_ref()))
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -432,6 +469,11 @@ fn load(path: &Path) -> Result<Dump> {
         DumpError::Io { .. } | DumpError::NotSafetensors { .. } => e.to_string(),
         e => format!("{}: {e}", path.display()),
     })
+}
+
+/// The `--plot` output, if asked for, checked as [`output_file`] checks.
+fn plot_file(path: Option<&Path>, inputs: &[&Path], force: bool) -> Result<Option<Output>> {
+    path.map(|p| output_file(p, inputs, force)).transpose()
 }
 
 /// A dump that has queries (token selection needs them).

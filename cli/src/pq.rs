@@ -5,25 +5,37 @@ use std::path::Path;
 use kvc_io::pq::{self, Figures, Report, Selector, Windows};
 use kvc_io::{Dump, Output};
 
+use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;
 
-/// `kvc pq eval`: every selector in `sels` on the dump, printed as a table or JSON.
+/// `kvc pq eval`: every selector in `sels` on the dump, printed as a table or JSON; with `plot`,
+/// also drawn (code bits per key against the miss rate) into that SVG file.
 pub fn cmd_eval(
     input: &Path,
     dump: &Dump,
     sels: &[Selector],
     w: Windows,
     json: bool,
+    plot: Option<&Output>,
 ) -> Result<()> {
     let report = pq::evaluate(dump, sels, w, &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
+    print(input, dump, &report, w, json)?;
+    match plot {
+        Some(p) => plot::write(p, &chart(input, &report)),
+        None => Ok(()),
+    }
+}
+
+/// The table, or the JSON with `json`.
+fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> Result<()> {
     let s = dump.kv.shape;
     let (layers, kv_heads, t) = (s.layers, s.kv_heads, s.tokens);
     let Report {
         k_t5: k5,
         k_t10: k10,
         figures,
-    } = &report;
+    } = report;
     if json {
         let j = serde_json::json!({
             "input": input.display().to_string(),
@@ -89,6 +101,32 @@ pub fn cmd_eval(
         println!("  {:<44} {}", f.name, parts.join(", "));
     }
     Ok(())
+}
+
+/// Code bits per key against the miss rate 1 - recall@T/5 (log): one point per selector, named
+/// by it and labelled with its miss rate. A re-ranking selector also reads a kvc stream (its
+/// level is in the name) that these bits do not count.
+fn chart(input: &Path, report: &Report) -> Chart {
+    let points = report
+        .figures
+        .iter()
+        .map(|f| {
+            let miss = 1.0 - f.recall_t5;
+            Series {
+                name: f.name.clone(),
+                points: vec![(f.bits_per_key as f64, miss)],
+                labels: vec![format!("{miss:.3}")],
+            }
+        })
+        .collect();
+    Chart {
+        title: format!("kvc pq eval: {}", plot::file_name(input)),
+        x_label: "code bits per key (per KV head)".into(),
+        y_label: format!("miss rate 1 - recall of the exact top-{}", report.k_t5),
+        log_y: true,
+        curves: vec![],
+        points,
+    }
 }
 
 fn figures_json(f: &Figures, tokens: usize) -> serde_json::Value {

@@ -1,7 +1,7 @@
 //! The `kvc` binary end to end: encode, inspect, decode, profile, and clean failures.
 
 mod common;
-use common::kvc;
+use common::{kvc, svg_texts};
 
 use std::path::{Path, PathBuf};
 
@@ -110,4 +110,38 @@ fn bad_inputs_fail_with_one_message_and_no_output() {
     let (ok, _, err) = kvc(&["encode", good.to_str().unwrap(), o]);
     assert!(!ok && err.lines().count() == 1, "{err}");
     assert!(!out.exists());
+}
+
+#[test]
+fn demo_plot_draws_levels_and_baselines() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = p(dir.path(), "demo.svg");
+    let (ok, out, err) = kvc(&["demo", "--plot", svg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    // The table is printed as without --plot.
+    assert!(
+        out.contains("kvc level 11") && out.contains("minmax int3"),
+        "{out}"
+    );
+    assert!(err.contains(&format!("wrote {}", svg.display())), "{err}");
+    let texts = svg_texts(&svg);
+    for want in [
+        "kvc eval: smollm2-gpl3-512.safetensors",
+        "bits per element (every byte of the stream)",
+        "attention output error ||out'-out||/||out||",
+        "kvc levels",
+        "minmax int8",
+        "minmax int4",
+        "minmax int3",
+        "0",
+        "11",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want} in {texts:?}");
+    }
+    // A path that cannot be written fails cleanly, after the table.
+    let bad = p(dir.path(), "missing/demo.svg");
+    let (ok, out, err) = kvc(&["demo", "--json", "--plot", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("kvc: error:"), "{err}");
+    assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok());
+    assert!(!bad.exists());
 }

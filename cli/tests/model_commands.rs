@@ -2,7 +2,7 @@
 //! Skipped (and said so) without the model; CI fetches it and sets `KVC_REQUIRE_MODEL=1`.
 
 mod common;
-use common::kvc;
+use common::{kvc, svg_texts};
 
 use std::path::Path;
 
@@ -37,10 +37,25 @@ fn dump_encode_decode_judge() {
     assert!(ok, "{err}");
     let b = kvc_io::load_dump(Path::new(&back)).unwrap();
     assert_eq!(b.kv.shape, d.kv.shape);
+    let svg = f("judge.svg");
     let (ok, out, err) = kvc(&[
         "judge", model, text, "--ctx", "200", "--cont", "24", "--levels", "1,9", "--json",
+        "--plot", &svg,
     ]);
     assert!(ok, "{err}");
+    // The levels as one curve labelled 1 and 9, the baselines as points, not the uncompressed row.
+    let texts = svg_texts(Path::new(&svg));
+    for want in [
+        "KL(original || decoded), nats per token",
+        "kvc levels",
+        "minmax-int8",
+        "minmax-int3",
+        "1",
+        "9",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want} in {texts:?}");
+    }
+    assert!(!texts.iter().any(|t| t == "uncompressed"), "{texts:?}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = j["rows"].as_array().unwrap();
     let methods: Vec<_> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();

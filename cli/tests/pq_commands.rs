@@ -1,5 +1,8 @@
 //! `kvc pq eval` and `kvc pq select` on the built-in sample (real SmolLM2 keys and queries).
 
+mod common;
+use common::svg_texts;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -22,13 +25,30 @@ fn kvc(args: &[&str]) -> (bool, Vec<u8>, String) {
 
 #[test]
 fn eval_json_reports_every_figure_and_reranking_helps() {
-    let (ok, out, err) = kvc(&["pq", "eval", SAMPLE, "--json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("pq.svg");
+    let (ok, out, err) = kvc(&[
+        "pq",
+        "eval",
+        SAMPLE,
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
+    // --plot leaves the JSON as it is and draws one point per selector.
     let j: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(j["k_t5"], 102); // round(512 / 5)
     let rows = j["rows"].as_array().unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names.len(), 3, "{names:?}");
+    let texts = svg_texts(&svg);
+    for want in names.iter().copied().chain([
+        "code bits per key (per KV head)",
+        "miss rate 1 - recall of the exact top-102",
+    ]) {
+        assert!(texts.iter().any(|t| t == want), "{want} in {texts:?}");
+    }
     assert!(names[0].starts_with("pq "), "{names:?}");
     assert!(names[1].starts_with("rq "), "{names:?}");
     assert!(names[2].contains("rerank"), "{names:?}");

@@ -1,5 +1,7 @@
-//! What the command's test files share.
+//! What the command's test files share (not every file uses every helper).
+#![allow(dead_code)]
 
+use std::path::Path;
 use std::process::Command;
 
 /// Runs `kvc args`: (success, stdout, stderr).
@@ -13,4 +15,35 @@ pub fn kvc(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Checks that `path` holds one SVG document (`--plot`) and returns its texts (title, axis
+/// descriptions, ticks, legend, point labels), trimmed and unescaped, in drawing order.
+pub fn svg_texts(path: &Path) -> Vec<String> {
+    let svg = std::fs::read_to_string(path).unwrap();
+    let body = svg.trim();
+    assert!(
+        body.starts_with("<svg") || body.starts_with("<?xml"),
+        "{svg}"
+    );
+    assert!(body.ends_with("</svg>"), "{svg}");
+    assert_eq!(svg.matches("<svg").count(), 1);
+    assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+    svg.split("<text")
+        .skip(1)
+        .map(|t| {
+            let inner = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
+            let unescaped = [
+                ("&lt;", "<"),
+                ("&gt;", ">"),
+                ("&quot;", "\""),
+                ("&apos;", "'"),
+            ]
+            .iter()
+            .fold(inner.trim().to_string(), |s, (from, to)| {
+                s.replace(from, to)
+            });
+            unescaped.replace("&amp;", "&")
+        })
+        .collect()
 }
