@@ -43,8 +43,9 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
 fn existing_outputs_are_kept_without_force() {
     let (dir, input, stream) = setup();
     let out = dir.path().join("out");
-    let commands: [Vec<&str>; 4] = [
+    let commands: [Vec<&str>; 5] = [
         vec!["encode", s(&input), s(&out)],
+        vec!["eval", s(&input), "--plot", s(&out), "--json"],
         vec!["decode", s(&stream), s(&out)],
         vec!["profile", "-o", s(&out), s(&input)],
         vec![
