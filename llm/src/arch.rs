@@ -1,6 +1,9 @@
-//! The crate's only unsafe code: the element-wise kernels of [`crate::ops`] compiled a second time
-//! for AVX2 and picked at run time. The code is the same (`#[inline(always)]` bodies), only the
-//! vector width changes: Rust never fuses multiply-adds, so both give the same bits.
+//! The crate's only unsafe code:
+//! - the element-wise kernels of [`crate::ops`] compiled a second time for AVX2 and picked at run
+//!   time. The code is the same (`#[inline(always)]` bodies), only the vector width changes: Rust
+//!   never fuses multiply-adds, so both give the same bits;
+//! - [`matmul`], the `gemm` crate's single-threaded f32 product (the kernel candle's matmul runs)
+//!   on slices whose extents are checked first, for the attention that keeps its scores in cache.
 #![allow(unsafe_code)]
 
 use crate::ops::{CausalSoftmax, SwiGluKernel};
@@ -29,6 +32,70 @@ pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
         return unsafe { swiglu_avx2(gate, up) };
     }
     SwiGluKernel::apply(gate, up)
+}
+
+/// A matrix operand: `data[rs * i + cs * j]` is element `(i, j)`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl Mat<'_> {
+    /// Whether every element of a `rows x cols` matrix lies inside `data`.
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        let last = (rows.saturating_sub(1))
+            .checked_mul(self.rs)
+            .zip((cols.saturating_sub(1)).checked_mul(self.cs))
+            .and_then(|(a, b)| a.checked_add(b));
+        rows == 0 || cols == 0 || last.is_some_and(|l| l < self.data.len())
+    }
+}
+
+/// `dst = a b` for `a` `m x k`, `b` `k x n` and `dst` `m x n` row-major (row stride `n`), on
+/// this thread. Panics if an operand does not hold its extent (a bug of the caller).
+pub(crate) fn matmul(dst: &mut [f32], a: Mat<'_>, b: Mat<'_>, m: usize, k: usize, n: usize) {
+    let d = Mat {
+        data: dst,
+        rs: n,
+        cs: 1,
+    };
+    assert!(
+        d.holds(m, n) && a.holds(m, k) && b.holds(k, n),
+        "matmul {m}x{k}x{n}: an operand is too short"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let s = |x: usize| x as isize;
+    // SAFETY: every element gemm reads or writes (`(i, j)` at `rs * i + cs * j` for `i` below
+    // the rows and `j` below the columns of each operand) lies inside its slice, checked just
+    // above, and `dst` is borrowed mutably, so it aliases neither input. With `read_dst` false
+    // the destination's old values are not read; `Parallelism::None` runs on this thread.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            s(n),
+            false,
+            a.data.as_ptr(),
+            s(a.cs),
+            s(a.rs),
+            b.data.as_ptr(),
+            s(b.cs),
+            s(b.rs),
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

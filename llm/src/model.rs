@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::error::{bad_input, LlmError};
-use crate::ops::{CausalSoftmax, SwiGlu};
+use crate::ops::{Attention, SwiGlu};
 use crate::rope::Rotary;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Block, Weights};
@@ -221,17 +221,14 @@ impl Model {
         }
         let k_all = Tensor::cat(&[&state.k[layer], &k], 1)?;
         let v_all = Tensor::cat(&[&state.v[layer], &v], 1)?;
-        let group = c.heads / c.kv_heads;
-        let total = k_all.dim(1)?;
-        // Query head h reads KV head h / group: the group's queries are consecutive rows.
-        let qg = q.reshape((c.kv_heads, group * t, d))?;
-        let probs = qg.matmul(&k_all.t()?)?;
-        probs.inplace_op1(&CausalSoftmax {
-            past: total - t,
-            t,
-            scale: 1.0 / (d as f32).sqrt(),
-        })?;
-        let o = probs.matmul(&v_all)?;
+        // Query head h reads KV head h / (heads / kv_heads).
+        let o = q.apply_op3_no_bwd(
+            &k_all,
+            &v_all,
+            &Attention {
+                scale: 1.0 / (d as f32).sqrt(),
+            },
+        )?;
         let o = o
             .reshape((c.heads, t, d))?
             .transpose(0, 1)?
