@@ -114,16 +114,11 @@ fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
 mod tests {
     use super::*;
 
-    /// Values in [-20, 20) from a fixed xorshift.
+    /// Values in [-20, 20).
     fn data(n: usize) -> Vec<f32> {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 40.0 - 20.0
-            })
+        crate::ops::tests::data(n, 0x9e37_79b9_7f4a_7c15)
+            .iter()
+            .map(|x| x * 10.0)
             .collect()
     }
 

@@ -266,7 +266,7 @@ fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -328,7 +328,7 @@ mod tests {
     }
 
     /// Values in [-2, 2) from a fixed xorshift.
-    fn data(n: usize, seed: u64) -> Vec<f32> {
+    pub(crate) fn data(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed | 1;
         (0..n)
             .map(|_| {
