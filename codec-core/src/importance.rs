@@ -31,7 +31,8 @@
 //! All of it is f64 arithmetic with `libm` in a fixed order, so it is deterministic everywhere.
 
 use crate::consts::MAX_EXP;
-use crate::kv::{Rope, RopeStyle};
+use crate::kv::Rope;
+use crate::rope::rotate;
 use alloc::vec::Vec;
 
 /// Parameters of the token-importance policy; stored in a profile, since the profile's steps are
@@ -66,41 +67,6 @@ impl ImportanceParams {
             && self.quantile.is_finite()
             && (0.0..=1.0).contains(&self.quantile)
             && self.max_exp <= MAX_EXP
-    }
-}
-
-/// Frequency of rotary pair `j` of a head of `d` channels at position scale `scaling`.
-fn pair_angle(rope: &Rope, d: usize, j: usize, pos: f64) -> f64 {
-    let scaling = if rope.scaling.is_finite() && rope.scaling > 0.0 {
-        rope.scaling as f64
-    } else {
-        1.0
-    };
-    let theta = if rope.theta.is_finite() && rope.theta > 1.0 {
-        rope.theta as f64
-    } else {
-        10000.0
-    };
-    (pos / scaling) * libm::pow(theta, -2.0 * j as f64 / d as f64)
-}
-
-/// Rotates one head vector `v` (`d` values) to position `pos` (negative: un-rotates).
-pub fn rotate(v: &mut [f64], pos: f64, rope: &Rope) {
-    let d = v.len();
-    if !d.is_multiple_of(2) {
-        return;
-    }
-    for j in 0..d / 2 {
-        let (a, b) = match rope.style {
-            RopeStyle::NeoX => (j, j + d / 2),
-            RopeStyle::GptJ => (2 * j, 2 * j + 1),
-            RopeStyle::None => return,
-        };
-        let ang = pair_angle(rope, d, j, pos);
-        let (s, c) = (libm::sin(ang), libm::cos(ang));
-        let (x1, x2) = (v[a], v[b]);
-        v[a] = x1 * c - x2 * s;
-        v[b] = x2 * c + x1 * s;
     }
 }
 
@@ -188,6 +154,7 @@ pub fn block_scores(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::RopeStyle;
     use alloc::vec;
 
     #[test]

@@ -194,16 +194,9 @@ impl TensorRef<'_> {
     pub fn read_f32(&self, start: usize, dst: &mut [f32]) {
         let n = dst.len();
         match self {
-            TensorRef::F16(s) => {
-                for (d, x) in dst.iter_mut().zip(&s[start..start + n]) {
-                    *d = x.to_f32();
-                }
-            }
-            TensorRef::Bf16(s) => {
-                for (d, x) in dst.iter_mut().zip(&s[start..start + n]) {
-                    *d = x.to_f32();
-                }
-            }
+            // Exact widenings; `half`'s slice conversions use the CPU's instructions (F16C).
+            TensorRef::F16(s) => s[start..start + n].convert_to_f32_slice(dst),
+            TensorRef::Bf16(s) => s[start..start + n].convert_to_f32_slice(dst),
             TensorRef::F32(s) => dst.copy_from_slice(&s[start..start + n]),
         }
     }

@@ -80,6 +80,7 @@ macro_rules! layers {
 }
 
 pub mod attention;
+pub mod blend;
 mod bytes;
 pub mod consts;
 #[cfg(feature = "fuzzing")]
@@ -96,6 +97,7 @@ layers! {
     mod limits;
     mod quant;
     mod rans;
+    mod rope;
 }
 
 pub use block::{BlockError, ChunkContext};
@@ -112,3 +114,4 @@ pub use learn::{learn_profile, LearnParams, Queries, Sample};
 pub use limits::Limits;
 pub use profile::{Profile, ProfileError};
 pub use rans::{RansError, TableError};
+pub use rope::{rotate_to_positions, shift_cache, RopeError, Shift};

@@ -25,9 +25,10 @@
 use crate::consts::{group_is_valid, MAX_LEVELS, MAX_RADIUS, WEIGHT_ONE};
 use crate::error::EncodeError;
 use crate::importance::{
-    block_exponents, block_scores, reference_queries, rotate, ImportanceParams,
+    block_exponents, block_scores, reference_queries, ImportanceParams,
 };
 use crate::kv::{KvShape, KvView, RopeStyle, TensorRef};
+use crate::rope::rotate;
 use crate::profile::{Importance, LevelTables, Profile, SymbolTable};
 use crate::quant::{predict, quantize_block, BlockConsts, ChannelParams, Exps};
 use crate::rans::FreqTable;
