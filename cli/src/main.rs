@@ -75,6 +75,27 @@ enum Cmd {
         /// Only check that the stream was coded at this level (streams carry their levels).
         #[arg(long)]
         level: Option<u8>,
+        /// Re-base the cache to start at this position (keys turned by the rotary shift).
+        #[arg(long)]
+        position: Option<u64>,
+    },
+    /// Move a dump's cache to other positions: keys of tokens at --from P.. turned to --to Q..
+    /// (the rotary shift CacheBlend applies to a reused chunk); values unchanged, queries dropped.
+    Shift {
+        input: PathBuf,
+        output: PathBuf,
+        /// Position of the dump's first token [default: its first_position metadata].
+        #[arg(long)]
+        from: Option<u64>,
+        /// New position of the first token.
+        #[arg(long)]
+        to: u64,
+        /// Rotary pairing [default: the dump's rope_style metadata].
+        #[arg(long, value_parser = ["neox", "gptj"])]
+        style: Option<String>,
+        /// Rotary base [default: the dump's rope_theta metadata].
+        #[arg(long)]
+        theta: Option<f32>,
     },
     /// Print a stream's header, profile hash, chunks, levels and sizes.
     Inspect {
@@ -383,7 +404,28 @@ fn main() -> ExitCode {
             output,
             profile,
             level,
-        } => cmd_decode(&input, &output, profile.as_deref(), level, force),
+            position,
+        } => cmd_decode(
+            &input,
+            &output,
+            profile.as_deref(),
+            (level, position),
+            force,
+        ),
+        Cmd::Shift {
+            input,
+            output,
+            from,
+            to,
+            style,
+            theta,
+        } => output_file(&output, &[&input], force).and_then(|out| {
+            let style = style.map(|s| match s.as_str() {
+                "gptj" => codec_core::RopeStyle::GptJ,
+                _ => codec_core::RopeStyle::NeoX,
+            });
+            cmd_shift(&input, &out, from, to, (style, theta))
+        }),
         Cmd::Inspect { input, profile } => cmd_inspect(&input, profile.as_deref()),
         Cmd::Profile { output, samples } => cmd_profile(&output, &samples, force),
         Cmd::Eval {
@@ -527,7 +569,7 @@ fn cmd_decode(
     input: &Path,
     output: &Path,
     profile: Option<&Path>,
-    level: Option<u8>,
+    (level, position): (Option<u8>, Option<u64>),
     force: bool,
 ) -> Result<()> {
     let mut inputs = vec![input];
@@ -552,9 +594,13 @@ fn cmd_decode(
             ));
         }
     }
-    let cache = s
+    let mut cache = s
         .decode()
         .map_err(|e| format!("{}: {e}", input.display()))?;
+    if let Some(q) = position {
+        codec_core::shift_cache(&mut cache, q)
+            .map_err(|e| format!("{}: --position {q}: {e}", input.display()))?;
+    }
     let mut meta = std::collections::BTreeMap::new();
     meta.insert("model".to_string(), cache.meta.model_id.clone());
     meta.insert(
@@ -585,6 +631,38 @@ fn cmd_decode(
         cache.shape.layers,
         cache.shape.tokens,
         cache.dtype().name()
+    );
+    Ok(())
+}
+
+/// `kvc shift`: the dump at `input` moved to start at `to`, with the rotary settings overridden
+/// by `rope` (style, theta) where given.
+fn cmd_shift(
+    input: &Path,
+    out: &Output,
+    from: Option<u64>,
+    to: u64,
+    rope: (Option<codec_core::RopeStyle>, Option<f32>),
+) -> Result<()> {
+    let mut d = load(input)?;
+    let meta = &mut d.kv.meta;
+    meta.rope.style = rope.0.unwrap_or(meta.rope.style);
+    meta.rope.theta = rope.1.unwrap_or(meta.rope.theta);
+    meta.first_position = from.unwrap_or(meta.first_position);
+    let from = meta.first_position;
+    codec_core::shift_cache(&mut d.kv, to).map_err(|e| format!("{}: {e}", input.display()))?;
+    write_dump(out, &d.kv, &d.metadata).map_err(|e| e.to_string())?;
+    eprintln!(
+        "{}: {} tokens moved from position {from} to {to} ({:?} pairing, theta {}){}",
+        out.path().display(),
+        d.kv.shape.tokens,
+        d.kv.meta.rope.style,
+        d.kv.meta.rope.theta,
+        if d.q.is_some() {
+            "; queries dropped"
+        } else {
+            ""
+        }
     );
     Ok(())
 }

@@ -145,3 +145,61 @@ fn demo_plot_draws_levels_and_baselines() {
     assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok());
     assert!(!bad.exists());
 }
+
+#[test]
+fn shift_and_decode_at_a_position_move_keys_not_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |x: &PathBuf| x.to_str().unwrap().to_string();
+    let (moved, back, stream, dec, shifted) = (
+        p(dir.path(), "moved.safetensors"),
+        p(dir.path(), "back.safetensors"),
+        p(dir.path(), "a.kvc"),
+        p(dir.path(), "dec.safetensors"),
+        p(dir.path(), "shifted.safetensors"),
+    );
+    let (ok, _, err) = kvc(&["shift", SAMPLE, &s(&moved), "--to", "1000"]);
+    assert!(ok && err.contains("moved from position 0 to 1000"), "{err}");
+    let (ok, _, err) = kvc(&["shift", &s(&moved), &s(&back), "--to", "0"]);
+    assert!(ok, "{err}");
+    let tensors = |f: &PathBuf, name: &str| -> Vec<f32> {
+        let bytes = std::fs::read(f).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor(name).unwrap();
+        t.data()
+            .chunks(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect()
+    };
+    let sample = PathBuf::from(SAMPLE);
+    for l in ["k.0", "k.29"] {
+        let (orig, m, b) = (tensors(&sample, l), tensors(&moved, l), tensors(&back, l));
+        let worst = |x: &[f32]| {
+            x.iter()
+                .zip(&orig)
+                .map(|(a, o)| (a - o).abs())
+                .fold(0.0, f32::max)
+        };
+        assert!(worst(&m) > 0.1, "{l}: the keys did not move");
+        assert!(worst(&b) < 0.05, "{l}: there and back is {}", worst(&b));
+    }
+    assert_eq!(tensors(&sample, "v.3"), tensors(&moved, "v.3"));
+    // Decoding at a position equals decoding, then shifting.
+    assert!(kvc(&["encode", SAMPLE, &s(&stream)]).0);
+    let (ok, _, err) = kvc(&["decode", &s(&stream), &s(&moved), "--position", "77", "-f"]);
+    assert!(ok, "{err}");
+    assert!(kvc(&["decode", &s(&stream), &s(&dec)]).0);
+    assert!(kvc(&["shift", &s(&dec), &s(&shifted), "--to", "77"]).0);
+    assert_eq!(tensors(&moved, "k.5"), tensors(&shifted, "k.5"));
+    // A cache without rotary pairing cannot move.
+    let (ok, _, err) = kvc(&[
+        "shift",
+        SAMPLE,
+        &s(&back),
+        "--to",
+        "5",
+        "--theta",
+        "0.5",
+        "-f",
+    ]);
+    assert!(!ok && err.contains("theta"), "{err}");
+}
