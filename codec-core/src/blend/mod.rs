@@ -68,8 +68,9 @@ pub struct SelectParams {
 }
 
 impl SelectParams {
-    /// CacheBlend's setting as kvc measures it best (see the README): 15% of the tokens, 20%
-    /// after the first layer, narrowed over 4 layers, on K and V in L2.
+    /// The paper's 15% of the tokens, 20% kept by the first layer's check, narrowed over 4
+    /// layers, on K and V in L2: a starting point until `kvc blend-eval` has measured the
+    /// alternatives on the runner.
     pub const DEFAULT: SelectParams = SelectParams {
         ratio: 0.15,
         first_ratio: 0.2,
