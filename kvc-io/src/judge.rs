@@ -101,6 +101,7 @@ fn prefill(
     let opt = PrefillOptions {
         queries,
         pre_rope_k: pre_rope,
+        ..PrefillOptions::default()
     };
     progress.start("prefill (tokens)", ids.len() as u64);
     let mut done = 0;

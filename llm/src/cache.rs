@@ -27,10 +27,14 @@ pub struct PrefillOptions {
     pub queries: usize,
     /// Store K before the rotary embedding (`meta.rope.k_pre_rope`).
     pub pre_rope_k: bool,
+    /// Position of the first token (0 for a text on its own; a chunk placed after others
+    /// starts later).
+    pub first_position: u64,
 }
 
 impl Model {
-    /// Runs `tokens` from position 0: next-token logits, the KV cache and no queries.
+    /// Runs `tokens` from position 0: next-token logits, the KV cache and no queries (see
+    /// [`PrefillOptions`] for more).
     pub fn prefill(&self, tokens: &[u32]) -> Result<Prefill, LlmError> {
         self.prefill_with(tokens, PrefillOptions::default())
     }
@@ -47,12 +51,12 @@ impl Model {
         opt: PrefillOptions,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Prefill, LlmError> {
-        self.check_tokens(tokens, 0)?;
+        self.check_tokens(tokens, opt.first_position)?;
         if opt.queries > tokens.len() {
             bad_input!("{} queries asked of {} tokens", opt.queries, tokens.len());
         }
         let n = tokens.len();
-        let mut state = self.empty_state(0)?;
+        let mut state = self.empty_state(opt.first_position)?;
         let layers = self.config().layers;
         let mut queries: Vec<Vec<Tensor>> = vec![Vec::new(); layers];
         let mut pre: Vec<Vec<Tensor>> = vec![Vec::new(); layers];

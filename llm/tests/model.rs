@@ -78,12 +78,38 @@ fn shifted_or_twice_rotated_cache_changes_the_result() {
 }
 
 #[test]
+fn shifted_keys_equal_a_prefill_at_the_new_positions() {
+    let Some(m) = model() else { return };
+    let t = gpl3_tokens(m, 96);
+    let at = |first_position| {
+        let opt = PrefillOptions {
+            first_position,
+            ..PrefillOptions::default()
+        };
+        m.prefill_with(&t, opt).unwrap().cache
+    };
+    let (at0, at1000) = (at(0), at(1000));
+    assert_eq!(at1000.meta.first_position, 1000);
+    let mut moved = at0.clone();
+    codec_core::shift_cache(&mut moved, 1000).unwrap();
+    let diff = |a: &KvCache, l: usize| rel(&a.k[l].to_f32_vec(), &at1000.k[l].to_f32_vec());
+    assert!(diff(&moved, 0) < 1e-3, "layer 0: {}", diff(&moved, 0));
+    assert!(diff(&at0, 0) > 0.1, "the positions did not matter");
+    // Deeper layers see only relative positions: they agree too, to rounding.
+    assert!(diff(&moved, 29) < 1e-3, "layer 29: {}", diff(&moved, 29));
+    // Back again, the values never moved.
+    codec_core::shift_cache(&mut moved, 0).unwrap();
+    assert!(diff(&moved, 0) > 0.1 && moved.v == at0.v);
+}
+
+#[test]
 fn pre_rope_and_neox_caches_continue_alike() {
     let Some(m) = model() else { return };
     let t = gpl3_tokens(m, 120);
     let opt = PrefillOptions {
         queries: 8,
         pre_rope_k: true,
+        ..PrefillOptions::default()
     };
     let pre = m.prefill_with(&t[..100], opt).unwrap();
     assert!(pre.cache.meta.rope.k_pre_rope);
