@@ -10,11 +10,11 @@ use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;
 
-fn load_model(path: &Path) -> Result<Model> {
+pub fn load_model(path: &Path) -> Result<Model> {
     Model::load(path).map_err(|e| e.to_string())
 }
 
-fn read_text(path: &Path) -> Result<String> {
+pub fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 

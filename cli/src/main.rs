@@ -4,6 +4,7 @@
 //! Argument parsing and printing only: dumps, metrics, token selection and the encode policies
 //! live in `kvc-io`.
 
+mod blend;
 mod eval;
 mod judge;
 mod plot;
@@ -178,6 +179,67 @@ enum Cmd {
         /// Also draw bits per element against KL into this SVG file.
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
+    },
+    /// CacheBlend on the model: chunk texts prefilled alone, stored, placed one after another,
+    /// a question on top; every method against a full prefill.
+    BlendEval {
+        /// The model (tools/fetch-model fetches the reference one and prints its path).
+        model: PathBuf,
+        /// Chunk text files, comma separated (each prefilled alone from position 0).
+        #[arg(long, value_delimiter = ',', required = true)]
+        chunks: Vec<PathBuf>,
+        /// The question text file: run after the chunks, its last --scored tokens scored.
+        #[arg(long)]
+        question: PathBuf,
+        /// Recompute ratios in percent, comma separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0])]
+        ratio: Vec<f64>,
+        /// kvc level the chunks are also stored at (they are always also used as computed).
+        #[arg(long, default_value_t = 7)]
+        level: u8,
+        /// Tokens per chunk (each text's first ones).
+        #[arg(long, default_value_t = 512)]
+        chunk_tokens: usize,
+        /// The question's last tokens scored.
+        #[arg(long, default_value_t = 128)]
+        scored: usize,
+        /// Seed of the random selection.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// CacheBlend's loading controller: the recompute ratio and the cheapest storage tier whose
+    /// loading hides behind the recompute.
+    BlendPlan {
+        /// Tiers file: one `name GB/s cost-per-GB` per line (`#` comments).
+        #[arg(long)]
+        tiers: PathBuf,
+        /// Context tokens.
+        #[arg(long)]
+        tokens: u64,
+        /// Seconds to prefill the context on the serving model.
+        #[arg(long, conflicts_with = "model")]
+        prefill_s: Option<f64>,
+        /// Measure the prefill time on this GGUF model (the reference runner) instead.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// A stream of the context (or one like it): its layers and its actual bytes per token.
+        #[arg(long, conflicts_with_all = ["bytes_per_token", "layers"])]
+        stream: Option<PathBuf>,
+        /// Stored bytes per token over all layers (without --stream).
+        #[arg(long)]
+        bytes_per_token: Option<f64>,
+        /// The model's layers (without --stream).
+        #[arg(long)]
+        layers: Option<u32>,
+        /// The smallest ratio with a negligible quality drop (r*).
+        #[arg(long, default_value_t = 0.15)]
+        min_ratio: f64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// `eval` on the built-in 512-token sample.
     Demo {
@@ -480,6 +542,52 @@ fn main() -> ExitCode {
                 })
             })
         }
+        Cmd::BlendEval {
+            model,
+            chunks,
+            question,
+            ratio,
+            level,
+            chunk_tokens,
+            scored,
+            seed,
+            json,
+        } => blend_ratios(&ratio).and_then(|ratios| {
+            blend::cmd_blend_eval(blend::BlendArgs {
+                model,
+                chunks,
+                question,
+                params: kvc_io::blend::BlendParams {
+                    chunk_tokens,
+                    scored,
+                    ratios,
+                    level: Some(level),
+                    seed,
+                },
+                json,
+            })
+        }),
+        Cmd::BlendPlan {
+            tiers,
+            tokens,
+            prefill_s,
+            model,
+            stream,
+            bytes_per_token,
+            layers,
+            min_ratio,
+            json,
+        } => blend::cmd_blend_plan(blend::PlanArgs {
+            tiers,
+            tokens,
+            prefill_s,
+            model,
+            stream,
+            bytes_per_token,
+            layers,
+            min_ratio,
+            json,
+        }),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
             plot_file(plot.as_deref(), &[&sample], force)
@@ -516,6 +624,16 @@ fn load(path: &Path) -> Result<Dump> {
 /// The `--plot` output, if asked for, checked as [`output_file`] checks.
 fn plot_file(path: Option<&Path>, inputs: &[&Path], force: bool) -> Result<Option<Output>> {
     path.map(|p| output_file(p, inputs, force)).transpose()
+}
+
+/// `--ratio` percentages as shares, each within 0..=100.
+fn blend_ratios(percent: &[f64]) -> Result<Vec<f64>> {
+    match percent.iter().find(|p| !(0.0..=100.0).contains(*p)) {
+        Some(p) => Err(format!(
+            "--ratio {p}: ratios are percentages within 0..=100"
+        )),
+        None => Ok(percent.iter().map(|p| p / 100.0).collect()),
+    }
 }
 
 /// A dump that has queries (token selection needs them).

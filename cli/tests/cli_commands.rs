@@ -203,3 +203,65 @@ fn shift_and_decode_at_a_position_move_keys_not_values() {
     ]);
     assert!(!ok && err.contains("theta"), "{err}");
 }
+
+#[test]
+fn blend_plan_reproduces_the_papers_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = p(dir.path(), "tiers.txt");
+    std::fs::write(
+        &tiers,
+        "# name GB/s cost-per-GB\nobject-store 0.5 0.02\nnvme 4.194304 0.1  # an SSD\nram 64 3\n",
+    )
+    .unwrap();
+    let t = tiers.to_str().unwrap();
+    let plan = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["blend-plan", "--tiers", t, "--tokens", "4096", "--json"];
+        all.extend_from_slice(args);
+        let (ok, out, err) = kvc(&all);
+        assert!(ok, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    // Llama-7B: 20 ms per layer to prefill, 64 MiB per layer (512 KiB per token over 32
+    // layers); only RAM loads within the 3 ms of a 15% recompute.
+    let v = plan(&[
+        "--prefill-s",
+        "0.64",
+        "--layers",
+        "32",
+        "--bytes-per-token",
+        "524288",
+    ]);
+    assert_eq!(
+        (v["tier"].as_str(), v["hidden"].as_bool()),
+        (Some("ram"), Some(true))
+    );
+    let nvme = &v["tiers"][1];
+    assert!((nvme["load_ms_per_layer"].as_f64().unwrap() - 16.0).abs() < 1e-6);
+    // Llama-70B: 7 ms for 15% of a layer, 16 MiB per layer loads from the SSD in 4 ms.
+    let v = plan(&[
+        "--prefill-s",
+        "3.7333333333",
+        "--layers",
+        "80",
+        "--bytes-per-token",
+        "327680",
+    ]);
+    assert_eq!(v["tier"].as_str(), Some("nvme"));
+    assert!((v["ratio"].as_f64().unwrap() - 0.15).abs() < 1e-9);
+    // A malformed tiers line is named.
+    std::fs::write(&tiers, "ram fast 3\n").unwrap();
+    let (ok, _, err) = kvc(&[
+        "blend-plan",
+        "--tiers",
+        t,
+        "--tokens",
+        "8",
+        "--prefill-s",
+        "1",
+        "--layers",
+        "2",
+        "--bytes-per-token",
+        "4",
+    ]);
+    assert!(!ok && err.contains("line 1"), "{err}");
+}

@@ -82,3 +82,67 @@ fn dump_encode_decode_judge() {
     let (ok, _, err) = kvc(&["judge", "/nonexistent.gguf", text]);
     assert!(!ok && err.contains("tools/fetch-model"), "{err}");
 }
+
+#[test]
+fn blend_eval_reports_every_method_as_json() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Some(model) = llm::test_model(&root) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let q = dir.path().join("q.txt");
+    std::fs::write(
+        &q,
+        "Permission is granted to copy, distribute and modify this text.",
+    )
+    .unwrap();
+    let l = |n: &str| format!("/usr/share/common-licenses/{n}");
+    let chunks = format!("{},{}", l("GPL-2"), l("Apache-2.0"));
+    let (ok, out, err) = kvc(&[
+        "blend-eval",
+        model.to_str().unwrap(),
+        "--chunks",
+        &chunks,
+        "--question",
+        q.to_str().unwrap(),
+        "--chunk-tokens",
+        "32",
+        "--scored",
+        "8",
+        "--ratio",
+        "0,15",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let methods: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    let want = [
+        "cacheblend",
+        "full-recompute",
+        "full-reuse",
+        "prefix-caching",
+        "random",
+        "single-layer-k",
+        "single-layer-v",
+    ];
+    assert_eq!(methods.into_iter().collect::<Vec<_>>(), want);
+    for r in rows {
+        for key in ["ratio", "kl", "top1", "prefill_ms"] {
+            assert!(r[key].is_number(), "{key} in {r}");
+        }
+        assert!((0.0..=1.0).contains(&r["ratio"].as_f64().unwrap()));
+    }
+    let (ok, _, err) = kvc(&[
+        "blend-eval",
+        model.to_str().unwrap(),
+        "--chunks",
+        &chunks,
+        "--question",
+        q.to_str().unwrap(),
+        "--ratio",
+        "150",
+    ]);
+    assert!(!ok && err.contains("--ratio 150"), "{err}");
+}

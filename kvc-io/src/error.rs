@@ -78,6 +78,15 @@ pub enum Error {
         /// Tokens asked for.
         need: usize,
     },
+    /// A line of a tiers file is not `name GB/s cost-per-GB`.
+    Tiers {
+        /// The line number (from 1).
+        line: usize,
+        /// Its text.
+        text: String,
+    },
+    /// A CacheBlend selection step refused its input.
+    Blend(codec_core::blend::BlendError),
     /// pq-core refused its input.
     Pq {
         /// Where, e.g. `layer 3 head 1` (empty if nowhere in particular).
@@ -129,6 +138,12 @@ impl fmt::Display for Error {
                 f,
                 "the text has {have} tokens; {need} are needed (use a longer text or fewer tokens)"
             ),
+            Error::Tiers { line, text } => write!(
+                f,
+                "tiers line {line} ({text:?}): expected `name GB/s cost-per-GB` with a positive \
+                 throughput and a cost of 0 or more"
+            ),
+            Error::Blend(e) => e.fmt(f),
             Error::Pq { at, source } if at.is_empty() => source.fmt(f),
             Error::Pq { at, source } => write!(f, "{at}: {source}"),
         }
@@ -173,6 +188,12 @@ impl From<EncodeError> for Error {
 impl From<DecodeError> for Error {
     fn from(e: DecodeError) -> Self {
         Error::Decode(e)
+    }
+}
+
+impl From<codec_core::blend::BlendError> for Error {
+    fn from(e: codec_core::blend::BlendError) -> Self {
+        Error::Blend(e)
     }
 }
 

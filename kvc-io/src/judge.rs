@@ -9,6 +9,7 @@ use codec_core::{Dtype, EncodeParams, KvCache, Limits, Profile, Stream, Tensor};
 use llm::{Model, Prefill, PrefillOptions};
 use sha2::{Digest, Sha256};
 
+use crate::compare::{log_softmax, Reference};
 use crate::dump::Dump;
 use crate::error::Error;
 use crate::eval::BASELINE_BITS;
@@ -322,79 +323,39 @@ fn queries_for(ctx: usize) -> usize {
 /// The original cache's predictions, against which every method is scored.
 struct Scorer<'a> {
     cont: &'a [u32],
-    vocab: usize,
     logits: Vec<f32>,
-    /// Per prediction, the original's log-probabilities and argmax.
-    log_p: Vec<Vec<f64>>,
-    argmax: Vec<usize>,
+    reference: Reference,
 }
 
 impl<'a> Scorer<'a> {
     fn new(model: &Model, original: &KvCache, cont: &'a [u32]) -> Result<Self, Error> {
-        let vocab = model.config().vocab;
         let logits = model.forward_with_cache(original, cont)?;
-        let log_p: Vec<Vec<f64>> = logits.chunks_exact(vocab).map(log_softmax).collect();
-        let argmax = log_p.iter().map(|r| argmax(r)).collect();
+        let reference = Reference::new(&logits, model.config().vocab);
         Ok(Scorer {
             cont,
-            vocab,
             logits,
-            log_p,
-            argmax,
+            reference,
         })
     }
 
     /// The row of a method whose continuation logits are `logits`.
     fn row(&self, method: &str, level: Option<u8>, bits: f64, logits: &[f32]) -> JudgeRow {
         let n = self.cont.len();
-        let (mut kl, mut agree, mut nll) = (0f64, 0usize, 0f64);
-        for (i, row) in logits.chunks_exact(self.vocab).enumerate() {
-            let lq = log_softmax(row);
-            let lp = &self.log_p[i];
-            kl += lp
-                .iter()
-                .zip(&lq)
-                .map(|(&a, &b)| a.exp() * (a - b))
-                .sum::<f64>();
-            agree += usize::from(argmax(&lq) == self.argmax[i]);
-            if i + 1 < n {
-                nll -= lq[self.cont[i + 1] as usize];
-            }
-        }
+        let (kl, top1) = self.reference.kl_top1(logits);
+        let nll: f64 = logits
+            .chunks_exact(self.reference.vocab())
+            .zip(&self.cont[1..])
+            .map(|(row, &next)| -log_softmax(row)[next as usize])
+            .sum();
         JudgeRow {
             method: method.to_string(),
             level,
             bits_per_elem: bits,
             ppl: (nll / (n - 1) as f64).exp(),
-            kl: kl / n as f64,
-            top1: agree as f64 / n as f64,
+            kl,
+            top1,
             encode_s: None,
             decode_s: None,
         }
     }
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let z: f64 = row
-        .iter()
-        .map(|&x| (x as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    row.iter().map(|&x| x as f64 - z).collect()
-}
-
-/// Index of the largest value (the first of equals).
-fn argmax(v: &[f64]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold((0, f64::NEG_INFINITY), |(bi, bv), (i, &x)| {
-            if x > bv {
-                (i, x)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
 }

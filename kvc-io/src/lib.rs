@@ -36,6 +36,8 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod blend;
+mod compare;
 pub mod dump;
 mod error;
 pub mod eval;

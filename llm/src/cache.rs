@@ -166,7 +166,7 @@ impl Model {
 
     /// A codec cache as the runner's state: checked against the model, K permuted from NeoX
     /// pairing and rotated if stored before the rotary embedding.
-    fn state_of(&self, cache: &KvCache) -> Result<State, LlmError> {
+    pub(crate) fn state_of(&self, cache: &KvCache) -> Result<State, LlmError> {
         let c = self.config();
         let s = cache.shape;
         if (s.layers as usize, s.kv_heads as usize, s.head_dim as usize)

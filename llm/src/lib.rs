@@ -25,6 +25,7 @@
 //! [`RopeStyle::GptJ`](codec_core::RopeStyle), and it accepts either pairing as input.
 
 mod arch;
+mod blend;
 mod cache;
 mod config;
 mod error;
@@ -34,6 +35,7 @@ mod rope;
 mod tokenizer;
 mod weights;
 
+pub use blend::{place_chunks, Blended, Recompute};
 pub use cache::{Prefill, PrefillOptions};
 pub use config::Config;
 pub use error::LlmError;

@@ -120,6 +120,9 @@ impl Model {
     pub(crate) fn rotary(&self) -> &Rotary {
         &self.rotary
     }
+    pub(crate) fn weights(&self) -> &Weights {
+        &self.weights
+    }
 
     /// An empty state whose first token will be at `first_position`.
     pub(crate) fn empty_state(&self, first_position: u64) -> Result<State, LlmError> {
@@ -222,13 +225,9 @@ impl Model {
         let k_all = Tensor::cat(&[&state.k[layer], &k], 1)?;
         let v_all = Tensor::cat(&[&state.v[layer], &v], 1)?;
         // Query head h reads KV head h / (heads / kv_heads).
-        let o = q.apply_op3_no_bwd(
-            &k_all,
-            &v_all,
-            &Attention {
-                scale: 1.0 / (d as f32).sqrt(),
-            },
-        )?;
+        let past = k_all.dim(1)? - t;
+        let op = Attention::step(past, t, 1.0 / (d as f32).sqrt());
+        let o = q.apply_op3_no_bwd(&k_all, &v_all, &op)?;
         let o = o
             .reshape((c.heads, t, d))?
             .transpose(0, 1)?
@@ -239,7 +238,7 @@ impl Model {
     }
 
     /// The SwiGLU MLP: `down(silu(gate h) * up h)`.
-    fn mlp(&self, block: &Block, h: &Tensor) -> Result<Tensor, LlmError> {
+    pub(crate) fn mlp(&self, block: &Block, h: &Tensor) -> Result<Tensor, LlmError> {
         let gate = h.matmul(&block.gate)?;
         gate.inplace_op2(&h.matmul(&block.up)?, &SwiGlu)?;
         Ok(gate.matmul(&block.down)?)

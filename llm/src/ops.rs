@@ -8,19 +8,17 @@ use candle_core::{CpuStorage, CustomOp3, InplaceOp2, Layout, Shape};
 use crate::arch::{matmul, Mat};
 use rayon::prelude::*;
 
-/// For a row of scores of step token `r % t` over `past + t` keys or fewer: entries
-/// `j <= past + r % t` become `softmax(scale * x)` over those entries, the others 0.
+/// A row of attention scores whose query sees its first `seen` keys: those entries become
+/// `softmax(scale * x)` over them, the others 0.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CausalSoftmax {
-    pub past: usize,
-    pub t: usize,
     pub scale: f32,
 }
 
 impl CausalSoftmax {
     #[inline(always)]
-    pub(crate) fn row(&self, r: usize, row: &mut [f32]) {
-        let (seen, masked) = row.split_at_mut(self.past + r % self.t + 1);
+    pub(crate) fn row(&self, seen: usize, row: &mut [f32]) {
+        let (seen, masked) = row.split_at_mut(seen);
         masked.fill(0.0);
         let max = lanes(seen, f32::NEG_INFINITY, f32::max);
         let scale = self.scale;
@@ -136,17 +134,30 @@ impl InplaceOp2 for SwiGlu {
     }
 }
 
-/// Causal attention of one step's queries over a layer's keys and values, a block of query rows
-/// at a time: each block's scores (`BLOCK_ROWS x` the keys it can see) stay in the core's cache
-/// from the `q k^T` product through the softmax to the product with `v`, where a whole layer's
-/// scores would go through memory five times.
+/// Causal attention of queries over a layer's keys and values, a block of query rows at a time:
+/// each block's scores (`BLOCK_ROWS x` the keys it can see) stay in the core's cache from the
+/// `q k^T` product through the softmax to the product with `v`, where a whole layer's scores
+/// would go through memory five times.
 ///
-/// Operands: `q` `[heads, t, d]` (the step's queries, rotated), `k` and `v` `[kv_heads, past + t,
-/// d]`; query head `h` reads KV head `h / (heads / kv_heads)`. Output `[heads, t, d]`. Each block
-/// is computed alone on one thread, so the result does not depend on the thread count.
-#[derive(Clone, Copy, Debug)]
+/// Operands: `q` `[heads, t, d]` (rotated), `k` and `v` `[kv_heads, keys, d]`; query row `r` of
+/// every head sees keys `0..seen[r]`; query head `h` reads KV head `h / (heads / kv_heads)`.
+/// Output `[heads, t, d]`. Each block is computed alone on one thread, so the result does not
+/// depend on the thread count.
+#[derive(Clone, Debug)]
 pub(crate) struct Attention {
     pub scale: f32,
+    /// Keys each query row sees (at least 1, at most the keys).
+    pub seen: Vec<usize>,
+}
+
+impl Attention {
+    /// A step of `t` tokens after `past` cached ones: row `r` sees `past + r + 1` keys.
+    pub(crate) fn step(past: usize, t: usize, scale: f32) -> Self {
+        Attention {
+            scale,
+            seen: (past + 1..=past + t).collect(),
+        }
+    }
 }
 
 /// Query rows per block: 128 rows of scores over 4096 keys are 2 MiB, about a core's L2 (the
@@ -159,27 +170,15 @@ thread_local! {
 }
 
 impl Attention {
-    /// Rows `r0..r0 + out.len() / d` of head `h` (reading KV head `kv`).
-    #[allow(clippy::too_many_arguments)]
-    fn block(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        past: usize,
-        t: usize,
-        r0: usize,
-        out: &mut [f32],
-    ) {
-        let d = q.len() / t;
+    /// Rows `r0..r0 + out.len() / d` of one head (`q` the head's rows, `k` and `v` its KV
+    /// head's).
+    fn block(&self, q: &[f32], k: &[f32], v: &[f32], r0: usize, out: &mut [f32]) {
+        let d = q.len() / self.seen.len();
         let rows = out.len() / d;
-        // The last row sees keys 0..=past + r0 + rows - 1; later keys are masked for all.
-        let keys = past + r0 + rows;
-        let sm = CausalSoftmax {
-            past,
-            t,
-            scale: self.scale,
-        };
+        let seen = &self.seen[r0..r0 + rows];
+        // Keys no row of the block sees are left out of its products.
+        let keys = seen.iter().copied().max().unwrap_or(0);
+        let sm = CausalSoftmax { scale: self.scale };
         SCORES.with_borrow_mut(|s| {
             s.resize(rows * keys, 0.0);
             let qm = Mat {
@@ -194,8 +193,8 @@ impl Attention {
                 cs: d,
             };
             matmul(s, qm, kt, rows, d, keys);
-            for (i, row) in s.chunks_exact_mut(keys).enumerate() {
-                crate::arch::softmax_row(&sm, r0 + i, row);
+            for (row, &n) in s.chunks_exact_mut(keys).zip(seen) {
+                crate::arch::softmax_row(&sm, n, row);
             }
             let p = Mat {
                 data: s,
@@ -229,17 +228,17 @@ impl CustomOp3 for Attention {
         let (q, k, v) = (f32s(qs, ql)?, f32s(ks, kl)?, f32s(vs, vl)?);
         let (heads, t, d) = ql.shape().dims3()?;
         let (kv_heads, total, dk) = kl.shape().dims3()?;
-        if vl.dims() != kl.dims() || dk != d || total < t || kv_heads == 0 || heads % kv_heads != 0
-        {
+        let seen_ok = self.seen.len() == t && self.seen.iter().all(|&n| (1..=total).contains(&n));
+        if vl.dims() != kl.dims() || dk != d || !seen_ok || kv_heads == 0 || heads % kv_heads != 0 {
             candle_core::bail!(
-                "causal-attention: q {:?}, k {:?}, v {:?}",
+                "causal-attention: q {:?}, k {:?}, v {:?}, {} rows of seen keys",
                 ql.dims(),
                 kl.dims(),
-                vl.dims()
+                vl.dims(),
+                self.seen.len()
             );
         }
         let group = heads / kv_heads;
-        let past = total - t;
         let mut out = vec![0.0f32; heads * t * d];
         let mut blocks = Vec::with_capacity(heads * t.div_ceil(BLOCK_ROWS));
         for (h, oh) in out.chunks_mut(t * d).enumerate() {
@@ -251,7 +250,7 @@ impl CustomOp3 for Attention {
             let kv = h / group;
             let span = kv * total * d..(kv + 1) * total * d;
             let (kh, vh) = (&k[span.clone()], &v[span]);
-            self.block(&q[h * t * d..(h + 1) * t * d], kh, vh, past, t, r0, ob);
+            self.block(&q[h * t * d..(h + 1) * t * d], kh, vh, r0, ob);
         });
         Ok((CpuStorage::F32(out), Shape::from((heads, t, d))))
     }
@@ -287,16 +286,12 @@ pub(crate) mod tests {
 
     #[test]
     fn rows_are_causal_softmaxes() {
-        let op = CausalSoftmax {
-            past: 2,
-            t: 3,
-            scale: 0.5,
-        };
-        // 2 heads x 3 step tokens x 5 cache rows.
+        let op = CausalSoftmax { scale: 0.5 };
+        // 2 heads x 3 step tokens x 5 cache rows, after 2 cached tokens.
         let mut v: Vec<f32> = (0..30).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
         let orig = v.clone();
         for (r, row) in v.chunks_mut(5).enumerate() {
-            op.row(r, row);
+            op.row(2 + r % 3 + 1, row);
         }
         for (r, (row, x)) in v.chunks(5).zip(orig.chunks(5)).enumerate() {
             let seen = 2 + r % 3 + 1;
@@ -377,9 +372,7 @@ pub(crate) mod tests {
         let q = candle_core::Tensor::from_slice(q, (heads, t, d), dev).unwrap();
         let k = candle_core::Tensor::from_slice(k, (kv_heads, total, d), dev).unwrap();
         let v = candle_core::Tensor::from_slice(v, (kv_heads, total, d), dev).unwrap();
-        let op = Attention {
-            scale: 1.0 / (d as f32).sqrt(),
-        };
+        let op = Attention::step(total - t, t, 1.0 / (d as f32).sqrt());
         let o = q.apply_op3_no_bwd(&k, &v, &op).unwrap();
         o.flatten_all().unwrap().to_vec1().unwrap()
     }

@@ -19,19 +19,18 @@ impl Rotary {
         Rotary { inv_freq }
     }
 
-    /// `cos` and `sin` tables `[n, head_dim / 2]` of positions `first..first + n`: the angle is
-    /// the f32 product `position * inv_freq`, as in an fp32 reference.
-    pub fn tables(
+    /// `cos` and `sin` tables `[n, head_dim / 2]` of `positions`: the angle is the f32 product
+    /// `position * inv_freq`, as in an fp32 reference.
+    fn tables(
         &self,
-        first: u64,
-        n: usize,
+        positions: impl ExactSizeIterator<Item = u64>,
         device: &Device,
     ) -> candle_core::Result<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
+        let (n, half) = (positions.len(), self.inv_freq.len());
         let mut cos = Vec::with_capacity(n * half);
         let mut sin = Vec::with_capacity(n * half);
-        for p in 0..n as u64 {
-            let pos = (first + p) as f32;
+        for p in positions {
+            let pos = p as f32;
             for &f in &self.inv_freq {
                 let a = f64::from(pos * f);
                 cos.push(a.cos() as f32);
@@ -47,8 +46,22 @@ impl Rotary {
     /// Rotates `x` (`[heads, n, head_dim]`, contiguous) whose rows are positions
     /// `first..first + n`.
     pub fn apply(&self, x: &Tensor, first: u64) -> candle_core::Result<Tensor> {
+        let n = x.dim(1)?;
+        self.rotate(x, (0..n).map(|i| first + i as u64))
+    }
+
+    /// Rotates `x` (`[heads, n, head_dim]`, contiguous) whose rows are at `positions`.
+    pub fn apply_at(&self, x: &Tensor, positions: &[u64]) -> candle_core::Result<Tensor> {
+        self.rotate(x, positions.iter().copied())
+    }
+
+    fn rotate(
+        &self,
+        x: &Tensor,
+        positions: impl ExactSizeIterator<Item = u64>,
+    ) -> candle_core::Result<Tensor> {
         let (heads, n, d) = x.dims3()?;
-        let (cos, sin) = self.tables(first, n, x.device())?;
+        let (cos, sin) = self.tables(positions, x.device())?;
         let y = candle_nn::rotary_emb::rope_i(&x.reshape((1, heads, n, d))?, &cos, &sin)?;
         y.reshape((heads, n, d))
     }

@@ -1,8 +1,9 @@
 //! The runner against an fp32 reference and against itself (cache paths). Runs when
 //! `tools/fetch-model` has fetched the model; CI sets `KVC_REQUIRE_MODEL=1` so that none skip.
 
+use codec_core::blend::SelectParams;
 use codec_core::{KvCache, RopeStyle, Tensor as KvTensor};
-use kvc_llm::{Model, PrefillOptions};
+use kvc_llm::{Model, PrefillOptions, Recompute};
 use std::path::Path;
 
 fn model() -> Option<&'static Model> {
@@ -168,5 +169,87 @@ fn bad_inputs_are_errors() {
     assert!(
         missing.to_string().contains("tools/fetch-model"),
         "{missing}"
+    );
+}
+
+/// Two 64-token chunks of GPL-3 prefilled alone, placed one after the other, and a 32-token
+/// suffix: (reused cache, chunk tokens, suffix).
+fn two_chunks(m: &Model) -> (KvCache, Vec<u32>, Vec<u32>) {
+    let t = gpl3_tokens(m, 400);
+    let (a, b, q) = (&t[..64], &t[200..264], &t[300..332]);
+    let chunks = [m.prefill(a).unwrap().cache, m.prefill(b).unwrap().cache];
+    let placed = kvc_llm::place_chunks(&chunks).unwrap();
+    (placed, [a, b].concat(), q.to_vec())
+}
+
+#[test]
+fn the_fusor_spans_full_reuse_to_full_prefill() {
+    let Some(m) = model() else { return };
+    let (reused, tokens, suffix) = two_chunks(m);
+    assert_eq!((reused.shape.tokens, reused.meta.first_position), (128, 0));
+    let vocab = m.config().vocab;
+    // Full reuse: the suffix on the placed caches as they are.
+    let reuse = m.forward_with_cache(&reused, &suffix).unwrap();
+    let none = m
+        .blend(&reused, &tokens, &suffix, &Recompute::Fixed(vec![]))
+        .unwrap();
+    assert!(
+        rel(&none.logits, &reuse) < 1e-4,
+        "{}",
+        rel(&none.logits, &reuse)
+    );
+    let zero = SelectParams {
+        ratio: 0.0,
+        first_ratio: 0.0,
+        ..SelectParams::DEFAULT
+    };
+    let sel0 = m
+        .blend(&reused, &tokens, &suffix, &Recompute::Select(zero))
+        .unwrap();
+    assert!(rel(&sel0.logits, &reuse) < 1e-4);
+    // The first layer is recomputed in full (its K/V equal the reused ones to rounding).
+    assert_eq!(sel0.recomputed[0].len(), 128);
+    assert!(sel0.recomputed[1..].iter().all(|r| r.is_empty()));
+    // Full recompute: a prefill of everything.
+    let full = m.forward(&[&tokens[..], &suffix].concat()).unwrap();
+    let full = &full[128 * vocab..];
+    let all = SelectParams {
+        ratio: 1.0,
+        first_ratio: 1.0,
+        ..SelectParams::DEFAULT
+    };
+    let sel1 = m
+        .blend(&reused, &tokens, &suffix, &Recompute::Select(all))
+        .unwrap();
+    assert!(
+        rel(&sel1.logits, full) < 1e-4,
+        "{}",
+        rel(&sel1.logits, full)
+    );
+    assert!(sel1.recomputed.iter().all(|r| r.len() == 128));
+    // The reused caches differ from a full prefill: full reuse is measurably off.
+    assert!(rel(&reuse, full) > 1e-3);
+    // CacheBlend at the default 15% lands in between, narrowing as it goes.
+    let cb = m
+        .blend(
+            &reused,
+            &tokens,
+            &suffix,
+            &Recompute::Select(SelectParams::DEFAULT),
+        )
+        .unwrap();
+    let counts: Vec<usize> = cb.recomputed.iter().map(|r| r.len()).collect();
+    assert_eq!(
+        (counts[0], counts[1]),
+        (128, 26),
+        "all, then 20% of 128 rounded up"
+    );
+    assert_eq!(counts[29], 20, "15% of 128, rounded up");
+    assert!(counts.windows(2).all(|w| w[0] >= w[1]));
+    assert!(
+        cb.flops < 0.5 * sel1.flops,
+        "{} of {}",
+        cb.flops,
+        sel1.flops
     );
 }

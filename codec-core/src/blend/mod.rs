@@ -1,12 +1,13 @@
 //! HKVD token selection for CacheBlend (paper §4.3): which tokens of reused chunk caches to
 //! recompute, layer by layer, with gradual filtering (figure 9).
 //!
-//! The first layer recomputes every reused token and keeps the `first_ratio` share whose K/V
+//! The first check recomputes every reused token and keeps the `first_ratio` share whose K/V
 //! deviate most from the reused ones (High KV Deviation); each later layer recomputes only the
 //! tokens kept by the layer before, measures their deviation again and keeps the most deviating
 //! of them, the share narrowing linearly from `first_ratio` to `ratio` over `narrow_layers`
 //! checks and staying at `ratio` after. [`Filter`] holds that state; the runner computes the
-//! deviations ([`deviations`]) from the K/V it recomputed.
+//! deviations ([`deviations`]) from the K/V it recomputed. (A model's first-layer K/V depend on
+//! each token alone, so the runner recomputes that layer in full and checks from the second.)
 //!
 //! ```
 //! use codec_core::blend::{Filter, Norm, SelectParams, Tensors};
@@ -262,6 +263,11 @@ impl Filter {
     /// The tokens to recompute at the current layer, ascending.
     pub fn candidates(&self) -> &[u32] {
         &self.candidates
+    }
+
+    /// The selection's parameters.
+    pub fn params(&self) -> &SelectParams {
+        &self.params
     }
 
     /// Narrows the candidates by their deviations at the current layer (`dev[i]` belongs to

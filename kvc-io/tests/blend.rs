@@ -1,0 +1,69 @@
+//! `kvc blend-eval`'s measurement on the reference model, on short chunks: the baselines are
+//! where they must be, CacheBlend spans full reuse to full recompute, and the report is whole.
+//! Skipped (and said so) without the model; CI fetches it and sets `KVC_REQUIRE_MODEL=1`.
+
+use kvc_io::blend::{blend_eval, BlendParams};
+use kvc_io::Silent;
+use llm::Model;
+use std::path::Path;
+
+fn model() -> Option<&'static Model> {
+    llm::shared_test_model(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
+fn licence(name: &str) -> String {
+    std::fs::read_to_string(format!("/usr/share/common-licenses/{name}")).unwrap()
+}
+
+#[test]
+fn baselines_and_cacheblend_on_short_chunks() {
+    let Some(m) = model() else { return };
+    let chunks = [licence("GPL-2"), licence("Apache-2.0"), licence("MPL-2.0")];
+    let question: String = licence("GFDL-1.3").chars().take(300).collect();
+    let params = BlendParams {
+        chunk_tokens: 48,
+        scored: 16,
+        ratios: vec![0.0, 0.5, 1.0],
+        level: Some(9),
+        seed: 1,
+    };
+    let r = blend_eval(m, &chunks, &question, &params, &mut Silent).unwrap();
+    assert_eq!(r.reused_tokens, 144);
+    // Per storage: 4 selecting methods x 3 ratios, and 3 baselines.
+    assert_eq!(r.rows.len(), 2 * (4 * 3 + 3));
+    let get = |method: &str, storage: &str, ratio: f64| {
+        r.rows
+            .iter()
+            .find(|x| x.method == method && x.storage == storage && x.ratio == ratio)
+            .unwrap_or_else(|| panic!("no row {method} {storage} {ratio}"))
+    };
+    for storage in ["lossless", "kvc level 9"] {
+        let full = get("full-recompute", storage, 1.0);
+        assert!(full.kl < 1e-6 && full.top1 == 1.0, "{full:?}");
+        assert!((full.flop_share - 1.0).abs() < 1e-9);
+        let reuse = get("full-reuse", storage, 0.0);
+        assert!(
+            reuse.kl > 1e-3,
+            "chunks prefilled alone must differ: {reuse:?}"
+        );
+        let cb0 = get("cacheblend", storage, 0.0);
+        assert!(
+            (cb0.kl - reuse.kl).abs() < 0.1 * reuse.kl,
+            "{cb0:?} vs {reuse:?}"
+        );
+        let cb1 = get("cacheblend", storage, 1.0);
+        assert!(cb1.kl < 1e-6, "{cb1:?}");
+        let cb = get("cacheblend", storage, 0.5);
+        assert!(cb.kl < reuse.kl && cb.flop_share < 1.0, "{cb:?}");
+        assert!(cb.recall.is_some_and(|x| (0.0..=1.0).contains(&x)));
+    }
+    // The first chunk is a true prefix: reused as computed, it costs prefix caching nothing.
+    let prefix = get("prefix-caching", "lossless", 96.0 / 144.0);
+    assert!(prefix.kl < 1e-6, "{prefix:?}");
+    // Too short a question is an error, not a panic.
+    let p = BlendParams {
+        scored: 10_000,
+        ..params
+    };
+    assert!(blend_eval(m, &chunks, &question, &p, &mut Silent).is_err());
+}
