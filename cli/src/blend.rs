@@ -84,15 +84,34 @@ fn row_json(r: &BlendRow) -> serde_json::Value {
 }
 
 /// Options of `kvc blend-plan`.
+#[derive(clap::Args)]
 pub struct PlanArgs {
+    /// Tiers file: one `name GB/s cost-per-GB` per line (`#` comments).
+    #[arg(long)]
     pub tiers: PathBuf,
+    /// Context tokens.
+    #[arg(long)]
     pub tokens: u64,
+    /// Seconds to prefill the context on the serving model.
+    #[arg(long, conflicts_with = "model")]
     pub prefill_s: Option<f64>,
+    /// Measure the prefill time on this GGUF model (the reference runner) instead.
+    #[arg(long)]
     pub model: Option<PathBuf>,
+    /// A stream of the context (or one like it): its layers and its actual bytes per token.
+    #[arg(long, conflicts_with_all = ["bytes_per_token", "layers"])]
     pub stream: Option<PathBuf>,
+    /// Stored bytes per token over all layers (without --stream).
+    #[arg(long)]
     pub bytes_per_token: Option<f64>,
+    /// The model's layers (without --stream).
+    #[arg(long)]
     pub layers: Option<u32>,
+    /// The smallest ratio with a negligible quality drop (r*).
+    #[arg(long, default_value_t = 0.15)]
     pub min_ratio: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
     pub json: bool,
 }
 

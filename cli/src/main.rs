@@ -212,35 +212,7 @@ enum Cmd {
     },
     /// CacheBlend's loading controller: the recompute ratio and the cheapest storage tier whose
     /// loading hides behind the recompute.
-    BlendPlan {
-        /// Tiers file: one `name GB/s cost-per-GB` per line (`#` comments).
-        #[arg(long)]
-        tiers: PathBuf,
-        /// Context tokens.
-        #[arg(long)]
-        tokens: u64,
-        /// Seconds to prefill the context on the serving model.
-        #[arg(long, conflicts_with = "model")]
-        prefill_s: Option<f64>,
-        /// Measure the prefill time on this GGUF model (the reference runner) instead.
-        #[arg(long)]
-        model: Option<PathBuf>,
-        /// A stream of the context (or one like it): its layers and its actual bytes per token.
-        #[arg(long, conflicts_with_all = ["bytes_per_token", "layers"])]
-        stream: Option<PathBuf>,
-        /// Stored bytes per token over all layers (without --stream).
-        #[arg(long)]
-        bytes_per_token: Option<f64>,
-        /// The model's layers (without --stream).
-        #[arg(long)]
-        layers: Option<u32>,
-        /// The smallest ratio with a negligible quality drop (r*).
-        #[arg(long, default_value_t = 0.15)]
-        min_ratio: f64,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    BlendPlan(blend::PlanArgs),
     /// `eval` on the built-in 512-token sample.
     Demo {
         /// Print JSON instead of a table.
@@ -567,27 +539,7 @@ fn main() -> ExitCode {
                 json,
             })
         }),
-        Cmd::BlendPlan {
-            tiers,
-            tokens,
-            prefill_s,
-            model,
-            stream,
-            bytes_per_token,
-            layers,
-            min_ratio,
-            json,
-        } => blend::cmd_blend_plan(blend::PlanArgs {
-            tiers,
-            tokens,
-            prefill_s,
-            model,
-            stream,
-            bytes_per_token,
-            layers,
-            min_ratio,
-            json,
-        }),
+        Cmd::BlendPlan(args) => blend::cmd_blend_plan(args),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
             plot_file(plot.as_deref(), &[&sample], force)
