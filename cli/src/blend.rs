@@ -3,23 +3,143 @@
 use std::path::PathBuf;
 
 use codec_core::blend::plan::{plan, Request, Tier};
-use kvc_io::blend::{blend_eval, BlendParams, BlendRow};
+use codec_core::blend::{Norm, SelectParams, Tensors};
+use kvc_io::blend::{blend_eval, BlendParams, BlendReport, BlendRow, METHODS};
+use kvc_io::judge::JudgeProfile;
+use kvc_io::policy;
 
 use crate::judge::{load_model, read_text};
 use crate::progress::Bars;
 use crate::Result;
 
 /// Options of `kvc blend-eval`.
-pub struct BlendArgs {
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// The model (tools/fetch-model fetches the reference one and prints its path).
     pub model: PathBuf,
+    /// Chunk text files, comma separated (each prefilled alone from position 0).
+    #[arg(long, value_delimiter = ',', required = true)]
     pub chunks: Vec<PathBuf>,
+    /// The question text file: run after the chunks, its last --scored tokens scored.
+    #[arg(long)]
     pub question: PathBuf,
-    pub params: BlendParams,
+    /// Recompute ratios in percent, comma separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0])]
+    pub ratio: Vec<f64>,
+    /// kvc level the chunks are also stored at (they are always also used as computed), or
+    /// `none`.
+    #[arg(long, default_value = "7", value_parser = parse_level)]
+    pub level: StoreLevel,
+    /// Store the chunks with one step per channel for all tokens (no per-token steps from the
+    /// token-importance policy), as `kvc encode --uniform-steps`.
+    #[arg(long)]
+    pub uniform_steps: bool,
+    /// Tokens per chunk (each text's first ones).
+    #[arg(long, default_value_t = 512)]
+    pub chunk_tokens: usize,
+    /// The question's last tokens scored.
+    #[arg(long, default_value_t = 128)]
+    pub scored: usize,
+    /// A profile for the stored chunks (learned elsewhere, referenced by the streams, not
+    /// counted in their bits); without it each stream embeds one learned from its own chunk.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Seed of the random selection.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The methods run, comma separated [default: all].
+    #[arg(long, value_delimiter = ',', value_parser = METHODS)]
+    pub methods: Vec<String>,
+    /// CacheBlend: the tensor whose deviation ranks tokens [default: kv].
+    #[arg(long, value_parser = ["k", "v", "kv"])]
+    pub tensors: Option<String>,
+    /// CacheBlend: the norm of a token's deviation [default: l1].
+    #[arg(long, value_parser = ["l1", "l2", "max"])]
+    pub norm: Option<String>,
+    /// CacheBlend: the share the first check keeps, as a multiple of the ratio (capped at
+    /// 100%) [default: 1.333, i.e. 20% for 15%].
+    #[arg(long)]
+    pub first_share: Option<f32>,
+    /// CacheBlend: checks over which the share narrows to the ratio [default: 4].
+    #[arg(long)]
+    pub narrow: Option<u32>,
+    /// Run each method this many times and report the fastest (the other figures do not
+    /// change).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
     pub json: bool,
 }
 
-/// Runs every method and prints the table or JSON.
-pub fn cmd_blend_eval(a: BlendArgs) -> Result<()> {
+/// A `--level`: a kvc level, or none.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreLevel(Option<u8>);
+
+fn parse_level(s: &str) -> std::result::Result<StoreLevel, String> {
+    if s == "none" {
+        return Ok(StoreLevel(None));
+    }
+    s.parse::<u8>()
+        .map(|l| StoreLevel(Some(l)))
+        .map_err(|_| format!("{s:?} is not a level (0..=11) or `none`"))
+}
+
+impl EvalArgs {
+    /// The measurement's parameters, checked.
+    fn params(&self) -> Result<BlendParams> {
+        if let Some(p) = self.ratio.iter().find(|p| !(0.0..=100.0).contains(*p)) {
+            return Err(format!(
+                "--ratio {p}: ratios are percentages within 0..=100"
+            ));
+        }
+        let d = SelectParams::DEFAULT;
+        let tensors = match self.tensors.as_deref() {
+            Some("k") => Tensors::K,
+            Some("v") => Tensors::V,
+            Some(_) => Tensors::KV,
+            None => d.tensors,
+        };
+        let norm = match self.norm.as_deref() {
+            Some("l1") => Norm::L1,
+            Some("l2") => Norm::L2,
+            Some(_) => Norm::Max,
+            None => d.norm,
+        };
+        let share = self.first_share.unwrap_or(d.first_ratio / d.ratio);
+        if !(share.is_finite() && share >= 1.0) {
+            return Err(format!(
+                "--first-share {share}: the first check keeps at least the ratio (1 or more)"
+            ));
+        }
+        let defaults = BlendParams::default();
+        Ok(BlendParams {
+            chunk_tokens: self.chunk_tokens,
+            scored: self.scored,
+            ratios: self.ratio.iter().map(|p| p / 100.0).collect(),
+            level: self.level.0,
+            token_importance: !self.uniform_steps,
+            seed: self.seed,
+            select: SelectParams {
+                ratio: 1.0,
+                first_ratio: share,
+                narrow_layers: self.narrow.unwrap_or(d.narrow_layers),
+                tensors,
+                norm,
+            },
+            methods: if self.methods.is_empty() {
+                defaults.methods
+            } else {
+                self.methods.clone()
+            },
+            repeat: self.repeat as usize,
+        })
+    }
+}
+
+/// Runs the methods and prints the table or JSON.
+pub fn cmd_blend_eval(a: EvalArgs) -> Result<()> {
+    let params = a.params()?;
     let m = load_model(&a.model)?;
     let texts = a
         .chunks
@@ -27,17 +147,32 @@ pub fn cmd_blend_eval(a: BlendArgs) -> Result<()> {
         .map(|p| read_text(p))
         .collect::<Result<Vec<_>>>()?;
     let question = read_text(&a.question)?;
+    let loaded = a
+        .profile
+        .as_deref()
+        .map(policy::load_profile)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let how = match &loaded {
+        Some(p) => JudgeProfile::Referenced(p),
+        None => JudgeProfile::SelfLearned,
+    };
     let mut bars = Bars::on_stderr();
-    let r = blend_eval(&m, &texts, &question, &a.params, &mut bars).map_err(|e| e.to_string())?;
+    let r =
+        blend_eval(&m, &texts, &question, &params, how, &mut bars).map_err(|e| e.to_string())?;
     if a.json {
         let v = serde_json::json!({
             "model": m.model_id(),
             "chunks": a.chunks.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "question": a.question.display().to_string(),
+            "profile": a.profile.as_ref().map(|p| p.display().to_string()),
             "reused_tokens": r.reused_tokens,
             "question_tokens": r.question_tokens,
-            "scored": a.params.scored,
+            "scored": params.scored,
             "full_prefill_ms": r.full_prefill_ms,
+            "storages": r.storages.iter().map(|s| serde_json::json!({
+                "storage": s.storage, "codec_kl": s.codec_kl, "bits_per_elem": s.bits_per_elem,
+            })).collect::<Vec<_>>(),
             "rows": r.rows.iter().map(row_json).collect::<Vec<_>>(),
         });
         println!(
@@ -46,15 +181,32 @@ pub fn cmd_blend_eval(a: BlendArgs) -> Result<()> {
         );
         return Ok(());
     }
+    print_table(&m, &a, &params, &r);
+    Ok(())
+}
+
+fn print_table(m: &llm::Model, a: &EvalArgs, params: &BlendParams, r: &BlendReport) {
     println!(
         "{}: {} chunks, {} reused tokens, {} question tokens ({} scored); full prefill {:.0} ms",
         m.model_id(),
         a.chunks.len(),
         r.reused_tokens,
         r.question_tokens,
-        a.params.scored,
+        params.scored,
         r.full_prefill_ms
     );
+    for s in r.storages.iter().filter(|s| s.bits_per_elem.is_some()) {
+        println!(
+            "{} ({}): {:.3} bits per element; the codec's own KL on this context {:.6}",
+            s.storage,
+            a.profile.as_ref().map_or_else(
+                || "self-contained".to_string(),
+                |p| format!("profile {}", p.display())
+            ),
+            s.bits_per_elem.unwrap_or(0.0),
+            s.codec_kl
+        );
+    }
     println!(
         "{:<16} {:<12} {:>6} {:>10} {:>6} {:>9} {:>6} {:>7}",
         "method", "storage", "ratio", "KL nats", "top-1", "ms", "FLOPs", "recall"
@@ -73,7 +225,6 @@ pub fn cmd_blend_eval(a: BlendArgs) -> Result<()> {
         );
     }
     println!("(KL(full prefill || method) per scored token; FLOPs: share of a full prefill's; recall: recomputed tokens among as many most deviating from the full prefill, mean over layers)");
-    Ok(())
 }
 
 fn row_json(r: &BlendRow) -> serde_json::Value {

@@ -182,34 +182,7 @@ enum Cmd {
     },
     /// CacheBlend on the model: chunk texts prefilled alone, stored, placed one after another,
     /// a question on top; every method against a full prefill.
-    BlendEval {
-        /// The model (tools/fetch-model fetches the reference one and prints its path).
-        model: PathBuf,
-        /// Chunk text files, comma separated (each prefilled alone from position 0).
-        #[arg(long, value_delimiter = ',', required = true)]
-        chunks: Vec<PathBuf>,
-        /// The question text file: run after the chunks, its last --scored tokens scored.
-        #[arg(long)]
-        question: PathBuf,
-        /// Recompute ratios in percent, comma separated.
-        #[arg(long, value_delimiter = ',', default_values_t = [0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0])]
-        ratio: Vec<f64>,
-        /// kvc level the chunks are also stored at (they are always also used as computed).
-        #[arg(long, default_value_t = 7)]
-        level: u8,
-        /// Tokens per chunk (each text's first ones).
-        #[arg(long, default_value_t = 512)]
-        chunk_tokens: usize,
-        /// The question's last tokens scored.
-        #[arg(long, default_value_t = 128)]
-        scored: usize,
-        /// Seed of the random selection.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    BlendEval(blend::EvalArgs),
     /// CacheBlend's loading controller: the recompute ratio and the cheapest storage tier whose
     /// loading hides behind the recompute.
     BlendPlan(blend::PlanArgs),
@@ -514,31 +487,7 @@ fn main() -> ExitCode {
                 })
             })
         }
-        Cmd::BlendEval {
-            model,
-            chunks,
-            question,
-            ratio,
-            level,
-            chunk_tokens,
-            scored,
-            seed,
-            json,
-        } => blend_ratios(&ratio).and_then(|ratios| {
-            blend::cmd_blend_eval(blend::BlendArgs {
-                model,
-                chunks,
-                question,
-                params: kvc_io::blend::BlendParams {
-                    chunk_tokens,
-                    scored,
-                    ratios,
-                    level: Some(level),
-                    seed,
-                },
-                json,
-            })
-        }),
+        Cmd::BlendEval(args) => blend::cmd_blend_eval(args),
         Cmd::BlendPlan(args) => blend::cmd_blend_plan(args),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
@@ -576,16 +525,6 @@ fn load(path: &Path) -> Result<Dump> {
 /// The `--plot` output, if asked for, checked as [`output_file`] checks.
 fn plot_file(path: Option<&Path>, inputs: &[&Path], force: bool) -> Result<Option<Output>> {
     path.map(|p| output_file(p, inputs, force)).transpose()
-}
-
-/// `--ratio` percentages as shares, each within 0..=100.
-fn blend_ratios(percent: &[f64]) -> Result<Vec<f64>> {
-    match percent.iter().find(|p| !(0.0..=100.0).contains(*p)) {
-        Some(p) => Err(format!(
-            "--ratio {p}: ratios are percentages within 0..=100"
-        )),
-        None => Ok(percent.iter().map(|p| p / 100.0).collect()),
-    }
 }
 
 /// A dump that has queries (token selection needs them).

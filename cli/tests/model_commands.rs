@@ -128,6 +128,9 @@ fn blend_eval_reports_every_method_as_json() {
         "single-layer-v",
     ];
     assert_eq!(methods.into_iter().collect::<Vec<_>>(), want);
+    let stores = v["storages"].as_array().unwrap();
+    assert_eq!(stores.len(), 2, "lossless and level 7");
+    assert!(stores[1]["codec_kl"].as_f64().is_some_and(|k| k > 0.0));
     for r in rows {
         for key in ["ratio", "kl", "top1", "prefill_ms"] {
             assert!(r[key].is_number(), "{key} in {r}");
@@ -145,4 +148,26 @@ fn blend_eval_reports_every_method_as_json() {
         "150",
     ]);
     assert!(!ok && err.contains("--ratio 150"), "{err}");
+    let base = [
+        "blend-eval",
+        model.to_str().unwrap(),
+        "--chunks",
+        &chunks,
+        "--question",
+        q.to_str().unwrap(),
+        "--chunk-tokens",
+        "32",
+        "--scored",
+        "8",
+    ];
+    let run = |extra: &[&str]| kvc(&[&base[..], extra].concat());
+    let (ok, out, err) = run(&["--level", "none", "--methods", "full-reuse", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(v["storages"].as_array().unwrap().len(), 1);
+    let (ok, _, err) = run(&["--first-share", "0.5"]);
+    assert!(!ok && err.contains("--first-share 0.5"), "{err}");
+    let (ok, _, err) = run(&["--level", "twelve"]);
+    assert!(!ok && err.contains("not a level"), "{err}");
 }

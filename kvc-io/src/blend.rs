@@ -10,14 +10,26 @@
 use std::time::Instant;
 
 use codec_core::blend::{deviations, top, Norm, SelectParams, Tensors};
-use codec_core::{Dtype, EncodeParams, KvCache, Limits, Stream, Tensor};
-use llm::{Blended, Model, Recompute};
+use codec_core::KvCache;
+use llm::{Model, Recompute};
 
 use crate::compare::Reference;
+use crate::dump::Dump;
 use crate::error::Error;
-use crate::judge::first_tokens;
+use crate::judge::{first_tokens, prefill_dump, round_trip, Coded, JudgeProfile};
 use crate::policy::{self, ProfileUse};
 use crate::progress::Progress;
+
+/// The methods `kvc blend-eval` compares, by name.
+pub const METHODS: [&str; 7] = [
+    "cacheblend",
+    "single-layer-k",
+    "single-layer-v",
+    "random",
+    "full-reuse",
+    "full-recompute",
+    "prefix-caching",
+];
 
 /// What `kvc blend-eval` runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,8 +42,18 @@ pub struct BlendParams {
     pub ratios: Vec<f64>,
     /// The kvc level chunks are also stored at (`None`: stored as computed only).
     pub level: Option<u8>,
+    /// Whether the stored chunks get per-token steps (the encoder's token-importance policy,
+    /// which assumes the queries that read a cache come right after it).
+    pub token_importance: bool,
     /// Seed of the random selection.
     pub seed: u64,
+    /// CacheBlend's selection, moved to each ratio with [`SelectParams::at_ratio`].
+    pub select: SelectParams,
+    /// The methods run (names from [`METHODS`]).
+    pub methods: Vec<String>,
+    /// Runs of each method (and of the full prefill) whose fastest time is reported; the
+    /// figures other than time are the same in every run.
+    pub repeat: usize,
 }
 
 impl Default for BlendParams {
@@ -41,7 +63,11 @@ impl Default for BlendParams {
             scored: 128,
             ratios: vec![0.0, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50, 1.0],
             level: Some(7),
+            token_importance: true,
             seed: 0,
+            select: SelectParams::DEFAULT,
+            methods: METHODS.iter().map(|m| m.to_string()).collect(),
+            repeat: 1,
         }
     }
 }
@@ -69,6 +95,18 @@ pub struct BlendRow {
     pub recall: Option<f64>,
 }
 
+/// How the chunks were stored, and what that storage costs on its own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StorageRow {
+    /// `lossless` (as computed, f32) or `kvc level N`.
+    pub storage: String,
+    /// The codec's own KL on this context: the full prefill's cache stored the same way, the
+    /// question run on it, KL(full prefill || that) per scored token (0 for `lossless`).
+    pub codec_kl: f64,
+    /// Bits per element of the chunks' streams (`None` for `lossless`).
+    pub bits_per_elem: Option<f64>,
+}
+
 /// The rows, and the full prefill's time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlendReport {
@@ -76,8 +114,10 @@ pub struct BlendReport {
     pub reused_tokens: usize,
     /// Question tokens.
     pub question_tokens: usize,
-    /// Milliseconds of the full prefill (the runner's own, in steps).
+    /// Milliseconds of the full prefill of chunks and question (the fastest of `repeat`).
     pub full_prefill_ms: f64,
+    /// Each storage.
+    pub storages: Vec<StorageRow>,
     /// Every method's row.
     pub rows: Vec<BlendRow>,
 }
@@ -88,8 +128,10 @@ pub fn blend_eval(
     chunks: &[String],
     question: &str,
     params: &BlendParams,
+    profile: JudgeProfile<'_>,
     progress: &mut dyn Progress,
 ) -> Result<BlendReport, Error> {
+    check_params(params)?;
     let texts: Vec<Vec<u32>> = chunks
         .iter()
         .map(|t| first_tokens(model, t, params.chunk_tokens))
@@ -103,79 +145,103 @@ pub fn blend_eval(
     }
     let tokens: Vec<u32> = texts.concat();
     let n = tokens.len();
-    let t0 = Instant::now();
-    let full = model.prefill(&tokens)?.cache;
+    let runs = methods(params, n, texts[0].len());
+    let stores = 1 + usize::from(params.level.is_some());
+    progress.start(
+        "blending",
+        (params.repeat + stores * (runs.len() + 1)) as u64,
+    );
+    let (full_prefill_ms, (full, reference_logits)) = fastest(params.repeat, || {
+        let cache = model.prefill(&tokens)?.cache;
+        let logits = model.forward_with_cache(&cache, &q)?;
+        progress.step();
+        Ok((cache, logits))
+    })?;
     let scored_from = q.len() - params.scored;
-    let reference_logits = model.forward_with_cache(&full, &q)?;
-    let full_prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
     let vocab = model.config().vocab;
     let reference = Reference::new(&reference_logits[scored_from * vocab..], vocab);
-    let alone: Vec<KvCache> = texts
-        .iter()
-        .map(|t| Ok(model.prefill(t)?.cache))
-        .collect::<Result<_, Error>>()?;
-    let mut storages = vec![("lossless".to_string(), alone.clone())];
-    if let Some(level) = params.level {
-        let stored = alone
-            .iter()
-            .map(|c| through_level(c, level))
-            .collect::<Result<_, _>>()?;
-        storages.push((format!("kvc level {level}"), stored));
-    }
-    let runs = methods(params, n, texts[0].len());
-    progress.start("blending", (storages.len() * runs.len()) as u64);
-    let mut rows = Vec::new();
     let run = Run {
         model,
         tokens: &tokens,
         question: &q,
         scored_from,
         reference: &reference,
+        repeat: params.repeat,
+        token_importance: params.token_importance,
     };
+    let alone: Vec<(Dump, KvCache)> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| prefill_dump(model, t, &format!("blend chunk {i}")))
+        .collect::<Result<_, Error>>()?;
     let full_flops = model.full_flops(n + q.len());
-    for (storage, caches) in &storages {
-        let placed = llm::place_chunks(caches)?;
+    let mut rows = Vec::new();
+    let mut storages = Vec::new();
+    for level in std::iter::once(None).chain(params.level.map(Some)) {
+        let (store, caches) = run.store(&alone, level, &profile)?;
+        progress.step();
+        let placed = llm::place_chunks(&caches)?;
         let truth = truth(&placed, &full)?;
         for (method, ratio, how) in &runs {
             let mut row = run.row(&placed, how, &truth)?;
             row.method = method;
-            row.storage = storage.clone();
+            row.storage = store.storage.clone();
             row.ratio = *ratio;
             row.flop_share /= full_flops;
             rows.push(row);
             progress.step();
         }
+        storages.push(store);
     }
     progress.finish();
     Ok(BlendReport {
         reused_tokens: n,
         question_tokens: q.len(),
         full_prefill_ms,
+        storages,
         rows,
     })
 }
 
-/// Every method at every ratio, and the baselines once: (name, ratio, recompute).
+/// Refuses unknown methods, a zero repeat and selections that cannot be run.
+fn check_params(p: &BlendParams) -> Result<(), Error> {
+    if let Some(m) = p.methods.iter().find(|m| !METHODS.contains(&m.as_str())) {
+        return Err(Error::UnknownMethod { name: m.clone() });
+    }
+    if p.repeat == 0 {
+        return Err(Error::OutOfRange {
+            what: "repeat (runs timed per method)",
+            got: 0,
+            min: 1,
+            max: usize::MAX,
+            why: String::new(),
+        });
+    }
+    for &r in &p.ratios {
+        p.select.at_ratio(r as f32).check()?;
+    }
+    Ok(())
+}
+
+/// Every method asked for at every ratio, and the baselines once: (name, ratio, recompute).
 fn methods(p: &BlendParams, n: usize, first_chunk: usize) -> Vec<(&'static str, f64, Recompute)> {
     let mut out = Vec::new();
     for &r in &p.ratios {
-        let r32 = r as f32;
-        let gradual = SelectParams {
-            ratio: r32,
-            first_ratio: (r32 * 4.0 / 3.0).min(1.0),
-            ..SelectParams::DEFAULT
-        };
         let single = |tensors| SelectParams {
-            ratio: r32,
-            first_ratio: r32,
+            ratio: r as f32,
+            first_ratio: r as f32,
             narrow_layers: 0,
             tensors,
             norm: Norm::L2,
         };
-        out.push(("cacheblend", r, Recompute::Select(gradual)));
+        let count = (r * n as f64).ceil() as usize;
+        out.push((
+            "cacheblend",
+            r,
+            Recompute::Select(p.select.at_ratio(r as f32)),
+        ));
         out.push(("single-layer-k", r, Recompute::Select(single(Tensors::K))));
         out.push(("single-layer-v", r, Recompute::Select(single(Tensors::V))));
-        let count = (r * n as f64).ceil() as usize;
         out.push((
             "random",
             r,
@@ -191,6 +257,7 @@ fn methods(p: &BlendParams, n: usize, first_chunk: usize) -> Vec<(&'static str, 
         Recompute::Fixed((0..n as u32).collect()),
     ));
     out.push(("prefix-caching", prefix_share, Recompute::Fixed(rest)));
+    out.retain(|(m, _, _)| p.methods.iter().any(|x| x == m));
     out
 }
 
@@ -209,31 +276,24 @@ fn random_tokens(n: usize, count: usize, seed: u64) -> Vec<u32> {
     out
 }
 
-/// `cache` stored as a self-contained kvc stream at `level` (its f16 rounding coded, its
-/// profile learned from itself) and decoded.
-fn through_level(cache: &KvCache, level: u8) -> Result<KvCache, Error> {
-    let f16 = |t: &Tensor| Tensor::from_f32(Dtype::F16, &t.to_f32_vec());
-    let rounded = KvCache {
-        k: cache.k.iter().map(f16).collect(),
-        v: cache.v.iter().map(f16).collect(),
-        ..cache.clone()
-    };
-    let sample = codec_core::Sample {
-        kv: rounded.view(),
-        queries: None,
-    };
-    let learned = codec_core::learn_profile(&[sample], &codec_core::LearnParams::default())?;
-    let params = EncodeParams {
-        levels: vec![level],
-        ..EncodeParams::default()
-    };
-    let enc = policy::encode(
-        &rounded.view(),
-        ProfileUse::SelfContained(&learned),
-        &params,
-    )?;
-    let reader = enc.embedded.as_ref().unwrap_or(&learned);
-    Ok(Stream::open(&enc.bytes, Some(reader), &Limits::DEFAULT)?.decode()?)
+/// `dump` through a kvc stream at `level`: referencing `profile`, or embedding one learned from
+/// the dump itself.
+fn stored(
+    dump: &Dump,
+    level: u8,
+    importance: bool,
+    profile: &JudgeProfile<'_>,
+) -> Result<Coded, Error> {
+    match profile {
+        JudgeProfile::Referenced(p) => {
+            round_trip(dump, level, importance, p, ProfileUse::Referenced(p))
+        }
+        JudgeProfile::SelfLearned => {
+            let learned = policy::learn(&[dump], &mut crate::Silent)?;
+            let use_ = ProfileUse::SelfContained(&learned);
+            round_trip(dump, level, importance, &learned, use_)
+        }
+    }
 }
 
 /// Per layer, each reused token's deviation (K and V, L2) from the full prefill's.
@@ -261,19 +321,61 @@ struct Run<'a> {
     question: &'a [u32],
     scored_from: usize,
     reference: &'a Reference,
+    repeat: usize,
+    token_importance: bool,
 }
 
 impl Run<'_> {
-    /// One method's figures (its name, storage and ratio filled in by the caller).
+    /// The chunks' caches as stored at `level` (`None`: as computed), and the codec's own KL:
+    /// the full prefill's cache stored the same way with the question run on it.
+    fn store(
+        &self,
+        alone: &[(Dump, KvCache)],
+        level: Option<u8>,
+        profile: &JudgeProfile<'_>,
+    ) -> Result<(StorageRow, Vec<KvCache>), Error> {
+        let Some(level) = level else {
+            let row = StorageRow {
+                storage: "lossless".into(),
+                codec_kl: 0.0,
+                bits_per_elem: None,
+            };
+            return Ok((row, alone.iter().map(|(_, c)| c.clone()).collect()));
+        };
+        let (mut bytes, mut elements) = (0, 0);
+        let mut caches = Vec::with_capacity(alone.len());
+        for (dump, _) in alone {
+            let coded = stored(dump, level, self.token_importance, profile)?;
+            bytes += coded.bytes;
+            elements += dump.kv.shape.total_elements();
+            caches.push(coded.cache);
+        }
+        let (full, _) = prefill_dump(self.model, self.tokens, "blend context")?;
+        let logits = self.model.forward_with_cache(
+            &stored(&full, level, self.token_importance, profile)?.cache,
+            self.question,
+        )?;
+        let vocab = self.model.config().vocab;
+        let (codec_kl, _) = self.reference.kl_top1(&logits[self.scored_from * vocab..]);
+        let row = StorageRow {
+            storage: format!("kvc level {level}"),
+            codec_kl,
+            bits_per_elem: Some(8.0 * bytes as f64 / elements.max(1) as f64),
+        };
+        Ok((row, caches))
+    }
+
+    /// One method's figures (its name, storage and ratio filled in by the caller); the time is
+    /// the fastest of `repeat` runs.
     fn row(
         &self,
         placed: &KvCache,
         how: &Recompute,
         truth: &[Vec<f32>],
     ) -> Result<BlendRow, Error> {
-        let t0 = Instant::now();
-        let b: Blended = self.model.blend(placed, self.tokens, self.question, how)?;
-        let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (prefill_ms, b) = fastest(self.repeat, || {
+            Ok(self.model.blend(placed, self.tokens, self.question, how)?)
+        })?;
         let vocab = self.model.config().vocab;
         let (kl, top1) = self
             .reference
@@ -289,6 +391,20 @@ impl Run<'_> {
             recall: recall(&b.recomputed, truth),
         })
     }
+}
+
+/// Runs `f` `repeat` times (at least once): the fastest run's milliseconds and the first
+/// run's result.
+fn fastest<T>(repeat: usize, mut f: impl FnMut() -> Result<T, Error>) -> Result<(f64, T), Error> {
+    let t0 = Instant::now();
+    let first = f()?;
+    let mut best = t0.elapsed().as_secs_f64() * 1e3;
+    for _ in 1..repeat {
+        let t0 = Instant::now();
+        f()?;
+        best = best.min(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((best, first))
 }
 
 /// Mean, over the layers that recompute some but not all reused tokens, of the share of

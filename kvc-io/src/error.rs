@@ -85,6 +85,11 @@ pub enum Error {
         /// Its text.
         text: String,
     },
+    /// `kvc blend-eval` was asked for a method it does not have.
+    UnknownMethod {
+        /// The name asked for.
+        name: String,
+    },
     /// A CacheBlend selection step refused its input.
     Blend(codec_core::blend::BlendError),
     /// pq-core refused its input.
@@ -142,6 +147,11 @@ impl fmt::Display for Error {
                 f,
                 "tiers line {line} ({text:?}): expected `name GB/s cost-per-GB` with a positive \
                  throughput and a cost of 0 or more"
+            ),
+            Error::UnknownMethod { name } => write!(
+                f,
+                "no method {name:?}: the methods are {}",
+                crate::blend::METHODS.join(", ")
             ),
             Error::Blend(e) => e.fmt(f),
             Error::Pq { at, source } if at.is_empty() => source.fmt(f),

@@ -273,21 +273,11 @@ pub fn judge(
     progress.step();
     let elements = original.shape.total_elements() as f64;
     for level in levels {
-        let params = EncodeParams {
-            levels: vec![level],
-            ..EncodeParams::default()
-        };
-        let t0 = Instant::now();
-        let enc = policy::encode(&dump.kv.view(), use_, &params)?;
-        let encode_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let reader = enc.embedded.as_ref().unwrap_or(prof);
-        let decoded = Stream::open(&enc.bytes, Some(reader), &Limits::DEFAULT)?.decode()?;
-        let decode_s = t1.elapsed().as_secs_f64();
-        let logits = model.forward_with_cache(&decoded, cont)?;
-        let bits = enc.bytes.len() as f64 * 8.0 / elements;
+        let coded = round_trip(&dump, level, true, prof, use_)?;
+        let logits = model.forward_with_cache(&coded.cache, cont)?;
+        let bits = coded.bytes as f64 * 8.0 / elements;
         let mut row = reference.row("kvc", Some(level), bits, &logits);
-        (row.encode_s, row.decode_s) = (Some(encode_s), Some(decode_s));
+        (row.encode_s, row.decode_s) = (Some(coded.encode_s), Some(coded.decode_s));
         rows.push(row);
         progress.step();
     }
@@ -312,6 +302,64 @@ pub fn judge(
         cont: params.cont,
         rows,
     })
+}
+
+/// A cache after a round trip through a kvc stream.
+pub(crate) struct Coded {
+    /// The decoded cache.
+    pub cache: KvCache,
+    /// The stream's size.
+    pub bytes: usize,
+    /// Seconds to encode and to decode.
+    pub encode_s: f64,
+    pub decode_s: f64,
+}
+
+/// `dump`'s cache encoded at `level` as `use_` says (with per-token steps if
+/// `token_importance`) and decoded (with `prof`, the profile the stream references or the one it
+/// embeds a cut of).
+pub(crate) fn round_trip(
+    dump: &Dump,
+    level: u8,
+    token_importance: bool,
+    prof: &Profile,
+    use_: ProfileUse<'_>,
+) -> Result<Coded, Error> {
+    let params = EncodeParams {
+        levels: vec![level],
+        token_importance,
+        ..EncodeParams::default()
+    };
+    let t0 = Instant::now();
+    let enc = policy::encode(&dump.kv.view(), use_, &params)?;
+    let encode_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let reader = enc.embedded.as_ref().unwrap_or(prof);
+    let cache = Stream::open(&enc.bytes, Some(reader), &Limits::DEFAULT)?.decode()?;
+    Ok(Coded {
+        cache,
+        bytes: enc.bytes.len(),
+        encode_s,
+        decode_s: t1.elapsed().as_secs_f64(),
+    })
+}
+
+/// `ids` prefilled alone as a dump (K/V in f16, the last queries kept for profile learning),
+/// with the f32 cache it was rounded from.
+pub(crate) fn prefill_dump(
+    model: &Model,
+    ids: &[u32],
+    source: &str,
+) -> Result<(Dump, KvCache), Error> {
+    let pre = model.prefill_with(
+        ids,
+        PrefillOptions {
+            queries: queries_for(ids.len()),
+            ..PrefillOptions::default()
+        },
+    )?;
+    let original = pre.cache.clone();
+    Ok((as_dump(model, ids, pre, source), original))
 }
 
 /// Queries kept for a self-learned profile's token-importance hints: the last 64 positions, as

@@ -3,6 +3,7 @@
 //! Skipped (and said so) without the model; CI fetches it and sets `KVC_REQUIRE_MODEL=1`.
 
 use kvc_io::blend::{blend_eval, BlendParams};
+use kvc_io::judge::JudgeProfile;
 use kvc_io::Silent;
 use llm::Model;
 use std::path::Path;
@@ -26,8 +27,17 @@ fn baselines_and_cacheblend_on_short_chunks() {
         ratios: vec![0.0, 0.5, 1.0],
         level: Some(9),
         seed: 1,
+        ..BlendParams::default()
     };
-    let r = blend_eval(m, &chunks, &question, &params, &mut Silent).unwrap();
+    let r = blend_eval(
+        m,
+        &chunks,
+        &question,
+        &params,
+        JudgeProfile::SelfLearned,
+        &mut Silent,
+    )
+    .unwrap();
     assert_eq!(r.reused_tokens, 144);
     // Per storage: 4 selecting methods x 3 ratios, and 3 baselines.
     assert_eq!(r.rows.len(), 2 * (4 * 3 + 3));
@@ -60,10 +70,73 @@ fn baselines_and_cacheblend_on_short_chunks() {
     // The first chunk is a true prefix: reused as computed, it costs prefix caching nothing.
     let prefix = get("prefix-caching", "lossless", 96.0 / 144.0);
     assert!(prefix.kl < 1e-6, "{prefix:?}");
+    // Each storage says what the codec costs on its own: nothing lossless, something at level 9.
+    assert_eq!(r.storages.len(), 2);
+    assert_eq!(
+        (r.storages[0].codec_kl, r.storages[0].bits_per_elem),
+        (0.0, None)
+    );
+    let l9 = &r.storages[1];
+    assert!(l9.codec_kl > 0.0 && l9.bits_per_elem.is_some_and(|b| b > 0.5 && b < 16.0));
+    // Methods can be picked; unknown ones and zero repeats are refused by name.
+    let only = BlendParams {
+        methods: vec!["full-reuse".into()],
+        level: None,
+        repeat: 2,
+        ..params.clone()
+    };
+    let r = blend_eval(
+        m,
+        &chunks,
+        &question,
+        &only,
+        JudgeProfile::SelfLearned,
+        &mut Silent,
+    )
+    .unwrap();
+    assert_eq!(r.rows.len(), 1);
+    assert_eq!(r.rows[0].method, "full-reuse");
+    for (bad, says) in [
+        (
+            BlendParams {
+                methods: vec!["blend".into()],
+                ..params.clone()
+            },
+            "no method \"blend\"",
+        ),
+        (
+            BlendParams {
+                repeat: 0,
+                ..params.clone()
+            },
+            "repeat",
+        ),
+    ] {
+        let e = blend_eval(
+            m,
+            &chunks,
+            &question,
+            &bad,
+            JudgeProfile::SelfLearned,
+            &mut Silent,
+        );
+        assert!(
+            e.as_ref().is_err_and(|e| e.to_string().contains(says)),
+            "{e:?}"
+        );
+    }
     // Too short a question is an error, not a panic.
     let p = BlendParams {
         scored: 10_000,
         ..params
     };
-    assert!(blend_eval(m, &chunks, &question, &p, &mut Silent).is_err());
+    assert!(blend_eval(
+        m,
+        &chunks,
+        &question,
+        &p,
+        JudgeProfile::SelfLearned,
+        &mut Silent
+    )
+    .is_err());
 }

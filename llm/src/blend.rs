@@ -209,16 +209,20 @@ impl Model {
         let c = self.config();
         let (kv, d) = (c.kv_heads, c.head_dim);
         let n = reused.dim(1)?;
-        let old = reused.flatten_all()?.to_vec1::<f32>()?;
-        let new = fresh.flatten_all()?.to_vec1::<f32>()?;
         let mut out = vec![0.0f32; kv * total * d];
-        for h in 0..kv {
-            out[h * total * d..][..n * d].copy_from_slice(&old[h * n * d..][..n * d]);
-            for (r, &t) in index.iter().enumerate() {
-                let src = &new[(h * index.len() + r) * d..][..d];
-                out[(h * total + t as usize) * d..][..d].copy_from_slice(src);
+        crate::ops::with_f32s(reused, |old| {
+            for (h, o) in out.chunks_exact_mut(total * d).enumerate() {
+                o[..n * d].copy_from_slice(&old[h * n * d..][..n * d]);
             }
-        }
+        })?;
+        crate::ops::with_f32s(fresh, |new| {
+            for (h, o) in out.chunks_exact_mut(total * d).enumerate() {
+                for (r, &t) in index.iter().enumerate() {
+                    let src = &new[(h * index.len() + r) * d..][..d];
+                    o[t as usize * d..][..d].copy_from_slice(src);
+                }
+            }
+        })?;
         Ok(Tensor::from_vec(out, (kv, total, d), self.device())?)
     }
 

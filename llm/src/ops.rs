@@ -170,6 +170,22 @@ thread_local! {
 }
 
 impl Attention {
+    /// The first row of each block: a block ends after [`BLOCK_ROWS`] rows, or before a row
+    /// that sees more than `BLOCK_ROWS` keys beyond what the block's first row sees. Consecutive
+    /// tokens (a prefill step) make blocks of `BLOCK_ROWS`; scattered ones (the tokens CacheBlend
+    /// recomputes) make blocks of rows that see about as many keys, so that few scores are
+    /// computed for keys a row does not see.
+    fn block_starts(&self) -> Vec<usize> {
+        let mut starts = Vec::new();
+        for (r, &n) in self.seen.iter().enumerate() {
+            match starts.last() {
+                Some(&r0) if r - r0 < BLOCK_ROWS && n <= self.seen[r0] + BLOCK_ROWS => {}
+                _ => starts.push(r),
+            }
+        }
+        starts
+    }
+
     /// Rows `r0..r0 + out.len() / d` of one head (`q` the head's rows, `k` and `v` its KV
     /// head's).
     fn block(&self, q: &[f32], k: &[f32], v: &[f32], r0: usize, out: &mut [f32]) {
@@ -240,10 +256,14 @@ impl CustomOp3 for Attention {
         }
         let group = heads / kv_heads;
         let mut out = vec![0.0f32; heads * t * d];
-        let mut blocks = Vec::with_capacity(heads * t.div_ceil(BLOCK_ROWS));
-        for (h, oh) in out.chunks_mut(t * d).enumerate() {
-            for (b, ob) in oh.chunks_mut(BLOCK_ROWS * d).enumerate() {
-                blocks.push((h, b * BLOCK_ROWS, ob));
+        let starts = self.block_starts();
+        let mut blocks = Vec::with_capacity(heads * starts.len());
+        for (h, mut oh) in out.chunks_mut(t * d).enumerate() {
+            for (i, &r0) in starts.iter().enumerate() {
+                let end = starts.get(i + 1).copied().unwrap_or(t);
+                let (ob, rest) = oh.split_at_mut((end - r0) * d);
+                blocks.push((h, r0, ob));
+                oh = rest;
             }
         }
         blocks.into_par_iter().for_each(|(h, r0, ob)| {
@@ -253,6 +273,18 @@ impl CustomOp3 for Attention {
             self.block(&q[h * t * d..(h + 1) * t * d], kh, vh, r0, ob);
         });
         Ok((CpuStorage::F32(out), Shape::from((heads, t, d))))
+    }
+}
+
+/// Calls `f` on the data of `t` (a contiguous f32 CPU tensor) without copying it.
+pub(crate) fn with_f32s<R>(
+    t: &candle_core::Tensor,
+    f: impl FnOnce(&[f32]) -> R,
+) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(s) => Ok(f(f32s(s, layout)?)),
+        _ => candle_core::bail!("the runner works on CPU tensors"),
     }
 }
 
@@ -335,17 +367,17 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// Causal attention in f64, one query at a time.
-    fn naive(q: &[f32], k: &[f32], v: &[f32], dims: (usize, usize, usize, usize)) -> Vec<f64> {
+    /// Attention in f64, one query at a time; query row `r` sees keys `0..seen[r]`.
+    fn naive(q: &[f32], k: &[f32], v: &[f32], dims: Dims, seen: &[usize]) -> Vec<f64> {
         let (heads, kv_heads, t, d) = dims;
         let total = k.len() / (kv_heads * d);
-        let (past, group) = (total - t, heads / kv_heads);
+        let group = heads / kv_heads;
         let mut out = Vec::new();
         for h in 0..heads {
             let (kh, vh) = (&k[h / group * total * d..], &v[h / group * total * d..]);
             for r in 0..t {
                 let qr = &q[(h * t + r) * d..][..d];
-                let seen = past + r + 1;
+                let seen = seen[r];
                 let s: Vec<f64> = (0..seen)
                     .map(|j| {
                         let dot: f64 = (0..d).map(|c| f64::from(qr[c] * kh[j * d + c])).sum();
@@ -365,14 +397,19 @@ pub(crate) mod tests {
         out
     }
 
-    fn attend(q: &[f32], k: &[f32], v: &[f32], dims: (usize, usize, usize, usize)) -> Vec<f32> {
+    type Dims = (usize, usize, usize, usize);
+
+    fn attend(q: &[f32], k: &[f32], v: &[f32], dims: Dims, seen: &[usize]) -> Vec<f32> {
         let (heads, kv_heads, t, d) = dims;
         let total = k.len() / (kv_heads * d);
         let dev = &candle_core::Device::Cpu;
         let q = candle_core::Tensor::from_slice(q, (heads, t, d), dev).unwrap();
         let k = candle_core::Tensor::from_slice(k, (kv_heads, total, d), dev).unwrap();
         let v = candle_core::Tensor::from_slice(v, (kv_heads, total, d), dev).unwrap();
-        let op = Attention::step(total - t, t, 1.0 / (d as f32).sqrt());
+        let op = Attention {
+            scale: 1.0 / (d as f32).sqrt(),
+            seen: seen.to_vec(),
+        };
         let o = q.apply_op3_no_bwd(&k, &v, &op).unwrap();
         o.flatten_all().unwrap().to_vec1().unwrap()
     }
@@ -384,24 +421,46 @@ pub(crate) mod tests {
         for (heads, kv_heads, t, d, past) in
             [(3, 1, 130, 16, 70), (2, 2, 1, 8, 200), (4, 2, 64, 8, 0)]
         {
-            let dims = (heads, kv_heads, t, d);
-            let total = past + t;
-            let q = data(heads * t * d, 1);
-            let (k, v) = (data(kv_heads * total * d, 2), data(kv_heads * total * d, 3));
-            let want = naive(&q, &k, &v, dims);
-            let got = attend(&q, &k, &v, dims);
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(&a, b)| (f64::from(a) - b).abs())
-                .fold(0.0, f64::max);
-            assert!(worst < 1e-5, "{dims:?} past {past}: worst {worst}");
-            let one = rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .unwrap();
-            assert_eq!(one.install(|| attend(&q, &k, &v, dims)), got, "{dims:?}");
+            let seen: Vec<usize> = (past + 1..=past + t).collect();
+            check_attention((heads, kv_heads, t, d), past + t, &seen);
         }
+        // Scattered rows, as CacheBlend recomputes them: far apart, close together, then a
+        // run of consecutive ones (blocks cut by the keys they see, not only by row count).
+        let mut seen: Vec<usize> = (0..150).map(|i| 1 + i * i % 700).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.extend(701..=840);
+        check_attention((3, 1, seen.len(), 8), 840, &seen);
+    }
+
+    #[test]
+    fn blocks_are_cut_by_rows_and_by_keys_seen() {
+        let step = Attention::step(1000, 300, 1.0);
+        assert_eq!(step.block_starts(), [0, 128, 256]);
+        let scattered = Attention {
+            scale: 1.0,
+            seen: vec![1, 2, 129, 130, 400, 401, 402, 2000],
+        };
+        assert_eq!(scattered.block_starts(), [0, 3, 4, 7]);
+    }
+
+    fn check_attention(dims: Dims, total: usize, seen: &[usize]) {
+        let (heads, kv_heads, t, d) = dims;
+        let q = data(heads * t * d, 1);
+        let (k, v) = (data(kv_heads * total * d, 2), data(kv_heads * total * d, 3));
+        let want = naive(&q, &k, &v, dims, seen);
+        let got = attend(&q, &k, &v, dims, seen);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(&a, b)| (f64::from(a) - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-5, "{dims:?} of {total}: worst {worst}");
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(one.install(|| attend(&q, &k, &v, dims, seen)), got, "{dims:?}");
     }
 
     #[test]

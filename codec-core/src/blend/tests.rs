@@ -87,6 +87,21 @@ fn deviations_per_tensor_and_norm() {
 }
 
 #[test]
+fn a_schedule_moves_to_another_ratio() {
+    let d = SelectParams::DEFAULT;
+    let half = d.at_ratio(0.075);
+    assert_eq!((half.ratio, half.first_ratio), (0.075, 0.1));
+    assert_eq!(half.narrow_layers, d.narrow_layers);
+    assert_eq!(d.at_ratio(0.9).first_ratio, 1.0);
+    assert_eq!(d.at_ratio(0.0).first_ratio, 0.0);
+    let single = params(0.0, 0.0, 0).at_ratio(0.3);
+    assert_eq!((single.ratio, single.first_ratio), (0.3, 0.3));
+    // Out of range stays out of range, for check() to refuse, and never panics.
+    assert!(d.at_ratio(1.5).check().is_err());
+    assert!(d.at_ratio(f32::NAN).check().is_err());
+}
+
+#[test]
 fn refusals() {
     for (r, r1) in [(0.2, 0.1), (-0.1, 0.5), (0.1, 1.5), (f32::NAN, 0.5)] {
         let e = Filter::new(params(r, r1, 2), 10).unwrap_err();
