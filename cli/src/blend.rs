@@ -34,6 +34,10 @@ pub struct EvalArgs {
     /// token-importance policy), as `kvc encode --uniform-steps`.
     #[arg(long)]
     pub uniform_steps: bool,
+    /// CacheBlend: rank stored chunks' tokens by their deviations as measured, without taking
+    /// out the error the codec is expected to have left in each.
+    #[arg(long)]
+    pub raw_deviations: bool,
     /// Tokens per chunk (each text's first ones).
     #[arg(long, default_value_t = 512)]
     pub chunk_tokens: usize,
@@ -119,6 +123,7 @@ impl EvalArgs {
             ratios: self.ratio.iter().map(|p| p / 100.0).collect(),
             level: self.level.0,
             token_importance: !self.uniform_steps,
+            less_coding_error: !self.raw_deviations,
             seed: self.seed,
             select: SelectParams {
                 ratio: 1.0,

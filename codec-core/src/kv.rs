@@ -427,3 +427,55 @@ impl KvCache {
         self.k.first().map(Tensor::dtype).unwrap_or(Dtype::F32)
     }
 }
+
+/// What a decoded cache's coding is expected to have cost it: per layer, per (token, KV head),
+/// the expected squared error of the head's `head_dim` values, the sum over its channels of
+/// `step^2 / 12` (the variance of rounding to a grid of that step) with each channel's step as
+/// the stream coded that token (its level, anchor or delta, the token's step exponent); 0 for
+/// tokens stored exactly. [`Stream::decode_with_error`](crate::Stream::decode_with_error)
+/// reports it; CacheBlend's selection takes it out of the deviations it measures, so that
+/// coarsely coded tokens do not pass for deviating ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CodingError {
+    /// Tokens.
+    pub tokens: u32,
+    /// KV heads per token.
+    pub kv_heads: u32,
+    /// Per layer, K's expected squared errors `[tokens, kv_heads]`.
+    pub k: Vec<Vec<f32>>,
+    /// Per layer, V's expected squared errors `[tokens, kv_heads]`.
+    pub v: Vec<Vec<f32>>,
+}
+
+impl CodingError {
+    /// No error, for `shape`'s tokens (a cache kept as computed).
+    pub fn zeros(shape: KvShape) -> Self {
+        let n = shape.tokens as usize * shape.kv_heads as usize;
+        let layers = shape.layers as usize;
+        CodingError {
+            tokens: shape.tokens,
+            kv_heads: shape.kv_heads,
+            k: alloc::vec![alloc::vec![0.0; n]; layers],
+            v: alloc::vec![alloc::vec![0.0; n]; layers],
+        }
+    }
+
+    /// Appends `other`'s tokens after these (caches placed one after another); `None` if the
+    /// layers or heads differ or the token count overflows.
+    pub fn append(&mut self, other: &CodingError) -> Option<()> {
+        let same = (self.kv_heads, self.k.len(), self.v.len())
+            == (other.kv_heads, other.k.len(), other.v.len());
+        let tokens = self.tokens.checked_add(other.tokens)?;
+        if !same {
+            return None;
+        }
+        for (a, b) in self.k.iter_mut().zip(&other.k) {
+            a.extend_from_slice(b);
+        }
+        for (a, b) in self.v.iter_mut().zip(&other.v) {
+            a.extend_from_slice(b);
+        }
+        self.tokens = tokens;
+        Some(())
+    }
+}

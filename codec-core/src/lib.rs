@@ -108,7 +108,8 @@ pub use container::{
 pub use error::{EncodeError, Kv, ShapeError};
 pub use importance::ImportanceParams;
 pub use kv::{
-    Dtype, KvCache, KvMeta, KvShape, KvView, Rope, RopeStyle, Tensor, TensorMut, TensorRef,
+    CodingError, Dtype, KvCache, KvMeta, KvShape, KvView, Rope, RopeStyle, Tensor, TensorMut,
+    TensorRef,
 };
 pub use learn::{learn_profile, LearnParams, Queries, Sample};
 pub use limits::Limits;

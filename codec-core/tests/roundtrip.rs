@@ -814,3 +814,69 @@ fn chunk_contexts_are_built_consistent() {
     ));
     let _ = profile;
 }
+
+#[test]
+fn expected_coding_error_follows_the_real_error() {
+    let (cache, q, q_heads, q_start) = common::load(common::SAMPLE, 4);
+    let queries = Queries {
+        q: q.iter().map(|l| l.as_slice()).collect(),
+        q_heads,
+        q_start,
+    };
+    let sample = Sample {
+        kv: cache.view(),
+        queries: Some(queries),
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let (heads, d) = (cache.shape.kv_heads as usize, cache.shape.head_dim as usize);
+    for level in [1u8, 7, 10] {
+        let params = EncodeParams {
+            chunk_tokens: 200,
+            levels: vec![level],
+            ..EncodeParams::default()
+        };
+        let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+        let s = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+        let (dec, err) = s.decode_with_error().unwrap();
+        assert_eq!(dec, s.decode().unwrap(), "level {level}");
+        assert_eq!(
+            (err.tokens, err.kv_heads),
+            (cache.shape.tokens, cache.shape.kv_heads)
+        );
+        // Per (token, head) of every block: the real squared error next to the expected one.
+        let mut pairs: Vec<(f64, f64)> = Vec::new();
+        let blocks =
+            (cache.k.iter().zip(&dec.k).zip(&err.k)).chain(cache.v.iter().zip(&dec.v).zip(&err.v));
+        for (l, ((orig, got), want)) in blocks.enumerate() {
+            let (o, g) = (orig.to_f32_vec(), got.to_f32_vec());
+            assert_eq!(want.len(), o.len() / d, "block {l}");
+            assert!(
+                want[..heads].iter().all(|&e| e == 0.0),
+                "the sink token is exact"
+            );
+            for (i, &e) in want.iter().enumerate().skip(heads) {
+                assert!(e.is_finite() && e > 0.0, "block {l} (token, head) {i}: {e}");
+                let real: f64 = (0..d)
+                    .map(|c| f64::from(o[i * d + c] - g[i * d + c]).powi(2))
+                    .sum();
+                pairs.push((real, f64::from(e)));
+            }
+        }
+        let (real, want): (f64, f64) = pairs.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+        // Rounding to a step errs about that uniform error; at coarse steps less (many
+        // residuals round to 0 and err by less than half a step). Measured: 0.995, 0.969, 0.624.
+        let ratio = real / want;
+        let floor = if level < 10 { 0.9 } else { 0.4 };
+        assert!(
+            ratio > floor && ratio < 1.1,
+            "level {level}: real / expected {ratio}"
+        );
+        // And it ranks the tokens: those expected in the top quarter really err more than
+        // those in the bottom quarter.
+        pairs.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let q = pairs.len() / 4;
+        let mean = |p: &[(f64, f64)]| p.iter().map(|x| x.0).sum::<f64>() / p.len() as f64;
+        let (low, high) = (mean(&pairs[..q]), mean(&pairs[pairs.len() - q..]));
+        assert!(high > 10.0 * low, "level {level}: {high} vs {low}");
+    }
+}

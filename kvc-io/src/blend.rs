@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use codec_core::blend::{deviations, top, Norm, SelectParams, Tensors};
-use codec_core::KvCache;
+use codec_core::{CodingError, KvCache};
 use llm::{Model, Recompute};
 
 use crate::compare::Reference;
@@ -45,6 +45,9 @@ pub struct BlendParams {
     /// Whether the stored chunks get per-token steps (the encoder's token-importance policy,
     /// which assumes the queries that read a cache come right after it).
     pub token_importance: bool,
+    /// Whether the selections take the stored chunks' expected coding error out of the
+    /// deviations they measure (L2 only; [`codec_core::blend::less_coding_error`]).
+    pub less_coding_error: bool,
     /// Seed of the random selection.
     pub seed: u64,
     /// CacheBlend's selection, moved to each ratio with [`SelectParams::at_ratio`].
@@ -64,6 +67,7 @@ impl Default for BlendParams {
             ratios: vec![0.0, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50, 1.0],
             level: Some(7),
             token_importance: true,
+            less_coding_error: true,
             seed: 0,
             select: SelectParams::DEFAULT,
             methods: METHODS.iter().map(|m| m.to_string()).collect(),
@@ -168,6 +172,7 @@ pub fn blend_eval(
         reference: &reference,
         repeat: params.repeat,
         token_importance: params.token_importance,
+        less_coding_error: params.less_coding_error,
     };
     let alone: Vec<(Dump, KvCache)> = texts
         .iter()
@@ -178,12 +183,12 @@ pub fn blend_eval(
     let mut rows = Vec::new();
     let mut storages = Vec::new();
     for level in std::iter::once(None).chain(params.level.map(Some)) {
-        let (store, caches) = run.store(&alone, level, &profile)?;
+        let (store, caches, error) = run.store(&alone, level, &profile)?;
         progress.step();
         let placed = llm::place_chunks(&caches)?;
         let truth = truth(&placed, &full)?;
         for (method, ratio, how) in &runs {
-            let mut row = run.row(&placed, how, &truth)?;
+            let mut row = run.row(&placed, error.as_ref(), how, &truth)?;
             row.method = method;
             row.storage = store.storage.clone();
             row.ratio = *ratio;
@@ -314,6 +319,10 @@ fn truth(placed: &KvCache, full: &KvCache) -> Result<Vec<Vec<f32>>, Error> {
         .collect()
 }
 
+/// A storage's row, its decoded chunks, and their expected coding error (if stored through a
+/// stream and the selections take it out).
+type Stored = (StorageRow, Vec<KvCache>, Option<CodingError>);
+
 /// What every method's run shares.
 struct Run<'a> {
     model: &'a Model,
@@ -323,6 +332,7 @@ struct Run<'a> {
     reference: &'a Reference,
     repeat: usize,
     token_importance: bool,
+    less_coding_error: bool,
 }
 
 impl Run<'_> {
@@ -333,22 +343,28 @@ impl Run<'_> {
         alone: &[(Dump, KvCache)],
         level: Option<u8>,
         profile: &JudgeProfile<'_>,
-    ) -> Result<(StorageRow, Vec<KvCache>), Error> {
+    ) -> Result<Stored, Error> {
         let Some(level) = level else {
             let row = StorageRow {
                 storage: "lossless".into(),
                 codec_kl: 0.0,
                 bits_per_elem: None,
             };
-            return Ok((row, alone.iter().map(|(_, c)| c.clone()).collect()));
+            let caches = alone.iter().map(|(_, c)| c.clone()).collect();
+            return Ok((row, caches, None));
         };
         let (mut bytes, mut elements) = (0, 0);
         let mut caches = Vec::with_capacity(alone.len());
+        let mut error: Option<CodingError> = None;
         for (dump, _) in alone {
             let coded = stored(dump, level, self.token_importance, profile)?;
             bytes += coded.bytes;
             elements += dump.kv.shape.total_elements();
             caches.push(coded.cache);
+            match error.as_mut() {
+                None => error = Some(coded.error),
+                Some(e) => e.append(&coded.error).ok_or(Error::ChunkShapes)?,
+            }
         }
         let (full, _) = prefill_dump(self.model, self.tokens, "blend context")?;
         let logits = self.model.forward_with_cache(
@@ -362,7 +378,7 @@ impl Run<'_> {
             codec_kl,
             bits_per_elem: Some(8.0 * bytes as f64 / elements.max(1) as f64),
         };
-        Ok((row, caches))
+        Ok((row, caches, error.filter(|_| self.less_coding_error)))
     }
 
     /// One method's figures (its name, storage and ratio filled in by the caller); the time is
@@ -370,11 +386,14 @@ impl Run<'_> {
     fn row(
         &self,
         placed: &KvCache,
+        error: Option<&CodingError>,
         how: &Recompute,
         truth: &[Vec<f32>],
     ) -> Result<BlendRow, Error> {
         let (prefill_ms, b) = fastest(self.repeat, || {
-            Ok(self.model.blend(placed, self.tokens, self.question, how)?)
+            Ok(self
+                .model
+                .blend(placed, error, self.tokens, self.question, how)?)
         })?;
         let vocab = self.model.config().vocab;
         let (kl, top1) = self

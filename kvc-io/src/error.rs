@@ -85,6 +85,8 @@ pub enum Error {
         /// Its text.
         text: String,
     },
+    /// The chunks' streams do not share a shape (they are placed one after another).
+    ChunkShapes,
     /// `kvc blend-eval` was asked for a method it does not have.
     UnknownMethod {
         /// The name asked for.
@@ -148,6 +150,7 @@ impl fmt::Display for Error {
                 "tiers line {line} ({text:?}): expected `name GB/s cost-per-GB` with a positive \
                  throughput and a cost of 0 or more"
             ),
+            Error::ChunkShapes => write!(f, "the chunks' caches differ in layers or KV heads"),
             Error::UnknownMethod { name } => write!(
                 f,
                 "no method {name:?}: the methods are {}",

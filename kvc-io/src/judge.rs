@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use codec_core::{Dtype, EncodeParams, KvCache, Limits, Profile, Stream, Tensor};
+use codec_core::{CodingError, Dtype, EncodeParams, KvCache, Limits, Profile, Stream, Tensor};
 use llm::{Model, Prefill, PrefillOptions};
 use sha2::{Digest, Sha256};
 
@@ -308,6 +308,8 @@ pub fn judge(
 pub(crate) struct Coded {
     /// The decoded cache.
     pub cache: KvCache,
+    /// The error its coding is expected to have left.
+    pub error: CodingError,
     /// The stream's size.
     pub bytes: usize,
     /// Seconds to encode and to decode.
@@ -335,9 +337,11 @@ pub(crate) fn round_trip(
     let encode_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let reader = enc.embedded.as_ref().unwrap_or(prof);
-    let cache = Stream::open(&enc.bytes, Some(reader), &Limits::DEFAULT)?.decode()?;
+    let (cache, error) =
+        Stream::open(&enc.bytes, Some(reader), &Limits::DEFAULT)?.decode_with_error()?;
     Ok(Coded {
         cache,
+        error,
         bytes: enc.bytes.len(),
         encode_s,
         decode_s: t1.elapsed().as_secs_f64(),

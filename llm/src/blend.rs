@@ -11,8 +11,8 @@
 //! first-layer K/V do not depend on the other chunks).
 
 use candle_core::Tensor;
-use codec_core::blend::{deviations, Filter, SelectParams};
-use codec_core::KvCache;
+use codec_core::blend::{deviations, less_coding_error, Filter, Norm, SelectParams, Tensors};
+use codec_core::{CodingError, KvCache};
 
 use crate::error::{bad_input, LlmError};
 use crate::model::Model;
@@ -51,10 +51,14 @@ struct Rows {
 
 impl Model {
     /// Runs `suffix` after the reused cache `reused` (whose tokens are `tokens`, at positions
-    /// `reused.meta.first_position..`), recomputing reused tokens as `how` says.
+    /// `reused.meta.first_position..`), recomputing reused tokens as `how` says. `error` is the
+    /// error the reused cache's coding is expected to carry, if it was stored through a kvc
+    /// stream ([`codec_core::Stream::decode_with_error`]): HKVD selection with the L2 norm
+    /// takes it out of the deviations it measures ([`codec_core::blend::less_coding_error`]).
     pub fn blend(
         &self,
         reused: &KvCache,
+        error: Option<&CodingError>,
         tokens: &[u32],
         suffix: &[u32],
         how: &Recompute,
@@ -62,6 +66,9 @@ impl Model {
         let n = tokens.len();
         if reused.shape.tokens as usize != n {
             bad_input!("{n} tokens for a cache of {}", reused.shape.tokens);
+        }
+        if let Some(e) = error {
+            self.check_error(e, n)?;
         }
         let p0 = reused.meta.first_position;
         self.check_tokens(tokens, p0)?;
@@ -108,7 +115,11 @@ impl Model {
             // first check is the second layer's.
             let kept = match filter.as_mut() {
                 Some(f) if l > 0 => {
-                    let dev = self.deviations(&state.k[l], &state.v[l], &k, &v, &rows, f)?;
+                    let mut dev = self.deviations(&state.k[l], &state.v[l], &k, &v, &rows, f)?;
+                    if let (Some(e), Norm::L2) = (error, f.params().norm) {
+                        let noise = coding_error(e, l, f.params().tensors, f.candidates());
+                        less_coding_error(&mut dev, &noise).map_err(blend_err)?;
+                    }
                     f.narrow(&dev).map_err(blend_err)?;
                     rows.keep(f.candidates())
                 }
@@ -143,6 +154,26 @@ impl Model {
         let last = candle_nn::ops::rms_norm(&last, &self.weights().norm, eps)?;
         out.logits = self.logits(&last)?.flatten_all()?.to_vec1::<f32>()?;
         Ok(out)
+    }
+
+    /// Refuses a coding error that does not describe `n` tokens of this model's cache.
+    fn check_error(&self, e: &CodingError, n: usize) -> Result<(), LlmError> {
+        let c = self.config();
+        let per_layer = n * c.kv_heads;
+        let fits = |v: &[Vec<f32>]| v.len() == c.layers && v.iter().all(|l| l.len() == per_layer);
+        if e.tokens as usize != n || e.kv_heads as usize != c.kv_heads || !fits(&e.k) || !fits(&e.v)
+        {
+            bad_input!(
+                "the coding error describes {} tokens x {} KV heads over {} layers; the cache is \
+                 {n} tokens x {} x {}",
+                e.tokens,
+                e.kv_heads,
+                e.k.len(),
+                c.kv_heads,
+                c.layers
+            );
+        }
+        Ok(())
     }
 
     /// Normed hidden states `h` (`[m, hidden]`) of tokens at `positions` to their rotated Q
@@ -249,6 +280,24 @@ impl Model {
         let dense = 2.0 * m * (c.heads * c.head_dim * c.hidden + 3 * c.hidden * c.ffn) as f64;
         attention + dense
     }
+}
+
+/// Per candidate token (in `at`), the expected squared coding error of its layer-`l` rows of
+/// the tensors `tensors` compares, summed over the KV heads.
+fn coding_error(e: &CodingError, l: usize, tensors: Tensors, at: &[u32]) -> Vec<f32> {
+    let heads = e.kv_heads as usize;
+    let (k, v) = (&e.k[l], &e.v[l]);
+    let sum = |m: &[f32], t: usize| m[t * heads..][..heads].iter().sum::<f32>();
+    at.iter()
+        .map(|&t| {
+            let t = t as usize;
+            match tensors {
+                Tensors::K => sum(k, t),
+                Tensors::V => sum(v, t),
+                Tensors::KV => sum(k, t) + sum(v, t),
+            }
+        })
+        .collect()
 }
 
 /// The chunks' caches placed one after another from position 0 (each shifted to where the

@@ -460,7 +460,11 @@ pub(crate) mod tests {
             .num_threads(1)
             .build()
             .unwrap();
-        assert_eq!(one.install(|| attend(&q, &k, &v, dims, seen)), got, "{dims:?}");
+        assert_eq!(
+            one.install(|| attend(&q, &k, &v, dims, seen)),
+            got,
+            "{dims:?}"
+        );
     }
 
     #[test]

@@ -191,7 +191,7 @@ fn the_fusor_spans_full_reuse_to_full_prefill() {
     // Full reuse: the suffix on the placed caches as they are.
     let reuse = m.forward_with_cache(&reused, &suffix).unwrap();
     let none = m
-        .blend(&reused, &tokens, &suffix, &Recompute::Fixed(vec![]))
+        .blend(&reused, None, &tokens, &suffix, &Recompute::Fixed(vec![]))
         .unwrap();
     assert!(
         rel(&none.logits, &reuse) < 1e-4,
@@ -204,7 +204,7 @@ fn the_fusor_spans_full_reuse_to_full_prefill() {
         ..SelectParams::DEFAULT
     };
     let sel0 = m
-        .blend(&reused, &tokens, &suffix, &Recompute::Select(zero))
+        .blend(&reused, None, &tokens, &suffix, &Recompute::Select(zero))
         .unwrap();
     assert!(rel(&sel0.logits, &reuse) < 1e-4);
     // The first layer is recomputed in full (its K/V equal the reused ones to rounding).
@@ -219,7 +219,7 @@ fn the_fusor_spans_full_reuse_to_full_prefill() {
         ..SelectParams::DEFAULT
     };
     let sel1 = m
-        .blend(&reused, &tokens, &suffix, &Recompute::Select(all))
+        .blend(&reused, None, &tokens, &suffix, &Recompute::Select(all))
         .unwrap();
     assert!(
         rel(&sel1.logits, full) < 1e-4,
@@ -233,6 +233,7 @@ fn the_fusor_spans_full_reuse_to_full_prefill() {
     let cb = m
         .blend(
             &reused,
+            None,
             &tokens,
             &suffix,
             &Recompute::Select(SelectParams::DEFAULT),
@@ -252,4 +253,30 @@ fn the_fusor_spans_full_reuse_to_full_prefill() {
         cb.flops,
         sel1.flops
     );
+    // A coding error is taken out of the deviations: none changes nothing; a large one on the
+    // tokens picked changes the pick; one for another cache is refused.
+    let how = Recompute::Select(SelectParams::DEFAULT);
+    let mut error = codec_core::CodingError::zeros(reused.shape);
+    let same = m
+        .blend(&reused, Some(&error), &tokens, &suffix, &how)
+        .unwrap();
+    assert_eq!(same.recomputed, cb.recomputed);
+    for &t in &cb.recomputed[1] {
+        let heads = error.kv_heads as usize;
+        for l in error.k.iter_mut().chain(error.v.iter_mut()) {
+            l[t as usize * heads..][..heads].fill(1e9);
+        }
+    }
+    let moved = m
+        .blend(&reused, Some(&error), &tokens, &suffix, &how)
+        .unwrap();
+    assert!(moved.recomputed[1]
+        .iter()
+        .all(|t| !cb.recomputed[1].contains(t)));
+    let short = codec_core::CodingError::zeros(codec_core::KvShape {
+        tokens: 127,
+        ..reused.shape
+    });
+    let refused = m.blend(&reused, Some(&short), &tokens, &suffix, &how);
+    assert!(refused.is_err_and(|e| e.to_string().contains("127 tokens")));
 }

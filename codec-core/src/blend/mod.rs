@@ -70,18 +70,19 @@ pub struct SelectParams {
 
 impl SelectParams {
     /// The paper's 15% of the tokens, 20% kept by the first check and narrowed to 15% over 4
-    /// layers, deviations of K and V together in L1. Chosen with `kvc blend-eval` on the
+    /// layers, deviations of K and V together in L2. Chosen with `kvc blend-eval` on the
     /// reference model (README, "CacheBlend"): at 15% on six chunk sets, K and V together
     /// removed more of full reuse's KL than K alone (0.5 points) or V alone (2.5 points), L1
     /// and L2 were within 0.4 points of each other and ahead of the maximum, and the first
     /// share (15-30%) and narrowing (0-8 layers) moved it by about one point, where a single
-    /// check layer lost 1.3 points.
+    /// check layer lost 1.3 points. L2 because a stored chunk's coding error can be taken out
+    /// of it ([`less_coding_error`]).
     pub const DEFAULT: SelectParams = SelectParams {
         ratio: 0.15,
         first_ratio: 0.2,
         narrow_layers: 4,
         tensors: Tensors::KV,
-        norm: Norm::L1,
+        norm: Norm::L2,
     };
 
     /// The same schedule narrowing to `ratio` instead: `first_ratio` scaled by the same factor
@@ -234,6 +235,29 @@ pub fn deviations(
             _ => d as f32,
         })
         .collect())
+}
+
+/// L2 deviations `dev` (one per candidate) with the expected squared error their reused rows
+/// carry from coding taken out (`noise`, one per candidate: the [`CodingError`] of the
+/// compared heads and tensors, summed): `sqrt(max(0, dev^2 - noise))`. A coded token's measured
+/// deviation is its true one plus its coding error, independent of it, so the squares add in
+/// expectation; without this, the tokens a stream coded coarsely (on purpose: few queries read
+/// them) pass for deviating ones.
+///
+/// [`CodingError`]: crate::CodingError
+pub fn less_coding_error(dev: &mut [f32], noise: &[f32]) -> Result<(), BlendError> {
+    if noise.len() != dev.len() {
+        return Err(BlendError::Length {
+            what: "coding errors",
+            got: noise.len(),
+            expected: dev.len(),
+        });
+    }
+    for (d, &n) in dev.iter_mut().zip(noise) {
+        let rest = f64::from(*d) * f64::from(*d) - f64::from(n);
+        *d = libm::sqrt(rest.max(0.0)) as f32;
+    }
+    Ok(())
 }
 
 /// The `n` of `candidates` with the largest deviation `dev` (one per candidate; ties go to the

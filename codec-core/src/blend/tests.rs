@@ -87,6 +87,55 @@ fn deviations_per_tensor_and_norm() {
 }
 
 #[test]
+fn coding_error_is_taken_out_of_l2_deviations() {
+    let mut dev = [5.0f32, 3.0, 0.0, 2.0];
+    less_coding_error(&mut dev, &[9.0, 16.0, 0.0, 0.0]).unwrap();
+    assert_eq!(dev, [4.0, 0.0, 0.0, 2.0]);
+    assert!(matches!(
+        less_coding_error(&mut dev, &[1.0]),
+        Err(BlendError::Length { .. })
+    ));
+}
+
+proptest! {
+    /// A coded token's measured deviation is its true one plus independent noise of known
+    /// variance: taken out, the noise no longer decides which tokens rank first.
+    #[test]
+    fn noisy_rows_rank_by_their_true_deviation(seed in 0u64..1000) {
+        let mut s = seed * 2 + 1;
+        let mut unit = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f32 / (1u64 << 53) as f32 - 0.5
+        };
+        // 200 tokens of 64 values: true deviations of 0.15 per value (odd tokens) or 0.05
+        // (even ones); the even tokens were coded coarsely, with a uniform error of 0.25 RMS.
+        let (n, row) = (200usize, 64usize);
+        let mut reused = vec![0f32; n * row];
+        let fresh = vec![0f32; n * row];
+        let mut noise = vec![0f32; n];
+        for t in 0..n {
+            let (truth, sigma) = if t % 2 == 1 { (0.15, 0.0) } else { (0.05, 0.25) };
+            for x in &mut reused[t * row..][..row] {
+                *x = truth * if unit() < 0.0 { -1.0 } else { 1.0 } + sigma * unit() * 12f32.sqrt();
+            }
+            noise[t] = row as f32 * sigma * sigma;
+        }
+        let none: (&[f32], &[f32]) = (&[], &[]);
+        let mut dev = deviations(Tensors::K, Norm::L2, row, (&reused, &fresh), none).unwrap();
+        let all: Vec<u32> = (0..n as u32).collect();
+        let noisy = top(&all, &dev, 50).unwrap();
+        less_coding_error(&mut dev, &noise).unwrap();
+        let clean = top(&all, &dev, 50).unwrap();
+        // As measured, the coded tokens rank first; corrected, the truly deviating ones.
+        let odd = |sel: &[u32]| sel.iter().filter(|&&t| t % 2 == 1).count();
+        prop_assert!(odd(&noisy) <= 5, "{:?}", noisy);
+        prop_assert!(odd(&clean) >= 40, "{:?}", clean);
+    }
+}
+
+#[test]
 fn a_schedule_moves_to_another_ratio() {
     let d = SelectParams::DEFAULT;
     let half = d.at_ratio(0.075);

@@ -7,7 +7,7 @@ use super::layout::{read_block, BlockParts};
 use super::tables::BlockTables;
 use super::ChunkContext;
 use crate::bytes::{crc32c, split_crc, Reader};
-use crate::consts::MAX_SYMBOL;
+use crate::consts::{EXP_MULT, MAX_SYMBOL};
 use crate::error::Kv;
 use crate::kv::Dtype;
 use crate::quant::{dequantize_indices, dequantize_one, BlockConsts, Exps};
@@ -22,6 +22,12 @@ pub(crate) trait RowSink {
     fn rows(&mut self, layer: u32, kv: Kv, first: usize, values: &[f32]);
     /// Block `(layer, kv)` passed every check; `raw_sink` holds its sink rows' stored bytes.
     fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]);
+    /// Whether the sink takes the expected coding error ([`errors`](Self::errors)).
+    const ERRORS: bool = false;
+    /// The expected squared error of rows `first ..` of block `(layer, kv)`, one per (row, KV
+    /// head) (see [`crate::CodingError`]); called after [`rows`](Self::rows) for the same rows,
+    /// only if [`ERRORS`](Self::ERRORS).
+    fn errors(&mut self, _layer: u32, _kv: Kv, _first: usize, _errors: &[f32]) {}
 }
 
 impl ChunkContext<'_> {
@@ -132,6 +138,10 @@ struct BlockDecoder<'c, 'p> {
     /// One row's decode tables, and per head the offset its slice was copied from.
     row_tables: Vec<&'p DecodeTable>,
     head_from: Vec<usize>,
+    /// Per head, the sum of its channels' squared steps: anchor rows', then delta rows'.
+    step_energy: Vec<f32>,
+    /// One token group's expected squared errors, one per (row, head).
+    errors: Vec<f32>,
 }
 
 impl<'c, 'p> BlockDecoder<'c, 'p> {
@@ -155,6 +165,8 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
             block_radii: Vec::new(),
             row_tables: Vec::with_capacity(c),
             head_from: vec![usize::MAX; shape.kv_heads as usize],
+            step_energy: Vec::new(),
+            errors: Vec::new(),
         }
     }
 
@@ -190,14 +202,14 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
 
     /// Decodes the block's exponents and rows from its lane words `words`, passing the rows to
     /// `out` one token group at a time: checks B6-B9.
-    fn decode_lanes(
+    fn decode_lanes<O: RowSink>(
         &mut self,
         parts: &BlockParts<'_>,
         words: &[u32],
         layer: u32,
         kvi: usize,
         kv: Kv,
-        out: &mut impl RowSink,
+        out: &mut O,
     ) -> Result<(), BlockError> {
         let chunk = self.at.chunk;
         let rans_err = |err| BlockError::Rans {
@@ -223,6 +235,9 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
         self.resolve_tables(layer, kvi, n_exp);
         self.consts
             .fill(self.ctx.profile().channel_params(layer, kvi), self.mult);
+        if O::ERRORS {
+            self.fill_step_energy();
+        }
         let c = self.ctx.shape().channels();
         let mut esc = parts.escape_values();
         let mut g0 = 0;
@@ -233,6 +248,10 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
                     .map_err(|e| e.at(chunk, layer, kv))?;
             }
             out.rows(layer, kv, g0, &self.recon[..(g1 - g0) * c]);
+            if O::ERRORS {
+                self.group_errors(g0, g1, n_e);
+                out.errors(layer, kv, g0, &self.errors);
+            }
             g0 = g1;
         }
         dec.finish().map_err(rans_err)?;
@@ -240,6 +259,42 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
             return Err(BlockError::ExtraEscapes { layer, kv });
         }
         Ok(())
+    }
+
+    /// Per head, the sums of the squared anchor and delta steps of the block's level.
+    fn fill_step_energy(&mut self) {
+        let d = self.ctx.shape().head_dim as usize;
+        let sq = |steps: &[f32]| -> Vec<f32> {
+            steps
+                .chunks_exact(d.max(1))
+                .map(|h| h.iter().map(|s| s * s).sum())
+                .collect()
+        };
+        self.step_energy = sq(&self.consts.anchor_step);
+        self.step_energy.extend(sq(&self.consts.delta_step));
+    }
+
+    /// The expected squared errors of rows `g0..g1` (a token group, `g0` its anchor), per
+    /// (row, head): the head's squared steps times its exponent's multiplier squared, over 12;
+    /// 0 for sink rows.
+    fn group_errors(&mut self, g0: usize, g1: usize, n_e: usize) {
+        let heads = self.head_from.len();
+        self.errors.clear();
+        for row in g0..g1 {
+            if row < self.sink {
+                self.errors.extend(core::iter::repeat_n(0.0, heads));
+                continue;
+            }
+            let i = row - self.sink;
+            let energy = &self.step_energy[usize::from(row != g0) * heads..][..heads];
+            for (h, &e) in energy.iter().enumerate() {
+                let m = match n_e {
+                    0 => 1.0,
+                    _ => EXP_MULT[usize::from(self.exps[i * heads + h] & 15)],
+                };
+                self.errors.push(e * (m * m) / 12.0);
+            }
+        }
     }
 
     /// Resolves the block's tables and starts every row from the anchor tables of exponent 0.

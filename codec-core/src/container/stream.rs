@@ -5,7 +5,7 @@ use super::error::{DecodeError, OpenError};
 use super::header::Header;
 use crate::block::{ChunkAt, ChunkContext, RowSink};
 use crate::error::Kv;
-use crate::kv::{Dtype, KvCache, TensorMut};
+use crate::kv::{CodingError, Dtype, KvCache, TensorMut};
 use crate::limits::Limits;
 use crate::profile::Profile;
 use alloc::borrow::Cow;
@@ -131,6 +131,62 @@ impl<'a> Stream<'a> {
             self.decode_range_into(range, &mut ks, &mut vs)?;
         }
         Ok(cache)
+    }
+
+    /// Decodes the whole stream into an owned cache, with the error its coding is expected to
+    /// have left in each (token, KV head) ([`CodingError`]).
+    ///
+    /// ```
+    /// # use codec_core::*;
+    /// # let shape = KvShape { layers: 1, tokens: 24, kv_heads: 2, head_dim: 4 };
+    /// # let k: Vec<f32> = (0..shape.tensor_len()).map(|i| (i % 7) as f32 * 0.3).collect();
+    /// # let v: Vec<f32> = (0..shape.tensor_len()).map(|i| (i % 5) as f32 * 0.2).collect();
+    /// # let kv = KvView { shape, k: vec![TensorRef::F32(&k)], v: vec![TensorRef::F32(&v)],
+    /// #     meta: KvMeta::default() };
+    /// # let profile = learn_profile(&[Sample { kv: kv.clone(), queries: None }], &LearnParams::default())?;
+    /// # let bytes = encode(&kv, ProfileMode::Referenced(&profile), &EncodeParams::default())?;
+    /// let stream = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT)?;
+    /// let (cache, error) = stream.decode_with_error()?;
+    /// assert_eq!(cache, stream.decode()?);
+    /// assert_eq!(error.k[0].len(), 24 * 2); // per (token, KV head)
+    /// assert_eq!(error.k[0][0], 0.0);       // the first token is an attention sink, stored exactly
+    /// assert!(error.v[0][2 * 2] > 0.0);     // later tokens were rounded
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decode_with_error(&self) -> Result<(KvCache, CodingError), DecodeError> {
+        let shape = self.header.shape;
+        let mut cache = KvCache::zeros(shape, self.header.dtype, self.header.meta.clone());
+        let mut error = CodingError::zeros(shape);
+        let c = shape.channels();
+        let heads = shape.kv_heads as usize;
+        let ctx = self.context();
+        let (k, v) = (&mut cache.k, &mut cache.v);
+        let mut ks: Vec<TensorMut<'_>> = k.iter_mut().map(|t| t.as_mut()).collect();
+        let mut vs: Vec<TensorMut<'_>> = v.iter_mut().map(|t| t.as_mut()).collect();
+        for (i, e) in self.header.chunks.iter().enumerate() {
+            let mut sink = WithErrors {
+                writer: RangeWriter {
+                    k: &mut ks,
+                    v: &mut vs,
+                    lo: 0,
+                    hi: e.tokens as usize,
+                    dst: e.token_start as usize * c,
+                    channels: c,
+                    dtype: self.header.dtype,
+                },
+                error: &mut error,
+                at: e.token_start as usize * heads,
+            };
+            let at = ChunkAt {
+                chunk: i as u32,
+                token_start: e.token_start,
+                rows: e.tokens,
+                level: e.level,
+            };
+            ctx.decode_chunk_rows(self.chunk_bytes(i)?, &at, &mut sink)?;
+        }
+        drop((ks, vs));
+        Ok((cache, error))
     }
 
     /// Decodes the whole stream into the caller's buffers: per layer a K and a V tensor of
@@ -290,6 +346,38 @@ impl RowSink for RangeWriter<'_, '_> {
                 .chunks_exact(4)
                 .zip(&mut d[at..at + n])
                 .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        }
+    }
+}
+
+/// A [`RangeWriter`] over a whole chunk that also records the expected coding error of its rows
+/// (for [`Stream::decode_with_error`]).
+struct WithErrors<'w, 'o> {
+    writer: RangeWriter<'w, 'o>,
+    error: &'w mut CodingError,
+    /// Index in each layer's error vector of the chunk's first (token, head).
+    at: usize,
+}
+
+impl RowSink for WithErrors<'_, '_> {
+    const ERRORS: bool = true;
+    fn rows(&mut self, layer: u32, kv: Kv, first: usize, values: &[f32]) {
+        self.writer.rows(layer, kv, first, values);
+    }
+    fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]) {
+        self.writer.block_done(layer, kv, raw_sink);
+    }
+    fn errors(&mut self, layer: u32, kv: Kv, first: usize, errors: &[f32]) {
+        let heads = self.error.kv_heads as usize;
+        let per_layer = match kv {
+            Kv::K => &mut self.error.k,
+            Kv::V => &mut self.error.v,
+        };
+        if let Some(dst) = per_layer
+            .get_mut(layer as usize)
+            .and_then(|l| l.get_mut(self.at + first * heads..))
+        {
+            dst.iter_mut().zip(errors).for_each(|(d, &e)| *d = e);
         }
     }
 }

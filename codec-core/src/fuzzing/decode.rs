@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 
 /// Any bytes as a whole stream, with no separate profile (`fuzz_targets/decode_stream.rs`).
 ///
-/// Input: the stream. Asserts nothing beyond "no panic" unless the stream decodes; then a
+/// Input: the stream. Asserts nothing beyond "no panic" unless the stream decodes; then
+/// [`Stream::decode_with_error`] gives the same cache and an error per (token, KV head), a
 /// token range chosen from the input length decodes ([`Stream::decode_tokens`]) to exactly the
 /// same bits as those tokens of the full decode, and decoding into buffers of another dtype
 /// ([`Stream::decode_into`]) gives the same values once rounded to the narrower dtype.
@@ -193,6 +194,15 @@ fn check_stream(stream: &Stream<'_>, salt: usize) {
     assert_eq!(full.shape, h.shape);
     assert_eq!(full.dtype(), h.dtype);
     check_other_dtype(stream, &full);
+    let (same, error) = stream
+        .decode_with_error()
+        .expect("a stream that decodes decodes with its expected error");
+    assert_eq!(same, full);
+    let per_layer = h.shape.tokens as usize * h.shape.kv_heads as usize;
+    for e in error.k.iter().chain(&error.v) {
+        assert_eq!(e.len(), per_layer);
+        assert!(e.iter().all(|x| *x >= 0.0 || x.is_nan()));
+    }
     let t = h.shape.tokens;
     if t == 0 {
         return;
