@@ -10,6 +10,8 @@
 //! first layer is recomputed for every token and the checks start at the second (a token's
 //! first-layer K/V do not depend on the other chunks).
 
+use std::time::Instant;
+
 use candle_core::Tensor;
 use codec_core::blend::{deviations, less_coding_error, Filter, Norm, SelectParams, Tensors};
 use codec_core::{CodingError, KvCache};
@@ -39,6 +41,9 @@ pub struct Blended {
     pub recomputed: Vec<Vec<u32>>,
     /// Floating-point operations of the layers' products (projections, attention, MLP).
     pub flops: f64,
+    /// Seconds spent on the logits of every suffix token: scoring needs them all, a prefill
+    /// only the last token's, so a prefill's time is the call's less this.
+    pub scoring_s: f64,
 }
 
 /// The tokens one layer works on: reused candidates first (ascending), then the suffix.
@@ -102,6 +107,7 @@ impl Model {
             logits: Vec::new(),
             recomputed: Vec::with_capacity(self.config().layers),
             flops: 0.0,
+            scoring_s: 0.0,
         };
         for (l, block) in self.weights().blocks.iter().enumerate() {
             let eps = self.config().rms_eps as f32;
@@ -148,11 +154,13 @@ impl Model {
             let h = candle_nn::ops::rms_norm(&xa, &block.ffn_norm, eps)?;
             x = (&xa + self.mlp(block, &h)?)?;
         }
+        let t0 = Instant::now();
         let s = suffix.len();
         let last = x.narrow(0, x.dim(0)? - s, s)?;
         let eps = self.config().rms_eps as f32;
         let last = candle_nn::ops::rms_norm(&last, &self.weights().norm, eps)?;
         out.logits = self.logits(&last)?.flatten_all()?.to_vec1::<f32>()?;
+        out.scoring_s = t0.elapsed().as_secs_f64();
         Ok(out)
     }
 
