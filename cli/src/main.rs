@@ -37,10 +37,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Encode a safetensors KV dump (k.{i}, v.{i} [T, H, D]) into a .kvc stream.
+    /// Encode a safetensors KV dump (k.{i}, v.{i} [T, H, D]) into a .kvc stream, or into a
+    /// multi-level store with --store.
     Encode {
         input: PathBuf,
-        output: PathBuf,
+        #[arg(required_unless_present = "store")]
+        output: Option<PathBuf>,
+        /// Write a multi-level store in this directory instead (spec/STREAM.md): every chunk at
+        /// each of --levels, one profile (--profile, or learned from the input), the token ids.
+        #[arg(long, conflicts_with_all = ["output", "level"], requires = "levels")]
+        store: Option<PathBuf>,
         /// Level for every chunk (0 = finest).
         #[arg(long, default_value_t = 7, conflicts_with = "levels")]
         level: u8,
@@ -389,6 +395,7 @@ fn main() -> ExitCode {
         Cmd::Encode {
             input,
             output,
+            store,
             level,
             levels,
             profile,
@@ -404,7 +411,11 @@ fn main() -> ExitCode {
                 levels: levels.unwrap_or_else(|| vec![level]),
                 token_importance: !uniform_steps,
             };
-            cmd_encode(&input, &output, profile.as_deref(), params, force)
+            match (store, output) {
+                (Some(dir), _) => cmd_encode_store(&input, &dir, profile.as_deref(), params, force),
+                (None, Some(out)) => cmd_encode(&input, &out, profile.as_deref(), params, force),
+                (None, None) => Err("give an output file, or --store DIR".into()),
+            }
         }
         Cmd::Decode {
             input,
@@ -570,6 +581,47 @@ fn cmd_encode(
         "{}: {} bytes, {bpe:.3} bits/element, {mode}",
         output.display(),
         bytes.len()
+    );
+    Ok(())
+}
+
+/// `kvc encode --store`: the input at every level of `params.levels`, as a store in `dir`.
+fn cmd_encode_store(
+    input: &Path,
+    dir: &Path,
+    profile: Option<&Path>,
+    params: EncodeParams,
+    force: bool,
+) -> Result<()> {
+    let d = load(input)?;
+    let p = match profile {
+        Some(pp) => policy::load_profile(pp).map_err(|e| e.to_string())?,
+        None => policy::learn(&[&d], &mut Bars::on_stderr()).map_err(|e| e.to_string())?,
+    };
+    let store = kvc_io::store::Store::write(dir, &d, &p, &params, &params.levels, force)
+        .map_err(|e| e.to_string())?;
+    let elements = d.kv.shape.total_elements() as f64;
+    for &l in store.levels() {
+        let bytes: usize = (0..store.chunks())
+            .map(|i| store.chunk_bytes(i, l))
+            .sum::<std::result::Result<usize, _>>()
+            .map_err(|e| e.to_string())?;
+        eprintln!(
+            "level {l:>2}: {bytes} bytes, {:.3} bits/element",
+            bytes as f64 * 8.0 / elements
+        );
+    }
+    eprintln!(
+        "{}: {} chunks at {} levels, profile {}, {}",
+        dir.display(),
+        store.chunks(),
+        store.levels().len(),
+        &p.hash_hex()[..16],
+        if d.tokens.is_some() {
+            "token ids kept (chunks can be recomputed from text)"
+        } else {
+            "no token ids in the dump (no text fallback; kvc dump records them)"
+        }
     );
     Ok(())
 }

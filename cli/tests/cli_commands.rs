@@ -265,3 +265,40 @@ fn blend_plan_reproduces_the_papers_examples() {
     ]);
     assert!(!ok && err.contains("line 1"), "{err}");
 }
+
+#[test]
+fn encode_store_keeps_every_level_and_refuses_to_clobber() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = p(dir.path(), "ctx");
+    let c = ctx.to_str().unwrap();
+    let args = ["encode", SAMPLE, "--store", c, "--levels", "11,1,7"];
+    let (ok, _, err) = kvc(&[&args[..], &["--chunk-tokens", "256"]].concat());
+    assert!(ok, "{err}");
+    assert!(err.contains("2 chunks at 3 levels"), "{err}");
+    assert!(err.contains("no token ids"), "{err}");
+    for f in [
+        "store.json",
+        "profile.kvcp",
+        "level-01.kvc",
+        "level-07.kvc",
+        "level-11.kvc",
+    ] {
+        assert!(ctx.join(f).is_file(), "{f}");
+    }
+    // Each level's stream is a stream of its own, decodable with the store's profile.
+    let out = p(dir.path(), "l7.safetensors");
+    let prof = ctx.join("profile.kvcp");
+    let l7 = ctx.join("level-07.kvc");
+    let (ok, _, err) = kvc(&[
+        "decode",
+        l7.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--profile",
+        prof.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kvc(&args);
+    assert!(!ok && err.contains("already exists"), "{err}");
+    let (ok, _, err) = kvc(&["encode", SAMPLE, "--store", c]);
+    assert!(!ok && err.contains("--levels"), "{err}");
+}

@@ -102,8 +102,8 @@ layers! {
 
 pub use block::{BlockError, ChunkContext};
 pub use container::{
-    decode, encode, max_encoded_len, ChunkEntry, DecodeError, EncodeParams, Header, HeaderError,
-    OpenError, ProfileMode, Stream,
+    assemble, decode, encode, max_encoded_len, ChunkEntry, DecodeError, EncodeParams, Header,
+    HeaderError, OpenError, ProfileMode, Stream,
 };
 pub use error::{EncodeError, Kv, ShapeError};
 pub use importance::ImportanceParams;

@@ -32,6 +32,10 @@ pub struct Dump {
     pub q_heads: usize,
     /// Token position (index into the cache) of the first query.
     pub q_start: u64,
+    /// The token ids the cache was computed from (the `tokens` tensor, `[tokens]` U32, written
+    /// by `kvc dump`; `None` if the file has none): a multi-level store keeps them so that a
+    /// consumer can recompute a chunk from its text.
+    pub tokens: Option<Vec<u32>>,
     /// All of the file's metadata, unchanged.
     pub metadata: BTreeMap<String, String>,
 }
@@ -402,6 +406,7 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
     let layers = count_layers(&views, &metadata)?;
     let (kv_shape, k, v) = read_kv(&views, &metadata, layers)?;
     let (q, q_heads, q_start) = read_queries(&views, &metadata, kv_shape)?;
+    let tokens = read_tokens(&views, kv_shape.tokens as usize)?;
     let meta = kv_meta(&metadata)?;
     Ok(Dump {
         kv: KvCache {
@@ -413,9 +418,42 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
         q,
         q_heads,
         q_start,
+        tokens,
         metadata,
     })
 }
+
+/// The `tokens` tensor: `[tokens]` U32 ids, one per cached token (absent: `None`).
+fn read_tokens(
+    views: &HashMap<String, TensorView<'_>>,
+    tokens: usize,
+) -> Result<Option<Vec<u32>>, DumpError> {
+    let Some(t) = views.get(TOKENS) else {
+        return Ok(None);
+    };
+    if t.dtype() != StDtype::U32 {
+        return Err(DumpError::WrongDtype {
+            name: TOKENS.into(),
+            dtype: t.dtype().to_string(),
+            expected: "U32".into(),
+        });
+    }
+    if t.shape() != [tokens] {
+        return Err(DumpError::WrongShape {
+            name: TOKENS.into(),
+            got: t.shape().to_vec(),
+            expected: vec![tokens],
+        });
+    }
+    let ids = t.data().chunks_exact(4);
+    Ok(Some(
+        ids.map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    ))
+}
+
+/// Name of the token-id tensor.
+const TOKENS: &str = "tokens";
 
 /// The tensor `name`, or [`DumpError::MissingTensor`].
 fn tensor<'a, 'b>(
@@ -719,7 +757,7 @@ pub fn write_dump(
     kv: &KvCache,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), DumpError> {
-    write_tensors(out, kv, None, metadata)
+    write_tensors(out, kv, Extra::default(), metadata)
 }
 
 /// Writes a whole dump: its cache as [`write_dump`] does, and its queries `q.{i}` `[n_q,
@@ -732,16 +770,26 @@ pub fn write_full_dump(out: &Output, dump: &Dump) -> Result<(), DumpError> {
         md.insert("q_heads".into(), dump.q_heads.to_string());
         md.insert("q_start".into(), dump.q_start.to_string());
     }
-    write_tensors(out, &dump.kv, q, &md)
+    let extra = Extra {
+        queries: q,
+        tokens: dump.tokens.as_deref(),
+    };
+    write_tensors(out, &dump.kv, extra, &md)
 }
 
-/// Queries per layer (f32, `[n_q, q_heads, head_dim]` row-major) and the query heads.
-type QueriesOut<'a> = (&'a [Vec<f32>], usize);
+/// What a dump may hold besides its cache.
+#[derive(Default)]
+struct Extra<'a> {
+    /// Queries per layer (f32, `[n_q, q_heads, head_dim]` row-major) and the query heads.
+    queries: Option<(&'a [Vec<f32>], usize)>,
+    /// The token ids, one per cached token.
+    tokens: Option<&'a [u32]>,
+}
 
 fn write_tensors(
     out: &Output,
     kv: &KvCache,
-    queries: Option<QueriesOut<'_>>,
+    extra: Extra<'_>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), DumpError> {
     check_cache(kv)?;
@@ -753,7 +801,7 @@ fn write_tensors(
         data.push((format!("k.{i}"), shape.clone(), tensor_to_le(&kv.k[i])));
         data.push((format!("v.{i}"), shape.clone(), tensor_to_le(&kv.v[i])));
     }
-    if let Some((q, q_heads)) = queries {
+    if let Some((q, q_heads)) = extra.queries {
         if q.len() != s.layers as usize || q_heads == 0 {
             return Err(DumpError::InvalidCache {
                 reason: format!("{} query layers of {q_heads} heads", q.len()),
@@ -770,14 +818,28 @@ fn write_tensors(
             data.push((format!("q.{i}"), vec![n_q, q_heads, d], tensor_to_le(&t)));
         }
     }
-    let mut views = Vec::with_capacity(data.len());
-    for (name, shape, bytes) in &data {
-        let view = TensorView::new(st_dtype(dtype), shape.clone(), bytes).map_err(|e| {
-            DumpError::Serialize {
-                reason: e.to_string(),
-            }
+    let ids = match extra.tokens {
+        Some(t) if t.len() != s.tokens as usize => {
+            return Err(DumpError::InvalidCache {
+                reason: format!("{} token ids for {} tokens", t.len(), s.tokens),
+            })
+        }
+        Some(t) => t.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        None => Vec::new(),
+    };
+    let mut views = Vec::with_capacity(data.len() + 1);
+    let tensors = data
+        .iter()
+        .map(|(n, sh, b)| (n.as_str(), st_dtype(dtype), sh.clone(), b));
+    let ids_shape = vec![s.tokens as usize];
+    let ids_view = extra
+        .tokens
+        .map(|_| (TOKENS, StDtype::U32, ids_shape, &ids));
+    for (name, st, shape, bytes) in tensors.chain(ids_view) {
+        let view = TensorView::new(st, shape, bytes).map_err(|e| DumpError::Serialize {
+            reason: e.to_string(),
         })?;
-        views.push((name.as_str(), view));
+        views.push((name, view));
     }
     let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();
     let bytes = serialize_safetensors(views, md)?;

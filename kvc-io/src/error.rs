@@ -85,6 +85,15 @@ pub enum Error {
         /// Its text.
         text: String,
     },
+    /// An output file was refused or could not be written.
+    Output(crate::output::OutputError),
+    /// A multi-level store is incomplete or inconsistent, or cannot be written.
+    Store {
+        /// Its directory.
+        dir: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The chunks' streams do not share a shape (they are placed one after another).
     ChunkShapes,
     /// `kvc blend-eval` was asked for a method it does not have.
@@ -150,6 +159,8 @@ impl fmt::Display for Error {
                 "tiers line {line} ({text:?}): expected `name GB/s cost-per-GB` with a positive \
                  throughput and a cost of 0 or more"
             ),
+            Error::Output(e) => e.fmt(f),
+            Error::Store { dir, reason } => write!(f, "store {}: {reason}", dir.display()),
             Error::ChunkShapes => write!(f, "the chunks' caches differ in layers or KV heads"),
             Error::UnknownMethod { name } => write!(
                 f,
@@ -177,6 +188,12 @@ impl std::error::Error for Error {
             Error::Pq { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+impl From<crate::output::OutputError> for Error {
+    fn from(e: crate::output::OutputError) -> Self {
+        Error::Output(e)
     }
 }
 

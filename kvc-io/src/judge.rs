@@ -149,6 +149,7 @@ fn as_dump(model: &Model, ids: &[u32], pre: Prefill, source: &str) -> Dump {
         q: (n_q > 0).then_some(pre.queries),
         q_heads: c.heads,
         q_start,
+        tokens: Some(ids.to_vec()),
         metadata: md,
     }
 }

@@ -14,6 +14,8 @@
 //!   selected indices (`kvc pq select`).
 //! - [`judge`]: the model as the judge: dumps made by the reference runner (`kvc dump`) and
 //!   perplexity, KL and top-1 agreement after a round trip through each level (`kvc judge`).
+//! - [`store`]: multi-level stores, a context at several levels any mix of which assembles
+//!   into a stream, with its token ids (`kvc encode --store`, `kvc serve`).
 //! - [`policy`]: how a stream gets its profile (referenced, or self-contained with only the
 //!   levels it uses), profile files and learning.
 //!
@@ -48,6 +50,7 @@ pub mod output;
 pub mod policy;
 pub mod pq;
 mod progress;
+pub mod store;
 
 pub use dump::{load_dump, parse_dump, write_dump, write_full_dump, Dump, DumpError};
 pub use error::Error;

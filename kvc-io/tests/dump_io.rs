@@ -462,3 +462,27 @@ fn huge_q_start_is_inconsistent_not_a_wrap_around() {
         other => panic!("expected InconsistentMetadata, got {other:?}"),
     }
 }
+
+#[test]
+fn token_ids_round_trip_and_are_checked() {
+    let mut dump = load_dump(&sample()).unwrap();
+    assert_eq!(dump.tokens, None, "the sample has no token ids");
+    let ids: Vec<u32> = (0..512u32).map(|i| i * 97 % 49152).collect();
+    dump.tokens = Some(ids.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.safetensors");
+    kvc_io::write_full_dump(&Output::checked(&p, &[], false).unwrap(), &dump).unwrap();
+    let back = load_dump(&p).unwrap();
+    assert_eq!(back.tokens.as_deref(), Some(&ids[..]));
+    assert_eq!(back.kv, dump.kv);
+    // Not one id per token, or not U32: refused, on writing and on reading.
+    dump.tokens = Some(ids[..511].to_vec());
+    let q = dir.path().join("u.safetensors");
+    let e = kvc_io::write_full_dump(&Output::checked(&q, &[], false).unwrap(), &dump);
+    assert!(matches!(e, Err(DumpError::InvalidCache { .. })), "{e:?}");
+    let mut raw = Raw::sample();
+    raw.set("tokens", StDtype::U32, vec![511], vec![0; 511 * 4]);
+    assert!(matches!(raw.load(), Err(DumpError::WrongShape { name, .. }) if name == "tokens"));
+    raw.set("tokens", StDtype::I64, vec![512], vec![0; 512 * 8]);
+    assert!(matches!(raw.load(), Err(DumpError::WrongDtype { name, .. }) if name == "tokens"));
+}

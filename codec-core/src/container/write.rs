@@ -185,3 +185,44 @@ pub fn encode(
     out[..header_len].copy_from_slice(&bytes);
     Ok(out)
 }
+
+/// A stream of chunks coded at any mix of levels: `template` is the header of a stream of the
+/// same cache, profile and parameters (at any level), `chunks[i]` is chunk `i`'s level and bytes
+/// (its CRC included), and `profile` the bytes to embed after the header (empty: the stream
+/// references its profile, as `template`'s must then do).
+///
+/// A chunk's bytes depend on its tokens, its level and the stream's parameters, not on the
+/// other chunks: chunks of streams encoded from one cache with one profile and one set of
+/// parameters but different levels are interchangeable. This is how a multi-level store
+/// (`spec/STREAM.md`) delivers a context at the levels its consumer chose; the result is the
+/// stream `encode` writes with those levels, byte for byte.
+pub fn assemble(
+    template: &Header,
+    chunks: &[(u8, &[u8])],
+    profile: &[u8],
+) -> Result<Vec<u8>, EncodeError> {
+    if chunks.len() != template.chunks.len() {
+        return Err(EncodeError::InvalidParam {
+            what: "chunks to assemble (the template's chunk count differs)",
+            got: chunks.len() as u64,
+        });
+    }
+    let mut header = template.clone();
+    header.profile_len = profile.len() as u64;
+    for (entry, &(level, bytes)) in header.chunks.iter_mut().zip(chunks) {
+        entry.level = level;
+        entry.len_bytes = u32::try_from(bytes.len())
+            .ok()
+            .filter(|&n| n >= 4)
+            .ok_or(EncodeError::InvalidParam {
+                what: "chunk size in bytes (4 to 4 GiB with its CRC)",
+                got: bytes.len() as u64,
+            })?;
+    }
+    let mut out = header.to_bytes();
+    out.extend_from_slice(profile);
+    for (_, bytes) in chunks {
+        out.extend_from_slice(bytes);
+    }
+    Ok(out)
+}

@@ -1,0 +1,138 @@
+//! Multi-level stores: any mix of levels assembles into the stream a direct encode gives, and a
+//! store whose files disagree is refused with the file named.
+
+use std::fs;
+use std::path::Path;
+
+use codec_core::{EncodeParams, Limits, ProfileMode};
+use kvc_io::store::Store;
+use kvc_io::{load_dump, Dump, Error};
+
+fn setup(dir: &Path) -> (Dump, codec_core::Profile, EncodeParams) {
+    let mut dump = load_dump(&kvc_io::fixtures::sample()).unwrap();
+    dump.tokens = Some((0..512).map(|i| 1000 + i).collect());
+    let profile = kvc_io::policy::learn(&[&dump], &mut kvc_io::Silent).unwrap();
+    let params = EncodeParams {
+        chunk_tokens: 200,
+        ..EncodeParams::default()
+    };
+    Store::write(dir, &dump, &profile, &params, &[9, 1, 4], false).unwrap();
+    (dump, profile, params)
+}
+
+#[test]
+fn any_mix_of_levels_is_the_stream_encode_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ctx");
+    let (dump, profile, params) = setup(&dir);
+    let s = Store::open(&dir).unwrap();
+    assert_eq!((s.levels(), s.chunks()), (&[1, 4, 9][..], 3));
+    assert_eq!(s.chunk_range(2), Some(400..512));
+    assert_eq!(
+        s.chunk_token_ids(1).map(|t| (t[0], t.len())),
+        Some((1200, 200))
+    );
+    for mix in [[1u8, 4, 9], [9, 9, 1], [4, 1, 4]] {
+        let direct = codec_core::encode(
+            &dump.kv.view(),
+            ProfileMode::Referenced(&profile),
+            &EncodeParams {
+                levels: mix.to_vec(),
+                ..params.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.assemble(&mix).unwrap(), direct, "{mix:?}");
+    }
+    // Coarser levels are smaller, chunk by chunk.
+    for i in 0..3 {
+        let b: Vec<usize> = [1, 4, 9]
+            .iter()
+            .map(|&l| s.chunk_bytes(i, l).unwrap())
+            .collect();
+        assert!(b[0] > b[1] && b[1] > b[2], "chunk {i}: {b:?}");
+    }
+    let bad = |r: Result<Vec<u8>, Error>| r.unwrap_err().to_string();
+    assert!(bad(s.assemble(&[1, 4])).contains("2 levels for 3 chunks"));
+    assert!(bad(s.assemble(&[1, 7, 9])).contains("no level 7"));
+    // The streams decode alone too, with the store's profile.
+    let l9 = fs::read(dir.join("level-09.kvc")).unwrap();
+    assert!(codec_core::decode(&l9, Some(s.profile()), &Limits::DEFAULT).is_ok());
+}
+
+#[test]
+fn an_existing_store_is_kept_unless_replacing_and_stale_levels_go() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ctx");
+    let (dump, profile, params) = setup(&dir);
+    let e = Store::write(&dir, &dump, &profile, &params, &[7], false).unwrap_err();
+    assert!(e.to_string().contains("already exists"), "{e}");
+    Store::write(&dir, &dump, &profile, &params, &[7], true).unwrap();
+    assert!(
+        !dir.join("level-09.kvc").exists(),
+        "levels no longer kept are removed"
+    );
+    assert_eq!(Store::open(&dir).unwrap().levels(), &[7]);
+    let e = Store::write(&dir, &dump, &profile, &params, &[200], true).unwrap_err();
+    assert!(e.to_string().contains("level 200"), "{e}");
+}
+
+#[test]
+fn inconsistent_stores_are_refused_by_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ctx");
+    let (dump, profile, params) = setup(&dir);
+    let fails = |says: &str| {
+        let e = Store::open(&dir).unwrap_err().to_string();
+        assert!(e.contains(says), "{e} (expected {says:?})");
+    };
+    let keep = |name: &str| fs::read(dir.join(name)).unwrap();
+    let put = |name: &str, b: &[u8]| fs::write(dir.join(name), b).unwrap();
+    // A level file holding another level's stream.
+    let (l1, l4) = (keep("level-01.kvc"), keep("level-04.kvc"));
+    put("level-04.kvc", &l1);
+    fails("level-04.kvc: the chunk at token 0 is at level 1");
+    put("level-04.kvc", &l4);
+    // A stream of another chunking.
+    let other = codec_core::encode(
+        &dump.kv.view(),
+        ProfileMode::Referenced(&profile),
+        &EncodeParams {
+            chunk_tokens: 256,
+            levels: vec![4],
+            ..params.clone()
+        },
+    )
+    .unwrap();
+    put("level-04.kvc", &other);
+    fails("level-04.kvc");
+    put("level-04.kvc", &l4);
+    // A corrupted stream header.
+    let mut c = l4.clone();
+    c[20] ^= 1;
+    put("level-04.kvc", &c);
+    fails("level-04.kvc");
+    put("level-04.kvc", &l4);
+    // Token ids of the wrong length; a missing profile; a garbled manifest.
+    let t = keep("tokens.bin");
+    put("tokens.bin", &t[..100]);
+    fails("tokens.bin holds 100 bytes");
+    put("tokens.bin", &t);
+    let p = keep("profile.kvcp");
+    fs::remove_file(dir.join("profile.kvcp")).unwrap();
+    fails("cannot read profile.kvcp");
+    put("profile.kvcp", &p);
+    let m = keep("store.json");
+    put("store.json", b"{\"format\": \"kvc-store/9\"}");
+    fails("format \"kvc-store/9\"");
+    put(
+        "store.json",
+        &String::from_utf8(m.clone())
+            .unwrap()
+            .replace("\"4\"", "\"5\"")
+            .into_bytes(),
+    );
+    fails("no size at level 4");
+    put("store.json", &m);
+    assert!(Store::open(&dir).is_ok());
+}
