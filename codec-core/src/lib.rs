@@ -79,6 +79,7 @@ macro_rules! layers {
     )*};
 }
 
+pub mod adapt;
 pub mod attention;
 pub mod blend;
 mod bytes;
