@@ -10,6 +10,7 @@ mod judge;
 mod plot;
 mod pq;
 mod progress;
+mod sim;
 
 use clap::{Parser, Subcommand};
 use codec_core::profile::hex;
@@ -192,6 +193,9 @@ enum Cmd {
     /// CacheBlend's loading controller: the recompute ratio and the cheapest storage tier whose
     /// loading hides behind the recompute.
     BlendPlan(blend::PlanArgs),
+    /// A multi-level store streamed over bandwidth traces: the adapter against every fixed
+    /// level (and text), per deadline: violation rate, mean error, TTFT.
+    StreamSim(sim::SimArgs),
     /// `eval` on the built-in 512-token sample.
     Demo {
         /// Print JSON instead of a table.
@@ -500,6 +504,7 @@ fn main() -> ExitCode {
         }
         Cmd::BlendEval(args) => blend::cmd_blend_eval(args),
         Cmd::BlendPlan(args) => blend::cmd_blend_plan(args),
+        Cmd::StreamSim(args) => sim::cmd_stream_sim(args, force),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
             plot_file(plot.as_deref(), &[&sample], force)

@@ -302,3 +302,67 @@ fn encode_store_keeps_every_level_and_refuses_to_clobber() {
     let (ok, _, err) = kvc(&["encode", SAMPLE, "--store", c]);
     assert!(!ok && err.contains("--levels"), "{err}");
 }
+
+#[test]
+fn stream_sim_compares_the_adapter_with_every_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = p(dir.path(), "ctx");
+    let c = ctx.to_str().unwrap();
+    let (ok, _, err) = kvc(&[
+        "encode",
+        SAMPLE,
+        "--store",
+        c,
+        "--levels",
+        "1,7,11",
+        "--chunk-tokens",
+        "128",
+    ]);
+    assert!(ok, "{err}");
+    let svg = p(dir.path(), "sim.svg");
+    let run = |extra: &[&str]| {
+        let base = [
+            "stream-sim",
+            c,
+            "--traces",
+            "20",
+            "--seed",
+            "3",
+            "--slo",
+            "0.05,0.02",
+        ];
+        kvc(&[&base[..], extra].concat())
+    };
+    let (ok, out, err) = run(&["--json", "--plot", svg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 4, "adaptive and 3 levels at 2 deadlines");
+    for r in rows {
+        for key in [
+            "slo_s",
+            "violation_rate",
+            "mean_error",
+            "ttft_p50_s",
+            "ttft_p95_s",
+        ] {
+            assert!(r[key].is_number(), "{key} in {r}");
+        }
+        let policy = r["policy"].as_str().unwrap();
+        assert!(
+            ["adaptive", "level-1", "level-7", "level-11"].contains(&policy),
+            "{policy}"
+        );
+    }
+    let texts = svg_texts(&svg);
+    assert!(
+        texts.iter().any(|t| t.contains("adaptive, SLO 0.05 s")),
+        "{texts:?}"
+    );
+    // The same seed gives the same table; no token ids, no text policy.
+    assert_eq!(run(&["--json"]).1, out);
+    let (ok, _, err) = run(&["--text-ms-per-token", "2"]);
+    assert!(!ok && err.contains("no token ids"), "{err}");
+    let (ok, _, err) = run(&["--bytes-scale", "0"]);
+    assert!(!ok && err.contains("--bytes-scale 0"), "{err}");
+}

@@ -85,6 +85,22 @@ pub enum Error {
         /// Its text.
         text: String,
     },
+    /// A line of a bandwidth trace file is not `seconds Gbps`, or the trace is empty.
+    Trace {
+        /// The line number (from 1; 0 for the whole file).
+        line: usize,
+        /// Its text.
+        text: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A simulation was asked for something it cannot do.
+    Sim {
+        /// What.
+        what: &'static str,
+    },
+    /// The streaming adapter refused its input.
+    Adapt(codec_core::adapt::AdaptError),
     /// An output file was refused or could not be written.
     Output(crate::output::OutputError),
     /// A multi-level store is incomplete or inconsistent, or cannot be written.
@@ -159,6 +175,12 @@ impl fmt::Display for Error {
                 "tiers line {line} ({text:?}): expected `name GB/s cost-per-GB` with a positive \
                  throughput and a cost of 0 or more"
             ),
+            Error::Trace { line: 0, why, .. } => write!(f, "bandwidth trace: {why}"),
+            Error::Trace { line, text, why } => {
+                write!(f, "bandwidth trace line {line} ({text:?}): {why}")
+            }
+            Error::Sim { what } => write!(f, "stream simulation: {what}"),
+            Error::Adapt(e) => e.fmt(f),
             Error::Output(e) => e.fmt(f),
             Error::Store { dir, reason } => write!(f, "store {}: {reason}", dir.display()),
             Error::ChunkShapes => write!(f, "the chunks' caches differ in layers or KV heads"),
@@ -188,6 +210,12 @@ impl std::error::Error for Error {
             Error::Pq { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+impl From<codec_core::adapt::AdaptError> for Error {
+    fn from(e: codec_core::adapt::AdaptError) -> Self {
+        Error::Adapt(e)
     }
 }
 

@@ -16,6 +16,8 @@
 //!   perplexity, KL and top-1 agreement after a round trip through each level (`kvc judge`).
 //! - [`store`]: multi-level stores, a context at several levels any mix of which assembles
 //!   into a stream, with its token ids (`kvc encode --store`, `kvc serve`).
+//! - [`sim`]: a context streamed over bandwidth traces by the adapter and by every fixed level
+//!   (`kvc stream-sim`).
 //! - [`policy`]: how a stream gets its profile (referenced, or self-contained with only the
 //!   levels it uses), profile files and learning.
 //!
@@ -50,6 +52,7 @@ pub mod output;
 pub mod policy;
 pub mod pq;
 mod progress;
+pub mod sim;
 pub mod store;
 
 pub use dump::{load_dump, parse_dump, write_dump, write_full_dump, Dump, DumpError};
