@@ -6,9 +6,8 @@ use codec_core::blend::plan::{plan, Request, Tier};
 use codec_core::blend::{Norm, SelectParams, Tensors};
 use kvc_io::blend::{blend_eval, BlendParams, BlendReport, BlendRow, METHODS};
 use kvc_io::judge::JudgeProfile;
-use kvc_io::policy;
 
-use crate::judge::{load_model, read_text};
+use crate::judge::{load_model, load_optional_profile, read_text};
 use crate::progress::Bars;
 use crate::Result;
 
@@ -152,16 +151,8 @@ pub fn cmd_blend_eval(a: EvalArgs) -> Result<()> {
         .map(|p| read_text(p))
         .collect::<Result<Vec<_>>>()?;
     let question = read_text(&a.question)?;
-    let loaded = a
-        .profile
-        .as_deref()
-        .map(policy::load_profile)
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let how = match &loaded {
-        Some(p) => JudgeProfile::Referenced(p),
-        None => JudgeProfile::SelfLearned,
-    };
+    let loaded = load_optional_profile(a.profile.as_deref())?;
+    let how = JudgeProfile::or_self_learned(loaded.as_ref());
     let mut bars = Bars::on_stderr();
     let r =
         blend_eval(&m, &texts, &question, &params, how, &mut bars).map_err(|e| e.to_string())?;

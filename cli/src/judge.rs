@@ -14,6 +14,13 @@ pub fn load_model(path: &Path) -> Result<Model> {
     Model::load(path).map_err(|e| e.to_string())
 }
 
+/// The profile file at `path`, if one is given.
+pub fn load_optional_profile(path: Option<&Path>) -> Result<Option<codec_core::Profile>> {
+    path.map(policy::load_profile)
+        .transpose()
+        .map_err(|e| e.to_string())
+}
+
 pub fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
@@ -70,15 +77,8 @@ pub struct JudgeArgs<'a> {
 pub fn cmd_judge(a: JudgeArgs<'_>) -> Result<()> {
     let m = load_model(a.model)?;
     let t = read_text(a.text)?;
-    let loaded = a
-        .profile
-        .map(policy::load_profile)
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let how = match &loaded {
-        Some(p) => JudgeProfile::Referenced(p),
-        None => JudgeProfile::SelfLearned,
-    };
+    let loaded = load_optional_profile(a.profile)?;
+    let how = JudgeProfile::or_self_learned(loaded.as_ref());
     let mut bars = Bars::on_stderr();
     let j = judge::judge(&m, &t, &a.params, how, &mut bars).map_err(|e| in_text(a.text, e))?;
     let mode = match a.profile {

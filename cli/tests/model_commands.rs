@@ -98,7 +98,7 @@ fn blend_eval_reports_every_method_as_json() {
     .unwrap();
     let l = |n: &str| format!("/usr/share/common-licenses/{n}");
     let chunks = format!("{},{}", l("GPL-2"), l("Apache-2.0"));
-    let (ok, out, err) = kvc(&[
+    let base = [
         "blend-eval",
         model.to_str().unwrap(),
         "--chunks",
@@ -109,10 +109,9 @@ fn blend_eval_reports_every_method_as_json() {
         "32",
         "--scored",
         "8",
-        "--ratio",
-        "0,15",
-        "--json",
-    ]);
+    ];
+    let run = |extra: &[&str]| kvc(&[&base[..], extra].concat());
+    let (ok, out, err) = run(&["--ratio", "0,15", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
@@ -137,30 +136,8 @@ fn blend_eval_reports_every_method_as_json() {
         }
         assert!((0.0..=1.0).contains(&r["ratio"].as_f64().unwrap()));
     }
-    let (ok, _, err) = kvc(&[
-        "blend-eval",
-        model.to_str().unwrap(),
-        "--chunks",
-        &chunks,
-        "--question",
-        q.to_str().unwrap(),
-        "--ratio",
-        "150",
-    ]);
+    let (ok, _, err) = run(&["--ratio", "150"]);
     assert!(!ok && err.contains("--ratio 150"), "{err}");
-    let base = [
-        "blend-eval",
-        model.to_str().unwrap(),
-        "--chunks",
-        &chunks,
-        "--question",
-        q.to_str().unwrap(),
-        "--chunk-tokens",
-        "32",
-        "--scored",
-        "8",
-    ];
-    let run = |extra: &[&str]| kvc(&[&base[..], extra].concat());
     let (ok, out, err) = run(&["--level", "none", "--methods", "full-reuse", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -188,6 +188,13 @@ pub enum JudgeProfile<'a> {
     SelfLearned,
 }
 
+impl<'a> JudgeProfile<'a> {
+    /// `Referenced(p)` for a profile, `SelfLearned` without one.
+    pub fn or_self_learned(profile: Option<&'a Profile>) -> Self {
+        profile.map_or(JudgeProfile::SelfLearned, JudgeProfile::Referenced)
+    }
+}
+
 /// One judged method.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JudgeRow {
