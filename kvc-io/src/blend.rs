@@ -138,6 +138,15 @@ pub fn blend_eval(
     progress: &mut dyn Progress,
 ) -> Result<BlendReport, Error> {
     check_params(params)?;
+    if chunks.is_empty() {
+        return Err(Error::OutOfRange {
+            what: "chunks",
+            got: 0,
+            min: 1,
+            max: usize::MAX,
+            why: String::new(),
+        });
+    }
     let texts: Vec<Vec<u32>> = chunks
         .iter()
         .map(|t| first_tokens(model, t, params.chunk_tokens))

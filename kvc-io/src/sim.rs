@@ -117,8 +117,12 @@ impl Trace {
         Trace { steps }
     }
 
-    /// When `bytes` sent from `start_s` have arrived.
+    /// When `bytes` sent from `start_s` have arrived (never, for a byte count or a start that
+    /// is not a finite number).
     pub fn transfer(&self, start_s: f64, bytes: f64) -> f64 {
+        if !(bytes.is_finite() && start_s.is_finite()) {
+            return f64::INFINITY;
+        }
         let mut left = bytes;
         let mut t = start_s;
         let mut k = self.steps.partition_point(|s| s.0 <= start_s).max(1) - 1;

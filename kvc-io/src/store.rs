@@ -91,6 +91,14 @@ impl Store {
                 &format!("level {l}: the profile has levels 0..={}", n - 1),
             ));
         }
+        if let Some(t) = dump
+            .tokens
+            .as_ref()
+            .filter(|t| t.len() != dump.kv.shape.tokens as usize)
+        {
+            let why = format!("{} token ids for {} tokens", t.len(), dump.kv.shape.tokens);
+            return Err(store_err(dir, &why));
+        }
         let manifest = Output::checked(&dir.join(MANIFEST), &[], replace)?;
         fs::create_dir_all(dir).map_err(|e| store_err(dir, &format!("cannot create it: {e}")))?;
         let view = dump.kv.view();

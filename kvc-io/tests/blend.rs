@@ -125,6 +125,16 @@ fn baselines_and_cacheblend_on_short_chunks() {
             "{e:?}"
         );
     }
+    // No chunk at all is an error, not a panic.
+    assert!(blend_eval(
+        m,
+        &[],
+        &question,
+        &params,
+        JudgeProfile::SelfLearned,
+        &mut Silent
+    )
+    .is_err());
     // Too short a question is an error, not a panic.
     let p = BlendParams {
         scored: 10_000,
