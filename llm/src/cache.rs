@@ -111,6 +111,53 @@ impl Model {
         self.continue_state(state, tokens)
     }
 
+    /// The K/V of `tokens` computed on top of `cache`: a cache of `tokens.len()` tokens at
+    /// positions `cache.meta.first_position + cache.shape.tokens ..`, f32, in the conventions of
+    /// `cache` (its rotary pairing, K before or after the rotary embedding), so that it can be
+    /// appended to it. This is how a consumer recomputes a chunk sent as text
+    /// (`spec/STREAM.md` §3) on the chunks before it; `cache` may be empty.
+    pub fn extend(&self, cache: &KvCache, tokens: &[u32]) -> Result<KvCache, LlmError> {
+        let mut state = self.state_of(cache)?;
+        let (past, first) = (state.tokens, state.first_position);
+        let after = first.saturating_add(past as u64);
+        self.check_tokens(tokens, after)?;
+        let pre_rope = cache.meta.rope.k_pre_rope;
+        let keep = Keep {
+            queries_from: None,
+            pre_rope_k: pre_rope,
+        };
+        let mut pre: Vec<Vec<Tensor>> = vec![Vec::new(); self.config().layers];
+        for r in steps(tokens.len()) {
+            let out = self.step(&mut state, &tokens[r], keep)?;
+            for (acc, k) in pre.iter_mut().zip(out.pre_rope_k) {
+                acc.push(k);
+            }
+        }
+        let n = tokens.len();
+        let tail = |t: &Tensor| t.narrow(1, past, n);
+        let mut new = State {
+            k: state.k.iter().map(tail).collect::<Result<_, _>>()?,
+            v: state.v.iter().map(tail).collect::<Result<_, _>>()?,
+            first_position: after,
+            tokens: n,
+        };
+        if pre_rope {
+            for (k, parts) in new.k.iter_mut().zip(pre) {
+                *k = Tensor::cat(&parts, 1)?;
+            }
+        }
+        let mut out = self.to_cache(&new, pre_rope)?;
+        if cache.meta.rope.style == RopeStyle::NeoX {
+            for k in &mut out.k {
+                if let KvTensor::F32(v) = k {
+                    gptj_to_neox(v, self.config().head_dim);
+                }
+            }
+            out.meta.rope.style = RopeStyle::NeoX;
+        }
+        Ok(out)
+    }
+
     /// Logits after each of `tokens` run from position 0 without a cache, `[n, vocab]`
     /// (the reference that prefill + continuation must reproduce).
     pub fn forward(&self, tokens: &[u32]) -> Result<Vec<f32>, LlmError> {
@@ -250,6 +297,20 @@ fn flat(parts: &[Tensor], dim: usize) -> Result<Vec<f32>, LlmError> {
         return Ok(Vec::new());
     }
     Ok(Tensor::cat(parts, dim)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Reorders each head's channels from GPT-J pairing back to NeoX pairing (the inverse of
+/// [`neox_to_gptj`]).
+fn gptj_to_neox(v: &mut [f32], d: usize) {
+    let half = d / 2;
+    let mut tmp = vec![0f32; d];
+    for head in v.chunks_exact_mut(d) {
+        for j in 0..half {
+            tmp[j] = head[2 * j];
+            tmp[j + half] = head[2 * j + 1];
+        }
+        head.copy_from_slice(&tmp);
+    }
 }
 
 /// Reorders each head's channels from NeoX pairing (`j` with `j + d/2`) to GPT-J pairing (`2j`

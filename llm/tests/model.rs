@@ -148,6 +148,59 @@ fn to_neox(cache: &KvCache, d: usize) -> KvCache {
     out
 }
 
+/// Tokens `from..` of `cache` as f32 vectors, per layer (K then V).
+fn tail(cache: &KvCache, from: usize) -> Vec<Vec<f32>> {
+    let c = cache.shape.channels();
+    cache
+        .k
+        .iter()
+        .chain(&cache.v)
+        .map(|t| t.to_f32_vec()[from * c..].to_vec())
+        .collect()
+}
+
+#[test]
+fn extend_equals_the_tail_of_one_prefill_in_every_convention() {
+    let Some(m) = model() else { return };
+    // 300 + 40: the prefix crosses a step boundary, the extension starts mid-step.
+    let t = gpl3_tokens(m, 340);
+    let d = m.config().head_dim;
+    for pre_rope_k in [false, true] {
+        let opt = PrefillOptions {
+            pre_rope_k,
+            ..PrefillOptions::default()
+        };
+        let full = m.prefill_with(&t, opt).unwrap().cache;
+        let prefix = m.prefill_with(&t[..300], opt).unwrap().cache;
+        let ext = m.extend(&prefix, &t[300..]).unwrap();
+        assert_eq!(ext.shape.tokens, 40);
+        assert_eq!(ext.meta.first_position, 300);
+        assert_eq!(ext.meta.rope, full.meta.rope);
+        for (i, (a, b)) in tail(&ext, 0).iter().zip(tail(&full, 300)).enumerate() {
+            let r = rel(a, &b);
+            assert!(r < 1e-4, "pre_rope_k {pre_rope_k}, tensor {i}: {r}");
+        }
+        // A NeoX-paired prefix gets a NeoX-paired extension.
+        let neox = m.extend(&to_neox(&prefix, d), &t[300..]).unwrap();
+        assert_eq!(neox.meta.rope.style, RopeStyle::NeoX);
+        let back = tail(&to_neox(&ext, d), 0);
+        for (a, b) in tail(&neox, 0).iter().zip(&back) {
+            assert!(rel(a, b) < 1e-5);
+        }
+    }
+    // On an empty cache at position 0, extending is prefilling.
+    let mut empty = m.prefill(&t[..1]).unwrap().cache;
+    empty.shape.tokens = 0;
+    for x in empty.k.iter_mut().chain(empty.v.iter_mut()) {
+        *x = KvTensor::F32(Vec::new());
+    }
+    let ext = m.extend(&empty, &t[..40]).unwrap();
+    let pre = m.prefill(&t[..40]).unwrap().cache;
+    for (a, b) in tail(&ext, 0).iter().zip(tail(&pre, 0)) {
+        assert!(rel(a, &b) < 1e-4);
+    }
+}
+
 #[test]
 fn bad_inputs_are_errors() {
     let Some(m) = model() else { return };
