@@ -117,6 +117,28 @@ impl Trace {
         Trace { steps }
     }
 
+    /// The `(start in seconds, bytes per second)` steps, starts ascending from 0.
+    pub fn steps(&self) -> &[(f64, f64)] {
+        &self.steps
+    }
+
+    /// Bytes the link carries from `t0` to `t1` seconds (0 unless `t0 < t1`).
+    pub fn bytes_between(&self, t0: f64, t1: f64) -> f64 {
+        let mut sum = 0.0;
+        let first = self.steps.partition_point(|s| s.0 <= t0).max(1) - 1;
+        for (k, &(start, rate)) in self.steps.iter().enumerate().skip(first) {
+            let end = self.steps.get(k + 1).map_or(f64::INFINITY, |s| s.0);
+            let (a, b) = (start.max(t0), end.min(t1));
+            if b > a {
+                sum += (b - a) * rate;
+            }
+            if end >= t1 {
+                break;
+            }
+        }
+        sum
+    }
+
     /// When `bytes` sent from `start_s` have arrived (never, for a byte count or a start that
     /// is not a finite number).
     pub fn transfer(&self, start_s: f64, bytes: f64) -> f64 {
