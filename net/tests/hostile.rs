@@ -1,0 +1,154 @@
+//! A server under 32 concurrent fetches and hostile clients at the same time (garbage, a
+//! slowloris, an oversized length, a frame cut short, a wrong version): every well-formed fetch
+//! gets the whole context, bit for bit; every hostile client gets its `Error` frame (or is
+//! dropped) and the server counts it as refused.
+
+mod common;
+
+use std::time::Duration;
+
+use codec_core::adapt::Choice;
+use kvc_net::client::{fetch, FetchOptions};
+use kvc_net::frame::{self, ErrorCode, Limits, Message};
+use kvc_net::rate::Limiter;
+use kvc_net::server::{ServerConfig, Stats};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends `bytes` (then keeps the connection open without a word) and returns the frame the
+/// server answers with, or `None` if it closed without one.
+async fn answer_to(addr: &str, bytes: &[u8]) -> Option<Message> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    // The server closes after its Error frame; a read error is a reset, also a close.
+    let _ = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut got))
+        .await
+        .expect("the server closes a hostile connection");
+    frame::decode(&got, &Limits::DEFAULT).ok().map(|(m, _)| m)
+}
+
+fn code(m: Option<Message>) -> ErrorCode {
+    match m {
+        Some(Message::Error { code, .. }) => code,
+        other => panic!("expected an Error frame, got {other:?}"),
+    }
+}
+
+/// The hostile clients, each with the code its answer must carry.
+async fn hostile(addr: String) -> Vec<(&'static str, ErrorCode)> {
+    let hello = Message::Hello {
+        max_payload: 1 << 20,
+    }
+    .encode();
+    let mut oversized = hello[..frame::HEAD_LEN].to_vec();
+    oversized[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+    let mut version = hello.clone();
+    version[4] = 9;
+    let mut cut = hello.clone();
+    cut.truncate(hello.len() - 1);
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let cases: Vec<(&'static str, Vec<u8>, ErrorCode)> = vec![
+        ("garbage", garbage, ErrorCode::Malformed),
+        ("oversized length", oversized, ErrorCode::Malformed),
+        ("wrong version", version, ErrorCode::Version),
+        // A head and most of a frame, then silence: the read timeout.
+        ("frame cut short", cut, ErrorCode::Timeout),
+        // Three bytes, then nothing: the read timeout, whatever the trickle.
+        ("slowloris", b"KVC".to_vec(), ErrorCode::Timeout),
+        // A well-formed Get before any Hello.
+        (
+            "out of order",
+            Message::Get {
+                chunk: 0,
+                choice: Choice::Level(1),
+            }
+            .encode(),
+            ErrorCode::Unexpected,
+        ),
+    ];
+    let tasks: Vec<_> = cases
+        .into_iter()
+        .map(|(name, bytes, want)| {
+            let addr = addr.clone();
+            tokio::spawn(async move { (name, want, code(answer_to(&addr, &bytes).await)) })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        let (name, want, got) = t.await.unwrap();
+        assert_eq!(got, want, "{name}");
+        out.push((name, got));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_fetches_and_hostile_clients_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::write_store(dir.path(), "sample", None);
+    let mut config = ServerConfig::new(dir.path().to_path_buf());
+    config.read_timeout = Duration::from_secs(2);
+    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
+    let addr = addr.to_string();
+    let bad = tokio::spawn(hostile(addr.clone()));
+    let levels = [1u8, 7, 11];
+    let fetches: Vec<_> = (0..32)
+        .map(|k| {
+            let addr = addr.clone();
+            let mut opts = FetchOptions::new(Duration::from_secs(30));
+            opts.force = Some(Choice::Level(levels[k % 3]));
+            tokio::spawn(async move { fetch(&addr, "sample", &opts).await })
+        })
+        .collect();
+    for (k, f) in fetches.into_iter().enumerate() {
+        let f = f
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("fetch {k}: {e}"));
+        let want = common::local_decode(&store, &[levels[k % 3]; 4]);
+        assert!(f.cache == want, "fetch {k}");
+    }
+    let refused = bad.await.unwrap();
+    assert_eq!(refused.len(), 6);
+    // The server ends its side after the client's Bye or Error; give it a moment to count.
+    for _ in 0..100 {
+        if Stats::get(&stats.completed) + Stats::get(&stats.refused) == 38 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(Stats::get(&stats.completed), 32);
+    assert_eq!(Stats::get(&stats.refused), 6);
+    assert_eq!(Stats::get(&stats.busy), 0);
+    // After all that, the server still serves.
+    let opts = FetchOptions::new(Duration::from_secs(30));
+    assert!(fetch(&addr, "sample", &opts).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_are_told_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_store(dir.path(), "sample", None);
+    let mut config = ServerConfig::new(dir.path().to_path_buf());
+    config.max_connections = 2;
+    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
+    let addr = addr.to_string();
+    // Two idle connections hold both slots (the server waits for their Hello).
+    let _a = TcpStream::connect(&addr).await.unwrap();
+    let _b = TcpStream::connect(&addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let hello = Message::Hello {
+        max_payload: 1 << 20,
+    }
+    .encode();
+    assert_eq!(code(answer_to(&addr, &hello).await), ErrorCode::Busy);
+    assert_eq!(Stats::get(&stats.busy), 1);
+    // A slot freed is a slot to serve.
+    drop(_a);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let opts = FetchOptions::new(Duration::from_secs(30));
+    assert!(fetch(&addr, "sample", &opts).await.is_ok());
+}
