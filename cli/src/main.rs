@@ -7,6 +7,7 @@
 mod blend;
 mod eval;
 mod judge;
+mod net;
 mod plot;
 mod pq;
 mod progress;
@@ -196,6 +197,12 @@ enum Cmd {
     /// A multi-level store streamed over bandwidth traces: the adapter against every fixed
     /// level (and text), per deadline: violation rate, mean error, TTFT.
     StreamSim(sim::SimArgs),
+    /// Serve the multi-level stores under a directory over TCP (spec/STREAM.md §4), to many
+    /// clients at once, optionally at the rates of a bandwidth trace.
+    Serve(net::ServeArgs),
+    /// Fetch a context from `kvc serve`, each chunk at the level (or as text) that meets the
+    /// deadline at the throughput measured so far, and write the cache as a dump.
+    Fetch(net::FetchArgs),
     /// `eval` on the built-in 512-token sample.
     Demo {
         /// Print JSON instead of a table.
@@ -505,6 +512,8 @@ fn main() -> ExitCode {
         Cmd::BlendEval(args) => blend::cmd_blend_eval(args),
         Cmd::BlendPlan(args) => blend::cmd_blend_plan(args),
         Cmd::StreamSim(args) => sim::cmd_stream_sim(args, force),
+        Cmd::Serve(args) => net::cmd_serve(args),
+        Cmd::Fetch(args) => net::cmd_fetch(args, force),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
             plot_file(plot.as_deref(), &[&sample], force)
@@ -631,6 +640,26 @@ fn cmd_encode_store(
     Ok(())
 }
 
+/// The metadata of a dump of `cache`: its model and rotary settings, as `kvc dump` writes them.
+fn cache_metadata(cache: &codec_core::KvCache) -> std::collections::BTreeMap<String, String> {
+    let m = &cache.meta;
+    let style = match m.rope.style {
+        codec_core::RopeStyle::NeoX => "rotate_half (NeoX)",
+        codec_core::RopeStyle::GptJ => "interleaved (GPT-J)",
+        codec_core::RopeStyle::None => "none",
+    };
+    [
+        ("model", m.model_id.clone()),
+        ("rope_theta", m.rope.theta.to_string()),
+        ("pre_rope", u8::from(m.rope.k_pre_rope).to_string()),
+        ("first_position", m.first_position.to_string()),
+        ("rope_style", style.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 fn cmd_decode(
     input: &Path,
     output: &Path,
@@ -667,30 +696,7 @@ fn cmd_decode(
         codec_core::shift_cache(&mut cache, q)
             .map_err(|e| format!("{}: --position {q}: {e}", input.display()))?;
     }
-    let mut meta = std::collections::BTreeMap::new();
-    meta.insert("model".to_string(), cache.meta.model_id.clone());
-    meta.insert(
-        "rope_theta".to_string(),
-        format!("{}", cache.meta.rope.theta),
-    );
-    meta.insert(
-        "pre_rope".to_string(),
-        (cache.meta.rope.k_pre_rope as u8).to_string(),
-    );
-    meta.insert(
-        "first_position".to_string(),
-        cache.meta.first_position.to_string(),
-    );
-    meta.insert(
-        "rope_style".to_string(),
-        match cache.meta.rope.style {
-            codec_core::RopeStyle::NeoX => "rotate_half (NeoX)",
-            codec_core::RopeStyle::GptJ => "interleaved (GPT-J)",
-            codec_core::RopeStyle::None => "none",
-        }
-        .to_string(),
-    );
-    write_dump(&out, &cache, &meta).map_err(|e| e.to_string())?;
+    write_dump(&out, &cache, &cache_metadata(&cache)).map_err(|e| e.to_string())?;
     eprintln!(
         "{}: {} layers x {} tokens, {}",
         output.display(),

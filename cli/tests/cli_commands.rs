@@ -1,14 +1,9 @@
 //! The `kvc` binary end to end: encode, inspect, decode, profile, and clean failures.
 
 mod common;
-use common::{kvc, svg_texts};
+use common::{kvc, svg_texts, SAMPLE};
 
 use std::path::{Path, PathBuf};
-
-const SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../testdata/smollm2-gpl3-512.safetensors"
-);
 
 fn p(d: &Path, name: &str) -> PathBuf {
     d.join(name)

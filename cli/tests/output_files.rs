@@ -3,17 +3,12 @@
 //! behind, on errors or on Ctrl-C. Also the messages a new user met first.
 
 mod common;
-use common::kvc;
+use common::{kvc, SAMPLE};
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-const SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../testdata/smollm2-gpl3-512.safetensors"
-);
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -1,16 +1,12 @@
 //! `kvc pq eval` and `kvc pq select` on the built-in sample (real SmolLM2 keys and queries).
 
 mod common;
-use common::svg_texts;
+use common::{svg_texts, SAMPLE};
 
 use std::path::Path;
 use std::process::Command;
 
-const SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../testdata/smollm2-gpl3-512.safetensors"
-);
-
+/// `kvc args`: (success, stdout as bytes, stderr).
 fn kvc(args: &[&str]) -> (bool, Vec<u8>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
         .args(args)

@@ -141,6 +141,15 @@ impl Server {
         self.shared.stats.clone()
     }
 
+    /// Opens the context `name` now, so that clients find it ready (a server opens every store
+    /// it serves at start, reporting any that is broken before a client asks for it).
+    pub async fn preload(&self, name: &str) -> Result<(), String> {
+        context(&self.shared, name)
+            .await
+            .map(|_| ())
+            .map_err(|(_, why)| why)
+    }
+
     /// Accepts and serves connections until the task is dropped.
     pub async fn run(self) -> io::Result<()> {
         loop {

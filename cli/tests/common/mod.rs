@@ -4,6 +4,12 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The 512-token sample dump shipped in the repository.
+pub const SAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../testdata/smollm2-gpl3-512.safetensors"
+);
+
 /// Runs `kvc args`: (success, stdout, stderr).
 pub fn kvc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
