@@ -54,12 +54,18 @@ impl<'s> ChunkLanes<'s> {
     /// the last block, C2).
     pub fn read(stream: &'s Stream<'s>, chunk: usize) -> Result<Self, CudaError> {
         let bad = |what| CudaError::Stream { chunk, what };
-        let h = stream.header();
-        let entry = h.chunks.get(chunk).ok_or(bad("no such chunk"))?;
         let bytes = stream
             .chunk_bytes(chunk)
-            .map_err(|_| bad("chunk outside the stream"))?;
+            .map_err(|_| bad("no such chunk"))?;
         let body = bytes.get(..bytes.len().saturating_sub(4)).unwrap_or(&[]);
+        Self::from_body(stream, chunk, body)
+    }
+
+    /// [`read`](Self::read) with the chunk's bytes before its CRC given as `body`.
+    pub fn from_body(stream: &'s Stream<'s>, chunk: usize, body: &[u8]) -> Result<Self, CudaError> {
+        let bad = |what| CudaError::Stream { chunk, what };
+        let h = stream.header();
+        let entry = h.chunks.get(chunk).ok_or(bad("no such chunk"))?;
         let rows = entry.tokens as usize;
         let start = h
             .meta
