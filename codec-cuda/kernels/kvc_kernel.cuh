@@ -15,6 +15,7 @@ typedef unsigned char kvc_u8;
 typedef unsigned short kvc_u16;
 typedef unsigned int kvc_u32;
 typedef unsigned long long kvc_u64;
+typedef int kvc_i32;
 
 // Mirrors of codec-core's constants (codec_core::consts); the host library reports them and a
 // test compares (tests/host.rs).
@@ -50,4 +51,21 @@ __device__ __forceinline__ void kvc_phases(const Args& args, unsigned char* shar
         return kvc_host_run<__VA_ARGS__>(*args, grid, block, shared_bytes);        \
     }
 
+#endif
+
+// The bits of an f32 and back (no conversion).
+#ifdef KVC_HOST
+inline kvc_u32 kvc_f32_bits(float x) {
+    kvc_u32 u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+inline float kvc_bits_f32(kvc_u32 u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+#else
+__device__ __forceinline__ kvc_u32 kvc_f32_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ float kvc_bits_f32(kvc_u32 u) { return __uint_as_float(u); }
 #endif

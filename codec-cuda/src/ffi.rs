@@ -6,20 +6,25 @@
 //! # Invariants
 //!
 //! 1. **Mirrored layouts.** [`LaneBlock`] (in `rans.rs`) and [`LaneDecodeArgsC`] have the layout of
-//!    `KvcLaneBlock` and `KvcLaneDecodeArgs` in `kernels/rans_decode.cu` (`#[repr(C)]`, fields in
+//!    `KvcLaneBlock` and `KvcLaneDecodeArgs` in `kernels/rans_decode.cu`, and [`ChannelConsts`],
+//!    [`DequantBlock`] (in `quant.rs`) and [`DequantArgsC`] those of `KvcChannelConsts`,
+//!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu` (`#[repr(C)]`, fields in
 //!    the same order and of the same sizes). The unit test `layouts_match_the_kernel` compares
 //!    every size and offset with what the C++ compiler reports.
 //! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
 //!    count passed beside it is that slice's length (for `tables`, its length in whole tables of
-//!    `KVC_SLOTS` words). The kernel reads or writes a buffer only below its count: it checks each
-//!    block's ranges and table ids against the counts before use (`kvc_block_range_ok`,
-//!    `kvc_block_tables_ok`, and a symbol's table index against its block's table count), so any
-//!    *content* of the inputs is memory-safe; only the counts must be right, and
-//!    [`host_lane_decode`] derives them from the slices. `symbols` and `symbol_table` have the same
-//!    length, and `status` holds 32 entries per block.
-//! 3. **Launch shape.** The host run gets `grid = blocks.len()` (checked to fit `u32`), 32
-//!    threads, and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount the kernel
-//!    assumes for `shared_tables` tables.
+//!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
+//!    block's ranges against the counts before use (`kvc_block_range_ok`, `kvc_block_tables_ok`
+//!    and a symbol's table index against its block's table count in the lane decode;
+//!    `kvc_dequant_block_ok` in the dequantization), so any *content* of the inputs is
+//!    memory-safe; only the counts must be right, and [`host_lane_decode`] and
+//!    [`host_dequant_f16`] derive them from the slices. In the lane decode, `symbols` and
+//!    `symbol_table` have the same length and `status` holds 32 entries per block; in the
+//!    dequantization, `status` holds one entry per block.
+//! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
+//!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
+//!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
+//!    threads and no shared memory.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
 //!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
@@ -35,6 +40,7 @@ use std::sync::Mutex;
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::error::CudaError;
+use crate::quant::{ChannelConsts, DequantBlock};
 use crate::rans::LaneBlock;
 
 /// Lanes per coded block (`KVC_LANES`).
@@ -70,6 +76,97 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_rans_lane_decode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_dequant_f16_host(
+        args: *const DequantArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_dequant_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_f32_to_f16_host(x: f32) -> u16;
+}
+
+/// `KvcDequantArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct DequantArgsC {
+    q: *const i32,
+    n_q: u64,
+    exps: *const u8,
+    n_exps: u64,
+    sink: *const f32,
+    n_sink: u64,
+    consts: *const ChannelConsts,
+    n_consts: u64,
+    out: *mut u16,
+    n_out: u64,
+    blocks: *const DequantBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// Threads per block of the dequantization kernel.
+pub(crate) const DEQUANT_THREADS: u32 = 128;
+
+/// The buffers of one dequantization launch.
+#[derive(Debug)]
+pub(crate) struct DequantIo<'a> {
+    pub q: &'a [i32],
+    pub exps: &'a [u8],
+    pub sink: &'a [f32],
+    pub consts: &'a [ChannelConsts],
+    pub blocks: &'a [DequantBlock],
+    pub out: &'a mut [u16],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_dequant_f16` on the host: one block per entry of `io.blocks`.
+pub(crate) fn host_dequant_f16(io: DequantIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.status.len() != io.blocks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per block",
+        });
+    }
+    let args = DequantArgsC {
+        q: io.q.as_ptr(),
+        n_q: io.q.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        sink: io.sink.as_ptr(),
+        n_sink: io.sink.len() as u64,
+        consts: io.consts.as_ptr(),
+        n_consts: io.consts.len() as u64,
+        out: io.out.as_mut_ptr(),
+        n_out: io.out.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
+    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { kvc_dequant_f16_host(&args, grid, DEQUANT_THREADS, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_dequant_f16",
+        }),
+    }
+}
+
+/// The dequantization kernel's f32 to f16 narrowing.
+pub(crate) fn kernel_f32_to_f16(x: f32) -> u16 {
+    // SAFETY: a pure function of its argument.
+    unsafe { kvc_f32_to_f16_host(x) }
 }
 
 /// The buffers of one lane-decode launch.
@@ -406,8 +503,65 @@ pub(crate) fn driver_context(
 }
 
 #[cfg(test)]
+fn host_dequant_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_dequant_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_dequant_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type K = ChannelConsts;
+    type B = DequantBlock;
+    type A = DequantArgsC;
+    [
+        size_of::<K>(),
+        offset_of!(K, mean),
+        offset_of!(K, anchor_step),
+        offset_of!(K, delta_step),
+        offset_of!(K, weight),
+        size_of::<B>(),
+        offset_of!(B, q_start),
+        offset_of!(B, exp_start),
+        offset_of!(B, sink_start),
+        offset_of!(B, out_start),
+        offset_of!(B, consts_start),
+        offset_of!(B, rows),
+        offset_of!(B, sink_rows),
+        offset_of!(B, group),
+        offset_of!(B, has_exps),
+        size_of::<A>(),
+        offset_of!(A, q),
+        offset_of!(A, n_q),
+        offset_of!(A, exps),
+        offset_of!(A, n_exps),
+        offset_of!(A, sink),
+        offset_of!(A, n_sink),
+        offset_of!(A, consts),
+        offset_of!(A, n_consts),
+        offset_of!(A, out),
+        offset_of!(A, n_out),
+        offset_of!(A, blocks),
+        offset_of!(A, status),
+        offset_of!(A, n_blocks),
+        offset_of!(A, heads),
+        offset_of!(A, head_dim),
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dequant_layouts_match_the_kernel() {
+        assert_eq!(host_dequant_layout(), rust_dequant_layout());
+    }
 
     /// Invariant 1: the Rust mirrors have the C++ layouts, and the kernel's constants are
     /// codec-core's.

@@ -10,7 +10,9 @@
 //! and the tests compare their output with codec-core's, bit for bit, without a GPU.
 //!
 //! - [`rans`]: the rANS lane decode kernel's batches ([`rans::LaneBatch`]).
-//! - [`stream`]: a stream's chunks as lane-decode batches (exponents, then every symbol).
+//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 `[T, H, D]`.
+//! - [`stream`]: a stream's chunks as lane-decode batches (exponents, then every symbol), their
+//!   symbol values (escapes) and dequantization blocks.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device, or the error saying why there is none.
 //!
@@ -20,6 +22,7 @@ mod error;
 mod ffi;
 mod gpu;
 pub mod nvrtc;
+pub mod quant;
 pub mod rans;
 pub mod stream;
 

@@ -31,12 +31,20 @@ pub struct KernelSource {
 }
 
 /// Every kernel in `kernels/*.cu` (a test checks the list against the folder).
-pub const KERNELS: &[KernelSource] = &[KernelSource {
-    file: "rans_decode.cu",
-    source: include_str!("../kernels/rans_decode.cu"),
-    entries: &["kvc_rans_lane_decode"],
-    decode: true,
-}];
+pub const KERNELS: &[KernelSource] = &[
+    KernelSource {
+        file: "dequant.cu",
+        source: include_str!("../kernels/dequant.cu"),
+        entries: &["kvc_dequant_f16"],
+        decode: true,
+    },
+    KernelSource {
+        file: "rans_decode.cu",
+        source: include_str!("../kernels/rans_decode.cu"),
+        entries: &["kvc_rans_lane_decode"],
+        decode: true,
+    },
+];
 
 /// The headers kernels include by name, given to NVRTC as in-memory files.
 const HEADERS: &[(&str, &str)] = &[("kvc_kernel.cuh", include_str!("../kernels/kvc_kernel.cuh"))];

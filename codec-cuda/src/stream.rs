@@ -10,11 +10,13 @@
 //! This module reads the block structure only (checks B1-B5); the chunk's CRC (C1), escapes
 //! (B7, B9) and sink values (B10) are checked by the decoder that uses the symbols.
 
+use codec_core::consts::MAX_SYMBOL;
 use codec_core::consts::{LANES, MAX_EXP};
 use codec_core::rans::FreqTable;
-use codec_core::Stream;
+use codec_core::{Dtype, Stream};
 
 use crate::error::CudaError;
+use crate::quant::{ChannelConsts, DequantBatch, DequantInput};
 use crate::rans::{LaneBatch, TableId};
 
 /// One block of a chunk as stored (§5.2), with what decoding its lanes needs.
@@ -34,12 +36,17 @@ pub struct CodedBlock {
     pub n_e: usize,
     /// Value symbols, `(rows - S) * C`.
     pub n_sym: usize,
+    /// The escape values, in stored order.
+    pub escapes: Vec<i32>,
+    /// The sink rows widened to f32 (§1.2), row-major.
+    pub sink: Vec<f32>,
 }
 
 /// A chunk's blocks and what resolving their tables needs.
 #[derive(Debug)]
 pub struct ChunkLanes<'s> {
     stream: &'s Stream<'s>,
+    chunk: usize,
     level: u8,
     /// Rows in the chunk, sink rows first.
     rows: usize,
@@ -77,6 +84,7 @@ impl<'s> ChunkLanes<'s> {
             n_sym: (rows - sink) * c,
             n_e: (rows - sink) * h.shape.kv_heads as usize,
             sink_bytes: sink * c * h.dtype.size_bytes(),
+            dtype: h.dtype,
         };
         let mut r = body;
         let mut blocks = Vec::new();
@@ -91,6 +99,7 @@ impl<'s> ChunkLanes<'s> {
         }
         Ok(ChunkLanes {
             stream,
+            chunk,
             level: entry.level,
             rows,
             sink,
@@ -185,6 +194,82 @@ impl<'s> ChunkLanes<'s> {
         profile.table_at(self.level, base, e)
     }
 
+    /// Block `b`'s value symbols from its decoded table indices `indices` (all `n_e + n_sym`
+    /// symbols of the symbol launch) and exponents (§6.4): index `i` of a radius-`R` table is
+    /// `i - R`, and `2R + 1` takes the next escape value. Checks B7 and B9.
+    pub fn symbol_values(
+        &self,
+        b: usize,
+        indices: &[u8],
+        exps: &[u8],
+    ) -> Result<Vec<i32>, CudaError> {
+        let bad = |what| CudaError::Stream {
+            chunk: self.chunk,
+            what,
+        };
+        let blk = self.blocks.get(b).ok_or(bad("no such block"))?;
+        let values = indices
+            .get(blk.n_e..blk.n_e + blk.n_sym)
+            .ok_or(bad("too few symbols"))?;
+        let tables = &self.stream.profile().level_tables(self.level).tables;
+        let exps = if blk.exp_table.is_some() { exps } else { &[] };
+        let mut escapes = blk.escapes.iter();
+        let mut out = Vec::with_capacity(values.len());
+        for (g, &i) in values.iter().enumerate() {
+            let t = tables.get(usize::from(self.value_table(blk, exps, g)));
+            let radius = i32::from(t.ok_or(bad("unknown table"))?.radius);
+            let q = i32::from(i) - radius;
+            if q <= radius {
+                out.push(q);
+                continue;
+            }
+            let &e = escapes.next().ok_or(bad("escape without a value (B7)"))?;
+            if e.unsigned_abs() <= radius as u32 || e.unsigned_abs() > MAX_SYMBOL as u32 {
+                return Err(bad("escape value out of range (B7)"));
+            }
+            out.push(e);
+        }
+        if escapes.next().is_some() {
+            return Err(bad("unused escape values (B9)"));
+        }
+        Ok(out)
+    }
+
+    /// Adds every block of the chunk to `batch`, writing the stream's f16 output layout: per
+    /// layer K then V, each `[T, H, D]` with `T` = `tokens`. `values[b]` and `exps[b]` are block
+    /// `b`'s symbol values and exponents.
+    pub fn add_to_dequant(
+        &self,
+        batch: &mut DequantBatch,
+        values: &[Vec<i32>],
+        exps: &[&[u8]],
+        tokens: u32,
+    ) -> Result<(), CudaError> {
+        let h = self.stream.header();
+        let profile = self.stream.profile();
+        let mult = profile.level_multipliers()[usize::from(self.level)];
+        let c = h.shape.channels() as u64;
+        let token_start = u64::from(h.chunks[self.chunk].token_start);
+        for (b, blk) in self.blocks.iter().enumerate() {
+            let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
+            let consts_start = batch.add_consts(&consts);
+            let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
+            batch.add_block(DequantInput {
+                q: values.get(b).map(Vec::as_slice).unwrap_or(&[]),
+                exps: blk
+                    .exp_table
+                    .as_ref()
+                    .map(|_| exps.get(b).copied().unwrap_or(&[])),
+                sink: &blk.sink,
+                consts_start,
+                rows: self.rows as u32,
+                group: u32::from(h.group),
+                out_start: (tensor * u64::from(tokens) + token_start) * c,
+            })?;
+        }
+        Ok(())
+    }
+
     /// Rows in the chunk.
     pub fn rows(&self) -> usize {
         self.rows
@@ -210,6 +295,7 @@ struct BlockShape {
     n_sym: usize,
     n_e: usize,
     sink_bytes: usize,
+    dtype: Dtype,
 }
 
 /// Reads one block from the front of `r` (checks B1-B5).
@@ -242,8 +328,14 @@ fn read_block(
             Some(FreqTable::new(&freqs).map_err(|_| "exponent table (B3)")?)
         }
     };
-    take(r, shape.sink_bytes)?;
-    take(r, 4 * n_escapes)?;
+    let sink = widen(take(r, shape.sink_bytes)?, shape.dtype);
+    if !sink.iter().all(|x| x.is_finite()) {
+        return Err("sink value not finite (B10)");
+    }
+    let escapes = take(r, 4 * n_escapes)?
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     let total: usize = lane_len.iter().sum();
     let words = take(r, total.checked_mul(4).ok_or("lane words (B5)")?)?;
     let words = words
@@ -257,6 +349,8 @@ fn read_block(
         n_e: if exp_table.is_some() { shape.n_e } else { 0 },
         exp_table,
         n_sym: shape.n_sym,
+        escapes,
+        sink,
     })
 }
 
@@ -273,4 +367,22 @@ fn take<'a>(r: &mut &'a [u8], n: usize) -> Result<&'a [u8], &'static str> {
 fn take_u32(r: &mut &[u8]) -> Result<u32, &'static str> {
     let b = take(r, 4)?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Stored values in `dtype`, little-endian, widened to f32 (exact; §1.2).
+fn widen(raw: &[u8], dtype: Dtype) -> Vec<f32> {
+    match dtype {
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::Bf16 => raw
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F32 => raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    }
 }
