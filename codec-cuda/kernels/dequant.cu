@@ -1,0 +1,205 @@
+// Dequantization (spec/FORMAT.md §7), bit for bit codec_core's reconstruction: a coded block's
+// symbol values, step exponents, sink rows and channel constants to f16 rows in [T, H, D].
+//
+// One CUDA block per coded block (a chunk's layer K or V), its threads striding over the
+// channels; each thread walks its channel's rows in order, keeping the group's reconstructed
+// anchor in a register (the closed loop of §7.2: a delta row predicts from the anchor as the
+// decoder rebuilt it, before narrowing). Every f32 operation is one rounded operation in the
+// spec's order (__fmul_rn / __fadd_rn / __fsub_rn on the device, -ffp-contract=off on the host).
+
+#include "kvc_kernel.cuh"
+
+// Per-block outcome; codec_cuda::quant mirrors these values.
+enum KvcDequantStatus : kvc_u32 {
+    KVC_DEQUANT_OK = 0,
+    // The block's ranges lie outside the launch's buffers, or its shape is invalid (no group,
+    // more sink rows than rows); nothing written.
+    KVC_DEQUANT_BAD_RANGE = 1,
+};
+
+// The constants of one channel of one (layer, K/V) at the block's level (§7.1).
+struct KvcChannelConsts {
+    float mean;
+    // anchor_step * level multiplier, delta_step * level multiplier (each one rounding).
+    float anchor_step;
+    float delta_step;
+    // weight / 16.
+    float weight;
+};
+
+// One coded block of a launch.
+struct KvcDequantBlock {
+    // Index in `q` of the symbol of non-sink row 0, channel 0 ((rows - sink_rows) * C values).
+    kvc_u64 q_start;
+    // Index in `exps` of the exponent of non-sink row 0, head 0 ((rows - sink_rows) * H values),
+    // if has_exps.
+    kvc_u64 exp_start;
+    // Index in `sink` of sink row 0, channel 0 (sink_rows * C values, widened to f32).
+    kvc_u64 sink_start;
+    // Index in `out` of row 0, channel 0 (rows * C values).
+    kvc_u64 out_start;
+    // Index in `consts` of channel 0 (C records).
+    kvc_u64 consts_start;
+    kvc_u32 rows;
+    kvc_u32 sink_rows;
+    // Token-group size G (>= 1): row r is an anchor row if r % G == 0.
+    kvc_u32 group;
+    // Whether the block has step exponents (otherwise every exponent is 0).
+    kvc_u32 has_exps;
+};
+
+// A launch's buffers; every count is the number of elements its pointer may be read or written.
+struct KvcDequantArgs {
+    const kvc_i32* q;
+    kvc_u64 n_q;
+    const kvc_u8* exps;
+    kvc_u64 n_exps;
+    const float* sink;
+    kvc_u64 n_sink;
+    const KvcChannelConsts* consts;
+    kvc_u64 n_consts;
+    kvc_u16* out;
+    kvc_u64 n_out;
+    const KvcDequantBlock* blocks;
+    kvc_u32* status;
+    kvc_u64 n_blocks;
+    // Every block's row shape: C = heads * head_dim channels.
+    kvc_u32 heads;
+    kvc_u32 head_dim;
+};
+
+// EXP_MULT[e] (§7.1): 2^(e/2), odd e from f32(sqrt 2) = 0x3FB504F3; only the exponent field
+// changes, so the bits are built directly.
+__device__ __forceinline__ float kvc_exp_mult(kvc_u32 e) {
+    const kvc_u32 base = (e & 1u) ? 0x3FB504F3u : 0x3F800000u;
+    return kvc_bits_f32(base + ((e & 15u) >> 1 << 23));
+}
+
+// f32 to f16 bits, IEEE roundTiesToEven (§1.2); NaN as the reference narrows it.
+__device__ __forceinline__ kvc_u16 kvc_f32_to_f16(float x) {
+    const kvc_u32 u = kvc_f32_bits(x);
+    const kvc_u32 sign = (u >> 16) & 0x8000u;
+    const kvc_u32 a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (kvc_u16)(sign | 0x7E00u | ((a & 0x7FFFFFu) >> 13));
+    // 65520 and above (infinity included) round to infinity.
+    if (a >= 0x477FF000u) return (kvc_u16)(sign | 0x7C00u);
+    if (a >= 0x38800000u) {
+        // Normal: rebias the exponent (127 -> 15), round the low 13 fraction bits to even;
+        // a carry moves into the exponent, as it should.
+        const kvc_u32 m = a - (112u << 23);
+        return (kvc_u16)(sign | ((m + 0x0FFFu + ((m >> 13) & 1u)) >> 13));
+    }
+    // Subnormal (or 2^-14 after rounding): the significand in units of 2^-24, rounded to even.
+    const kvc_u32 e = a >> 23;
+    if (e < 102u) return (kvc_u16)sign;  // below 2^-25: rounds to 0
+    const kvc_u32 mant = (a & 0x7FFFFFu) | 0x800000u;
+    const kvc_u32 shift = 126u - e;  // 14 ..= 24
+    const kvc_u32 q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    return (kvc_u16)(sign | (q + ((rem > half) | ((rem == half) & (q & 1u)))));
+}
+
+// Whether the block's ranges lie inside the launch's buffers (no overflow: C is checked to fit
+// 32 bits, so every product is of two 32-bit values; every bound is compared by subtraction
+// from a count).
+__device__ __forceinline__ bool kvc_dequant_block_ok(const KvcDequantArgs& a,
+                                                     const KvcDequantBlock& b) {
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    if (a.head_dim == 0 || c > 0xFFFFFFFFull || b.group == 0 || b.sink_rows > b.rows) return false;
+    const kvc_u64 coded = b.rows - b.sink_rows;
+    const bool q_ok = b.q_start <= a.n_q && coded * c <= a.n_q - b.q_start;
+    const bool e_ok = !b.has_exps ||
+                      (b.exp_start <= a.n_exps && coded * a.heads <= a.n_exps - b.exp_start);
+    const bool s_ok = b.sink_start <= a.n_sink && b.sink_rows * c <= a.n_sink - b.sink_start;
+    const bool o_ok = b.out_start <= a.n_out && b.rows * c <= a.n_out - b.out_start;
+    const bool k_ok = b.consts_start <= a.n_consts && c <= a.n_consts - b.consts_start;
+    return q_ok && e_ok && s_ok && o_ok && k_ok;
+}
+
+// Channel `ch` of every row of a checked block (§7.2), narrowed to f16 (§7.3).
+__device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
+                                                    const KvcDequantBlock& b, kvc_u64 ch) {
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    const KvcChannelConsts k = a.consts[b.consts_start + ch];
+    const kvc_u64 head = ch / a.head_dim;
+    float anchor = 0.0f;
+    for (kvc_u64 r = 0; r < b.rows; r++) {
+        float x;
+        if (r < b.sink_rows) {
+            x = a.sink[b.sink_start + r * c + ch];
+        } else {
+            const kvc_u64 i = r - b.sink_rows;
+            const float q = (float)a.q[b.q_start + i * c + ch];  // |q| <= 2^24: exact
+            const float m = b.has_exps ? kvc_exp_mult(a.exps[b.exp_start + i * a.heads + head])
+                                       : 1.0f;
+            if (r % b.group == 0) {
+                x = __fadd_rn(k.mean, __fmul_rn(q, __fmul_rn(k.anchor_step, m)));
+            } else {
+                const float pred =
+                    __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
+                x = __fadd_rn(pred, __fmul_rn(q, __fmul_rn(k.delta_step, m)));
+            }
+        }
+        if (r % b.group == 0) anchor = x;
+        a.out[b.out_start + r * c + ch] = kvc_f32_to_f16(x);
+    }
+}
+
+// The only phase: check the block, then each thread reconstructs its channels.
+__device__ __forceinline__ void kvc_dequant_rows(const KvcDequantArgs& a, unsigned char*) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const KvcDequantBlock& b = a.blocks[blockIdx.x];
+    const bool ok = kvc_dequant_block_ok(a, b);
+    if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_DEQUANT_OK : KVC_DEQUANT_BAD_RANGE;
+    if (!ok) return;
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) kvc_dequant_channel(a, b, ch);
+}
+
+KVC_KERNEL(kvc_dequant_f16, KvcDequantArgs, kvc_dequant_rows)
+
+#ifdef KVC_HOST
+#include <stddef.h>
+// For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
+// in declaration order. Writes at most `cap` values; returns how many there are.
+extern "C" kvc_u64 kvc_dequant_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcChannelConsts),
+        offsetof(KvcChannelConsts, mean),
+        offsetof(KvcChannelConsts, anchor_step),
+        offsetof(KvcChannelConsts, delta_step),
+        offsetof(KvcChannelConsts, weight),
+        sizeof(KvcDequantBlock),
+        offsetof(KvcDequantBlock, q_start),
+        offsetof(KvcDequantBlock, exp_start),
+        offsetof(KvcDequantBlock, sink_start),
+        offsetof(KvcDequantBlock, out_start),
+        offsetof(KvcDequantBlock, consts_start),
+        offsetof(KvcDequantBlock, rows),
+        offsetof(KvcDequantBlock, sink_rows),
+        offsetof(KvcDequantBlock, group),
+        offsetof(KvcDequantBlock, has_exps),
+        sizeof(KvcDequantArgs),
+        offsetof(KvcDequantArgs, q),
+        offsetof(KvcDequantArgs, n_q),
+        offsetof(KvcDequantArgs, exps),
+        offsetof(KvcDequantArgs, n_exps),
+        offsetof(KvcDequantArgs, sink),
+        offsetof(KvcDequantArgs, n_sink),
+        offsetof(KvcDequantArgs, consts),
+        offsetof(KvcDequantArgs, n_consts),
+        offsetof(KvcDequantArgs, out),
+        offsetof(KvcDequantArgs, n_out),
+        offsetof(KvcDequantArgs, blocks),
+        offsetof(KvcDequantArgs, status),
+        offsetof(KvcDequantArgs, n_blocks),
+        offsetof(KvcDequantArgs, heads),
+        offsetof(KvcDequantArgs, head_dim),
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+
+// The kernel's f32 -> f16 narrowing, for an exhaustive-ish test against the half crate.
+extern "C" kvc_u16 kvc_f32_to_f16_host(float x) { return kvc_f32_to_f16(x); }
+#endif

@@ -1,0 +1,71 @@
+// What every codec-cuda kernel shares. Compiled two ways from the same text:
+//  - for the GPU by NVRTC at run time (codec_cuda::nvrtc; this header is passed to it by name);
+//  - for the host by build.rs (C++17, -ffp-contract=off, with host_shim.h force-included, which
+//    defines KVC_HOST), so that tests run the kernels on the CPU and compare them bit for bit
+//    with codec-core.
+//
+// A kernel is a list of *phases*: functions `void phase(const Args&, unsigned char* shared)`
+// that every thread of a block runs, separated by barriers. KVC_KERNEL declares the GPU entry
+// point (the phases with __syncthreads() between them) and the host entry point (per block, every
+// thread runs a phase before any thread starts the next), from one list. Kernels do not call
+// __syncthreads() themselves (the host shim rejects it), so the two orders cannot drift apart.
+#pragma once
+
+typedef unsigned char kvc_u8;
+typedef unsigned short kvc_u16;
+typedef unsigned int kvc_u32;
+typedef unsigned long long kvc_u64;
+typedef int kvc_i32;
+
+// Mirrors of codec-core's constants (codec_core::consts); the host library reports them and a
+// test compares (tests/host.rs).
+#define KVC_LANES 32u
+#define KVC_PRECISION 12u
+#define KVC_SLOTS (1u << KVC_PRECISION)
+
+#ifndef KVC_HOST
+
+// Runs Phase, then each of Rest, with a barrier between consecutive phases.
+template <auto Phase, auto... Rest, class Args>
+__device__ __forceinline__ void kvc_phases(const Args& args, unsigned char* shared) {
+    Phase(args, shared);
+    if constexpr (sizeof...(Rest) > 0) {
+        __syncthreads();
+        kvc_phases<Rest...>(args, shared);
+    }
+}
+
+// The GPU entry point `name(Args)`: its dynamic shared memory is the phases' `shared`.
+#define KVC_KERNEL(name, Args, ...)                                                \
+    extern "C" __global__ void name(const Args args) {                             \
+        extern __shared__ unsigned char kvc_shared[];                              \
+        kvc_phases<__VA_ARGS__>(args, kvc_shared);                                 \
+    }
+
+#else
+
+// The host entry point `name_host(const Args*, grid, block, shared_bytes)`: see host_shim.h.
+#define KVC_KERNEL(name, Args, ...)                                                \
+    extern "C" int name##_host(const Args* args, kvc_u32 grid, kvc_u32 block,      \
+                               kvc_u64 shared_bytes) {                             \
+        return kvc_host_run<__VA_ARGS__>(*args, grid, block, shared_bytes);        \
+    }
+
+#endif
+
+// The bits of an f32 and back (no conversion).
+#ifdef KVC_HOST
+inline kvc_u32 kvc_f32_bits(float x) {
+    kvc_u32 u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+inline float kvc_bits_f32(kvc_u32 u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+#else
+__device__ __forceinline__ kvc_u32 kvc_f32_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ float kvc_bits_f32(kvc_u32 u) { return __uint_as_float(u); }
+#endif

@@ -1,0 +1,208 @@
+// rANS lane decode (spec/FORMAT.md §6.3), bit for bit codec_core::rans::LaneDecoder.
+//
+// One CUDA block per coded block (a chunk's layer K or V), one thread per lane (32 threads);
+// many blocks per launch. Lane `l` of a block decodes the symbols at positions l, l + 32, ... of
+// that block, each with the table its `symbol_table` entry names, from the lane's words read
+// backwards. Every input is checked before it is used; each lane reports a KvcLaneStatus.
+
+#include "kvc_kernel.cuh"
+
+// Per-lane outcome; codec_cuda::rans::LaneStatus mirrors these values (a test reads this enum).
+// On a status other than OK or the two end-of-lane checks, the lane stops where it failed and the
+// rest of its symbols are not written.
+enum KvcLaneStatus : kvc_u32 {
+    KVC_LANE_OK = 0,
+    // The lane's last word is 0 (RansError::ZeroFinalWord); nothing decoded.
+    KVC_LANE_ZERO_FINAL_WORD = 1,
+    // Words were left unread after the last symbol (RansError::TrailingData).
+    KVC_LANE_TRAILING_DATA = 2,
+    // The final state is not 0 (RansError::BadFinalState).
+    KVC_LANE_BAD_FINAL_STATE = 3,
+    // The block's table list lies outside `table_list`, names a table that does not exist, or a
+    // symbol's table index is not below the block's table count.
+    KVC_LANE_BAD_TABLE = 4,
+    // The block's words or symbols lie outside `words` or `symbols`.
+    KVC_LANE_BAD_RANGE = 5,
+};
+
+// One coded block of a launch.
+struct KvcLaneBlock {
+    // Index in `words` of lane 0's first word; lane l's words follow lane l - 1's.
+    kvc_u64 word_start;
+    // Index in `symbol_table` and `symbols` of the block's symbol 0.
+    kvc_u64 symbol_start;
+    // Symbols in the block (symbol p is lane p % 32's).
+    kvc_u32 n_symbols;
+    // The block's tables are table_list[table_start .. table_start + table_count].
+    kvc_u32 table_start;
+    kvc_u32 table_count;
+    // Words per lane.
+    kvc_u32 lane_len[KVC_LANES];
+};
+
+// A launch's buffers; every count is the number of elements its pointer may be read or written.
+struct KvcLaneDecodeArgs {
+    const kvc_u32* words;
+    kvc_u64 n_words;
+    // Packed decode tables, KVC_SLOTS entries each: entry `slot` of a table holds the slot's
+    // symbol (bits 0..8), its frequency (bits 8..20) and slot - cdf (bits 20..32).
+    const kvc_u32* tables;
+    kvc_u64 n_tables;
+    // Global table ids, read through the blocks' table ranges.
+    const kvc_u32* table_list;
+    kvc_u64 n_table_list;
+    // Per symbol, the index of its table in its block's table range (input), and the decoded
+    // symbol (output).
+    const kvc_u16* symbol_table;
+    kvc_u8* symbols;
+    kvc_u64 n_symbols;
+    // The blocks, and per (block, lane) its status (output, n_blocks * KVC_LANES).
+    const KvcLaneBlock* blocks;
+    kvc_u32* status;
+    kvc_u64 n_blocks;
+    // How many tables the launch's dynamic shared memory holds (KVC_SLOTS * 4 bytes each). A
+    // block with at most this many tables reads them from shared memory, others from `tables`.
+    kvc_u64 shared_tables;
+};
+
+// Whether the block's table range lies in `table_list` and names existing tables.
+__device__ __forceinline__ bool kvc_block_tables_ok(const KvcLaneDecodeArgs& a,
+                                                    const KvcLaneBlock& blk) {
+    const kvc_u64 start = blk.table_start, count = blk.table_count;
+    if (start + count > a.n_table_list) return false;
+    for (kvc_u64 k = 0; k < count; k++) {
+        if (a.table_list[start + k] >= a.n_tables) return false;
+    }
+    return true;
+}
+
+// Whether the block's tables are read from shared memory (then staged by phase 1).
+__device__ __forceinline__ bool kvc_block_tables_shared(const KvcLaneDecodeArgs& a,
+                                                        const KvcLaneBlock& blk) {
+    return blk.table_count <= a.shared_tables && kvc_block_tables_ok(a, blk);
+}
+
+// Whether the block's words and symbols lie inside the launch's buffers (no overflow: every
+// bound is compared by subtraction from a count that was already checked).
+__device__ __forceinline__ bool kvc_block_range_ok(const KvcLaneDecodeArgs& a,
+                                                   const KvcLaneBlock& blk) {
+    kvc_u64 words = 0;
+    for (kvc_u32 l = 0; l < KVC_LANES; l++) words += blk.lane_len[l];
+    return blk.word_start <= a.n_words && words <= a.n_words - blk.word_start &&
+           blk.symbol_start <= a.n_symbols && blk.n_symbols <= a.n_symbols - blk.symbol_start;
+}
+
+// Phase 1: the block's threads copy its tables into shared memory, if they fit.
+__device__ __forceinline__ void kvc_lane_stage_tables(const KvcLaneDecodeArgs& a,
+                                                      unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const KvcLaneBlock& blk = a.blocks[blockIdx.x];
+    if (!kvc_block_tables_shared(a, blk)) return;
+    kvc_u32* dst = (kvc_u32*)shared;
+    for (kvc_u32 k = 0; k < blk.table_count; k++) {
+        const kvc_u32* src = a.tables + (kvc_u64)a.table_list[blk.table_start + k] * KVC_SLOTS;
+        for (kvc_u32 i = threadIdx.x; i < KVC_SLOTS; i += blockDim.x) {
+            dst[k * KVC_SLOTS + i] = src[i];
+        }
+    }
+}
+
+// Decodes lane `lane` of a checked block, its tables at `shared` (or in `a.tables` when null).
+// The arithmetic of spec/FORMAT.md §6.3, in LaneDecoder's order.
+__device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
+                                                   const KvcLaneBlock& blk, kvc_u32 lane,
+                                                   const kvc_u32* shared) {
+    kvc_u64 first = blk.word_start;
+    for (kvc_u32 l = 0; l < lane; l++) first += blk.lane_len[l];
+    const kvc_u32* w = a.words + first;
+    const kvc_u64 n = blk.lane_len[lane];
+
+    // Initial state: the last word (nonzero), then the one before it; read backwards from there.
+    kvc_u64 x = 0, unread = 0;
+    if (n > 0) {
+        if (w[n - 1] == 0) return KVC_LANE_ZERO_FINAL_WORD;
+        x = w[n - 1];
+        if (n > 1) {
+            x = (x << 32) | w[n - 2];
+            unread = n - 2;
+        }
+    }
+
+    const kvc_u16* table_of = a.symbol_table + blk.symbol_start;
+    kvc_u8* out = a.symbols + blk.symbol_start;
+    const kvc_u32* list = a.table_list + blk.table_start;
+    for (kvc_u64 p = lane; p < blk.n_symbols; p += KVC_LANES) {
+        const kvc_u32 k = table_of[p];
+        if (k >= blk.table_count) return KVC_LANE_BAD_TABLE;
+        const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * KVC_SLOTS
+                                             : a.tables + (kvc_u64)list[k] * KVC_SLOTS;
+        const kvc_u32 e = t[x & (KVC_SLOTS - 1)];
+        // (x >> 12) < 2^52 and the frequency < 2^12: no overflow.
+        x = (x >> KVC_PRECISION) * ((e >> 8) & 0xFFF) + (e >> 20);
+        if (x < (1ull << 32) && unread > 0) {
+            unread--;
+            x = (x << 32) | w[unread];
+        }
+        out[p] = (kvc_u8)e;
+    }
+    if (unread != 0) return KVC_LANE_TRAILING_DATA;
+    if (x != 0) return KVC_LANE_BAD_FINAL_STATE;
+    return KVC_LANE_OK;
+}
+
+// Phase 2: thread `lane` checks the block and decodes its lane.
+__device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a,
+                                                      unsigned char* shared) {
+    const kvc_u32 lane = threadIdx.x;
+    if (blockIdx.x >= a.n_blocks || lane >= KVC_LANES) return;
+    const KvcLaneBlock& blk = a.blocks[blockIdx.x];
+    kvc_u32 status;
+    if (!kvc_block_range_ok(a, blk)) {
+        status = KVC_LANE_BAD_RANGE;
+    } else if (!kvc_block_tables_ok(a, blk)) {
+        status = KVC_LANE_BAD_TABLE;
+    } else {
+        const bool in_shared = blk.table_count <= a.shared_tables;
+        status = kvc_decode_lane(a, blk, lane, in_shared ? (const kvc_u32*)shared : nullptr);
+    }
+    a.status[(kvc_u64)blockIdx.x * KVC_LANES + lane] = status;
+}
+
+KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables, kvc_lane_decode_lanes)
+
+#ifdef KVC_HOST
+// For the test of the Rust mirrors (codec_cuda::ffi): sizeof and offsetof of every field of the
+// argument structs as this compiler lays them out, in declaration order, then KVC_LANES and
+// KVC_PRECISION. Writes at most `cap` values; returns how many there are.
+#include <stddef.h>
+extern "C" kvc_u64 kvc_rans_lane_decode_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcLaneBlock),
+        offsetof(KvcLaneBlock, word_start),
+        offsetof(KvcLaneBlock, symbol_start),
+        offsetof(KvcLaneBlock, n_symbols),
+        offsetof(KvcLaneBlock, table_start),
+        offsetof(KvcLaneBlock, table_count),
+        offsetof(KvcLaneBlock, lane_len),
+        sizeof(KvcLaneDecodeArgs),
+        offsetof(KvcLaneDecodeArgs, words),
+        offsetof(KvcLaneDecodeArgs, n_words),
+        offsetof(KvcLaneDecodeArgs, tables),
+        offsetof(KvcLaneDecodeArgs, n_tables),
+        offsetof(KvcLaneDecodeArgs, table_list),
+        offsetof(KvcLaneDecodeArgs, n_table_list),
+        offsetof(KvcLaneDecodeArgs, symbol_table),
+        offsetof(KvcLaneDecodeArgs, symbols),
+        offsetof(KvcLaneDecodeArgs, n_symbols),
+        offsetof(KvcLaneDecodeArgs, blocks),
+        offsetof(KvcLaneDecodeArgs, status),
+        offsetof(KvcLaneDecodeArgs, n_blocks),
+        offsetof(KvcLaneDecodeArgs, shared_tables),
+        KVC_LANES,
+        KVC_PRECISION,
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+#endif

@@ -1,0 +1,578 @@
+//! The crate's only `unsafe` code: calls into the host-compiled kernels (`build.rs`), into NVRTC
+//! and into the CUDA driver (both loaded at run time through cudarc). Everything here is wrapped
+//! in safe functions whose checks establish the invariants below; each `// SAFETY:` comment
+//! names the invariant it relies on.
+//!
+//! # Invariants
+//!
+//! 1. **Mirrored layouts.** [`LaneBlock`] (in `rans.rs`) and [`LaneDecodeArgsC`] have the layout of
+//!    `KvcLaneBlock` and `KvcLaneDecodeArgs` in `kernels/rans_decode.cu`, and [`ChannelConsts`],
+//!    [`DequantBlock`] (in `quant.rs`) and [`DequantArgsC`] those of `KvcChannelConsts`,
+//!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu` (`#[repr(C)]`, fields in
+//!    the same order and of the same sizes). The unit test `layouts_match_the_kernel` compares
+//!    every size and offset with what the C++ compiler reports.
+//! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
+//!    count passed beside it is that slice's length (for `tables`, its length in whole tables of
+//!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
+//!    block's ranges against the counts before use (`kvc_block_range_ok`, `kvc_block_tables_ok`
+//!    and a symbol's table index against its block's table count in the lane decode;
+//!    `kvc_dequant_block_ok` in the dequantization), so any *content* of the inputs is
+//!    memory-safe; only the counts must be right, and [`host_lane_decode`] and
+//!    [`host_dequant_f16`] derive them from the slices. In the lane decode, `symbols` and
+//!    `symbol_table` have the same length and `status` holds 32 entries per block; in the
+//!    dequantization, `status` holds one entry per block.
+//! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
+//!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
+//!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
+//!    threads and no shared memory.
+//! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
+//!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
+//!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
+//!    in the loaded library (cudarc panics on a missing symbol).
+//! 5. **Program lifetime.** An NVRTC program is created, used and destroyed inside
+//!    [`nvrtc_compile`]; the source, name, header and option strings it points to outlive it.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::path::Path;
+use std::sync::Mutex;
+
+use cudarc::nvrtc::sys as nvrtc;
+
+use crate::error::CudaError;
+use crate::quant::{ChannelConsts, DequantBlock};
+use crate::rans::LaneBlock;
+
+/// Lanes per coded block (`KVC_LANES`).
+pub(crate) const LANES: usize = 32;
+/// Entries of one packed decode table (`KVC_SLOTS`).
+pub(crate) const SLOTS: usize = 4096;
+
+/// `KvcLaneDecodeArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct LaneDecodeArgsC {
+    words: *const u32,
+    n_words: u64,
+    tables: *const u32,
+    n_tables: u64,
+    table_list: *const u32,
+    n_table_list: u64,
+    symbol_table: *const u16,
+    symbols: *mut u8,
+    n_symbols: u64,
+    blocks: *const LaneBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    shared_tables: u64,
+}
+
+extern "C" {
+    fn kvc_rans_lane_decode_host(
+        args: *const LaneDecodeArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_rans_lane_decode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_dequant_f16_host(
+        args: *const DequantArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_dequant_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_f32_to_f16_host(x: f32) -> u16;
+}
+
+/// `KvcDequantArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct DequantArgsC {
+    q: *const i32,
+    n_q: u64,
+    exps: *const u8,
+    n_exps: u64,
+    sink: *const f32,
+    n_sink: u64,
+    consts: *const ChannelConsts,
+    n_consts: u64,
+    out: *mut u16,
+    n_out: u64,
+    blocks: *const DequantBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// Threads per block of the dequantization kernel.
+pub(crate) const DEQUANT_THREADS: u32 = 128;
+
+/// The buffers of one dequantization launch.
+#[derive(Debug)]
+pub(crate) struct DequantIo<'a> {
+    pub q: &'a [i32],
+    pub exps: &'a [u8],
+    pub sink: &'a [f32],
+    pub consts: &'a [ChannelConsts],
+    pub blocks: &'a [DequantBlock],
+    pub out: &'a mut [u16],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_dequant_f16` on the host: one block per entry of `io.blocks`.
+pub(crate) fn host_dequant_f16(io: DequantIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.status.len() != io.blocks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per block",
+        });
+    }
+    let args = DequantArgsC {
+        q: io.q.as_ptr(),
+        n_q: io.q.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        sink: io.sink.as_ptr(),
+        n_sink: io.sink.len() as u64,
+        consts: io.consts.as_ptr(),
+        n_consts: io.consts.len() as u64,
+        out: io.out.as_mut_ptr(),
+        n_out: io.out.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
+    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { kvc_dequant_f16_host(&args, grid, DEQUANT_THREADS, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_dequant_f16",
+        }),
+    }
+}
+
+/// The dequantization kernel's f32 to f16 narrowing.
+pub(crate) fn kernel_f32_to_f16(x: f32) -> u16 {
+    // SAFETY: a pure function of its argument.
+    unsafe { kvc_f32_to_f16_host(x) }
+}
+
+/// The buffers of one lane-decode launch.
+#[derive(Debug)]
+pub(crate) struct LaneDecodeIo<'a> {
+    pub words: &'a [u32],
+    /// Packed tables, [`SLOTS`] entries each (a partial last table is ignored).
+    pub tables: &'a [u32],
+    pub table_list: &'a [u32],
+    pub symbol_table: &'a [u16],
+    pub blocks: &'a [LaneBlock],
+    pub symbols: &'a mut [u8],
+    pub status: &'a mut [u32],
+    /// Tables the launch's shared memory holds.
+    pub shared_tables: u32,
+}
+
+/// Runs `kvc_rans_lane_decode` on the host: one block per entry of `io.blocks`.
+pub(crate) fn host_lane_decode(io: LaneDecodeIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.symbols.len() != io.symbol_table.len() {
+        return Err(CudaError::Input {
+            what: "symbol and symbol-table buffers differ in length",
+        });
+    }
+    if io.status.len() != io.blocks.len() * LANES {
+        return Err(CudaError::Input {
+            what: "status buffer is not 32 entries per block",
+        });
+    }
+    let args = LaneDecodeArgsC {
+        words: io.words.as_ptr(),
+        n_words: io.words.len() as u64,
+        tables: io.tables.as_ptr(),
+        n_tables: (io.tables.len() / SLOTS) as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        symbol_table: io.symbol_table.as_ptr(),
+        symbols: io.symbols.as_mut_ptr(),
+        n_symbols: io.symbols.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        shared_tables: u64::from(io.shared_tables),
+    };
+    let shared_bytes = u64::from(io.shared_tables) * (SLOTS as u64) * 4;
+    // SAFETY: invariant 1 (layout), 2 (every pointer/count pair is a live slice and its length;
+    // `io` borrows them for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { kvc_rans_lane_decode_host(&args, grid, LANES as u32, shared_bytes) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_rans_lane_decode",
+        }),
+    }
+}
+
+#[cfg(test)]
+/// The sizes and offsets the C++ compiler gives the kernel's argument structs, then `KVC_LANES`
+/// and `KVC_PRECISION` (see `kvc_rans_lane_decode_layout`).
+pub(crate) fn host_lane_decode_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_rans_lane_decode_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+/// The sizes and offsets of [`LaneBlock`] and the argument mirror, in the order of
+/// [`host_lane_decode_layout`] (without the two constants).
+pub(crate) fn rust_lane_decode_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type B = LaneBlock;
+    type A = LaneDecodeArgsC;
+    [
+        size_of::<B>(),
+        offset_of!(B, word_start),
+        offset_of!(B, symbol_start),
+        offset_of!(B, n_symbols),
+        offset_of!(B, table_start),
+        offset_of!(B, table_count),
+        offset_of!(B, lane_len),
+        size_of::<A>(),
+        offset_of!(A, words),
+        offset_of!(A, n_words),
+        offset_of!(A, tables),
+        offset_of!(A, n_tables),
+        offset_of!(A, table_list),
+        offset_of!(A, n_table_list),
+        offset_of!(A, symbol_table),
+        offset_of!(A, symbols),
+        offset_of!(A, n_symbols),
+        offset_of!(A, blocks),
+        offset_of!(A, status),
+        offset_of!(A, n_blocks),
+        offset_of!(A, shared_tables),
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVRTC
+
+/// The NVRTC functions this crate calls (through cudarc), checked before the first call.
+pub(crate) const NVRTC_SYMBOLS: [&str; 9] = [
+    "nvrtcVersion",
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcDestroyProgram",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetErrorString",
+    "nvrtcGetPTXSize",
+];
+
+/// Libraries loaded by full path, kept loaded for the life of the process so that cudarc's
+/// load by name (`libnvrtc.so.13`) finds them: the dynamic loader matches an already loaded
+/// library by its soname.
+static PRELOADED: Mutex<Vec<libloading::Library>> = Mutex::new(Vec::new());
+
+/// Loads `dir/libnvrtc.so.13` and, if present, `dir/libnvrtc-builtins.so.*` (NVRTC loads it by
+/// name at compile time), and keeps them loaded.
+pub(crate) fn nvrtc_preload(dir: &Path) -> Result<(), CudaError> {
+    let mut paths = vec![dir.join("libnvrtc.so.13")];
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let mut builtins: Vec<_> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libnvrtc-builtins.so"))
+            })
+            .collect();
+        builtins.sort();
+        // The builtins first: libnvrtc then finds them already loaded.
+        paths.splice(0..0, builtins);
+    }
+    let mut held = PRELOADED.lock().unwrap_or_else(|e| e.into_inner());
+    for path in paths {
+        // SAFETY: loading a library runs its initialisers; NVRTC's have no preconditions. The
+        // handle is kept in PRELOADED, so the library is never unloaded while cudarc uses it.
+        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| CudaError::NvrtcLib {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        held.push(lib);
+    }
+    Ok(())
+}
+
+/// Whether cudarc can load NVRTC by name (invariant 4).
+pub(crate) fn nvrtc_present() -> bool {
+    // SAFETY: only tries to load the library (running its initialisers), as nvrtc_preload does.
+    unsafe { nvrtc::is_culib_present() }
+}
+
+/// The first of [`NVRTC_SYMBOLS`] the loaded NVRTC lacks. Call only after [`nvrtc_present`].
+pub(crate) fn nvrtc_missing_symbol() -> Option<&'static str> {
+    // SAFETY: nvrtc_present() returned true, so culib() loads without panicking (invariant 4);
+    // the symbols are only looked up, not called.
+    let lib = unsafe { nvrtc::culib() };
+    NVRTC_SYMBOLS.into_iter().find(|name| {
+        // SAFETY: as above; `*const ()` is never dereferenced.
+        unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err()
+    })
+}
+
+/// NVRTC's version `(major, minor)`. Call only once [`nvrtc_missing_symbol`] gave `None`.
+pub(crate) fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: invariant 4; both pointers are to live locals.
+    let r = unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
+    nvrtc_ok("nvrtcVersion", r)?;
+    Ok((major, minor))
+}
+
+/// What compiling one program gave.
+#[derive(Debug)]
+pub(crate) struct NvrtcOutput {
+    /// Whether compilation succeeded.
+    pub ok: bool,
+    /// The program log (ptxas' resource report with `--ptxas-options=-v`).
+    pub log: String,
+    /// Bytes of the CUBIN (0 when compiled to PTX only or on failure).
+    pub cubin_len: usize,
+}
+
+/// One source to compile: its name, text, the headers it includes by name, and the options.
+#[derive(Debug)]
+pub(crate) struct NvrtcProgram<'a> {
+    pub name: &'a str,
+    pub source: &'a str,
+    pub headers: &'a [(&'a str, &'a str)],
+    pub options: &'a [String],
+}
+
+/// Compiles `program`. Call only once [`nvrtc_missing_symbol`] gave `None`.
+pub(crate) fn nvrtc_compile(program: &NvrtcProgram<'_>) -> Result<NvrtcOutput, CudaError> {
+    let input = |what: &'static str| move |_| CudaError::Input { what };
+    let name = CString::new(program.name).map_err(input("NUL in a kernel name"))?;
+    let source = CString::new(program.source).map_err(input("NUL in a kernel source"))?;
+    let cstrings = |v: Vec<&str>, what| -> Result<Vec<CString>, CudaError> {
+        v.into_iter()
+            .map(|s| CString::new(s).map_err(input(what)))
+            .collect()
+    };
+    let h_names = cstrings(
+        program.headers.iter().map(|h| h.0).collect(),
+        "NUL in a header",
+    )?;
+    let h_srcs = cstrings(
+        program.headers.iter().map(|h| h.1).collect(),
+        "NUL in a header",
+    )?;
+    let opts = cstrings(
+        program.options.iter().map(|s| s.as_str()).collect(),
+        "NUL in an option",
+    )?;
+    let ptrs = |v: &[CString]| v.iter().map(|s| s.as_ptr()).collect::<Vec<*const c_char>>();
+    let (h_names, h_srcs, opts) = (ptrs(&h_names), ptrs(&h_srcs), ptrs(&opts));
+
+    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: invariant 4; every pointer is to a NUL-terminated string that lives until this
+    // function returns (invariant 5), the header arrays have `h_names.len()` entries each.
+    let r = unsafe {
+        nvrtc::nvrtcCreateProgram(
+            &mut prog,
+            source.as_ptr(),
+            name.as_ptr(),
+            h_names.len() as c_int,
+            h_srcs.as_ptr(),
+            h_names.as_ptr(),
+        )
+    };
+    nvrtc_ok("nvrtcCreateProgram", r)?;
+    let out = compile_created(prog, &opts);
+    // SAFETY: `prog` was created above and is destroyed once (invariant 5).
+    let r = unsafe { nvrtc::nvrtcDestroyProgram(&mut prog) };
+    let out = out?;
+    nvrtc_ok("nvrtcDestroyProgram", r)?;
+    Ok(out)
+}
+
+/// Compiles a created program and reads its log and CUBIN size.
+fn compile_created(
+    prog: nvrtc::nvrtcProgram,
+    opts: &[*const c_char],
+) -> Result<NvrtcOutput, CudaError> {
+    // SAFETY: `prog` is live (invariant 5); `opts` holds `opts.len()` live C strings.
+    let r = unsafe { nvrtc::nvrtcCompileProgram(prog, opts.len() as c_int, opts.as_ptr()) };
+    let ok = r == nvrtc::nvrtcResult::NVRTC_SUCCESS;
+    if !ok && r != nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION {
+        nvrtc_ok("nvrtcCompileProgram", r)?;
+    }
+    let mut len = 0usize;
+    // SAFETY: `prog` is live; `len` is a live local.
+    nvrtc_ok("nvrtcGetProgramLogSize", unsafe {
+        nvrtc::nvrtcGetProgramLogSize(prog, &mut len)
+    })?;
+    let mut buf = vec![0u8; len.max(1)];
+    // SAFETY: `buf` has room for the `len` bytes (NUL included) NVRTC reported.
+    nvrtc_ok("nvrtcGetProgramLog", unsafe {
+        nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast())
+    })?;
+    let log = CStr::from_bytes_until_nul(&buf)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut cubin_len = 0usize;
+    if ok {
+        // SAFETY: `prog` is live and compiled; `cubin_len` is a live local. A PTX-only
+        // compilation reports an error here, which means "no CUBIN".
+        let r = unsafe { nvrtc::nvrtcGetCUBINSize(prog, &mut cubin_len) };
+        if r != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+            cubin_len = 0;
+        }
+    }
+    Ok(NvrtcOutput { ok, log, cubin_len })
+}
+
+/// `Ok` for NVRTC_SUCCESS, else the call's error with NVRTC's name for the code.
+fn nvrtc_ok(call: &'static str, r: nvrtc::nvrtcResult) -> Result<(), CudaError> {
+    if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Ok(());
+    }
+    Err(CudaError::Nvrtc {
+        call,
+        code: format!("{r:?}"),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver
+
+/// Whether cudarc can load the CUDA driver library (invariant 4).
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: only tries to load the library (running its initialisers).
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Initialises the driver and counts its devices; [`CudaError::NoDriver`] without a driver
+/// library (invariant 4: cudarc panics then).
+pub(crate) fn driver_device_count() -> Result<usize, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let err = |call| {
+        move |e: cudarc::driver::DriverError| CudaError::Driver {
+            call,
+            code: format!("{:?}", e.0),
+        }
+    };
+    cudarc::driver::result::init().map_err(err("cuInit"))?;
+    let n = cudarc::driver::result::device::get_count().map_err(err("cuDeviceGetCount"))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// The primary context of device `ordinal`, once [`driver_device_count`] showed it exists.
+pub(crate) fn driver_context(
+    ordinal: usize,
+) -> Result<std::sync::Arc<cudarc::driver::CudaContext>, CudaError> {
+    let count = driver_device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoDevice { ordinal, count });
+    }
+    cudarc::driver::CudaContext::new(ordinal).map_err(|e| CudaError::Driver {
+        call: "cuDevicePrimaryCtxRetain",
+        code: format!("{:?}", e.0),
+    })
+}
+
+#[cfg(test)]
+fn host_dequant_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_dequant_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_dequant_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type K = ChannelConsts;
+    type B = DequantBlock;
+    type A = DequantArgsC;
+    [
+        size_of::<K>(),
+        offset_of!(K, mean),
+        offset_of!(K, anchor_step),
+        offset_of!(K, delta_step),
+        offset_of!(K, weight),
+        size_of::<B>(),
+        offset_of!(B, q_start),
+        offset_of!(B, exp_start),
+        offset_of!(B, sink_start),
+        offset_of!(B, out_start),
+        offset_of!(B, consts_start),
+        offset_of!(B, rows),
+        offset_of!(B, sink_rows),
+        offset_of!(B, group),
+        offset_of!(B, has_exps),
+        size_of::<A>(),
+        offset_of!(A, q),
+        offset_of!(A, n_q),
+        offset_of!(A, exps),
+        offset_of!(A, n_exps),
+        offset_of!(A, sink),
+        offset_of!(A, n_sink),
+        offset_of!(A, consts),
+        offset_of!(A, n_consts),
+        offset_of!(A, out),
+        offset_of!(A, n_out),
+        offset_of!(A, blocks),
+        offset_of!(A, status),
+        offset_of!(A, n_blocks),
+        offset_of!(A, heads),
+        offset_of!(A, head_dim),
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequant_layouts_match_the_kernel() {
+        assert_eq!(host_dequant_layout(), rust_dequant_layout());
+    }
+
+    /// Invariant 1: the Rust mirrors have the C++ layouts, and the kernel's constants are
+    /// codec-core's.
+    #[test]
+    fn layouts_match_the_kernel() {
+        let host = host_lane_decode_layout();
+        let mut rust = rust_lane_decode_layout();
+        rust.push(codec_core::consts::LANES as u64);
+        rust.push(u64::from(codec_core::consts::PRECISION));
+        assert_eq!(host, rust);
+        assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
+        assert_eq!(codec_core::consts::LANES, LANES);
+    }
+}

@@ -1,0 +1,31 @@
+//! # kvc codec-cuda
+//!
+//! The GPU companion of codec-core: CUDA C kernels (`kernels/*.cu`) that decode kvc streams
+//! bit for bit as codec-core does, compiled at run time by NVRTC and launched through cudarc,
+//! whose driver and NVRTC bindings are loaded at run time (`dynamic-loading`), so that the crate
+//! builds, and its entry points return a [`CudaError`], on a machine without CUDA.
+//!
+//! The same kernel source is compiled for the host by `build.rs` (`kernels/host_shim.h` runs a
+//! block's threads one after another, phase by phase): the `*_host` functions run it on the CPU,
+//! and the tests compare their output with codec-core's, bit for bit, without a GPU.
+//!
+//! - [`rans`]: the rANS lane decode kernel's batches ([`rans::LaneBatch`]).
+//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 `[T, H, D]`.
+//! - [`stream`]: a stream's chunks as lane-decode batches (exponents, then every symbol), their
+//!   symbol values (escapes) and dequantization blocks.
+//! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
+//! - [`Gpu`]: a device, or the error saying why there is none.
+//!
+//! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
+
+mod error;
+mod ffi;
+mod gpu;
+pub mod nvrtc;
+pub mod quant;
+pub mod rans;
+pub mod stream;
+
+pub use error::CudaError;
+pub use gpu::Gpu;
+pub use nvrtc::{compile_report, KernelResources};

@@ -1,0 +1,198 @@
+//! Batches for the dequantization kernel (`kernels/dequant.cu`, spec/FORMAT.md §7): coded
+//! blocks' symbol values, step exponents and sink rows to f16 rows, many blocks per launch,
+//! written into one output buffer (e.g. per layer K then V, each `[T, H, D]`).
+
+use codec_core::quant::{BlockConsts, ChannelParams};
+
+use crate::error::CudaError;
+use crate::ffi;
+
+/// The constants of one channel at a level (§7.1), as codec-core computes them
+/// (`BlockConsts`). `#[repr(C)]`: the kernel reads it as is (`src/ffi.rs`, invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ChannelConsts {
+    /// Channel mean.
+    pub mean: f32,
+    /// `anchor_step * level multiplier`.
+    pub anchor_step: f32,
+    /// `delta_step * level multiplier`.
+    pub delta_step: f32,
+    /// `weight / 16`.
+    pub weight: f32,
+}
+
+impl ChannelConsts {
+    /// The constants of one `(layer, K/V)`'s channels at level multiplier `mult`.
+    pub fn of_block(params: &[ChannelParams], mult: f32) -> Vec<Self> {
+        let k = BlockConsts::new(params, mult);
+        (0..k.channels())
+            .map(|c| ChannelConsts {
+                mean: k.mean[c],
+                anchor_step: k.anchor_step[c],
+                delta_step: k.delta_step[c],
+                weight: k.weight[c],
+            })
+            .collect()
+    }
+}
+
+/// A block's place in its batch's buffers (`KvcDequantBlock`). Any values are safe to launch:
+/// the kernel checks them and reports [`DequantStatus::BadRange`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DequantBlock {
+    /// Index of the symbol value of non-sink row 0, channel 0.
+    pub q_start: u64,
+    /// Index of the exponent of non-sink row 0, head 0 (if `has_exps`).
+    pub exp_start: u64,
+    /// Index of sink row 0, channel 0.
+    pub sink_start: u64,
+    /// Index in the output of row 0, channel 0.
+    pub out_start: u64,
+    /// Index of channel 0's constants.
+    pub consts_start: u64,
+    /// Rows, sink rows first.
+    pub rows: u32,
+    /// Sink rows.
+    pub sink_rows: u32,
+    /// Token-group size (anchor rows are the rows `r` with `r % group == 0`).
+    pub group: u32,
+    /// 1 if the block has step exponents, 0 if they are all 0.
+    pub has_exps: u32,
+}
+
+/// How a block ended (`KvcDequantStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DequantStatus {
+    /// Every row written.
+    Ok,
+    /// The block's ranges lie outside the batch or its shape is invalid; nothing written.
+    BadRange,
+    /// A code the kernel does not define (never written by the kernel).
+    Unknown(u32),
+}
+
+/// One block to add to a [`DequantBatch`].
+#[derive(Clone, Copy, Debug)]
+pub struct DequantInput<'a> {
+    /// Symbol values of the non-sink rows, row-major (`(rows - sink_rows) * C`).
+    pub q: &'a [i32],
+    /// Step exponents, one per (non-sink row, head), or `None` (all 0).
+    pub exps: Option<&'a [u8]>,
+    /// Sink rows widened to f32, row-major (`sink_rows * C`).
+    pub sink: &'a [f32],
+    /// Where the block's channel constants start ([`DequantBatch::add_consts`]).
+    pub consts_start: u64,
+    /// Rows, sink rows first.
+    pub rows: u32,
+    /// Token-group size.
+    pub group: u32,
+    /// Index in the output of row 0, channel 0.
+    pub out_start: u64,
+}
+
+/// The buffers of one dequantization launch.
+#[derive(Clone, Debug)]
+pub struct DequantBatch {
+    q: Vec<i32>,
+    exps: Vec<u8>,
+    sink: Vec<f32>,
+    consts: Vec<ChannelConsts>,
+    blocks: Vec<DequantBlock>,
+    heads: u32,
+    head_dim: u32,
+    out_len: usize,
+}
+
+impl DequantBatch {
+    /// An empty batch of blocks with `heads * head_dim` channels, writing an output of
+    /// `out_len` f16 values.
+    pub fn new(heads: u32, head_dim: u32, out_len: usize) -> Self {
+        DequantBatch {
+            q: Vec::new(),
+            exps: Vec::new(),
+            sink: Vec::new(),
+            consts: Vec::new(),
+            blocks: Vec::new(),
+            heads,
+            head_dim,
+            out_len,
+        }
+    }
+
+    /// Adds one `(layer, K/V, level)`'s channel constants; returns where they start.
+    pub fn add_consts(&mut self, consts: &[ChannelConsts]) -> u64 {
+        let start = self.consts.len() as u64;
+        self.consts.extend_from_slice(consts);
+        start
+    }
+
+    /// Adds a block; returns its index. Refuses sizes that do not match the block's shape.
+    pub fn add_block(&mut self, b: DequantInput<'_>) -> Result<usize, CudaError> {
+        let input = |what| CudaError::Input { what };
+        let c = self.heads as usize * self.head_dim as usize;
+        let sink_rows = b.sink.len().checked_div(c).unwrap_or(0);
+        let coded = (b.rows as usize)
+            .checked_sub(sink_rows)
+            .ok_or(input("sink rows > rows"))?;
+        if b.sink.len() != sink_rows * c || b.q.len() != coded * c {
+            return Err(input("symbol or sink values do not fill whole rows"));
+        }
+        if b.exps
+            .is_some_and(|e| e.len() != coded * self.heads as usize)
+        {
+            return Err(input("not one exponent per non-sink row and head"));
+        }
+        self.blocks.push(DequantBlock {
+            q_start: self.q.len() as u64,
+            exp_start: self.exps.len() as u64,
+            sink_start: self.sink.len() as u64,
+            out_start: b.out_start,
+            consts_start: b.consts_start,
+            rows: b.rows,
+            sink_rows: sink_rows as u32,
+            group: b.group,
+            has_exps: u32::from(b.exps.is_some()),
+        });
+        self.q.extend_from_slice(b.q);
+        self.exps.extend_from_slice(b.exps.unwrap_or(&[]));
+        self.sink.extend_from_slice(b.sink);
+        Ok(self.blocks.len() - 1)
+    }
+
+    /// The blocks, for tests that corrupt them (the kernel checks every field).
+    pub fn blocks_mut(&mut self) -> &mut [DequantBlock] {
+        &mut self.blocks
+    }
+
+    /// Runs the kernel compiled for the host: the output (f16 bits; values no block wrote are
+    /// 0) and each block's status.
+    pub fn decode_host(&self) -> Result<(Vec<u16>, Vec<DequantStatus>), CudaError> {
+        let mut out = vec![0u16; self.out_len];
+        let mut status = vec![0u32; self.blocks.len()];
+        ffi::host_dequant_f16(ffi::DequantIo {
+            q: &self.q,
+            exps: &self.exps,
+            sink: &self.sink,
+            consts: &self.consts,
+            blocks: &self.blocks,
+            out: &mut out,
+            status: &mut status,
+            heads: self.heads,
+            head_dim: self.head_dim,
+        })?;
+        let status = status.into_iter().map(|s| match s {
+            0 => DequantStatus::Ok,
+            1 => DequantStatus::BadRange,
+            c => DequantStatus::Unknown(c),
+        });
+        Ok((out, status.collect()))
+    }
+}
+
+/// The kernel's f32 to f16 narrowing (spec/FORMAT.md §1.2), run on the host, for tests.
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    ffi::kernel_f32_to_f16(x)
+}

@@ -1,0 +1,276 @@
+//! Batches for the rANS lane decode kernel (`kernels/rans_decode.cu`, spec/FORMAT.md §6.3): many
+//! coded blocks, each with its lanes' words and one table per symbol, decoded in one launch.
+//!
+//! A [`LaneBatch`] holds the kernel's buffers exactly as it reads them: all words one after the
+//! other, the tables packed (one `u32` per slot: symbol, frequency, `slot - cdf`), per block the
+//! list of tables it uses and per symbol an index into that list. [`LaneBatch::decode_host`] runs
+//! the kernel's own source compiled for the CPU; its output is what the device computes.
+
+use codec_core::rans::{FreqTable, RansError};
+
+use crate::error::CudaError;
+use crate::ffi::{self, LANES, SLOTS};
+
+/// A table added to a [`LaneBatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableId(u32);
+
+/// A block's place in its batch's buffers (`KvcLaneBlock`). Any values are safe to launch: the
+/// kernel checks them and reports [`LaneStatus::BadRange`] or [`LaneStatus::BadTable`].
+///
+/// `#[repr(C)]`: the kernel reads it as is (`src/ffi.rs`, invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneBlock {
+    /// Index of lane 0's first word; lane `l`'s words follow lane `l - 1`'s.
+    pub word_start: u64,
+    /// Index of the block's symbol 0 in the batch's symbols.
+    pub symbol_start: u64,
+    /// Symbols in the block; symbol `p` is lane `p % 32`'s.
+    pub n_symbols: u32,
+    /// The block's tables are `table_list[table_start..table_start + table_count]`.
+    pub table_start: u32,
+    /// See `table_start`.
+    pub table_count: u32,
+    /// Words per lane.
+    pub lane_len: [u32; LANES],
+}
+
+/// How a lane ended (`KvcLaneStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LaneStatus {
+    /// Every symbol decoded, every word read, final state 0.
+    Ok,
+    /// The lane's last word is 0; nothing decoded ([`RansError::ZeroFinalWord`]).
+    ZeroFinalWord,
+    /// Words left after the last symbol ([`RansError::TrailingData`]).
+    TrailingData,
+    /// Final state not 0 ([`RansError::BadFinalState`]).
+    BadFinalState,
+    /// The block's table list or a symbol's table index is out of range; the lane stopped there.
+    BadTable,
+    /// The block's words or symbols lie outside the batch; nothing decoded.
+    BadRange,
+    /// A code the kernel does not define (never written by the kernel).
+    Unknown(u32),
+}
+
+impl LaneStatus {
+    fn from_code(code: u32) -> Self {
+        match code {
+            0 => LaneStatus::Ok,
+            1 => LaneStatus::ZeroFinalWord,
+            2 => LaneStatus::TrailingData,
+            3 => LaneStatus::BadFinalState,
+            4 => LaneStatus::BadTable,
+            5 => LaneStatus::BadRange,
+            c => LaneStatus::Unknown(c),
+        }
+    }
+
+    /// codec-core's error for this status of lane `lane`, if it has one.
+    pub fn rans_error(self, lane: usize) -> Option<RansError> {
+        match self {
+            LaneStatus::ZeroFinalWord => Some(RansError::ZeroFinalWord { lane }),
+            LaneStatus::TrailingData => Some(RansError::TrailingData { lane }),
+            LaneStatus::BadFinalState => Some(RansError::BadFinalState { lane }),
+            _ => None,
+        }
+    }
+}
+
+/// The lane of a block that decides its outcome, and its status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneFailure {
+    /// The lane.
+    pub lane: usize,
+    /// Its status (never [`LaneStatus::Ok`]).
+    pub status: LaneStatus,
+}
+
+/// The buffers of one lane-decode launch; see the module documentation.
+#[derive(Clone, Debug, Default)]
+pub struct LaneBatch {
+    words: Vec<u32>,
+    tables: Vec<u32>,
+    table_list: Vec<u32>,
+    symbol_table: Vec<u16>,
+    blocks: Vec<LaneBlock>,
+}
+
+impl LaneBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `table` in the kernel's packed form (16 KiB).
+    pub fn add_table(&mut self, table: &FreqTable) -> TableId {
+        let id = TableId((self.tables.len() / SLOTS) as u32);
+        self.tables.extend(packed_table(table));
+        id
+    }
+
+    /// Adds a block: `words` holds its lanes' words one lane after another (`lane_len[l]` each,
+    /// in stored order), and `tables[p]` is the table of symbol `p`. Returns the block's index.
+    pub fn add_block(
+        &mut self,
+        words: &[u32],
+        lane_len: [usize; LANES],
+        tables: &[TableId],
+    ) -> Result<usize, CudaError> {
+        let input = |what| CudaError::Input { what };
+        if lane_len.iter().try_fold(0usize, |a, &l| a.checked_add(l)) != Some(words.len()) {
+            return Err(input("lane lengths do not add up to the words given"));
+        }
+        let n_tables = (self.tables.len() / SLOTS) as u32;
+        if tables.iter().any(|t| t.0 >= n_tables) {
+            return Err(input("a symbol's table is not in the batch"));
+        }
+        let n_symbols = u32::try_from(tables.len()).map_err(|_| input("over 2^32 symbols"))?;
+        let mut lens = [0u32; LANES];
+        for (d, &l) in lens.iter_mut().zip(&lane_len) {
+            *d = u32::try_from(l).map_err(|_| input("over 2^32 words in a lane"))?;
+        }
+        let table_start = u32::try_from(self.table_list.len())
+            .map_err(|_| input("over 2^32 table-list entries"))?;
+        let (list, index) = block_tables(tables).ok_or(input("over 65536 tables in a block"))?;
+        self.blocks.push(LaneBlock {
+            word_start: self.words.len() as u64,
+            symbol_start: self.symbol_table.len() as u64,
+            n_symbols,
+            table_start,
+            table_count: list.len() as u32,
+            lane_len: lens,
+        });
+        self.words.extend_from_slice(words);
+        self.table_list.extend(list);
+        self.symbol_table.extend(index);
+        Ok(self.blocks.len() - 1)
+    }
+
+    /// The blocks.
+    pub fn blocks(&self) -> &[LaneBlock] {
+        &self.blocks
+    }
+
+    /// The blocks, for tests that corrupt them (the kernel checks every field).
+    pub fn blocks_mut(&mut self) -> &mut [LaneBlock] {
+        &mut self.blocks
+    }
+
+    /// Per symbol, its table's index in its block's table list (mutable, for tests).
+    pub fn symbol_tables_mut(&mut self) -> &mut [u16] {
+        &mut self.symbol_table
+    }
+
+    /// All blocks' words (mutable, for tests that corrupt them).
+    pub fn words_mut(&mut self) -> &mut [u32] {
+        &mut self.words
+    }
+
+    /// Tables the kernel stages in shared memory for the `shared_tables` of a launch: blocks
+    /// with at most that many tables read them from shared memory, others from global memory.
+    pub const MAX_SHARED_TABLES: u32 = 14;
+
+    /// Decodes every block with the kernel compiled for the host, `shared_tables` (at most
+    /// [`Self::MAX_SHARED_TABLES`]) tables per block staged in shared memory.
+    pub fn decode_host(&self, shared_tables: u32) -> Result<LaneDecoded, CudaError> {
+        if shared_tables > Self::MAX_SHARED_TABLES {
+            return Err(CudaError::Input {
+                what: "more shared tables than a device's shared memory holds",
+            });
+        }
+        let mut symbols = vec![0u8; self.symbol_table.len()];
+        let mut status = vec![0u32; self.blocks.len() * LANES];
+        ffi::host_lane_decode(ffi::LaneDecodeIo {
+            words: &self.words,
+            tables: &self.tables,
+            table_list: &self.table_list,
+            symbol_table: &self.symbol_table,
+            blocks: &self.blocks,
+            symbols: &mut symbols,
+            status: &mut status,
+            shared_tables,
+        })?;
+        Ok(LaneDecoded {
+            symbols,
+            status: status.into_iter().map(LaneStatus::from_code).collect(),
+            blocks: self.blocks.clone(),
+        })
+    }
+}
+
+/// The output of a lane-decode launch.
+#[derive(Clone, Debug)]
+pub struct LaneDecoded {
+    symbols: Vec<u8>,
+    status: Vec<LaneStatus>,
+    blocks: Vec<LaneBlock>,
+}
+
+impl LaneDecoded {
+    /// Block `b`'s decoded symbols (empty for a block whose range was out of the batch). A lane
+    /// that stopped early leaves its remaining symbols 0.
+    pub fn symbols(&self, b: usize) -> &[u8] {
+        let Some(blk) = self.blocks.get(b) else {
+            return &[];
+        };
+        let start = usize::try_from(blk.symbol_start).unwrap_or(usize::MAX);
+        let end = start.saturating_add(blk.n_symbols as usize);
+        self.symbols.get(start..end).unwrap_or(&[])
+    }
+
+    /// Block `b`'s lane statuses.
+    pub fn status(&self, b: usize) -> &[LaneStatus] {
+        self.status.get(b * LANES..(b + 1) * LANES).unwrap_or(&[])
+    }
+
+    /// Block `b`'s outcome as codec-core's `LaneDecoder` reports it: the lowest lane whose last
+    /// word is 0 (checked before any decoding), else the lowest lane with another failure.
+    pub fn outcome(&self, b: usize) -> Result<(), LaneFailure> {
+        let status = self.status(b);
+        let failure = |(lane, &status): (usize, &LaneStatus)| LaneFailure { lane, status };
+        let zero = status
+            .iter()
+            .enumerate()
+            .find(|s| *s.1 == LaneStatus::ZeroFinalWord);
+        let first = status.iter().enumerate().find(|s| *s.1 != LaneStatus::Ok);
+        match zero.or(first) {
+            Some(f) => Err(failure(f)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A table in the kernel's packed form: per slot, the symbol (bits 0..8), its frequency (bits
+/// 8..20) and the slot's offset from the symbol's cumulative frequency (bits 20..32).
+fn packed_table(table: &FreqTable) -> Vec<u32> {
+    let mut out = Vec::with_capacity(SLOTS);
+    for (s, &f) in table.freqs().iter().enumerate() {
+        out.extend((0..u32::from(f)).map(|k| s as u32 | u32::from(f) << 8 | k << 20));
+    }
+    out
+}
+
+/// A block's distinct tables in order of first use, and each symbol's index among them;
+/// `None` beyond 65536 distinct tables.
+fn block_tables(tables: &[TableId]) -> Option<(Vec<u32>, Vec<u16>)> {
+    let mut list: Vec<u32> = Vec::new();
+    let mut slot_of = std::collections::HashMap::new();
+    let mut index = Vec::with_capacity(tables.len());
+    for t in tables {
+        let i = match slot_of.get(&t.0) {
+            Some(&i) => i,
+            None => {
+                let i = u16::try_from(list.len()).ok()?;
+                list.push(t.0);
+                slot_of.insert(t.0, i);
+                i
+            }
+        };
+        index.push(i);
+    }
+    Some((list, index))
+}
