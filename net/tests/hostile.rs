@@ -1,7 +1,8 @@
 //! A server under 32 concurrent fetches and hostile clients at the same time (garbage, a
 //! slowloris, an oversized length, a frame cut short, a wrong version): every well-formed fetch
 //! gets the whole context, bit for bit; every hostile client gets its `Error` frame (or is
-//! dropped) and the server counts it as refused.
+//! dropped) and the server counts it as refused. And a client facing a hostile or broken server
+//! (garbage, an oversized length, a dropped connection, a stall) reports it as a typed error.
 
 mod common;
 
@@ -151,4 +152,55 @@ async fn connections_over_the_cap_are_told_busy() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let opts = FetchOptions::new(Duration::from_secs(30));
     assert!(fetch(&addr, "sample", &opts).await.is_ok());
+}
+
+/// A fake server that reads the client's first frames and answers `reply` (then holds the
+/// connection open for `hold`, or closes it at once).
+async fn fake_server(reply: Vec<u8>, hold: Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 256];
+        let _ = s.read(&mut buf).await;
+        let _ = s.write_all(&reply).await;
+        tokio::time::sleep(hold).await;
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reports_a_hostile_or_broken_server() {
+    use kvc_net::client::FetchError;
+    let mut opts = FetchOptions::new(Duration::from_secs(5));
+    opts.io_timeout = Duration::from_millis(500);
+    // Garbage instead of a frame.
+    let addr = fake_server(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec(), Duration::ZERO).await;
+    let e = fetch(&addr, "x", &opts).await.unwrap_err();
+    assert!(matches!(e, FetchError::Frame(_)), "{e}");
+    assert!(e.to_string().contains("not a kvc frame"), "{e}");
+    // A head announcing more than the client accepts: refused from the head alone.
+    let mut head = Message::Bye.encode()[..frame::HEAD_LEN].to_vec();
+    head[5] = 0x81;
+    head[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+    let addr = fake_server(head, Duration::from_secs(5)).await;
+    let e = fetch(&addr, "x", &opts).await.unwrap_err();
+    assert!(e.to_string().contains("over the limit"), "{e}");
+    // The connection dropped before any reply.
+    let addr = fake_server(Vec::new(), Duration::ZERO).await;
+    let e = fetch(&addr, "x", &opts).await.unwrap_err();
+    assert!(
+        matches!(e, FetchError::Closed { .. } | FetchError::Io(_)),
+        "{e}"
+    );
+    // A stall: half a frame, then nothing.
+    let info = Message::Error {
+        code: ErrorCode::Busy,
+        message: "never finished".into(),
+    }
+    .encode();
+    let addr = fake_server(info[..12].to_vec(), Duration::from_secs(5)).await;
+    let e = fetch(&addr, "x", &opts).await.unwrap_err();
+    assert!(matches!(e, FetchError::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("within 500 ms"), "{e}");
 }
