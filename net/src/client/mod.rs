@@ -106,6 +106,19 @@ pub struct Fetched {
     pub total_s: f64,
 }
 
+impl Fetched {
+    /// Seconds from the start until the context was there as the adapter counts it (the time
+    /// the deadline is for): the last chunk's arrival, or, when a chunk came as text, the
+    /// cache whole (its recompute is part of its time; this counts the decode of coded chunks
+    /// after it too, so it errs late).
+    pub fn ready_s(&self) -> f64 {
+        match self.rows.iter().any(|r| r.choice == Choice::Text) {
+            true => self.total_s,
+            false => self.transfer_s,
+        }
+    }
+}
+
 /// Why a fetch failed.
 #[derive(Debug)]
 #[non_exhaustive]
