@@ -54,7 +54,7 @@ int main(void) {
 
     /* A profile learned from the cache (a server learns one per model, once). */
     kvc_profile *profile = NULL;
-    expect("learn a profile", kvc_profile_learn(&cache, NULL, 1, &profile), KVC_OK);
+    expect("learn a profile", kvc_profile_learn(&cache, NULL, 1, NULL, &profile), KVC_OK);
 
     kvc_encode_params params;
     kvc_encode_params_default(&params);

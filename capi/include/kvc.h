@@ -312,7 +312,10 @@ void kvc_bytes_free(kvc_bytes *bytes);
 
 // Learns a profile from `n` sample caches (one model's: the same layers, heads and head
 // dimension) with `kvc profile`'s parameters. `queries` is null or an array of `n` entries
-// (an entry with `q` null: that sample has none). Free `*out` with `kvc_profile_free`.
+// (an entry with `q` null: that sample has none). `params` is null or gives the samples'
+// rotary settings and first position (its other fields are ignored); learning rotates the
+// mean query with them, so pass those the streams will be encoded with. Free `*out` with
+// `kvc_profile_free`.
 //
 // # Safety
 //
@@ -320,6 +323,7 @@ void kvc_bytes_free(kvc_bytes *bytes);
 int32_t kvc_profile_learn(const kvc_cache *samples,
                           const kvc_queries *queries,
                           size_t n,
+                          const kvc_encode_params *params,
                           kvc_profile **out);
 
 // Reads a profile from its bytes (a `.kvcp` file, or `kvc_profile_save`'s output).

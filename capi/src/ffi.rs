@@ -831,7 +831,10 @@ pub unsafe extern "C" fn kvc_bytes_free(bytes: *mut kvc_bytes) {
 
 /// Learns a profile from `n` sample caches (one model's: the same layers, heads and head
 /// dimension) with `kvc profile`'s parameters. `queries` is null or an array of `n` entries
-/// (an entry with `q` null: that sample has none). Free `*out` with `kvc_profile_free`.
+/// (an entry with `q` null: that sample has none). `params` is null or gives the samples'
+/// rotary settings and first position (its other fields are ignored); learning rotates the
+/// mean query with them, so pass those the streams will be encoded with. Free `*out` with
+/// `kvc_profile_free`.
 ///
 /// # Safety
 ///
@@ -841,9 +844,15 @@ pub unsafe extern "C" fn kvc_profile_learn(
     samples: *const kvc_cache,
     queries: *const kvc_queries,
     n: usize,
+    params: *const kvc_encode_params,
     out: *mut *mut kvc_profile,
 ) -> i32 {
     guard(|| {
+        // SAFETY: I4 (read side): a non-null `params` points to a readable `kvc_encode_params`.
+        let meta = match unsafe { params.as_ref() } {
+            Some(p) => encode_params(p)?.1,
+            None => KvMeta::default(),
+        };
         if samples.is_null() && n > 0 {
             return Err(null("samples"));
         }
@@ -858,7 +867,7 @@ pub unsafe extern "C" fn kvc_profile_learn(
                 };
                 (samples.add(i), q)
             };
-            let kv = cache_view(c, KvMeta::default())?;
+            let kv = cache_view(c, meta.clone())?;
             let queries = queries_in(q, kv.shape)?;
             list.push(Sample { kv, queries });
         }
