@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from ._errors import ArgumentError
+from ._errors import ArgumentError, OutputError
 
 #: numpy dtypes a KV tensor may have; uint16 holds bfloat16 bits.
 KV_DTYPES = {np.dtype(np.float16): "float16", np.dtype(np.float32): "float32", np.dtype(np.uint16): "bfloat16"}
@@ -112,17 +112,17 @@ def out_layers(out, what, layers, shape, dtype):
     else:
         a = as_array(out)
         if a.ndim != 4:
-            raise ArgumentError(f"{what}: a stacked output must be [layers, tokens, heads, dim]")
+            raise OutputError(f"{what}: a stacked output must be [layers, tokens, heads, dim], got shape {a.shape}")
         arrays = [a[i] for i in range(a.shape[0])]
     if len(arrays) != layers:
-        raise ArgumentError(f"{what}: {len(arrays)} layers given, the stream has {layers}")
+        raise OutputError(f"{what}: {len(arrays)} layers given, the stream has {layers}")
     for i, a in enumerate(arrays):
         if a.dtype not in KV_DTYPES:
             raise ArgumentError(f"{what}[{i}]: dtype {a.dtype} is not float16, float32 or uint16 (bfloat16 bits)")
         if dtype is not None and a.dtype != dtype:
             raise ArgumentError(f"{what}[{i}]: dtype {a.dtype}, expected {dtype}")
         if tuple(a.shape) != tuple(shape):
-            raise ArgumentError(f"{what}[{i}]: shape {list(a.shape)}, the tokens need {list(shape)}")
+            raise OutputError(f"{what}[{i}]: shape {list(a.shape)}, the tokens need {list(shape)}")
         if not a.flags.c_contiguous or not a.flags.writeable or not a.flags.aligned:
             raise ArgumentError(f"{what}[{i}]: must be writable, aligned and C-contiguous")
     return arrays

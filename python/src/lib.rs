@@ -97,6 +97,18 @@ fn queries<'a>(
     }))
 }
 
+/// A rotary style by name (`"none"`, `"neox"`, `"gptj"`).
+fn rope_style_code(name: &str) -> Result<RopeStyle, Error> {
+    match name {
+        "none" => Ok(RopeStyle::None),
+        "neox" => Ok(RopeStyle::NeoX),
+        "gptj" => Ok(RopeStyle::GptJ),
+        _ => Err(Error::argument(format!(
+            "rope_style must be none, neox or gptj, got {name:?}"
+        ))),
+    }
+}
+
 /// A profile: the per-model tables a stream is coded with (`kvc.Profile`).
 #[pyclass(frozen, name = "Profile", module = "kvc")]
 struct PyProfile {
@@ -130,8 +142,32 @@ impl PyProfile {
     /// `kvc.Sample`): keys and values per-layer `[T, H, D]` arrays or stacked `[L, T, H, D]`,
     /// queries per-layer float32 `[n_q, q_heads, D]` recorded at tokens `q_start..`, which
     /// calibrate the steps against attention error and enable token importance.
+    ///
+    /// The rotary settings describe the samples' keys (learning rotates the mean query to where
+    /// later queries will read): pass those `kvc.encode` gets.
     #[staticmethod]
-    fn learn(py: Python<'_>, samples: Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (samples, *, rope_style="none", rope_theta=10000.0, rope_scaling=1.0,
+        k_pre_rope=false, first_position=0))]
+    fn learn(
+        py: Python<'_>,
+        samples: Bound<'_, PyAny>,
+        rope_style: &str,
+        rope_theta: f32,
+        rope_scaling: f32,
+        k_pre_rope: bool,
+        first_position: u64,
+    ) -> PyResult<Self> {
+        let style = rope_style_code(rope_style).map_err(|e| to_py(py, e))?;
+        let meta = KvMeta {
+            model_id: String::new(),
+            rope: Rope {
+                theta: rope_theta,
+                style,
+                scaling: rope_scaling,
+                k_pre_rope,
+            },
+            first_position,
+        };
         let args: Vec<SampleArgs<'_>> = py
             .import("kvc._arrays")?
             .call_method1("sample_args", (samples,))?
@@ -140,7 +176,7 @@ impl PyProfile {
             .iter()
             .map(|(k, v, shape, q, q_heads, q_start)| {
                 Ok(Sample {
-                    kv: view(k, v, *shape, KvMeta::default())?,
+                    kv: view(k, v, *shape, meta.clone())?,
                     queries: queries(q.as_deref(), *q_heads, *q_start)?,
                 })
             })
