@@ -10,7 +10,7 @@
 //!   writes during the call.
 //! - **I2** (outputs): a non-null output buffer passed with its capacity in bytes points to that
 //!   many writable bytes, which nobody else reads or writes during the call. Overlap *between*
-//!   the call's own output buffers is checked here ([`check_disjoint`]), not assumed.
+//!   the call's own output buffers is checked here (`check_disjoint`), not assumed.
 //! - **I3** (handles): a `kvc_stream*` or `kvc_profile*` is null or was returned by this library
 //!   and not yet freed; it is freed at most once, and not while another call uses it.
 //! - **I4** (out-params): a non-null out-pointer (`kvc_stream**`, `kvc_stream_info*`, ...)
@@ -18,7 +18,7 @@
 //!
 //! Everything else is checked before a slice is made: null pointers, alignment to the element
 //! type, `len * size` overflow, capacities. Each `SAFETY:` comment names the invariant it
-//! relies on. No panic unwinds into C: every function runs inside [`guard`], which turns a
+//! relies on. No panic unwinds into C: every function runs inside `guard`, which turns a
 //! panic into [`KVC_ERR_INTERNAL`] with its message.
 
 use core::ffi::{c_char, c_void};
@@ -979,6 +979,84 @@ mod tests {
             // SAFETY: a static NUL-terminated string.
             let name = unsafe { CStr::from_ptr(kvc_status_name(code)) };
             assert_eq!(name.to_str().unwrap(), kind.name());
+        }
+    }
+
+    /// Every corruption of a small stream (each byte flipped, each truncation) through the C
+    /// functions gives a status, never a caught panic (`KVC_ERR_INTERNAL`).
+    #[test]
+    fn damaged_streams_give_statuses_not_panics() {
+        let (layers, tokens, heads, dim) = (2u32, 24u32, 1u32, 8u32);
+        let n = (tokens * heads * dim) as usize;
+        let data: Vec<Vec<f32>> = (0..2 * layers as usize)
+            .map(|t| {
+                (0..n)
+                    .map(|i| ((i * 31 + t * 7) % 23) as f32 / 9.0 - 1.0)
+                    .collect()
+            })
+            .collect();
+        let ptrs: Vec<*const c_void> = data.iter().map(|d| d.as_ptr().cast()).collect();
+        let cache = kvc_cache {
+            dtype: KVC_DTYPE_F32,
+            layers,
+            tokens,
+            kv_heads: heads,
+            head_dim: dim,
+            k: ptrs[..2].as_ptr(),
+            v: ptrs[2..].as_ptr(),
+        };
+        let mut profile = core::ptr::null_mut();
+        let mut params = core::mem::MaybeUninit::uninit();
+        let mut stream = kvc_bytes {
+            data: core::ptr::null_mut(),
+            len: 0,
+        };
+        // SAFETY: every pointer is to live local storage of the right type and size (I1-I4).
+        unsafe {
+            let null = core::ptr::null();
+            let rc = kvc_profile_learn(&cache, null, 1, core::ptr::null(), &mut profile);
+            assert_eq!(rc, KVC_OK);
+            kvc_encode_params_default(params.as_mut_ptr());
+            let mut params = params.assume_init();
+            params.chunk_tokens = 10;
+            let rc = kvc_encode(&cache, null, profile, &params, &mut stream);
+            assert_eq!(rc, KVC_OK);
+        }
+        // SAFETY: `kvc_encode` filled `stream` with `len` bytes.
+        let good = unsafe { core::slice::from_raw_parts(stream.data, stream.len) }.to_vec();
+        let mut out: Vec<Vec<f32>> = vec![vec![0.0; n]; 4];
+        let outs: Vec<*mut c_void> = out.iter_mut().map(|o| o.as_mut_ptr().cast()).collect();
+        let try_bytes = |bytes: &[u8]| {
+            let mut s = core::ptr::null_mut();
+            // SAFETY: `bytes` is live; the outputs hold `n` f32 each and do not overlap.
+            unsafe {
+                let rc = kvc_stream_open(bytes.as_ptr(), bytes.len(), profile, &mut s);
+                assert_ne!(rc, KVC_ERR_INTERNAL);
+                if rc == KVC_OK {
+                    let (k, v) = (outs[..2].as_ptr(), outs[2..].as_ptr());
+                    let rc = kvc_stream_decode(s, 0, tokens, KVC_DTYPE_F32, k, v, n * 4);
+                    assert_ne!(rc, KVC_ERR_INTERNAL);
+                    for c in 0..4 {
+                        let rc = kvc_stream_decode_chunk(s, c, KVC_DTYPE_F16, k, v, n * 4);
+                        assert_ne!(rc, KVC_ERR_INTERNAL);
+                    }
+                }
+                kvc_stream_free(s);
+            }
+        };
+        try_bytes(&good);
+        for i in 0..good.len() {
+            for mask in [0x01, 0x80, 0xff] {
+                let mut bad = good.clone();
+                bad[i] ^= mask;
+                try_bytes(&bad);
+            }
+            try_bytes(&good[..i]);
+        }
+        // SAFETY: handles and bytes from this library, freed once.
+        unsafe {
+            kvc_profile_free(profile);
+            kvc_bytes_free(&mut stream);
         }
     }
 
