@@ -16,6 +16,7 @@ use kvc_capi::api::{self, Error, ErrorKind, ProfileSource};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use raw::{Array, ElemType};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The Python exception for `e`: `kvc._errors.<Kind>Error(message)` with `check` (the spec
 /// check, e.g. `"H5"`, or `None`) and `spec_class` attributes.
@@ -30,6 +31,29 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Ok(PyErr::from_value(inst))
     };
     build().unwrap_or_else(|err| err)
+}
+
+/// Runs `f` with the GIL released. A panic inside is caught here and raised as
+/// `kvc.InternalError` (pyo3 would raise its `PanicException`, which is no `KvcError`).
+fn released<T, F>(py: Python<'_>, f: F) -> PyResult<T>
+where
+    F: FnOnce() -> Result<T, Error> + Send,
+    T: Send,
+{
+    py.detach(|| {
+        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown payload".into());
+            Err(Error::new(
+                ErrorKind::Internal,
+                format!("internal error (panic): {what}"),
+            ))
+        })
+    })
+    .map_err(|e| to_py(py, e))
 }
 
 /// `(layers, tokens, kv_heads, head_dim)` as the Python half passes it.
@@ -130,9 +154,7 @@ impl PyProfile {
     /// Reads a profile from its bytes (a `.kvcp` file, or `save()`'s output).
     #[staticmethod]
     fn load(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
-        let inner = py
-            .detach(|| api::load_profile(data))
-            .map_err(|e| to_py(py, e))?;
+        let inner = released(py, || api::load_profile(data))?;
         Ok(PyProfile { inner })
     }
 
@@ -182,7 +204,7 @@ impl PyProfile {
             })
             .collect::<Result<Vec<_>, Error>>()
             .map_err(|e| to_py(py, e))?;
-        let inner = py.detach(|| api::learn(&list)).map_err(|e| to_py(py, e))?;
+        let inner = released(py, || api::learn(&list))?;
         Ok(PyProfile { inner })
     }
 
@@ -314,7 +336,7 @@ fn encode<'py>(
         Some(p) if embed => ProfileSource::Embedded(p),
         Some(p) => ProfileSource::Referenced(p),
     };
-    let bytes = py.detach(|| api::encode(&kv, source, &params)).map_err(e)?;
+    let bytes = released(py, || api::encode(&kv, source, &params))?;
     Ok(PyBytes::new(py, &bytes))
 }
 
@@ -352,12 +374,10 @@ impl PyStream {
     ) -> PyResult<Self> {
         let bytes = data.as_bytes();
         let prof = profile.as_ref().map(|p| &p.get().inner);
-        let (header, levels) = py
-            .detach(|| {
-                let s = api::open(bytes, prof)?;
-                Ok((s.header().clone(), s.profile().levels()))
-            })
-            .map_err(|e| to_py(py, e))?;
+        let (header, levels) = released(py, || {
+            let s = api::open(bytes, prof)?;
+            Ok((s.header().clone(), s.profile().levels()))
+        })?;
         Ok(PyStream {
             data: data.unbind(),
             profile,
@@ -473,11 +493,10 @@ impl PyStream {
         let mut vs = vs;
         let bytes = self.data.bind(py).as_bytes();
         let profile = self.profile();
-        py.detach(|| {
+        released(py, || {
             let s = api::open(bytes, profile)?;
             api::decode_into(&s, start..end, &mut ks, &mut vs)
         })
-        .map_err(e)
     }
 }
 
@@ -501,11 +520,13 @@ fn _raise(py: Python<'_>, kind: i32, message: String) -> PyResult<()> {
     Err(to_py(py, Error::new(k, message)))
 }
 
-/// Panics inside the native module; pyo3 turns the panic into an exception at the boundary
-/// (the package's tests check that a panic never takes the interpreter down).
+/// Panics inside the native module, where the codec runs: the panic is caught and raised as
+/// `kvc.InternalError` (the package's tests check that, and that the interpreter goes on).
 #[pyfunction]
-fn _panic() {
-    panic!("deliberate panic for the tests");
+fn _panic(py: Python<'_>) -> PyResult<()> {
+    released(py, || -> Result<(), Error> {
+        panic!("deliberate panic for the tests")
+    })
 }
 
 /// PQ token selection: a trained codebook (`kvc.pq.Codebook`).
@@ -514,8 +535,8 @@ struct PyCodebook {
     inner: pq_core::Codebook,
 }
 
-fn pq_err(py: Python<'_>, e: pq_core::PqError) -> PyErr {
-    to_py(py, Error::argument(e.to_string()))
+fn pq_err(e: pq_core::PqError) -> Error {
+    Error::argument(e.to_string())
 }
 
 #[pymethods]
@@ -552,9 +573,9 @@ impl PyCodebook {
         let keys = Array::of(&keys, "keys", false)
             .and_then(|a| a.f32s("keys"))
             .map_err(|e| to_py(py, e))?;
-        let inner = py
-            .detach(|| pq_core::Codebook::train(keys, dim, &params))
-            .map_err(|e| pq_err(py, e))?;
+        let inner = released(py, || {
+            pq_core::Codebook::train(keys, dim, &params).map_err(pq_err)
+        })?;
         Ok(PyCodebook { inner })
     }
 
@@ -567,9 +588,7 @@ impl PyCodebook {
         let keys = Array::of(&keys, "keys", false)
             .and_then(|a| a.f32s("keys"))
             .map_err(|e| to_py(py, e))?;
-        let codes = py
-            .detach(|| self.inner.encode(keys))
-            .map_err(|e| pq_err(py, e))?;
+        let codes = released(py, || self.inner.encode(keys).map_err(pq_err))?;
         let bytes: Vec<u8> = codes.iter().flat_map(|c| c.to_le_bytes()).collect();
         Ok(PyBytes::new(py, &bytes))
     }
@@ -593,11 +612,10 @@ impl PyCodebook {
         let query = Array::of(&query, "query", false)
             .and_then(|a| a.f32s("query"))
             .map_err(|e| to_py(py, e))?;
-        py.detach(|| {
-            let table = pq_core::score_table(query, &self.inner)?;
-            pq_core::search(codes, &table, k, n_init, n_local)
+        released(py, || {
+            let table = pq_core::score_table(query, &self.inner).map_err(pq_err)?;
+            pq_core::search(codes, &table, k, n_init, n_local).map_err(pq_err)
         })
-        .map_err(|e| pq_err(py, e))
     }
 
     /// Key dimension.
