@@ -190,7 +190,9 @@ class Stream:
         of ``dtype`` (the stream's by default: float16, float32, or uint16 for bfloat16), or
         the arrays of ``out = (keys_out, values_out)``, written in place: each a stacked array
         or a per-layer list, writable and C-contiguous, of any KV dtype (values are rounded
-        into it). The GIL is released while decoding.
+        into it). The GIL is released while decoding: several threads may decode one Stream at
+        once, each into its own arrays (no other thread may use the ``out`` arrays meanwhile,
+        as with numpy's own functions).
         """
         s = self._s
         if chunk is not None:

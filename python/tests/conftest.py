@@ -79,3 +79,17 @@ def small():
     k = (base + 0.3 * rng.standard_normal((3, 100, 2, 16))).astype(np.float16)
     v = (0.5 * rng.standard_normal((3, 100, 2, 16))).astype(np.float16)
     return k, v
+
+
+def write_safetensors(path, tensors, metadata):
+    """Writes numpy arrays (uint16 as BF16) and string metadata as a safetensors file."""
+    names = {np.dtype(np.float16): "F16", np.dtype(np.uint16): "BF16", np.dtype(np.float32): "F32"}
+    header, offset, blobs = {"__metadata__": metadata}, 0, []
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))

@@ -254,6 +254,17 @@ def test_repeated_decodes_do_not_grow_memory(dump):
     gc.collect()
     grown = _rss_bytes() - before
     assert grown < 4 << 20, f"RSS grew by {grown} bytes over 300 decodes"
+    # Encodes likewise (referenced profile, the server's steady state).
+    p = kvc.Profile.learn([(dump.keys[:8], dump.values[:8])])
+    for _ in range(5):
+        kvc.encode(dump.keys[:8], dump.values[:8], profile=p)
+    gc.collect()
+    before = _rss_bytes()
+    for _ in range(60):
+        kvc.encode(dump.keys[:8], dump.values[:8], profile=p)
+    gc.collect()
+    grown = _rss_bytes() - before
+    assert grown < 4 << 20, f"RSS grew by {grown} bytes over 60 encodes"
 
 
 # -- the same bytes as the command ---------------------------------------------------------
@@ -285,6 +296,21 @@ def test_referenced_stream_and_profile_are_the_cli_ones(dump, kvc_cli, tmp_path)
     k, v = kvc.decode(ours, profile=p)
     for i in range(dump.layers):
         assert np.array_equal(tensors[f"k.{i}"], k[i]) and np.array_equal(tensors[f"v.{i}"], v[i])
+
+
+def test_bf16_and_f32_streams_are_the_cli_streams(dump, kvc_cli, tmp_path):
+    from conftest import write_safetensors
+
+    f32 = [k.astype(np.float32) for k in dump.keys[:4]], [v.astype(np.float32) for v in dump.values[:4]]
+    bf16 = [[(x.view(np.uint32) >> 16).astype(np.uint16) for x in t] for t in f32]  # truncated
+    for name, (keys, values) in {"f32": f32, "bf16": bf16}.items():
+        src, out = tmp_path / f"{name}.safetensors", tmp_path / f"{name}.kvc"
+        tensors = {f"{t}.{i}": a for t, arrays in (("k", keys), ("v", values)) for i, a in enumerate(arrays)}
+        write_safetensors(src, tensors, {"model": "m", "rope_style": "gptj", "rope_theta": "5000.0"})
+        subprocess.run([str(kvc_cli), "encode", str(src), str(out), "--chunk-tokens", "128"], check=True, capture_output=True)
+        ours = kvc.encode(keys, values, chunk_tokens=128, model_id="m", rope_style="gptj", rope_theta=5000.0)
+        assert ours == out.read_bytes(), name
+        assert kvc.Stream(ours).dtype == {"f32": "float32", "bf16": "bfloat16"}[name]
 
 
 def dump_path():
