@@ -201,8 +201,6 @@ typedef struct {
   size_t len;
 } kvc_bytes;
 
-
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

@@ -1,4 +1,4 @@
-//! The C ABI: `extern "C"` functions over [`crate::api`], the crate's only unsafe code.
+//! The C ABI: `extern "C"` functions over `kvc_bind`, the crate's only unsafe code.
 //!
 //! # Invariants
 //!
@@ -32,7 +32,7 @@ use codec_core::{
 };
 use half::{bf16, f16};
 
-use crate::api::{self, Error, ErrorKind, ProfileSource};
+use kvc_bind::{self as api, Error, ErrorKind, ProfileSource};
 
 /// Success.
 pub const KVC_OK: i32 = 0;

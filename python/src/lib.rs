@@ -12,7 +12,7 @@ use codec_core::{
     Dtype, EncodeParams, Header, KvMeta, KvShape, KvView, Profile, Queries, Rope, RopeStyle,
     Sample, TensorRef,
 };
-use kvc_capi::api::{self, Error, ErrorKind, ProfileSource};
+use kvc_bind::{self as api, Error, ErrorKind, ProfileSource};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use raw::{Array, ElemType};

@@ -19,7 +19,7 @@
 
 use codec_core::{Dtype, TensorMut, TensorRef};
 use half::{bf16, f16};
-use kvc_capi::api::Error;
+use kvc_bind::Error;
 use pyo3::prelude::*;
 
 /// An array's memory as described by its `__array_interface__`, checked (A1).

@@ -1,9 +1,15 @@
-//! The safe layer the bindings share: error kinds with stable codes, the encode policies of the
-//! `kvc` command (a profile learned from the cache and embedded with only the levels used, or a
-//! given profile referenced or embedded), and decoding into the caller's buffers.
+//! # kvc-bind
 //!
-//! The C ABI (`ffi`) and the Python package (`python/`) both call these functions, so a stream
-//! written through either is the stream `kvc encode` writes from the same cache and parameters.
+//! What kvc's bindings share: error kinds with stable codes, the encode policies of the `kvc`
+//! command (a profile learned from the cache and embedded with only the levels used, or a given
+//! profile referenced or embedded), and decoding into the caller's buffers.
+//!
+//! The C ABI (`capi/`) and the Python package (`python/`) both call these functions, so a
+//! stream written through either is the stream `kvc encode` writes from the same cache and
+//! parameters. A crate of its own (no unsafe code, rlib only) so that building one binding
+//! never rebuilds the other's libraries.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use core::fmt;
 use core::ops::Range;
