@@ -76,3 +76,29 @@ fn c_example_is_clean_under_asan() {
         &["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"],
     );
 }
+
+/// The header is valid C99 (pedantic) and C++ on its own.
+#[test]
+fn header_compiles_as_c99_and_cpp() {
+    let header = Path::new(env!("CARGO_MANIFEST_DIR")).join("include/kvc.h");
+    for (compiler, lang, std) in [("cc", "c", "-std=c99"), ("c++", "c++", "-std=c++11")] {
+        let status = Command::new(compiler)
+            .args([
+                "-fsyntax-only",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+                std,
+                "-x",
+                lang,
+            ])
+            .arg(&header)
+            .status()
+            .expect("run the C/C++ compiler");
+        assert!(
+            status.success(),
+            "include/kvc.h does not compile as {lang} ({std})"
+        );
+    }
+}
