@@ -1060,6 +1060,97 @@ mod tests {
         }
     }
 
+    /// One handle decoded from four threads at once gives every thread the same values, and
+    /// each thread its own last error.
+    #[test]
+    fn a_stream_decodes_from_several_threads() {
+        let (layers, tokens, heads, dim) = (3u32, 64u32, 2u32, 8u32);
+        let n = (tokens * heads * dim) as usize;
+        let data: Vec<Vec<f32>> = (0..2 * layers as usize)
+            .map(|t| {
+                (0..n)
+                    .map(|i| ((i * 13 + t * 5) % 29) as f32 / 11.0 - 1.0)
+                    .collect()
+            })
+            .collect();
+        let ptrs: Vec<*const c_void> = data.iter().map(|d| d.as_ptr().cast()).collect();
+        let cache = kvc_cache {
+            dtype: KVC_DTYPE_F32,
+            layers,
+            tokens,
+            kv_heads: heads,
+            head_dim: dim,
+            k: ptrs[..3].as_ptr(),
+            v: ptrs[3..].as_ptr(),
+        };
+        let mut stream = kvc_bytes {
+            data: core::ptr::null_mut(),
+            len: 0,
+        };
+        let mut s = core::ptr::null_mut();
+        // SAFETY: live local storage of the right types and sizes (I1-I4).
+        unsafe {
+            assert_eq!(
+                kvc_encode(
+                    &cache,
+                    core::ptr::null(),
+                    core::ptr::null(),
+                    core::ptr::null(),
+                    &mut stream
+                ),
+                KVC_OK
+            );
+            assert_eq!(
+                kvc_stream_open(stream.data, stream.len, core::ptr::null(), &mut s),
+                KVC_OK
+            );
+        }
+        let handle = s as usize;
+        let decode = move || {
+            let mut out: Vec<Vec<f32>> = vec![vec![0.0; n]; 6];
+            let outs: Vec<*mut c_void> = out.iter_mut().map(|o| o.as_mut_ptr().cast()).collect();
+            let s = handle as *const kvc_stream;
+            // SAFETY: the handle lives until every thread is joined; outputs are this thread's.
+            let rc = unsafe {
+                kvc_stream_decode(
+                    s,
+                    0,
+                    tokens,
+                    KVC_DTYPE_F32,
+                    outs[..3].as_ptr(),
+                    outs[3..].as_ptr(),
+                    n * 4,
+                )
+            };
+            assert_eq!(rc, KVC_OK);
+            // SAFETY: as above; chunk 7 does not exist, the error is this thread's.
+            let rc = unsafe {
+                kvc_stream_decode_chunk(
+                    s,
+                    7,
+                    KVC_DTYPE_F32,
+                    outs[..3].as_ptr(),
+                    outs[3..].as_ptr(),
+                    n * 4,
+                )
+            };
+            assert_eq!(rc, KVC_ERR_OUT_OF_RANGE);
+            out
+        };
+        let want = decode();
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(move || (0..10).map(|_| decode()).collect::<Vec<_>>()))
+            .collect();
+        for t in threads {
+            assert!(t.join().unwrap().iter().all(|got| *got == want));
+        }
+        // SAFETY: every thread is joined; handle and bytes freed once.
+        unsafe {
+            kvc_stream_free(s);
+            kvc_bytes_free(&mut stream);
+        }
+    }
+
     #[test]
     fn overlapping_outputs_are_refused() {
         let mut buf = [0u16; 16];
