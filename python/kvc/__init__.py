@@ -1,0 +1,232 @@
+"""kvc: a compact, checksummed, documented codec for LLM KV caches.
+
+Encode a cache (per layer K and V ``[tokens, kv_heads, head_dim]``, float16, float32 or
+bfloat16 as uint16 bits) into a stream, and decode it back, into new arrays or into the
+caller's own (a server's KV pages)::
+
+    import kvc
+    data = kvc.encode(keys, values, level=7)            # profile learned and embedded
+    k, v = kvc.decode(data)                              # [L, T, H, D] arrays
+    kvc.decode(data, out=(k_pages, v_pages))             # into preallocated arrays
+
+The stream is the one ``kvc encode`` writes from the same cache and parameters, byte for byte.
+Encoding and decoding release the GIL. Every error is a :class:`KvcError` subclass.
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+from . import _arrays, pq
+from ._errors import (
+    ArgumentError,
+    ChunkError,
+    EncodeError,
+    HeaderError,
+    InternalError,
+    KvcError,
+    OutOfRangeError,
+    OutputError,
+    ProfileError,
+    ProfileMismatchError,
+)
+from ._native import Profile
+from ._native import _Stream
+from ._native import encode as _encode
+
+__all__ = [
+    "encode",
+    "decode",
+    "Stream",
+    "Profile",
+    "Sample",
+    "KvcError",
+    "ArgumentError",
+    "HeaderError",
+    "ProfileError",
+    "ProfileMismatchError",
+    "ChunkError",
+    "OutputError",
+    "OutOfRangeError",
+    "EncodeError",
+    "InternalError",
+    "pq",
+]
+
+__version__ = "0.1.0"
+
+#: One profile-learning sample: keys and values (per-layer ``[T, H, D]`` or stacked), and
+#: optionally float32 queries ``[n_q, q_heads, D]`` per layer recorded at tokens ``q_start..``.
+Sample = namedtuple("Sample", ["keys", "values", "queries", "q_start"], defaults=[None, 0])
+
+_ROPE_STYLES = {"none": 0, "neox": 1, "gptj": 2}
+
+DEFAULT_LEVEL = 7
+DEFAULT_CHUNK_TOKENS = 1536
+
+
+def encode(
+    keys,
+    values,
+    *,
+    level=DEFAULT_LEVEL,
+    levels=None,
+    profile=None,
+    embed_profile=False,
+    chunk_tokens=DEFAULT_CHUNK_TOKENS,
+    group=10,
+    sink=1,
+    uniform_steps=False,
+    queries=None,
+    q_start=0,
+    model_id="",
+    rope_style="none",
+    rope_theta=10000.0,
+    rope_scaling=1.0,
+    k_pre_rope=False,
+    first_position=0,
+):
+    """Encode a KV cache into a kvc stream (``bytes``).
+
+    ``keys`` and ``values``: per-layer lists of ``[tokens, kv_heads, head_dim]`` arrays or one
+    stacked ``[layers, tokens, kv_heads, head_dim]`` array each; numpy float16, float32, or
+    uint16 holding bfloat16 bits; torch CPU tensors and other ``__dlpack__`` objects are taken
+    without a copy where their layout is contiguous.
+
+    ``level`` (0 finest .. 11 coarsest; 7 by default) applies to every chunk, or ``levels``
+    gives one per chunk of ``chunk_tokens`` tokens. Without ``profile`` a profile is learned
+    from the cache itself (with ``queries``/``q_start`` if given, as ``kvc encode`` does from a
+    dump with queries) and embedded, keeping only the levels used; with a :class:`Profile`,
+    the stream references it by hash (the reader needs it too) unless ``embed_profile``.
+    ``group``, ``sink``, ``uniform_steps`` are ``kvc encode``'s ``--group``, ``--sink``,
+    ``--uniform-steps``; ``model_id``, ``rope_*``, ``k_pre_rope``, ``first_position`` travel in
+    the header.
+
+    Raises :class:`ArgumentError` for unusable arrays and :class:`EncodeError` for values or
+    parameters the codec refuses (NaN, a level the profile lacks, ...).
+    """
+    k, v, shape = _arrays.cache_args(keys, values)
+    q, q_heads, q_start = _arrays.query_args(queries, shape[0], q_start)
+    if rope_style not in _ROPE_STYLES:
+        raise ArgumentError(f"rope_style must be one of {sorted(_ROPE_STYLES)}, got {rope_style!r}")
+    if levels is None:
+        levels = [level]
+    try:
+        levels = [int(x) for x in levels]
+        if any(not 0 <= x < 256 for x in levels):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ArgumentError(f"levels must be integers in 0..=255, got {levels!r}") from None
+    if profile is not None and not isinstance(profile, Profile):
+        raise ArgumentError(f"profile must be a kvc.Profile, got {type(profile).__name__}")
+    return _encode(
+        k,
+        v,
+        shape,
+        profile=profile,
+        embed=bool(embed_profile),
+        queries=q,
+        q_heads=q_heads,
+        q_start=q_start,
+        levels=levels,
+        chunk_tokens=int(chunk_tokens),
+        group=int(group),
+        sink=int(sink),
+        uniform_steps=bool(uniform_steps),
+        model_id=str(model_id),
+        rope_style=_ROPE_STYLES[rope_style],
+        rope_theta=float(rope_theta),
+        rope_scaling=float(rope_scaling),
+        k_pre_rope=bool(k_pre_rope),
+        first_position=int(first_position),
+    )
+
+
+def _as_bytes(data):
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise ArgumentError(f"a stream is bytes, bytearray or memoryview, got {type(data).__name__}")
+
+
+class Stream:
+    """A kvc stream, opened: its header checked and its profile resolved (the embedded one, or
+    ``profile`` for a stream that references one). Chunks are checked as they are decoded.
+
+    Header fields are attributes (``layers``, ``tokens``, ``kv_heads``, ``head_dim``,
+    ``dtype``, ``chunk_tokens``, ``chunks`` as ``(token_start, tokens, level, len_bytes)``
+    tuples, ``levels``, ``model_id``, ``rope``, ``profile_hash``, ...). A Stream may be decoded
+    from several threads at once.
+    """
+
+    def __init__(self, data, profile=None):
+        if profile is not None and not isinstance(profile, Profile):
+            raise ArgumentError(f"profile must be a kvc.Profile, got {type(profile).__name__}")
+        self._s = _Stream(_as_bytes(data), profile)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def __repr__(self):
+        s = self._s
+        return (
+            f"kvc.Stream({s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} dims, "
+            f"{s.tokens} tokens, {s.dtype}, {len(s.chunks)} chunks, {s.nbytes} bytes)"
+        )
+
+    def token_range(self, chunk):
+        """The tokens ``(start, end)`` of chunk ``chunk``."""
+        chunks = self._s.chunks
+        if not 0 <= chunk < len(chunks):
+            raise OutOfRangeError(f"chunk {chunk} is outside the stream ({len(chunks)} chunks)")
+        start, n, _, _ = chunks[chunk]
+        return start, start + n
+
+    def decode(self, *, tokens=None, chunk=None, out=None, dtype=None):
+        """Decode the whole stream, the tokens ``tokens = (start, end)``, or chunk ``chunk``.
+
+        Returns ``(keys, values)``: new stacked ``[layers, tokens, kv_heads, head_dim]`` arrays
+        of ``dtype`` (the stream's by default: float16, float32, or uint16 for bfloat16), or
+        the arrays of ``out = (keys_out, values_out)``, written in place: each a stacked array
+        or a per-layer list, writable and C-contiguous, of any KV dtype (values are rounded
+        into it). The GIL is released while decoding: several threads may decode one Stream at
+        once, each into its own arrays (no other thread may use the ``out`` arrays meanwhile,
+        as with numpy's own functions).
+        """
+        s = self._s
+        if chunk is not None:
+            if tokens is not None:
+                raise ArgumentError("give tokens or chunk, not both")
+            start, end = self.token_range(chunk)
+        elif tokens is None:
+            start, end = 0, s.tokens
+        else:
+            start, end = (tokens.start, tokens.stop) if isinstance(tokens, range) else tokens
+            start, end = int(start), int(end)
+            if not 0 <= start <= end <= s.tokens:
+                raise OutOfRangeError(f"tokens {start}..{end} are outside the stream's 0..{s.tokens}")
+        shape = (end - start, s.kv_heads, s.head_dim)
+        if out is None:
+            d = _arrays.numpy_dtype(dtype if dtype is not None else s.dtype)
+            keys = np.empty((s.layers,) + shape, dtype=d)
+            values = np.empty((s.layers,) + shape, dtype=d)
+            k, v = list(keys), list(values)
+        else:
+            try:
+                keys, values = out
+            except (TypeError, ValueError):
+                raise ArgumentError("out must be a pair (keys_out, values_out)") from None
+            d = None if dtype is None else _arrays.numpy_dtype(dtype)
+            k = _arrays.out_layers(keys, "out keys", s.layers, shape, d)
+            v = _arrays.out_layers(values, "out values", s.layers, shape, d)
+        s.decode_into(start, end, k, v)
+        return keys, values
+
+
+def decode(data, *, profile=None, out=None, dtype=None, tokens=None):
+    """Decode a stream: ``Stream(data, profile).decode(out=out, dtype=dtype, tokens=tokens)``.
+
+    Returns ``(keys, values)``, new stacked ``[L, T, H, D]`` arrays or the ``out`` arrays.
+    """
+    return Stream(data, profile).decode(out=out, dtype=dtype, tokens=tokens)

@@ -1,0 +1,128 @@
+"""Turning what callers pass (numpy arrays, per-layer lists, stacked arrays, DLPack tensors)
+into the contiguous per-layer numpy arrays the native module reads without copying."""
+
+import sys
+
+import numpy as np
+
+from ._errors import ArgumentError, OutputError
+
+#: numpy dtypes a KV tensor may have; uint16 holds bfloat16 bits.
+KV_DTYPES = {np.dtype(np.float16): "float16", np.dtype(np.float32): "float32", np.dtype(np.uint16): "bfloat16"}
+_NUMPY_DTYPE = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
+
+
+def numpy_dtype(name):
+    """The numpy dtype a decoded tensor of ``name`` ("float16", "bfloat16", "float32") has."""
+    if isinstance(name, str) and name in _NUMPY_DTYPE:
+        return np.dtype(_NUMPY_DTYPE[name])
+    d = np.dtype(name)
+    if d not in KV_DTYPES:
+        raise ArgumentError(f"dtype {d} is not float16, float32 or uint16 (bfloat16 bits)")
+    return d
+
+
+def as_array(obj):
+    """A numpy array sharing ``obj``'s memory where possible: numpy arrays as they are, torch
+    CPU tensors through ``.numpy()`` (bfloat16 as its uint16 bits), other objects with
+    ``__dlpack__`` through ``numpy.from_dlpack``, anything else through ``numpy.asarray``."""
+    if isinstance(obj, np.ndarray):
+        a = obj
+    elif type(obj).__module__.startswith("torch") and hasattr(obj, "numpy"):
+        torch = sys.modules["torch"]
+        if obj.dtype == torch.bfloat16:
+            a = obj.detach().view(torch.int16).numpy().view(np.uint16)
+        else:
+            a = obj.detach().numpy()
+    elif hasattr(obj, "__dlpack__"):
+        a = np.from_dlpack(obj)
+    else:
+        a = np.asarray(obj)
+    if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16
+        a = a.view(np.uint16)
+    return a
+
+
+def kv_layers(x, what):
+    """Per-layer ``[T, H, D]`` arrays from a list of them or one stacked ``[L, T, H, D]``
+    array, contiguous (copied only if they are not)."""
+    if isinstance(x, (list, tuple)):
+        layers = [as_array(t) for t in x]
+    else:
+        a = as_array(x)
+        if a.ndim != 4:
+            raise ArgumentError(f"{what}: a stacked array must be [layers, tokens, heads, dim], got shape {a.shape}")
+        layers = [a[i] for i in range(a.shape[0])]
+    if not layers:
+        raise ArgumentError(f"{what}: no layers")
+    first = layers[0]
+    for i, t in enumerate(layers):
+        if t.ndim != 3:
+            raise ArgumentError(f"{what}[{i}]: must be [tokens, heads, dim], got shape {t.shape}")
+        if t.shape != first.shape or t.dtype != first.dtype:
+            raise ArgumentError(f"{what}[{i}]: {t.dtype}{list(t.shape)} differs from layer 0's {first.dtype}{list(first.shape)}")
+        if t.dtype not in KV_DTYPES:
+            raise ArgumentError(f"{what}[{i}]: dtype {t.dtype} is not float16, float32 or uint16 (bfloat16 bits)")
+    return [np.require(t, requirements="CA") for t in layers]
+
+
+def cache_args(keys, values):
+    """``(k, v, (L, T, H, D))`` for the native module."""
+    k = kv_layers(keys, "keys")
+    v = kv_layers(values, "values")
+    if len(k) != len(v) or k[0].shape != v[0].shape or k[0].dtype != v[0].dtype:
+        raise ArgumentError(
+            f"keys ({len(k)} x {k[0].dtype}{list(k[0].shape)}) and values "
+            f"({len(v)} x {v[0].dtype}{list(v[0].shape)}) differ"
+        )
+    t, h, d = k[0].shape
+    return k, v, (len(k), t, h, d)
+
+
+def query_args(queries, layers, q_start):
+    """``(q, q_heads, q_start)``: per-layer float32 ``[n_q, q_heads, D]`` queries."""
+    if queries is None:
+        return None, 0, 0
+    q = kv_layers(queries, "queries") if not isinstance(queries, (list, tuple)) else [as_array(x) for x in queries]
+    q = [np.require(x, dtype=np.float32, requirements="CA") for x in q]
+    if len(q) != layers or any(x.ndim != 3 or x.shape != q[0].shape for x in q):
+        raise ArgumentError(f"queries: need {layers} layers of [n_q, q_heads, head_dim]")
+    return q, q[0].shape[1], int(q_start)
+
+
+def sample_args(samples):
+    """Native arguments for ``Profile.learn``: each sample is ``(keys, values)`` or
+    ``(keys, values, queries, q_start)``, or a :class:`kvc.Sample`."""
+    out = []
+    for s in samples:
+        keys, values, *rest = s
+        queries = rest[0] if rest else None
+        q_start = rest[1] if len(rest) > 1 else 0
+        k, v, shape = cache_args(keys, values)
+        q, q_heads, q_start = query_args(queries, shape[0], q_start)
+        out.append((k, v, shape, q, q_heads, q_start))
+    return out
+
+
+def out_layers(out, what, layers, shape, dtype):
+    """The caller's output arrays as per-layer ``[T, H, D]`` arrays, written in place: a list of
+    them or one stacked ``[L, T, H, D]`` array, writable and C-contiguous (never copied)."""
+    if isinstance(out, (list, tuple)):
+        arrays = [as_array(t) for t in out]
+    else:
+        a = as_array(out)
+        if a.ndim != 4:
+            raise OutputError(f"{what}: a stacked output must be [layers, tokens, heads, dim], got shape {a.shape}")
+        arrays = [a[i] for i in range(a.shape[0])]
+    if len(arrays) != layers:
+        raise OutputError(f"{what}: {len(arrays)} layers given, the stream has {layers}")
+    for i, a in enumerate(arrays):
+        if a.dtype not in KV_DTYPES:
+            raise ArgumentError(f"{what}[{i}]: dtype {a.dtype} is not float16, float32 or uint16 (bfloat16 bits)")
+        if dtype is not None and a.dtype != dtype:
+            raise ArgumentError(f"{what}[{i}]: dtype {a.dtype}, expected {dtype}")
+        if tuple(a.shape) != tuple(shape):
+            raise OutputError(f"{what}[{i}]: shape {list(a.shape)}, the tokens need {list(shape)}")
+        if not a.flags.c_contiguous or not a.flags.writeable or not a.flags.aligned:
+            raise ArgumentError(f"{what}[{i}]: must be writable, aligned and C-contiguous")
+    return arrays

@@ -1,0 +1,64 @@
+"""PQCache-style token selection: train a codebook on a head's keys, code them in 12 bits,
+and pick the tokens a query should attend to from the codes alone.
+
+    cb = kvc.pq.Codebook.train(keys)            # keys [T, D] float32 of one (layer, KV head)
+    codes = cb.encode(keys)                     # uint16 [T, m]
+    idx = kvc.pq.select(cb, codes, query, k=T // 5)
+"""
+
+import numpy as np
+
+from . import _native
+from ._arrays import as_array
+from ._errors import ArgumentError
+
+__all__ = ["Codebook", "select"]
+
+
+def _keys(keys):
+    a = np.require(as_array(keys), dtype=np.float32, requirements="CA")
+    if a.ndim != 2:
+        raise ArgumentError(f"keys must be [tokens, dim], got shape {a.shape}")
+    return a
+
+
+class Codebook:
+    """A trained codebook: residual quantization ("rq", kvc's default: 2 stages of 6 bits) or
+    PQCache's product quantization ("pq")."""
+
+    def __init__(self, native):
+        self._c = native
+
+    @classmethod
+    def train(cls, keys, *, method="rq", m=2, bits=6, max_iters=None, seed=0):
+        """Train on keys ``[tokens, dim]`` (converted to float32)."""
+        a = _keys(keys)
+        return cls(_native.Codebook.train(a, a.shape[1], method, m, bits, max_iters, seed))
+
+    @property
+    def dim(self):
+        return self._c.dim
+
+    @property
+    def m(self):
+        return self._c.m
+
+    @property
+    def bits(self):
+        return self._c.bits
+
+    def encode(self, keys):
+        """Codes of keys ``[tokens, dim]``: uint16 ``[tokens, m]``."""
+        a = _keys(keys)
+        return np.frombuffer(self._c.encode(a), dtype="<u2").reshape(a.shape[0], self.m)
+
+    def __repr__(self):
+        return f"kvc.pq.Codebook(dim={self.dim}, m={self.m}, bits={self.bits})"
+
+
+def select(codebook, codes, query, k, *, n_init=4, n_local=64):
+    """Indices (ascending, uint32) of the tokens ``query`` should attend to: the first
+    ``n_init``, the last ``n_local``, and the ``k`` others whose codes score highest."""
+    c = np.require(as_array(codes), dtype=np.uint16, requirements="CA")
+    q = np.require(as_array(query), dtype=np.float32, requirements="CA").reshape(-1)
+    return np.asarray(codebook._c.select(c, q, int(k), int(n_init), int(n_local)), dtype=np.uint32)

@@ -1,0 +1,19 @@
+from typing import Any, Optional
+
+import numpy as np
+
+class Codebook:
+    @classmethod
+    def train(
+        cls, keys: Any, *, method: str = "rq", m: int = 2, bits: int = 6,
+        max_iters: Optional[int] = None, seed: int = 0,
+    ) -> Codebook: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def m(self) -> int: ...
+    @property
+    def bits(self) -> int: ...
+    def encode(self, keys: Any) -> np.ndarray: ...
+
+def select(codebook: Codebook, codes: Any, query: Any, k: int, *, n_init: int = 4, n_local: int = 64) -> np.ndarray: ...
