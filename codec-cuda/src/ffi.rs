@@ -16,15 +16,15 @@
 //!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
 //!    block's ranges against the counts before use (`kvc_block_range_ok`, `kvc_block_tables_ok`
 //!    and a symbol's table index against its block's table count in the lane decode;
-//!    `kvc_dequant_block_ok` in the dequantization), so any *content* of the inputs is
-//!    memory-safe; only the counts must be right, and [`host_lane_decode`] and
-//!    [`host_dequant_f16`] derive them from the slices. In the lane decode, `symbols` and
+//!    `kvc_dequant_block_ok` and, per row of a paged output, `kvc_dequant_pages_ok` in the
+//!    dequantization), so any *content* of the inputs is memory-safe; only the counts must be
+//!    right, and [`host_lane_decode`] and [`host_dequant`] derive them from the slices. In the lane decode, `symbols` and
 //!    `symbol_table` have the same length and `status` holds 32 entries per block; in the
 //!    dequantization, `status` holds one entry per block.
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
 //!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
-//!    threads and no shared memory.
+//!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
 //!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
@@ -40,7 +40,7 @@ use std::sync::Mutex;
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::error::CudaError;
-use crate::quant::{ChannelConsts, DequantBlock};
+use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
 use crate::rans::LaneBlock;
 
 /// Lanes per coded block (`KVC_LANES`).
@@ -82,9 +82,16 @@ extern "C" {
         block: u32,
         shared_bytes: u64,
     ) -> c_int;
+    fn kvc_dequant_bf16_host(
+        args: *const DequantArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     #[cfg(test)]
     fn kvc_dequant_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_f32_to_f16_host(x: f32) -> u16;
+    fn kvc_f32_to_bf16_host(x: f32) -> u16;
 }
 
 /// `KvcDequantArgs` (invariant 1).
@@ -101,15 +108,21 @@ struct DequantArgsC {
     n_consts: u64,
     out: *mut u16,
     n_out: u64,
+    pages: *const u32,
+    n_pages: u64,
     blocks: *const DequantBlock,
     status: *mut u32,
     n_blocks: u64,
     heads: u32,
     head_dim: u32,
+    page_size: u32,
+    reserved: u32,
 }
 
 /// Threads per block of the dequantization kernel.
 pub(crate) const DEQUANT_THREADS: u32 = 128;
+/// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`).
+pub(crate) const DEQUANT_SHARED_BYTES: u32 = 4;
 
 /// The buffers of one dequantization launch.
 #[derive(Debug)]
@@ -123,10 +136,14 @@ pub(crate) struct DequantIo<'a> {
     pub status: &'a mut [u32],
     pub heads: u32,
     pub head_dim: u32,
+    pub pages: &'a [u32],
+    pub page_size: u32,
+    pub dtype: OutDtype,
 }
 
-/// Runs `kvc_dequant_f16` on the host: one block per entry of `io.blocks`.
-pub(crate) fn host_dequant_f16(io: DequantIo<'_>) -> Result<(), CudaError> {
+/// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
+/// `io.blocks`.
+pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
     let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
         what: "more than 2^32 - 1 blocks in one launch",
     })?;
@@ -146,21 +163,36 @@ pub(crate) fn host_dequant_f16(io: DequantIo<'_>) -> Result<(), CudaError> {
         n_consts: io.consts.len() as u64,
         out: io.out.as_mut_ptr(),
         n_out: io.out.len() as u64,
+        pages: io.pages.as_ptr(),
+        n_pages: io.pages.len() as u64,
         blocks: io.blocks.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
         heads: io.heads,
         head_dim: io.head_dim,
+        page_size: io.page_size,
+        reserved: 0,
     };
+    let run = match io.dtype {
+        OutDtype::F16 => kvc_dequant_f16_host,
+        OutDtype::Bf16 => kvc_dequant_bf16_host,
+    };
+    let shared = u64::from(DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
     // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { kvc_dequant_f16_host(&args, grid, DEQUANT_THREADS, 0) };
+    let rc = unsafe { run(&args, grid, DEQUANT_THREADS, shared) };
     match rc {
         0 => Ok(()),
         _ => Err(CudaError::HostRun {
-            entry: "kvc_dequant_f16",
+            entry: io.dtype.entry(),
         }),
     }
+}
+
+/// The dequantization kernel's f32 to bf16 narrowing.
+pub(crate) fn kernel_f32_to_bf16(x: f32) -> u16 {
+    // SAFETY: a pure function of its argument.
+    unsafe { kvc_f32_to_bf16_host(x) }
 }
 
 /// The dequantization kernel's f32 to f16 narrowing.
@@ -533,6 +565,8 @@ fn rust_dequant_layout() -> Vec<u64> {
         offset_of!(B, sink_rows),
         offset_of!(B, group),
         offset_of!(B, has_exps),
+        offset_of!(B, token_start),
+        offset_of!(B, page_start),
         size_of::<A>(),
         offset_of!(A, q),
         offset_of!(A, n_q),
@@ -544,11 +578,14 @@ fn rust_dequant_layout() -> Vec<u64> {
         offset_of!(A, n_consts),
         offset_of!(A, out),
         offset_of!(A, n_out),
+        offset_of!(A, pages),
+        offset_of!(A, n_pages),
         offset_of!(A, blocks),
         offset_of!(A, status),
         offset_of!(A, n_blocks),
         offset_of!(A, heads),
         offset_of!(A, head_dim),
+        offset_of!(A, page_size),
     ]
     .map(|x| x as u64)
     .to_vec()

@@ -10,14 +10,18 @@
 //! and the tests compare their output with codec-core's, bit for bit, without a GPU.
 //!
 //! - [`rans`]: the rANS lane decode kernel's batches ([`rans::LaneBatch`]).
-//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 `[T, H, D]`.
+//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 or bf16,
+//!   dense `[T, H, D]` or paged as vLLM keeps its cache.
 //! - [`stream`]: a stream's chunks as lane-decode batches (exponents, then every symbol), their
 //!   symbol values (escapes) and dequantization blocks.
+//! - [`decode`]: a batch of chunks of one or several streams decoded by three launches into
+//!   one output ([`decode::DecodePlan`]).
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device, or the error saying why there is none.
 //!
 //! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
 
+pub mod decode;
 mod error;
 mod ffi;
 mod gpu;

@@ -35,7 +35,7 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "dequant.cu",
         source: include_str!("../kernels/dequant.cu"),
-        entries: &["kvc_dequant_f16"],
+        entries: &["kvc_dequant_f16", "kvc_dequant_bf16"],
         decode: true,
     },
     KernelSource {
