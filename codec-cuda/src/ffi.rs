@@ -8,9 +8,11 @@
 //! 1. **Mirrored layouts.** [`LaneBlock`] (in `rans.rs`) and [`LaneDecodeArgsC`] have the layout of
 //!    `KvcLaneBlock` and `KvcLaneDecodeArgs` in `kernels/rans_decode.cu`, and [`ChannelConsts`],
 //!    [`DequantBlock`] (in `quant.rs`) and [`DequantArgsC`] those of `KvcChannelConsts`,
-//!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu` (`#[repr(C)]`, fields in
-//!    the same order and of the same sizes). The unit test `layouts_match_the_kernel` compares
-//!    every size and offset with what the C++ compiler reports.
+//!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu`, and [`PqQuery`] (in
+//!    `pq.rs`) and [`PqArgsC`] those of `KvcPqQuery` and `KvcPqArgs` in `kernels/pq_search.cu`
+//!    (`#[repr(C)]`, fields in the same order and of the same sizes). The unit tests
+//!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
+//!    reports.
 //! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
 //!    count passed beside it is that slice's length (for `tables`, its length in whole tables of
 //!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
@@ -20,11 +22,15 @@
 //!    dequantization), so any *content* of the inputs is memory-safe; only the counts must be
 //!    right, and [`host_lane_decode`] and [`host_dequant`] derive them from the slices. In the lane decode, `symbols` and
 //!    `symbol_table` have the same length and `status` holds 32 entries per block; in the
-//!    dequantization, `status` holds one entry per block.
+//!    dequantization, `status` holds one entry per block; in the PQ search, one per query (the
+//!    kernel checks each query's ranges, `kvc_pq_range_ok`, and the launch's shape,
+//!    `kvc_pq_shape_ok`, before any read).
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
 //!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
-//!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory.
+//!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search [`PQ_THREADS`]
+//!    threads and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per table entry, the `table_capacity`
+//!    it is told (the kernel checks that the table fits it).
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
 //!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
@@ -40,6 +46,7 @@ use std::sync::Mutex;
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::error::CudaError;
+use crate::pq::PqQuery;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
 use crate::rans::LaneBlock;
 
@@ -92,6 +99,113 @@ extern "C" {
     fn kvc_dequant_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_f32_to_f16_host(x: f32) -> u16;
     fn kvc_f32_to_bf16_host(x: f32) -> u16;
+    fn kvc_pq_search_host(args: *const PqArgsC, grid: u32, block: u32, shared_bytes: u64) -> c_int;
+    #[cfg(test)]
+    fn kvc_pq_layout(out: *mut u64, cap: u64) -> u64;
+}
+
+/// `KvcPqArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct PqArgsC {
+    queries: *const f32,
+    n_queries: u64,
+    codewords: *const f32,
+    n_codewords: u64,
+    codes: *const u8,
+    n_codes: u64,
+    keys: *mut u32,
+    n_keys: u64,
+    out: *mut u32,
+    n_out: u64,
+    items: *const PqQuery,
+    status: *mut u32,
+    n_items: u64,
+    dim: u32,
+    m: u32,
+    bits: u32,
+    residual: u32,
+    table_capacity: u32,
+    reserved: u32,
+}
+
+/// Threads per block of the PQ search kernel (`KVC_PQ_MAX_THREADS`).
+pub(crate) const PQ_THREADS: u32 = 256;
+/// Bytes of `KvcPqShared`, before the table in the PQ kernel's shared memory.
+pub(crate) const PQ_SHARED_HEADER_BYTES: u64 = 16 + 4 * 256 + 2 * 4 * PQ_THREADS as u64;
+
+/// The buffers of one PQ search launch.
+#[derive(Debug)]
+pub(crate) struct PqIo<'a> {
+    pub queries: &'a [f32],
+    pub codewords: &'a [f32],
+    pub codes: &'a [u8],
+    pub keys: &'a mut [u32],
+    pub out: &'a mut [u32],
+    pub items: &'a [PqQuery],
+    pub status: &'a mut [u32],
+    pub dim: u32,
+    pub m: u32,
+    pub bits: u32,
+    pub residual: u32,
+}
+
+impl PqIo<'_> {
+    /// Table entries of the launch, `m * 2^bits`, if the kernel's shared memory holds them.
+    fn table_entries(&self) -> Result<u32, CudaError> {
+        let entries = u64::from(self.m).checked_shl(self.bits).unwrap_or(u64::MAX);
+        match u32::try_from(entries) {
+            Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => Ok(e),
+            _ => Err(CudaError::Input {
+                what: "m * 2^bits table entries exceed the kernel's shared memory",
+            }),
+        }
+    }
+}
+
+/// Runs `kvc_pq_search` on the host: one block per query.
+pub(crate) fn host_pq_search(io: PqIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.items.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 queries in one launch",
+    })?;
+    if io.status.len() != io.items.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per query",
+        });
+    }
+    let entries = io.table_entries()?;
+    let args = PqArgsC {
+        queries: io.queries.as_ptr(),
+        n_queries: io.queries.len() as u64,
+        codewords: io.codewords.as_ptr(),
+        n_codewords: io.codewords.len() as u64,
+        codes: io.codes.as_ptr(),
+        n_codes: io.codes.len() as u64,
+        keys: io.keys.as_mut_ptr(),
+        n_keys: io.keys.len() as u64,
+        out: io.out.as_mut_ptr(),
+        n_out: io.out.len() as u64,
+        items: io.items.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_items: io.items.len() as u64,
+        dim: io.dim,
+        m: io.m,
+        bits: io.bits,
+        residual: io.residual,
+        table_capacity: entries,
+        reserved: 0,
+    };
+    let shared = PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries);
+    // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
+    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape: the shared
+    // memory holds KvcPqShared and `table_capacity` table entries).
+    let rc = unsafe { kvc_pq_search_host(&args, grid, PQ_THREADS, shared) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_pq_search",
+        }),
+    }
 }
 
 /// `KvcDequantArgs` (invariant 1).
@@ -592,8 +706,65 @@ fn rust_dequant_layout() -> Vec<u64> {
 }
 
 #[cfg(test)]
+fn host_pq_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_pq_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_pq_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type Q = PqQuery;
+    type A = PqArgsC;
+    [
+        size_of::<Q>(),
+        offset_of!(Q, query_start),
+        offset_of!(Q, codebook_start),
+        offset_of!(Q, codes_start),
+        offset_of!(Q, keys_start),
+        offset_of!(Q, out_start),
+        offset_of!(Q, tokens),
+        offset_of!(Q, group_heads),
+        offset_of!(Q, k),
+        offset_of!(Q, n_init),
+        offset_of!(Q, n_local),
+        size_of::<A>(),
+        offset_of!(A, queries),
+        offset_of!(A, n_queries),
+        offset_of!(A, codewords),
+        offset_of!(A, n_codewords),
+        offset_of!(A, codes),
+        offset_of!(A, n_codes),
+        offset_of!(A, keys),
+        offset_of!(A, n_keys),
+        offset_of!(A, out),
+        offset_of!(A, n_out),
+        offset_of!(A, items),
+        offset_of!(A, status),
+        offset_of!(A, n_items),
+        offset_of!(A, dim),
+        offset_of!(A, m),
+        offset_of!(A, bits),
+        offset_of!(A, residual),
+        offset_of!(A, table_capacity),
+        PQ_SHARED_HEADER_BYTES as usize,
+        PQ_THREADS as usize,
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pq_layouts_match_the_kernel() {
+        assert_eq!(host_pq_layout(), rust_pq_layout());
+    }
 
     #[test]
     fn dequant_layouts_match_the_kernel() {

@@ -16,6 +16,8 @@
 //!   symbol values (escapes) and dequantization blocks.
 //! - [`decode`]: a batch of chunks of one or several streams decoded by three launches into
 //!   one output ([`decode::DecodePlan`]).
+//! - [`pq`]: the PQ search kernel's batches ([`pq::PqBatch`]): score tables, scores and top-k
+//!   for many queries over pq-core's packed codes, as `pq_core::search` selects.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device, or the error saying why there is none.
 //!
@@ -26,6 +28,7 @@ mod error;
 mod ffi;
 mod gpu;
 pub mod nvrtc;
+pub mod pq;
 pub mod quant;
 pub mod rans;
 pub mod stream;

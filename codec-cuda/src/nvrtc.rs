@@ -39,6 +39,12 @@ pub const KERNELS: &[KernelSource] = &[
         decode: true,
     },
     KernelSource {
+        file: "pq_search.cu",
+        source: include_str!("../kernels/pq_search.cu"),
+        entries: &["kvc_pq_search"],
+        decode: false,
+    },
+    KernelSource {
         file: "rans_decode.cu",
         source: include_str!("../kernels/rans_decode.cu"),
         entries: &["kvc_rans_lane_decode"],
