@@ -37,12 +37,30 @@
 //!    in the loaded library (cudarc panics on a missing symbol).
 //! 5. **Program lifetime.** An NVRTC program is created, used and destroyed inside
 //!    [`nvrtc_compile`]; the source, name, header and option strings it points to outlive it.
+//! 6. **Device buffers.** A [`DevBuf`]'s count never exceeds its allocation, and every device
+//!    launch passes each buffer's address with that count (as invariant 2 on the host), so the
+//!    kernels' own range checks keep every access inside the buffers. The buffers outlive the
+//!    launch: the launch functions borrow them, and `Gpu` synchronizes the stream before it
+//!    drops or reads them.
+//! 7. **Device values.** The types given to cudarc as [`DeviceRepr`] / [`ValidAsZeroBits`] are
+//!    `#[repr(C)]` structs of integers and floats mirrored from the kernels (invariant 1, the
+//!    `*ArgsDev` structs having 8-byte addresses where the kernels have pointers): any bit
+//!    pattern is a valid value.
+//! 8. **Shared memory.** A lane-decode launch asks for `shared_tables * 16 KiB` of dynamic
+//!    shared memory only after `Gpu` raised the function's limit to at least that (or it is
+//!    within the default 48 KiB).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
 use std::sync::Mutex;
 
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
+};
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::error::CudaError;
@@ -421,7 +439,7 @@ pub(crate) fn rust_lane_decode_layout() -> Vec<u64> {
 // NVRTC
 
 /// The NVRTC functions this crate calls (through cudarc), checked before the first call.
-pub(crate) const NVRTC_SYMBOLS: [&str; 9] = [
+pub(crate) const NVRTC_SYMBOLS: [&str; 10] = [
     "nvrtcVersion",
     "nvrtcCreateProgram",
     "nvrtcCompileProgram",
@@ -429,6 +447,7 @@ pub(crate) const NVRTC_SYMBOLS: [&str; 9] = [
     "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog",
     "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
     "nvrtcGetErrorString",
     "nvrtcGetPTXSize",
 ];
@@ -503,6 +522,8 @@ pub(crate) struct NvrtcOutput {
     pub log: String,
     /// Bytes of the CUBIN (0 when compiled to PTX only or on failure).
     pub cubin_len: usize,
+    /// The CUBIN (empty when compiled to PTX only or on failure).
+    pub cubin: Vec<u8>,
 }
 
 /// One source to compile: its name, text, the headers it includes by name, and the options.
@@ -594,7 +615,19 @@ fn compile_created(
             cubin_len = 0;
         }
     }
-    Ok(NvrtcOutput { ok, log, cubin_len })
+    let mut cubin = vec![0u8; cubin_len];
+    if cubin_len > 0 {
+        // SAFETY: `prog` is live and compiled; `cubin` has the `cubin_len` bytes NVRTC reported.
+        nvrtc_ok("nvrtcGetCUBIN", unsafe {
+            nvrtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+        })?;
+    }
+    Ok(NvrtcOutput {
+        ok,
+        log,
+        cubin_len,
+        cubin,
+    })
 }
 
 /// `Ok` for NVRTC_SUCCESS, else the call's error with NVRTC's name for the code.
@@ -761,6 +794,82 @@ fn rust_pq_layout() -> Vec<u64> {
 mod tests {
     use super::*;
 
+    /// Invariant 7: the device argument structs have the host mirrors' layouts (addresses where
+    /// the host has pointers), which `*layouts_match_the_kernel` compare with the C++ structs.
+    #[test]
+    fn device_layouts_match_the_host_mirrors() {
+        use std::mem::{offset_of, size_of};
+        macro_rules! same {
+            ($a:ty, $b:ty, $($f:ident),*) => {
+                assert_eq!(size_of::<$a>(), size_of::<$b>());
+                $(assert_eq!(offset_of!($a, $f), offset_of!($b, $f), stringify!($f));)*
+            };
+        }
+        same!(
+            LaneDecodeArgsC,
+            LaneDecodeArgsDev,
+            words,
+            n_words,
+            tables,
+            n_tables,
+            table_list,
+            n_table_list,
+            symbol_table,
+            symbols,
+            n_symbols,
+            blocks,
+            status,
+            n_blocks,
+            shared_tables
+        );
+        same!(
+            DequantArgsC,
+            DequantArgsDev,
+            q,
+            n_q,
+            exps,
+            n_exps,
+            sink,
+            n_sink,
+            consts,
+            n_consts,
+            out,
+            n_out,
+            pages,
+            n_pages,
+            blocks,
+            status,
+            n_blocks,
+            heads,
+            head_dim,
+            page_size,
+            reserved
+        );
+        same!(
+            PqArgsC,
+            PqArgsDev,
+            queries,
+            n_queries,
+            codewords,
+            n_codewords,
+            codes,
+            n_codes,
+            keys,
+            n_keys,
+            out,
+            n_out,
+            items,
+            status,
+            n_items,
+            dim,
+            m,
+            bits,
+            residual,
+            table_capacity,
+            reserved
+        );
+    }
+
     #[test]
     fn pq_layouts_match_the_kernel() {
         assert_eq!(host_pq_layout(), rust_pq_layout());
@@ -783,4 +892,391 @@ mod tests {
         assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
         assert_eq!(codec_core::consts::LANES, LANES);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device launches
+
+/// A buffer on the device and the number of elements kernels may touch in it (invariant 6:
+/// `len <= slice.len()`; an empty buffer is one zeroed element, since the driver allocates no
+/// empty buffer).
+#[derive(Debug)]
+pub(crate) struct DevBuf<T> {
+    slice: CudaSlice<T>,
+    len: usize,
+}
+
+/// A driver call's error as a [`CudaError`].
+pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        code: format!("{:?}", e.0),
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
+    /// Copies `data` to the device.
+    pub(crate) fn upload(stream: &Arc<CudaStream>, data: &[T]) -> Result<Self, CudaError> {
+        let slice = if data.is_empty() {
+            stream.alloc_zeros(1)
+        } else {
+            stream.clone_htod(data)
+        }
+        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        Ok(DevBuf {
+            slice,
+            len: data.len(),
+        })
+    }
+
+    /// `len` zeroed elements on the device.
+    pub(crate) fn zeros(stream: &Arc<CudaStream>, len: usize) -> Result<Self, CudaError> {
+        let slice = stream
+            .alloc_zeros(len.max(1))
+            .map_err(driver_err("cuMemAllocAsync"))?;
+        Ok(DevBuf { slice, len })
+    }
+
+    /// Copies the buffer's `len` elements back.
+    pub(crate) fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<T>, CudaError> {
+        let mut v = stream
+            .clone_dtoh(&self.slice)
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        v.truncate(self.len);
+        Ok(v)
+    }
+
+    /// Elements kernels may touch.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Device addresses of a launch's buffers, held with the guards that order the launch after
+/// the buffers' earlier writes (dropped once the launch is queued).
+struct Addrs<'a> {
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Addrs<'a> {
+    fn of<T>(&mut self, b: &'a DevBuf<T>, stream: &'a CudaStream) -> (u64, u64) {
+        let (ptr, guard) = b.slice.device_ptr(stream);
+        self.guards.push(guard);
+        (ptr, b.len as u64)
+    }
+}
+
+// SAFETY (invariant 7): plain `#[repr(C)]` structs of integers and floats, with the layouts the
+// kernels declare (invariant 1); every bit pattern, all zeros included, is a valid value.
+unsafe impl DeviceRepr for LaneBlock {}
+unsafe impl ValidAsZeroBits for LaneBlock {}
+unsafe impl DeviceRepr for DequantBlock {}
+unsafe impl ValidAsZeroBits for DequantBlock {}
+unsafe impl DeviceRepr for ChannelConsts {}
+unsafe impl ValidAsZeroBits for ChannelConsts {}
+unsafe impl DeviceRepr for PqQuery {}
+unsafe impl ValidAsZeroBits for PqQuery {}
+
+/// `KvcLaneDecodeArgs` with device addresses (invariant 1: every pointer is 8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct LaneDecodeArgsDev {
+    words: u64,
+    n_words: u64,
+    tables: u64,
+    n_tables: u64,
+    table_list: u64,
+    n_table_list: u64,
+    symbol_table: u64,
+    symbols: u64,
+    n_symbols: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    shared_tables: u64,
+}
+
+/// `KvcDequantArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DequantArgsDev {
+    q: u64,
+    n_q: u64,
+    exps: u64,
+    n_exps: u64,
+    sink: u64,
+    n_sink: u64,
+    consts: u64,
+    n_consts: u64,
+    out: u64,
+    n_out: u64,
+    pages: u64,
+    n_pages: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+    page_size: u32,
+    reserved: u32,
+}
+
+/// `KvcPqArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct PqArgsDev {
+    queries: u64,
+    n_queries: u64,
+    codewords: u64,
+    n_codewords: u64,
+    codes: u64,
+    n_codes: u64,
+    keys: u64,
+    n_keys: u64,
+    out: u64,
+    n_out: u64,
+    items: u64,
+    status: u64,
+    n_items: u64,
+    dim: u32,
+    m: u32,
+    bits: u32,
+    residual: u32,
+    table_capacity: u32,
+    reserved: u32,
+}
+
+// SAFETY (invariant 7): as above, plain `#[repr(C)]` integers passed by value.
+unsafe impl DeviceRepr for LaneDecodeArgsDev {}
+unsafe impl DeviceRepr for DequantArgsDev {}
+unsafe impl DeviceRepr for PqArgsDev {}
+
+/// A lane-decode launch's device buffers (invariant 2 on the device: built by
+/// `Gpu::lane_decode` from one [`crate::rans::LaneBatch`]).
+#[derive(Debug)]
+pub(crate) struct LaneDecodeDev {
+    pub words: DevBuf<u32>,
+    pub tables: DevBuf<u32>,
+    pub table_list: DevBuf<u32>,
+    pub symbol_table: DevBuf<u16>,
+    pub blocks: DevBuf<LaneBlock>,
+    pub symbols: DevBuf<u8>,
+    pub status: DevBuf<u32>,
+}
+
+/// Queues `kvc_rans_lane_decode` over `b` on `stream`, `shared_tables` tables per block in
+/// shared memory (the function's dynamic shared memory limit must allow it: invariant 8).
+pub(crate) fn launch_lane_decode(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneDecodeDev,
+    shared_tables: u32,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
+        return Err(input("lane-decode buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (words, n_words) = a.of(&b.words, stream);
+    let (tables, n_words_tables) = a.of(&b.tables, stream);
+    let (table_list, n_table_list) = a.of(&b.table_list, stream);
+    let (symbol_table, _) = a.of(&b.symbol_table, stream);
+    let (symbols, n_symbols) = a.of(&b.symbols, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = LaneDecodeArgsDev {
+        words,
+        n_words,
+        tables,
+        n_tables: n_words_tables / SLOTS as u64,
+        table_list,
+        n_table_list,
+        symbol_table,
+        symbols,
+        n_symbols,
+        blocks,
+        status,
+        n_blocks,
+        shared_tables: u64::from(shared_tables),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (LANES as u32, 1, 1),
+        shared_mem_bytes: shared_tables * (SLOTS as u32) * 4,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
+    // live device buffer and a count within it, kept alive by `b` until the stream is
+    // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A dequantization launch's device buffers (the output is the caller's).
+#[derive(Debug)]
+pub(crate) struct DequantDev {
+    pub q: DevBuf<i32>,
+    pub exps: DevBuf<u8>,
+    pub sink: DevBuf<f32>,
+    pub consts: DevBuf<ChannelConsts>,
+    pub pages: DevBuf<u32>,
+    pub blocks: DevBuf<DequantBlock>,
+    pub status: DevBuf<u32>,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub page_size: u32,
+}
+
+/// Queues a dequantization entry point over `b` on `stream`, writing the first `n_out`
+/// elements of `out`.
+pub(crate) fn launch_dequant(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &DequantDev,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.blocks.len() {
+        return Err(input("dequantization buffers of mismatched lengths"));
+    }
+    if n_out > out.len() {
+        return Err(input("the output buffer is shorter than the plan's output"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (q, n_q) = a.of(&b.q, stream);
+    let (exps, n_exps) = a.of(&b.exps, stream);
+    let (sink, n_sink) = a.of(&b.sink, stream);
+    let (consts, n_consts) = a.of(&b.consts, stream);
+    let (out_ptr, out_guard) = out.device_ptr_mut(stream);
+    a.guards.push(out_guard);
+    let n_out = n_out as u64;
+    let (pages, n_pages) = a.of(&b.pages, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = DequantArgsDev {
+        q,
+        n_q,
+        exps,
+        n_exps,
+        sink,
+        n_sink,
+        consts,
+        n_consts,
+        out: out_ptr,
+        n_out,
+        pages,
+        n_pages,
+        blocks,
+        status,
+        n_blocks,
+        heads: b.heads,
+        head_dim: b.head_dim,
+        page_size: b.page_size,
+        reserved: 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (DEQUANT_THREADS, 1, 1),
+        shared_mem_bytes: DEQUANT_SHARED_BYTES,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
+    // stream is synchronized), 7 and 3 (the host runs' launch shape).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A PQ search launch's device buffers.
+#[derive(Debug)]
+pub(crate) struct PqDev {
+    pub queries: DevBuf<f32>,
+    pub codewords: DevBuf<f32>,
+    pub codes: DevBuf<u8>,
+    pub keys: DevBuf<u32>,
+    pub out: DevBuf<u32>,
+    pub items: DevBuf<PqQuery>,
+    pub status: DevBuf<u32>,
+    pub dim: u32,
+    pub m: u32,
+    pub bits: u32,
+    pub residual: u32,
+}
+
+/// Queues `kvc_pq_search` over `b` on `stream`.
+pub(crate) fn launch_pq(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &PqDev,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.items.len() {
+        return Err(input("PQ buffers of mismatched lengths"));
+    }
+    let entries = u64::from(b.m).checked_shl(b.bits).unwrap_or(u64::MAX);
+    let entries = match u32::try_from(entries) {
+        Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => e,
+        _ => {
+            return Err(input(
+                "m * 2^bits table entries exceed the kernel's shared memory",
+            ))
+        }
+    };
+    let grid = u32::try_from(b.items.len()).map_err(|_| input("over 2^31 - 1 queries"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (queries, n_queries) = a.of(&b.queries, stream);
+    let (codewords, n_codewords) = a.of(&b.codewords, stream);
+    let (codes, n_codes) = a.of(&b.codes, stream);
+    let (keys, n_keys) = a.of(&b.keys, stream);
+    let (out, n_out) = a.of(&b.out, stream);
+    let (items, n_items) = a.of(&b.items, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = PqArgsDev {
+        queries,
+        n_queries,
+        codewords,
+        n_codewords,
+        codes,
+        n_codes,
+        keys,
+        n_keys,
+        out,
+        n_out,
+        items,
+        status,
+        n_items,
+        dim: b.dim,
+        m: b.m,
+        bits: b.bits,
+        residual: b.residual,
+        table_capacity: entries,
+        reserved: 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (PQ_THREADS, 1, 1),
+        shared_mem_bytes: (PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries)) as u32,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
+    // synchronized), 7 and 3 (the host runs' launch shape and shared memory).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
 }

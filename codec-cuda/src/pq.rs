@@ -243,6 +243,11 @@ impl PqBatch {
         }
     }
 
+    /// Scratch keys and output lengths of a launch.
+    pub(crate) fn lens(&self) -> (usize, usize) {
+        (self.keys_len, self.out_len)
+    }
+
     /// Runs the kernel compiled for the host: each query's selection (ascending token indices)
     /// and status (an empty selection for a query that is not [`PqStatus::Ok`]).
     pub fn search_host(&self) -> Result<PqSelected, CudaError> {

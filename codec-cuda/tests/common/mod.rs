@@ -2,9 +2,14 @@
 //! comparison of a decoded block with it.
 #![allow(dead_code)] // each test binary uses a part
 
+use std::path::{Path, PathBuf};
+
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
+use codec_core::{Limits, Profile, Stream, TensorMut};
+use codec_cuda::quant::OutDtype;
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
+use half::{bf16, f16};
 
 /// codec-core's decode of one block: its symbols (as far as it got) and its outcome.
 pub fn reference(
@@ -66,4 +71,96 @@ pub fn assert_matches_reference(
         .status(b)
         .iter()
         .all(|s| !matches!(s, LaneStatus::Unknown(_))));
+}
+
+pub fn vectors_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors")
+}
+
+/// The golden streams' bytes and profiles, by name.
+pub fn golden() -> Vec<(String, Vec<u8>, Option<Profile>)> {
+    let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with('v') && n.ends_with(".kvc"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let path = vectors_dir().join(&name);
+            let bytes = std::fs::read(&path).unwrap();
+            let profile = std::fs::read(path.with_extension("kvcp"))
+                .ok()
+                .map(|p| Profile::from_bytes(&p, &Limits::DEFAULT).unwrap());
+            (name, bytes, profile)
+        })
+        .collect()
+}
+
+/// codec-core's decode of `stream` into `dtype` buffers: per layer K then V, each `[T, H, D]`,
+/// as bits.
+pub fn codec_core_tensors(stream: &Stream<'_>, dtype: OutDtype) -> Vec<Vec<u16>> {
+    let h = stream.header();
+    let n = h.shape.tokens as usize * h.shape.channels();
+    let layers = h.shape.layers as usize;
+    let mut out = Vec::new();
+    match dtype {
+        OutDtype::F16 => {
+            let mut k = vec![vec![f16::ZERO; n]; layers];
+            let mut v = vec![vec![f16::ZERO; n]; layers];
+            let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::F16(t)).collect();
+            let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::F16(t)).collect();
+            stream.decode_into(&mut km, &mut vm).unwrap();
+            for (k, v) in k.iter().zip(&v) {
+                out.push(k.iter().map(|x| x.to_bits()).collect());
+                out.push(v.iter().map(|x| x.to_bits()).collect());
+            }
+        }
+        OutDtype::Bf16 => {
+            let mut k = vec![vec![bf16::ZERO; n]; layers];
+            let mut v = vec![vec![bf16::ZERO; n]; layers];
+            let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::Bf16(t)).collect();
+            let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::Bf16(t)).collect();
+            stream.decode_into(&mut km, &mut vm).unwrap();
+            for (k, v) in k.iter().zip(&v) {
+                out.push(k.iter().map(|x| x.to_bits()).collect());
+                out.push(v.iter().map(|x| x.to_bits()).collect());
+            }
+        }
+    }
+    out
+}
+
+/// The reference scatter: token `t` of tensor `i` (a dense `[T, C]` tensor) to page
+/// `table[t / page_size]`, slot `t % page_size` of tensor `i` of a paged cache whose tensors
+/// are `tensor_len` elements apart.
+pub fn scatter(
+    cache: &mut [u16],
+    tensors: &[Vec<u16>],
+    table: &[u32],
+    page_size: usize,
+    c: usize,
+    tensor_len: usize,
+) {
+    for (i, tensor) in tensors.iter().enumerate() {
+        for (t, row) in tensor.chunks_exact(c).enumerate() {
+            let page = table[t / page_size] as usize;
+            let at = i * tensor_len + (page * page_size + t % page_size) * c;
+            cache[at..at + c].copy_from_slice(row);
+        }
+    }
+}
+
+/// A permutation of `0..n` from a seed (xorshift, Fisher-Yates).
+pub fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed | 1;
+    let mut p: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        p.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    p
 }
