@@ -134,7 +134,7 @@ impl<'s> DecodePlan<'s> {
     }
 
     /// The first launch: every block's exponent prefix.
-    pub(crate) fn exponent_batch(&self) -> Result<LaneBatch, CudaError> {
+    pub fn exponent_batch(&self) -> Result<LaneBatch, CudaError> {
         let mut batch = LaneBatch::new();
         for c in &self.chunks {
             c.lanes.add_exponents_to(&mut batch)?;
@@ -144,7 +144,7 @@ impl<'s> DecodePlan<'s> {
 
     /// Every block's exponents from the first launch's output; a block whose exponent lanes
     /// failed is the chunk's error.
-    pub(crate) fn exponents<'a>(&self, out: &'a LaneDecoded) -> Result<Vec<&'a [u8]>, CudaError> {
+    pub fn exponents<'a>(&self, out: &'a LaneDecoded) -> Result<Vec<&'a [u8]>, CudaError> {
         let mut exps = Vec::with_capacity(self.blocks);
         for c in &self.chunks {
             for b in 0..c.lanes.blocks.len() {
@@ -171,7 +171,7 @@ impl<'s> DecodePlan<'s> {
     }
 
     /// The second launch: every symbol of every block, level tables shared per (stream, level).
-    pub(crate) fn symbol_batch(&self, exps: &[&[u8]]) -> Result<LaneBatch, CudaError> {
+    pub fn symbol_batch(&self, exps: &[&[u8]]) -> Result<LaneBatch, CudaError> {
         let mut batch = LaneBatch::new();
         let mut level_tables: Vec<((usize, u8), Vec<TableId>)> = Vec::new();
         for c in &self.chunks {
@@ -196,7 +196,7 @@ impl<'s> DecodePlan<'s> {
 
     /// The third launch: every block's symbol values (escapes mapped, B7/B9 checked) into a
     /// dequantization batch writing the plan's output.
-    pub(crate) fn dequant_batch(
+    pub fn dequant_batch(
         &self,
         symbols: &LaneDecoded,
         exps: &[&[u8]],
