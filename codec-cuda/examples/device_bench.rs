@@ -112,19 +112,28 @@ fn main() {
         let (t_sym, sym) = best_of(rounds, || gpu.lane_decode(&sym_batch).unwrap());
         let dq = plan.dequant_batch(&sym, &exps).unwrap();
         let (t_dq, _) = best_of(rounds, || gpu.dequant_into(&dq, &mut out).unwrap());
+        let k_exp = gpu.time_lane_decode(&exp_batch, rounds).unwrap();
+        let k_sym = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
+        let k_dq = gpu.time_dequant(&dq, &mut out, rounds).unwrap();
+        let kernels = k_exp + k_sym + k_dq;
         println!(
             "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole {:.3} ms = {:.2} GB/s; \
-             exponent launch {:.3} ms, symbol launch {:.3} ms ({:.2} GB/s alone), dequantization \
-             {:.3} ms ({:.2} GB/s alone); host steps and statuses the rest",
+             with uploads and downloads: exponent launch {:.3} ms, symbol launch {:.3} ms, \
+             dequantization {:.3} ms; kernels alone: {:.3} + {:.3} + {:.3} ms = {:.2} GB/s \
+             (lane decode {:.2} GB/s, dequantization {:.2} GB/s of f16)",
             bytes.len(),
             out_bytes / 1e6,
             full * 1e3,
             out_bytes / full / 1e9,
             t_exp * 1e3,
             t_sym * 1e3,
-            out_bytes / t_sym / 1e9,
             t_dq * 1e3,
-            out_bytes / t_dq / 1e9,
+            k_exp * 1e3,
+            k_sym * 1e3,
+            k_dq * 1e3,
+            out_bytes / kernels / 1e9,
+            out_bytes / (k_exp + k_sym) / 1e9,
+            out_bytes / k_dq / 1e9,
         );
     }
 
@@ -164,12 +173,15 @@ fn main() {
         }
     }
     let (tq, _) = best_of(rounds, || gpu.search(&batch).unwrap());
+    let kq = gpu.time_search(&batch, rounds).unwrap();
     println!(
         "pq fixture: {} queries, {scores} token-scores: {:.3} ms = {:.2} G token-scores/s \
-         (uploads included)",
+         (uploads included), kernel alone {:.3} ms = {:.2} G/s",
         batch.len(),
         tq * 1e3,
-        scores as f64 / tq / 1e9
+        scores as f64 / tq / 1e9,
+        kq * 1e3,
+        scores as f64 / kq / 1e9
     );
 
     // PQ: one long head (32768 tokens, synthetic codes), 256 queries.
@@ -197,11 +209,14 @@ fn main() {
         batch.add_query(id, &q, long, long / 5, 4, 64).unwrap();
     }
     let (tl, _) = best_of(rounds, || gpu.search(&batch).unwrap());
+    let kl = gpu.time_search(&batch, rounds).unwrap();
     let n = (256 * long) as f64;
     println!(
         "pq long: 256 queries x {long} tokens: {:.3} ms = {:.2} G token-scores/s (uploads \
-         included)",
+         included), kernel alone {:.3} ms = {:.2} G/s",
         tl * 1e3,
-        n / tl / 1e9
+        n / tl / 1e9,
+        kl * 1e3,
+        n / kl / 1e9
     );
 }

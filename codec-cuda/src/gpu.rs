@@ -171,8 +171,18 @@ impl Gpu {
     pub fn lane_decode(&self, batch: &LaneBatch) -> Result<LaneDecoded, CudaError> {
         let k = self.kernels(None)?;
         let s = &self.stream;
+        let dev = self.upload_lanes(batch)?;
+        ffi::launch_lane_decode(s, &k.lane_decode, &dev, self.lane_shared_tables)?;
+        self.sync()?;
+        let symbols = dev.symbols.download(s)?;
+        let status = dev.status.download(s)?;
+        Ok(batch.decoded(symbols, status))
+    }
+
+    fn upload_lanes(&self, batch: &LaneBatch) -> Result<ffi::LaneDecodeDev, CudaError> {
+        let s = &self.stream;
         let b = batch.buffers();
-        let dev = ffi::LaneDecodeDev {
+        Ok(ffi::LaneDecodeDev {
             words: DevBuf::upload(s, b.words)?,
             tables: DevBuf::upload(s, b.tables)?,
             table_list: DevBuf::upload(s, b.table_list)?,
@@ -180,12 +190,19 @@ impl Gpu {
             blocks: DevBuf::upload(s, b.blocks)?,
             symbols: DevBuf::zeros(s, b.symbol_table.len())?,
             status: DevBuf::zeros(s, b.blocks.len() * LANES)?,
-        };
-        ffi::launch_lane_decode(s, &k.lane_decode, &dev, self.lane_shared_tables)?;
+        })
+    }
+
+    /// For benches: the best time in seconds of `reps` lane-decode launches over `batch`,
+    /// uploaded once (the kernel alone: each launch queued, then the stream synchronized).
+    pub fn time_lane_decode(&self, batch: &LaneBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_lanes(batch)?;
         self.sync()?;
-        let symbols = dev.symbols.download(s)?;
-        let status = dev.status.download(s)?;
-        Ok(batch.decoded(symbols, status))
+        best_time(reps, || {
+            ffi::launch_lane_decode(&self.stream, &k.lane_decode, &dev, self.lane_shared_tables)?;
+            self.sync()
+        })
     }
 
     /// Runs the dequantization kernel over `batch` on the device into `out`, a device buffer of
@@ -202,8 +219,20 @@ impl Gpu {
         }
         let k = self.kernels(None)?;
         let s = &self.stream;
+        let dev = self.upload_dequant(batch)?;
+        let func = match batch.output().dtype {
+            OutDtype::F16 => &k.dequant_f16,
+            OutDtype::Bf16 => &k.dequant_bf16,
+        };
+        ffi::launch_dequant(s, func, &dev, out, batch.output().len)?;
+        self.sync()?;
+        Ok(statuses(dev.status.download(s)?))
+    }
+
+    fn upload_dequant(&self, batch: &DequantBatch) -> Result<ffi::DequantDev, CudaError> {
+        let s = &self.stream;
         let io = batch.io(&mut [], &mut []);
-        let dev = ffi::DequantDev {
+        Ok(ffi::DequantDev {
             q: DevBuf::upload(s, io.q)?,
             exps: DevBuf::upload(s, io.exps)?,
             sink: DevBuf::upload(s, io.sink)?,
@@ -214,14 +243,28 @@ impl Gpu {
             heads: io.heads,
             head_dim: io.head_dim,
             page_size: io.page_size,
-        };
-        let func = match io.dtype {
+        })
+    }
+
+    /// For benches: the best time in seconds of `reps` dequantization launches over `batch`
+    /// into `out`, uploaded once (the kernel alone).
+    pub fn time_dequant(
+        &self,
+        batch: &DequantBatch,
+        out: &mut CudaSlice<u16>,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_dequant(batch)?;
+        let func = match batch.output().dtype {
             OutDtype::F16 => &k.dequant_f16,
             OutDtype::Bf16 => &k.dequant_bf16,
         };
-        ffi::launch_dequant(s, func, &dev, out, batch.output().len)?;
         self.sync()?;
-        Ok(statuses(dev.status.download(s)?))
+        best_time(reps, || {
+            ffi::launch_dequant(&self.stream, func, &dev, out, batch.output().len)?;
+            self.sync()
+        })
     }
 
     /// [`dequant_into`](Self::dequant_into) a zeroed buffer, downloaded: as
@@ -280,9 +323,31 @@ impl Gpu {
     pub fn search(&self, batch: &PqBatch) -> Result<PqSelected, CudaError> {
         let k = self.kernels(None)?;
         let s = &self.stream;
+        let dev = self.upload_pq(batch)?;
+        ffi::launch_pq(s, &k.pq_search, &dev)?;
+        self.sync()?;
+        let out = dev.out.download(s)?;
+        let status = dev.status.download(s)?;
+        Ok(batch.selected(out, status))
+    }
+
+    /// For benches: the best time in seconds of `reps` PQ search launches over `batch`,
+    /// uploaded once (the kernel alone).
+    pub fn time_search(&self, batch: &PqBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_pq(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_pq(&self.stream, &k.pq_search, &dev)?;
+            self.sync()
+        })
+    }
+
+    fn upload_pq(&self, batch: &PqBatch) -> Result<ffi::PqDev, CudaError> {
+        let s = &self.stream;
         let (keys_len, out_len) = batch.lens();
         let io = batch.io(&mut [], &mut [], &mut []);
-        let dev = ffi::PqDev {
+        Ok(ffi::PqDev {
             queries: DevBuf::upload(s, io.queries)?,
             codewords: DevBuf::upload(s, io.codewords)?,
             codes: DevBuf::upload(s, io.codes)?,
@@ -294,13 +359,22 @@ impl Gpu {
             m: io.m,
             bits: io.bits,
             residual: io.residual,
-        };
-        ffi::launch_pq(s, &k.pq_search, &dev)?;
-        self.sync()?;
-        let out = dev.out.download(s)?;
-        let status = dev.status.download(s)?;
-        Ok(batch.selected(out, status))
+        })
     }
+}
+
+/// The best of `reps` (at least one) timed runs of `run`, in seconds.
+fn best_time(
+    reps: usize,
+    mut run: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        run()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }
 
 /// Every kernel file compiled for `arch`, from the process-wide cache or NVRTC.

@@ -150,6 +150,7 @@ fn device_lane_decode_matches_the_host_run_kernel() {
 }
 
 /// Arbitrary dequantization block headers: the device's statuses and output are the host's.
+/// One block per launch: two blocks whose rows overlap would race on the device.
 #[test]
 fn device_dequant_headers_match_the_host_run_kernel() {
     let Some(gpu) = gpu("device_dequant_headers_match_the_host_run_kernel") else {
