@@ -9,8 +9,10 @@
 //!    `KvcLaneBlock` and `KvcLaneDecodeArgs` in `kernels/rans_decode.cu`, and [`ChannelConsts`],
 //!    [`DequantBlock`] (in `quant.rs`) and [`DequantArgsC`] those of `KvcChannelConsts`,
 //!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu`, and [`PqQuery`] (in
-//!    `pq.rs`) and [`PqArgsC`] those of `KvcPqQuery` and `KvcPqArgs` in `kernels/pq_search.cu`
-//!    (`#[repr(C)]`, fields in the same order and of the same sizes). The unit tests
+//!    `pq.rs`) and [`PqArgsC`] those of `KvcPqQuery` and `KvcPqArgs` in `kernels/pq_search.cu`,
+//!    and [`QuantBlock`], [`LaneEncodeBlock`] (in `encode.rs`), [`QuantArgsC`] and
+//!    [`LaneEncodeArgsC`] those of `kernels/encode.cu` (`#[repr(C)]`, fields in the same order
+//!    and of the same sizes). The unit tests
 //!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
 //!    reports.
 //! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
@@ -63,6 +65,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::sys as nvrtc;
 
+use crate::encode::{LaneEncodeBlock, QuantBlock};
 use crate::error::CudaError;
 use crate::pq::PqQuery;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
@@ -120,6 +123,167 @@ extern "C" {
     fn kvc_pq_search_host(args: *const PqArgsC, grid: u32, block: u32, shared_bytes: u64) -> c_int;
     #[cfg(test)]
     fn kvc_pq_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_quantize_host(
+        args: *const QuantArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_rans_lane_encode_host(
+        args: *const LaneEncodeArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_encode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_quantize_one_host(r: f32, step: f32) -> i32;
+}
+
+/// `KvcQuantArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct QuantArgsC {
+    x: *const f32,
+    n_x: u64,
+    exps: *const u8,
+    n_exps: u64,
+    consts: *const ChannelConsts,
+    n_consts: u64,
+    q: *mut i32,
+    n_q: u64,
+    blocks: *const QuantBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// The buffers of one quantization launch.
+#[derive(Debug)]
+pub(crate) struct QuantIo<'a> {
+    pub x: &'a [f32],
+    pub exps: &'a [u8],
+    pub consts: &'a [ChannelConsts],
+    pub q: &'a mut [i32],
+    pub blocks: &'a [QuantBlock],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_quantize` on the host: one block per entry of `io.blocks`, [`DEQUANT_THREADS`]
+/// threads.
+pub(crate) fn host_quantize(io: QuantIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.status.len() != io.blocks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per block",
+        });
+    }
+    let args = QuantArgsC {
+        x: io.x.as_ptr(),
+        n_x: io.x.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        consts: io.consts.as_ptr(),
+        n_consts: io.consts.len() as u64,
+        q: io.q.as_mut_ptr(),
+        n_q: io.q.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (launch shape: no shared memory).
+    let rc = unsafe { kvc_quantize_host(&args, grid, DEQUANT_THREADS, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_quantize",
+        }),
+    }
+}
+
+/// The quantizer's rounding of `r / step`.
+pub(crate) fn kernel_quantize_one(r: f32, step: f32) -> i32 {
+    // SAFETY: a pure function of its arguments.
+    unsafe { kvc_quantize_one_host(r, step) }
+}
+
+/// `KvcLaneEncodeArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct LaneEncodeArgsC {
+    symbols: *const u8,
+    symbol_table: *const u16,
+    n_symbols: u64,
+    tables: *const u32,
+    n_tables: u64,
+    table_list: *const u32,
+    n_table_list: u64,
+    words: *mut u32,
+    n_words: u64,
+    lane_len: *mut u32,
+    blocks: *const LaneEncodeBlock,
+    status: *mut u32,
+    n_blocks: u64,
+}
+
+/// The buffers of one lane-encode launch.
+#[derive(Debug)]
+pub(crate) struct LaneEncodeIo<'a> {
+    pub symbols: &'a [u8],
+    pub symbol_table: &'a [u16],
+    /// Encode tables, 256 entries each (a partial last table is ignored).
+    pub tables: &'a [u32],
+    pub table_list: &'a [u32],
+    pub words: &'a mut [u32],
+    pub lane_len: &'a mut [u32],
+    pub blocks: &'a [LaneEncodeBlock],
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_rans_lane_encode` on the host: one block of 32 threads per entry of `io.blocks`.
+pub(crate) fn host_lane_encode(io: LaneEncodeIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.symbols.len() != io.symbol_table.len() {
+        return Err(input("symbol and symbol-table buffers differ in length"));
+    }
+    if io.status.len() != io.blocks.len() * LANES || io.lane_len.len() != io.status.len() {
+        return Err(input(
+            "status and lane-length buffers are not 32 entries per block",
+        ));
+    }
+    let args = LaneEncodeArgsC {
+        symbols: io.symbols.as_ptr(),
+        symbol_table: io.symbol_table.as_ptr(),
+        n_symbols: io.symbols.len() as u64,
+        tables: io.tables.as_ptr(),
+        n_tables: (io.tables.len() / 256) as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        words: io.words.as_mut_ptr(),
+        n_words: io.words.len() as u64,
+        lane_len: io.lane_len.as_mut_ptr(),
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // `lane_len` and `status` hold 32 entries per block) and 3 (32 threads, no shared memory).
+    let rc = unsafe { kvc_rans_lane_encode_host(&args, grid, LANES as u32, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_rans_lane_encode",
+        }),
+    }
 }
 
 /// `KvcPqArgs` (invariant 1).
@@ -739,6 +903,73 @@ fn rust_dequant_layout() -> Vec<u64> {
 }
 
 #[cfg(test)]
+fn host_encode_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_encode_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_encode_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type B = QuantBlock;
+    type A = QuantArgsC;
+    type E = LaneEncodeBlock;
+    type L = LaneEncodeArgsC;
+    [
+        size_of::<B>(),
+        offset_of!(B, x_start),
+        offset_of!(B, exp_start),
+        offset_of!(B, q_start),
+        offset_of!(B, consts_start),
+        offset_of!(B, rows),
+        offset_of!(B, sink_rows),
+        offset_of!(B, group),
+        offset_of!(B, has_exps),
+        size_of::<A>(),
+        offset_of!(A, x),
+        offset_of!(A, n_x),
+        offset_of!(A, exps),
+        offset_of!(A, n_exps),
+        offset_of!(A, consts),
+        offset_of!(A, n_consts),
+        offset_of!(A, q),
+        offset_of!(A, n_q),
+        offset_of!(A, blocks),
+        offset_of!(A, status),
+        offset_of!(A, n_blocks),
+        offset_of!(A, heads),
+        offset_of!(A, head_dim),
+        size_of::<E>(),
+        offset_of!(E, symbol_start),
+        offset_of!(E, word_start),
+        offset_of!(E, n_symbols),
+        offset_of!(E, lane_cap),
+        offset_of!(E, table_start),
+        offset_of!(E, table_count),
+        size_of::<L>(),
+        offset_of!(L, symbols),
+        offset_of!(L, symbol_table),
+        offset_of!(L, n_symbols),
+        offset_of!(L, tables),
+        offset_of!(L, n_tables),
+        offset_of!(L, table_list),
+        offset_of!(L, n_table_list),
+        offset_of!(L, words),
+        offset_of!(L, n_words),
+        offset_of!(L, lane_len),
+        offset_of!(L, blocks),
+        offset_of!(L, status),
+        offset_of!(L, n_blocks),
+        codec_core::consts::MAX_SYMBOL as usize,
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
 fn host_pq_layout() -> Vec<u64> {
     let mut out = vec![0u64; 64];
     // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
@@ -868,6 +1099,11 @@ mod tests {
             table_capacity,
             reserved
         );
+    }
+
+    #[test]
+    fn encode_layouts_match_the_kernel() {
+        assert_eq!(host_encode_layout(), rust_encode_layout());
     }
 
     #[test]

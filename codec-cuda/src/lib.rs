@@ -18,12 +18,15 @@
 //!   one output ([`decode::DecodePlan`]).
 //! - [`pq`]: the PQ search kernel's batches ([`pq::PqBatch`]): score tables, scores and top-k
 //!   for many queries over pq-core's packed codes, as `pq_core::search` selects.
+//! - [`encode`]: the encode kernels' batches: quantization ([`encode::QuantBatch`]) and the
+//!   32-lane rANS encoder ([`encode::LaneEncodeBatch`]), as codec-core's encoder computes them.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device, or the error saying why there is none.
 //!
 //! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
 
 pub mod decode;
+pub mod encode;
 mod error;
 mod ffi;
 mod gpu;

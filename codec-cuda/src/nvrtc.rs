@@ -39,6 +39,12 @@ pub const KERNELS: &[KernelSource] = &[
         decode: true,
     },
     KernelSource {
+        file: "encode.cu",
+        source: include_str!("../kernels/encode.cu"),
+        entries: &["kvc_quantize", "kvc_rans_lane_encode"],
+        decode: false,
+    },
+    KernelSource {
         file: "pq_search.cu",
         source: include_str!("../kernels/pq_search.cu"),
         entries: &["kvc_pq_search"],
