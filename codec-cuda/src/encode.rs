@@ -138,16 +138,31 @@ impl QuantBatch {
     pub fn quantize_host(&self) -> Result<Vec<(Vec<i32>, EncodeStatus)>, CudaError> {
         let mut q = vec![0i32; self.q_len];
         let mut status = vec![0u32; self.blocks.len()];
-        ffi::host_quantize(ffi::QuantIo {
+        ffi::host_quantize(self.io(&mut q, &mut status))?;
+        Ok(self.quantized(q, status))
+    }
+
+    /// The launch's buffers, as the kernel reads them.
+    pub(crate) fn io<'a>(&'a self, q: &'a mut [i32], status: &'a mut [u32]) -> ffi::QuantIo<'a> {
+        ffi::QuantIo {
             x: &self.x,
             exps: &self.exps,
             consts: &self.consts,
-            q: &mut q,
+            q,
             blocks: &self.blocks,
-            status: &mut status,
+            status,
             heads: self.heads,
             head_dim: self.head_dim,
-        })?;
+        }
+    }
+
+    /// Symbol values in the launch's output.
+    pub(crate) fn q_len(&self) -> usize {
+        self.q_len
+    }
+
+    /// A launch's output as each block's values and status.
+    pub(crate) fn quantized(&self, q: Vec<i32>, status: Vec<u32>) -> Vec<(Vec<i32>, EncodeStatus)> {
         let c = self.heads as usize * self.head_dim as usize;
         let out = self.blocks.iter().zip(status).map(|(b, s)| {
             let s = EncodeStatus::from_code(s);
@@ -159,7 +174,7 @@ impl QuantBatch {
             };
             (values, s)
         });
-        Ok(out.collect())
+        out.collect()
     }
 }
 
@@ -273,22 +288,47 @@ impl LaneEncodeBatch {
         let mut words = vec![0u32; self.n_words];
         let mut lane_len = vec![0u32; self.blocks.len() * LANES];
         let mut status = vec![0u32; self.blocks.len() * LANES];
-        ffi::host_lane_encode(ffi::LaneEncodeIo {
+        ffi::host_lane_encode(self.io(&mut words, &mut lane_len, &mut status))?;
+        Ok(self.encoded(words, lane_len, status))
+    }
+
+    /// The launch's buffers, as the kernel reads them.
+    pub(crate) fn io<'a>(
+        &'a self,
+        words: &'a mut [u32],
+        lane_len: &'a mut [u32],
+        status: &'a mut [u32],
+    ) -> ffi::LaneEncodeIo<'a> {
+        ffi::LaneEncodeIo {
             symbols: &self.symbols,
             symbol_table: &self.symbol_table,
             tables: &self.tables,
             table_list: &self.table_list,
-            words: &mut words,
-            lane_len: &mut lane_len,
+            words,
+            lane_len,
             blocks: &self.blocks,
-            status: &mut status,
-        })?;
-        Ok(LaneEncoded {
+            status,
+        }
+    }
+
+    /// Words of the launch's lane slots.
+    pub(crate) fn n_words(&self) -> usize {
+        self.n_words
+    }
+
+    /// A launch's output as [`LaneEncoded`].
+    pub(crate) fn encoded(
+        &self,
+        words: Vec<u32>,
+        lane_len: Vec<u32>,
+        status: Vec<u32>,
+    ) -> LaneEncoded {
+        LaneEncoded {
             words,
             lane_len,
             status: status.into_iter().map(EncodeStatus::from_code).collect(),
             blocks: self.blocks.clone(),
-        })
+        }
     }
 }
 

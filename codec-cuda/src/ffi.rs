@@ -1212,6 +1212,10 @@ unsafe impl DeviceRepr for ChannelConsts {}
 unsafe impl ValidAsZeroBits for ChannelConsts {}
 unsafe impl DeviceRepr for PqQuery {}
 unsafe impl ValidAsZeroBits for PqQuery {}
+unsafe impl DeviceRepr for QuantBlock {}
+unsafe impl ValidAsZeroBits for QuantBlock {}
+unsafe impl DeviceRepr for LaneEncodeBlock {}
+unsafe impl ValidAsZeroBits for LaneEncodeBlock {}
 
 /// `KvcLaneDecodeArgs` with device addresses (invariant 1: every pointer is 8 bytes).
 #[repr(C)]
@@ -1282,7 +1286,47 @@ struct PqArgsDev {
     reserved: u32,
 }
 
+/// `KvcQuantArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QuantArgsDev {
+    x: u64,
+    n_x: u64,
+    exps: u64,
+    n_exps: u64,
+    consts: u64,
+    n_consts: u64,
+    q: u64,
+    n_q: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcLaneEncodeArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct LaneEncodeArgsDev {
+    symbols: u64,
+    symbol_table: u64,
+    n_symbols: u64,
+    tables: u64,
+    n_tables: u64,
+    table_list: u64,
+    n_table_list: u64,
+    words: u64,
+    n_words: u64,
+    lane_len: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+}
+
 // SAFETY (invariant 7): as above, plain `#[repr(C)]` integers passed by value.
+unsafe impl DeviceRepr for QuantArgsDev {}
+unsafe impl DeviceRepr for LaneEncodeArgsDev {}
 unsafe impl DeviceRepr for LaneDecodeArgsDev {}
 unsafe impl DeviceRepr for DequantArgsDev {}
 unsafe impl DeviceRepr for PqArgsDev {}
@@ -1512,6 +1556,137 @@ pub(crate) fn launch_pq(
     launch.arg(&args);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (the host runs' launch shape and shared memory).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A quantization launch's device buffers.
+#[derive(Debug)]
+pub(crate) struct QuantDev {
+    pub x: DevBuf<f32>,
+    pub exps: DevBuf<u8>,
+    pub consts: DevBuf<ChannelConsts>,
+    pub q: DevBuf<i32>,
+    pub blocks: DevBuf<QuantBlock>,
+    pub status: DevBuf<u32>,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Queues `kvc_quantize` over `b` on `stream`.
+pub(crate) fn launch_quantize(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &QuantDev,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.blocks.len() {
+        return Err(input("quantization buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (x, n_x) = a.of(&b.x, stream);
+    let (exps, n_exps) = a.of(&b.exps, stream);
+    let (consts, n_consts) = a.of(&b.consts, stream);
+    let (q, n_q) = a.of(&b.q, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = QuantArgsDev {
+        x,
+        n_x,
+        exps,
+        n_exps,
+        consts,
+        n_consts,
+        q,
+        n_q,
+        blocks,
+        status,
+        n_blocks,
+        heads: b.heads,
+        head_dim: b.head_dim,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (DEQUANT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
+    // synchronized), 7 and 3 (the host runs' launch shape).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A lane-encode launch's device buffers.
+#[derive(Debug)]
+pub(crate) struct LaneEncodeDev {
+    pub symbols: DevBuf<u8>,
+    pub symbol_table: DevBuf<u16>,
+    pub tables: DevBuf<u32>,
+    pub table_list: DevBuf<u32>,
+    pub words: DevBuf<u32>,
+    pub lane_len: DevBuf<u32>,
+    pub blocks: DevBuf<LaneEncodeBlock>,
+    pub status: DevBuf<u32>,
+}
+
+/// Queues `kvc_rans_lane_encode` over `b` on `stream`.
+pub(crate) fn launch_lane_encode(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneEncodeDev,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.symbols.len() != b.symbol_table.len()
+        || b.status.len() != b.blocks.len() * LANES
+        || b.lane_len.len() != b.status.len()
+    {
+        return Err(input("lane-encode buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (symbols, n_symbols) = a.of(&b.symbols, stream);
+    let (symbol_table, _) = a.of(&b.symbol_table, stream);
+    let (tables, n_table_words) = a.of(&b.tables, stream);
+    let (table_list, n_table_list) = a.of(&b.table_list, stream);
+    let (words, n_words) = a.of(&b.words, stream);
+    let (lane_len, _) = a.of(&b.lane_len, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = LaneEncodeArgsDev {
+        symbols,
+        symbol_table,
+        n_symbols,
+        tables,
+        n_tables: n_table_words / 256,
+        table_list,
+        n_table_list,
+        words,
+        n_words,
+        lane_len,
+        blocks,
+        status,
+        n_blocks,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (LANES as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
+    // synchronized), 7 and 3 (32 threads, no shared memory).
     unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
     drop(a);
     Ok(())

@@ -13,6 +13,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use crate::decode::{check_dequant, DecodePlan};
+use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, LANES, SLOTS};
 use crate::nvrtc::{Nvrtc, KERNELS};
@@ -33,6 +34,8 @@ struct Kernels {
     dequant_f16: CudaFunction,
     dequant_bf16: CudaFunction,
     pq_search: CudaFunction,
+    quantize: CudaFunction,
+    lane_encode: CudaFunction,
 }
 
 /// A CUDA device's primary context, a stream on it, and the kernels once loaded.
@@ -142,6 +145,8 @@ impl Gpu {
             dequant_f16: load("dequant.cu", "kvc_dequant_f16")?,
             dequant_bf16: load("dequant.cu", "kvc_dequant_bf16")?,
             pq_search: load("pq_search.cu", "kvc_pq_search")?,
+            quantize: load("encode.cu", "kvc_quantize")?,
+            lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
         };
         let shared = self.lane_shared_tables as usize * SLOTS * 4;
         if shared > 48 * 1024 {
@@ -359,6 +364,88 @@ impl Gpu {
             m: io.m,
             bits: io.bits,
             residual: io.residual,
+        })
+    }
+}
+
+impl Gpu {
+    fn upload_quant(&self, batch: &QuantBatch) -> Result<ffi::QuantDev, CudaError> {
+        let s = &self.stream;
+        let io = batch.io(&mut [], &mut []);
+        Ok(ffi::QuantDev {
+            x: DevBuf::upload(s, io.x)?,
+            exps: DevBuf::upload(s, io.exps)?,
+            consts: DevBuf::upload(s, io.consts)?,
+            q: DevBuf::zeros(s, batch.q_len())?,
+            blocks: DevBuf::upload(s, io.blocks)?,
+            status: DevBuf::zeros(s, io.blocks.len())?,
+            heads: io.heads,
+            head_dim: io.head_dim,
+        })
+    }
+
+    /// Quantizes every block of `batch` on the device: as [`QuantBatch::quantize_host`]
+    /// gives it.
+    pub fn quantize(&self, batch: &QuantBatch) -> Result<Vec<(Vec<i32>, EncodeStatus)>, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_quant(batch)?;
+        ffi::launch_quantize(s, &k.quantize, &dev)?;
+        self.sync()?;
+        Ok(batch.quantized(dev.q.download(s)?, dev.status.download(s)?))
+    }
+
+    /// For benches: the best time in seconds of `reps` quantization launches over `batch`,
+    /// uploaded once (the kernel alone).
+    pub fn time_quantize(&self, batch: &QuantBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_quant(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_quantize(&self.stream, &k.quantize, &dev)?;
+            self.sync()
+        })
+    }
+
+    fn upload_lane_encode(&self, batch: &LaneEncodeBatch) -> Result<ffi::LaneEncodeDev, CudaError> {
+        let s = &self.stream;
+        let io = batch.io(&mut [], &mut [], &mut []);
+        Ok(ffi::LaneEncodeDev {
+            symbols: DevBuf::upload(s, io.symbols)?,
+            symbol_table: DevBuf::upload(s, io.symbol_table)?,
+            tables: DevBuf::upload(s, io.tables)?,
+            table_list: DevBuf::upload(s, io.table_list)?,
+            words: DevBuf::zeros(s, batch.n_words())?,
+            lane_len: DevBuf::zeros(s, io.blocks.len() * LANES)?,
+            blocks: DevBuf::upload(s, io.blocks)?,
+            status: DevBuf::zeros(s, io.blocks.len() * LANES)?,
+        })
+    }
+
+    /// Encodes every block of `batch` on the device: as [`LaneEncodeBatch::encode_host`]
+    /// gives it.
+    pub fn lane_encode(&self, batch: &LaneEncodeBatch) -> Result<LaneEncoded, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_lane_encode(batch)?;
+        ffi::launch_lane_encode(s, &k.lane_encode, &dev)?;
+        self.sync()?;
+        Ok(batch.encoded(
+            dev.words.download(s)?,
+            dev.lane_len.download(s)?,
+            dev.status.download(s)?,
+        ))
+    }
+
+    /// For benches: the best time in seconds of `reps` lane-encode launches over `batch`,
+    /// uploaded once (the kernel alone).
+    pub fn time_lane_encode(&self, batch: &LaneEncodeBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_lane_encode(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_lane_encode(&self.stream, &k.lane_encode, &dev)?;
+            self.sync()
         })
     }
 }

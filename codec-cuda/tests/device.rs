@@ -17,7 +17,7 @@ use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
 use codec_cuda::Gpu;
-use common::{codec_core_tensors, golden, permutation, scatter};
+use common::{codec_core_tensors, encode_case, golden, permutation, scatter};
 use pq_core::{group_score_table, pack, search, Codebook, Method, PqParams};
 
 /// Device 0 with the kernels loaded, or `None` after printing why the test skips (a panic under
@@ -287,4 +287,27 @@ fn device_pq_search_selects_what_pq_core_selects() {
             assert_eq!(host.tokens(i), &w[..]);
         }
     }
+}
+
+/// The encode kernels on the device: every block of a stream codec-core encoded from the real
+/// fixture (3 layers, step exponents) re-quantized and re-encoded to the stream's symbol values
+/// and lane words, as on the host.
+#[test]
+fn device_encode_reproduces_codec_cores_blocks() {
+    let Some(gpu) = gpu("device_encode_reproduces_codec_cores_blocks") else {
+        return;
+    };
+    let (bytes, tensors) = common::fixture_stream(3);
+    let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let case = encode_case(&stream, &tensors);
+    let values = gpu.quantize(&case.quant).unwrap();
+    let lanes = gpu.lane_encode(&case.enc).unwrap();
+    for (b, want) in case.values.iter().enumerate() {
+        assert!(&values[b].0 == want, "block {b}: symbol values");
+        assert!(
+            lanes.lanes(b).unwrap().to_vec() == case.lanes[b],
+            "block {b}: lanes"
+        );
+    }
+    println!("{} blocks re-encoded on the device", case.values.len());
 }

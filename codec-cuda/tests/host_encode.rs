@@ -4,14 +4,11 @@
 //! exponents, three levels) re-encoded by the kernels to the same symbol values, the same
 //! table indices and the same lane words, word for word.
 
-use std::path::Path;
+mod common;
 
 use codec_core::quant::{quantize_block, BlockConsts, ChannelParams, Exps};
 use codec_core::rans::{encode_lanes, FreqTable};
-use codec_core::{
-    encode, learn_profile, EncodeParams, KvCache, LearnParams, Limits, ProfileMode, Queries,
-    Sample, Stream,
-};
+use codec_core::{Limits, Stream};
 use codec_cuda::encode::{EncTableId, EncodeStatus, LaneEncodeBatch, QuantBatch};
 use codec_cuda::quant::ChannelConsts;
 use codec_cuda::stream::ChunkLanes;
@@ -228,104 +225,29 @@ fn a_symbol_outside_its_table_is_bad_symbol() {
 /// the stream's lane words.
 #[test]
 fn real_fixture_blocks_reencode_word_for_word() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let mut d = kvc_io::load_dump(&path).expect("fixture present");
-    let layers = 3usize.min(d.kv.shape.layers as usize);
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
-    let q = d.q.as_ref().expect("the fixture has queries");
-    let queries = Queries {
-        q: q.iter().take(layers).map(Vec::as_slice).collect(),
-        q_heads: d.q_heads,
-        q_start: d.q_start,
-    };
-    let cache: &KvCache = &d.kv;
-    let sample = Sample {
-        kv: cache.view(),
-        queries: Some(queries),
-    };
-    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
-    let some: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
-    let chunks = cache.shape.tokens.div_ceil(96) as usize;
-    let params = EncodeParams {
-        chunk_tokens: 96,
-        levels: some.iter().copied().cycle().take(chunks).collect(),
-        token_importance: true,
-        ..EncodeParams::default()
-    };
-    let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let (bytes, tensors) = common::fixture_stream(3);
     let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
-    let h = stream.header();
-    let c = h.shape.channels();
-    let tensors: Vec<Vec<f32>> = (0..layers)
-        .flat_map(|l| [cache.k[l].to_f32_vec(), cache.v[l].to_f32_vec()])
-        .collect();
-    let (mut blocks, mut with_exps, mut escapes) = (0, 0, 0);
-    for chunk in 0..h.chunks.len() {
-        let lanes = ChunkLanes::read(&stream, chunk).unwrap();
-        let exp_out = lanes.exponent_batch().unwrap().decode_host(2).unwrap();
-        let exps: Vec<&[u8]> = (0..lanes.blocks.len())
-            .map(|b| exp_out.symbols(b))
-            .collect();
-        let sym_out = lanes.symbol_batch(&exps).unwrap().decode_host(2).unwrap();
-        let mult = stream.profile().level_multipliers()[usize::from(lanes.level())];
-        let token_start = h.chunks[chunk].token_start as usize;
-        let rows = lanes.rows();
-        let mut quant = QuantBatch::new(h.shape.kv_heads, h.shape.head_dim);
-        let mut enc = LaneEncodeBatch::new();
-        let mut distinct: Vec<(*const FreqTable, EncTableId)> = Vec::new();
-        for (b, blk) in lanes.blocks.iter().enumerate() {
-            let consts =
-                ChannelConsts::of_block(stream.profile().channel_params(blk.layer, blk.kv), mult);
-            let start = quant.add_consts(&consts);
-            let t = &tensors[blk.layer as usize * 2 + blk.kv];
-            let x = &t[token_start * c..(token_start + rows) * c];
-            let e = blk.exp_table.as_ref().map(|_| exps[b]);
-            quant
-                .add_block(x, lanes.sink_rows() as u32, u32::from(h.group), e, start)
-                .unwrap();
-            let tables: Vec<EncTableId> = lanes
-                .symbol_tables(b, exps[b])
-                .into_iter()
-                .map(
-                    |t| match distinct.iter().find(|(p, _)| std::ptr::eq(*p, t)) {
-                        Some(&(_, id)) => id,
-                        None => {
-                            let id = enc.add_table(t);
-                            distinct.push((t, id));
-                            id
-                        }
-                    },
-                )
-                .collect();
-            enc.add_block(sym_out.symbols(b), &tables).unwrap();
-            with_exps += usize::from(e.is_some());
+    let case = common::encode_case(&stream, &tensors);
+    let values = case.quant.quantize_host().unwrap();
+    let lanes = case.enc.encode_host().unwrap();
+    for (b, want) in case.values.iter().enumerate() {
+        assert_eq!(values[b].1, EncodeStatus::Ok);
+        assert!(&values[b].0 == want, "block {b}: symbol values");
+        assert!(
+            lanes.lanes(b).unwrap().to_vec() == case.lanes[b],
+            "block {b}: lane words"
+        );
+    }
+    let (mut with_exps, mut escapes) = (0, 0);
+    for chunk in 0..stream.header().chunks.len() {
+        for blk in ChunkLanes::read(&stream, chunk).unwrap().blocks {
+            with_exps += usize::from(blk.exp_table.is_some());
             escapes += blk.escapes.len();
         }
-        let values = quant.quantize_host().unwrap();
-        let words = enc.encode_host().unwrap();
-        for (b, blk) in lanes.blocks.iter().enumerate() {
-            let want = lanes.symbol_values(b, sym_out.symbols(b), exps[b]).unwrap();
-            assert_eq!(values[b].1, EncodeStatus::Ok);
-            assert!(
-                values[b].0 == want,
-                "chunk {chunk} block {b}: symbol values"
-            );
-            let got = words.lanes(b).unwrap();
-            let lane_len: Vec<usize> = got.iter().map(Vec::len).collect();
-            assert_eq!(
-                lane_len, blk.lane_len,
-                "chunk {chunk} block {b}: lane lengths"
-            );
-            assert!(
-                got.concat() == blk.words,
-                "chunk {chunk} block {b}: lane words"
-            );
-            blocks += 1;
-        }
     }
-    println!("{blocks} blocks ({with_exps} with step exponents, {escapes} escapes) re-encoded");
-    assert!(with_exps > 0);
+    println!(
+        "{} blocks ({with_exps} with step exponents, {escapes} escapes) re-encoded",
+        case.values.len()
+    );
+    assert!(with_exps > 0 && escapes > 0);
 }
