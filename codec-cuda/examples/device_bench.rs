@@ -9,7 +9,8 @@
 //! at one level in 128-token chunks, decoded `copies` times over (each copy a sequence of its
 //! own in one dense output) per round. Reported per round's best: the whole `Gpu::decode_into`
 //! (three launches, the host's steps between them, every upload), and each launch alone with
-//! its upload. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
+//! its upload. Encode: the middle level's blocks re-quantized and re-encoded, in GB/s of f16
+//! input. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
 //! (causal), and a synthetic 32768-token head with 256 queries.
 //!
 //! Without a GPU or NVRTC it says why and exits 0. NVRTC: `KVC_NVRTC_LIB`, else
@@ -18,13 +19,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use codec_core::rans::FreqTable;
 use codec_core::{
     encode, learn_profile, EncodeParams, LearnParams, Limits, ProfileMode, Sample, Stream,
 };
 use codec_cuda::decode::DecodePlan;
+use codec_cuda::encode::{EncTableId, LaneEncodeBatch, QuantBatch};
 use codec_cuda::pq::PqBatch;
-use codec_cuda::quant::{OutDtype, OutLayout, Output};
-use codec_cuda::stream::Destination;
+use codec_cuda::quant::{ChannelConsts, OutDtype, OutLayout, Output};
+use codec_cuda::stream::{ChunkLanes, Destination};
 use codec_cuda::Gpu;
 use pq_core::{pack, Codebook, Method, PqParams};
 
@@ -137,6 +140,40 @@ fn main() {
         );
     }
 
+    // Encode: every block of the middle level's stream, `copies` times, re-quantized (with
+    // its step exponents) and re-encoded (with its tables) from the cache's f16 values.
+    let tensors: Vec<Vec<f32>> = (0..shape.layers as usize)
+        .flat_map(|l| [cache.k[l].to_f32_vec(), cache.v[l].to_f32_vec()])
+        .collect();
+    let params = EncodeParams {
+        chunk_tokens: 128,
+        levels: vec![profile.levels() / 2],
+        ..EncodeParams::default()
+    };
+    let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let (quant, enc) = encode_batches(&stream, &tensors, copies);
+    let in_bytes = (copies * 2 * shape.layers as usize * tokens as usize * c * 2) as f64;
+    let (tq, _) = best_of(rounds, || gpu.quantize(&quant).unwrap());
+    let (te, _) = best_of(rounds, || gpu.lane_encode(&enc).unwrap());
+    let kq = gpu.time_quantize(&quant, rounds).unwrap();
+    let ke = gpu.time_lane_encode(&enc, rounds).unwrap();
+    println!(
+        "encode level {}: {:.1} MB of f16 input: with uploads and downloads quantization {:.3} ms, \
+         lane encode {:.3} ms = {:.2} GB/s; kernels alone {:.3} + {:.3} ms = {:.2} GB/s \
+         (quantization {:.2} GB/s, lane encode {:.2} GB/s of f16 input)",
+        profile.levels() / 2,
+        in_bytes / 1e6,
+        tq * 1e3,
+        te * 1e3,
+        in_bytes / (tq + te) / 1e9,
+        kq * 1e3,
+        ke * 1e3,
+        in_bytes / (kq + ke) / 1e9,
+        in_bytes / kq / 1e9,
+        in_bytes / ke / 1e9,
+    );
+
     // PQ: the fixture's layer 0, causal, all stored query heads, `copies` times.
     let (kv_heads, dim, t) = (
         shape.kv_heads as usize,
@@ -219,4 +256,61 @@ fn main() {
         kl * 1e3,
         n / kl / 1e9
     );
+}
+
+/// Every block of every chunk of `stream`, `copies` times: rows, exponents and constants for
+/// the quantization kernel, table indices and tables for the lane encoder (each chunk's
+/// indices and exponents decoded by the host-run kernels).
+fn encode_batches(
+    stream: &Stream<'_>,
+    tensors: &[Vec<f32>],
+    copies: usize,
+) -> (QuantBatch, LaneEncodeBatch) {
+    let h = stream.header();
+    let c = h.shape.channels();
+    let mut quant = QuantBatch::new(h.shape.kv_heads, h.shape.head_dim);
+    let mut enc = LaneEncodeBatch::new();
+    for chunk in 0..h.chunks.len() {
+        let lanes = ChunkLanes::read(stream, chunk).unwrap();
+        let exp_out = lanes.exponent_batch().unwrap().decode_host(2).unwrap();
+        let exps: Vec<&[u8]> = (0..lanes.blocks.len())
+            .map(|b| exp_out.symbols(b))
+            .collect();
+        let sym_out = lanes.symbol_batch(&exps).unwrap().decode_host(2).unwrap();
+        let mult = stream.profile().level_multipliers()[usize::from(lanes.level())];
+        let token_start = h.chunks[chunk].token_start as usize;
+        let rows = lanes.rows();
+        let mut distinct: Vec<(*const FreqTable, EncTableId)> = Vec::new();
+        for _ in 0..copies {
+            for (b, blk) in lanes.blocks.iter().enumerate() {
+                let consts = ChannelConsts::of_block(
+                    stream.profile().channel_params(blk.layer, blk.kv),
+                    mult,
+                );
+                let start = quant.add_consts(&consts);
+                let t = &tensors[blk.layer as usize * 2 + blk.kv];
+                let x = &t[token_start * c..(token_start + rows) * c];
+                let e = blk.exp_table.as_ref().map(|_| exps[b]);
+                quant
+                    .add_block(x, lanes.sink_rows() as u32, u32::from(h.group), e, start)
+                    .unwrap();
+                let tables: Vec<EncTableId> = lanes
+                    .symbol_tables(b, exps[b])
+                    .into_iter()
+                    .map(
+                        |t| match distinct.iter().find(|(p, _)| std::ptr::eq(*p, t)) {
+                            Some(&(_, id)) => id,
+                            None => {
+                                let id = enc.add_table(t);
+                                distinct.push((t, id));
+                                id
+                            }
+                        },
+                    )
+                    .collect();
+                enc.add_block(sym_out.symbols(b), &tables).unwrap();
+            }
+        }
+    }
+    (quant, enc)
 }
