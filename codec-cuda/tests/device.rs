@@ -203,12 +203,6 @@ fn device_dequant_headers_match_the_host_run_kernel() {
             page_start,
         };
         batch.add_block(input).unwrap();
-        batch
-            .add_block(DequantInput {
-                out_start: 20,
-                ..input
-            })
-            .unwrap();
         let b = &mut batch.blocks_mut()[0];
         let v = next();
         match case % 11 {
