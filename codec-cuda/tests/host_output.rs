@@ -278,3 +278,53 @@ proptest! {
         }
     }
 }
+
+/// CRC-32C, as chunks carry it.
+fn crc32c(bytes: &[u8]) -> u32 {
+    crc::Crc::<u32>::new(&crc::CRC_32_ISCSI).checksum(bytes)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// A chunk body with bytes altered (and its CRC fixed, so the change reaches the block
+    /// checks and the kernels) decodes to an error or to some output, never a panic; with the
+    /// CRC left stale it is the chunk's C1 error.
+    #[test]
+    fn altered_chunks_never_panic(
+        which in 0usize..20,
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        fix_crc in any::<bool>(),
+    ) {
+        let (_, bytes, profile) = golden().swap_remove(which);
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        prop_assume!(!h.chunks.is_empty());
+        let chunk = edits[0].0.index(h.chunks.len());
+        let e = h.chunks[chunk];
+        let (start, len) = (e.offset as usize, e.len_bytes as usize);
+        prop_assume!(len > 4);
+        let mut altered = bytes.clone();
+        for (at, x) in &edits {
+            altered[start + at.index(len - 4)] ^= x | 1;
+        }
+        if fix_crc {
+            let crc = crc32c(&altered[start..start + len - 4]);
+            altered[start + len - 4..start + len].copy_from_slice(&crc.to_le_bytes());
+        }
+        let stream = Stream::open(&altered, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let (tokens, c) = (h.shape.tokens, h.shape.channels());
+        let output = Output {
+            dtype: OutDtype::Bf16,
+            layout: OutLayout::Dense,
+            len: 2 * h.shape.layers as usize * tokens as usize * c,
+        };
+        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+        let added = plan.add_stream(&stream, Destination::dense(tokens, c));
+        if !fix_crc {
+            let stale = matches!(added, Err(CudaError::Stream { what, .. }) if what.contains("C1"));
+            prop_assert!(stale, "{:?}", added);
+        } else if added.is_ok() {
+            let _ = plan.decode_host();
+        }
+    }
+}
