@@ -1,7 +1,8 @@
 //! # kvc codec-cuda
 //!
-//! The GPU companion of codec-core: CUDA C kernels (`kernels/*.cu`) that decode kvc streams
-//! bit for bit as codec-core does, compiled at run time by NVRTC and launched through cudarc,
+//! The GPU companion of codec-core and pq-core: CUDA C kernels (`kernels/*.cu`) that decode and
+//! encode kvc streams bit for bit as codec-core does and select tokens by PQ codes as pq-core
+//! does, compiled at run time by NVRTC and launched through cudarc,
 //! whose driver and NVRTC bindings are loaded at run time (`dynamic-loading`), so that the crate
 //! builds, and its entry points return a [`CudaError`], on a machine without CUDA.
 //!
@@ -21,7 +22,9 @@
 //! - [`encode`]: the encode kernels' batches: quantization ([`encode::QuantBatch`]) and the
 //!   32-lane rANS encoder ([`encode::LaneEncodeBatch`]), as codec-core's encoder computes them.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
-//! - [`Gpu`]: a device, or the error saying why there is none.
+//! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
+//!   once per process and loaded once, and every batch above uploaded, launched and downloaded
+//!   on it.
 //!
 //! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
 
