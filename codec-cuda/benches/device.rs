@@ -39,10 +39,18 @@ fn main() {
 
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Bytes(out_len as u64 * 2));
-    g.bench_function("whole, uploads and host steps included", |b| {
+    g.bench_function("whole, uploads included", |b| {
         b.iter(|| gpu.decode_into(&plan, &mut out).unwrap())
     });
-    g.bench_function("kernels alone", |b| {
+    g.bench_function("chain of five kernels alone", |b| {
+        b.iter_custom(|iters| {
+            let s: f64 = (0..iters)
+                .map(|_| gpu.time_decode_chain(&plan, &mut out, 1).unwrap())
+                .sum();
+            Duration::from_secs_f64(s)
+        })
+    });
+    g.bench_function("stepwise kernels alone", |b| {
         b.iter_custom(|iters| {
             let mut s = 0.0;
             for _ in 0..iters {

@@ -9,8 +9,9 @@
 //! The decode input is the real 512-token fixture (all 30 layers, 3 KV heads of 64), encoded
 //! at one level in 128-token chunks, decoded `copies` times over (each copy a sequence of its
 //! own in one dense output) per round. Reported per round's best: the whole `Gpu::decode_into`
-//! (three launches, the host's steps between them, every upload), each launch with its uploads
-//! and downloads, and the kernels alone. Encode: the middle level's blocks re-quantized and
+//! (every upload, the chain of five launches, the statuses), the chain's kernels alone, the
+//! stepwise path (three launches with the host's steps between them), each of its launches
+//! with uploads and downloads, and those kernels alone. Encode: the middle level's blocks re-quantized and
 //! re-encoded. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
 //! (causal), and a synthetic 32768-token head with 256 queries.
 //!
@@ -77,15 +78,24 @@ fn main() {
         let k_sym = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
         let k_dq = gpu.time_dequant(&dq, &mut out, rounds).unwrap();
         let kernels = k_exp + k_sym + k_dq;
+        let k_chain = gpu.time_decode_chain(&plan, &mut out, rounds).unwrap();
+        let (stepwise, r) = best_of(rounds.min(2), || gpu.decode_into_stepwise(&plan, &mut out));
+        r.unwrap();
         println!(
-            "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole {:.3} ms = {:.2} GB/s; \
-             with uploads and downloads: exponent launch {:.3} ms, symbol launch {:.3} ms, \
-             dequantization {:.3} ms; kernels alone: {:.3} + {:.3} + {:.3} ms = {:.2} GB/s \
-             (lane decode {:.2} GB/s, dequantization {:.2} GB/s of f16)",
+            "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole (chain, uploads \
+             and statuses included) {:.3} ms = {:.2} GB/s; the chain's five kernels alone {:.3} ms \
+             = {:.2} GB/s; stepwise (host steps between launches) {:.3} ms = {:.3} GB/s; \
+             stepwise launches with uploads and downloads: exponent launch {:.3} ms, symbol \
+             launch {:.3} ms, dequantization {:.3} ms; alone: {:.3} + {:.3} + {:.3} ms = {:.2} \
+             GB/s (lane decode {:.2} GB/s, dequantization {:.2} GB/s of f16)",
             bytes.len(),
             out_bytes / 1e6,
             full * 1e3,
             out_bytes / full / 1e9,
+            k_chain * 1e3,
+            out_bytes / k_chain / 1e9,
+            stepwise * 1e3,
+            out_bytes / stepwise / 1e9,
             t_exp * 1e3,
             t_sym * 1e3,
             t_dq * 1e3,

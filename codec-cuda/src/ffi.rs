@@ -10,9 +10,10 @@
 //!    [`DequantBlock`] (in `quant.rs`) and [`DequantArgsC`] those of `KvcChannelConsts`,
 //!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu`, and [`PqQuery`] (in
 //!    `pq.rs`) and [`PqArgsC`] those of `KvcPqQuery` and `KvcPqArgs` in `kernels/pq_search.cu`,
-//!    and [`QuantBlock`], [`LaneEncodeBlock`] (in `encode.rs`), [`QuantArgsC`] and
-//!    [`LaneEncodeArgsC`] those of `kernels/encode.cu` (`#[repr(C)]`, fields in the same order
-//!    and of the same sizes). The unit tests
+//!    [`QuantBlock`], [`LaneEncodeBlock`] (in `encode.rs`), [`QuantArgsC`] and
+//!    [`LaneEncodeArgsC`] those of `kernels/encode.cu`, and [`ResolveBlock`], [`ValueBlock`],
+//!    [`ResolveArgsC`] and [`ValueArgsC`] those of `kernels/chain.cu` (`#[repr(C)]`, fields in
+//!    the same order and of the same sizes). The unit tests
 //!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
 //!    reports.
 //! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
@@ -138,6 +139,184 @@ extern "C" {
     #[cfg(test)]
     fn kvc_encode_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_quantize_one_host(r: f32, step: f32) -> i32;
+    fn kvc_resolve_tables_host(
+        args: *const ResolveArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_map_values_host(
+        args: *const ValueArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_chain_layout(out: *mut u64, cap: u64) -> u64;
+}
+
+/// `KvcResolveBlock` (invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ResolveBlock {
+    pub symbol_start: u64,
+    pub exp_start: u64,
+    pub map_start: u64,
+    pub n_e: u32,
+    pub n_sym: u32,
+    pub sink_rows: u32,
+    pub group: u32,
+    pub has_exps: u32,
+    pub reserved: u32,
+}
+
+/// `KvcValueBlock` (invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ValueBlock {
+    pub index_start: u64,
+    pub list_start: u64,
+    pub escape_start: u64,
+    pub q_start: u64,
+    pub n_sym: u32,
+    pub n_escapes: u32,
+    pub list_len: u32,
+    pub reserved: u32,
+}
+
+/// `KvcResolveArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ResolveArgsC {
+    symbol_table: *mut u16,
+    n_symbol_table: u64,
+    exps: *const u8,
+    n_exps: u64,
+    map: *const u16,
+    n_map: u64,
+    blocks: *const ResolveBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcValueArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ValueArgsC {
+    indices: *const u8,
+    symbol_table: *const u16,
+    n_indices: u64,
+    table_list: *const u32,
+    n_table_list: u64,
+    radius: *const u8,
+    n_radius: u64,
+    escapes: *const i32,
+    n_escapes: u64,
+    q: *mut i32,
+    n_q: u64,
+    blocks: *const ValueBlock,
+    status: *mut u32,
+    n_blocks: u64,
+}
+
+/// Threads per block of the chain kernels (`KVC_CHAIN_MAX_THREADS`).
+pub(crate) const CHAIN_THREADS: u32 = 256;
+/// Bytes of `KvcValueShared`.
+pub(crate) const VALUE_SHARED_BYTES: u32 = 8 + 4 * CHAIN_THREADS;
+
+/// The buffers of one table-resolution launch.
+#[derive(Debug)]
+pub(crate) struct ResolveIo<'a> {
+    pub symbol_table: &'a mut [u16],
+    pub exps: &'a [u8],
+    pub map: &'a [u16],
+    pub blocks: &'a [ResolveBlock],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_resolve_tables` on the host.
+pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.status.len() != io.blocks.len() {
+        return Err(input("status buffer is not one entry per block"));
+    }
+    let args = ResolveArgsC {
+        symbol_table: io.symbol_table.as_mut_ptr(),
+        n_symbol_table: io.symbol_table.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        map: io.map.as_ptr(),
+        n_map: io.map.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (CHAIN_THREADS threads, no shared memory).
+    let rc = unsafe { kvc_resolve_tables_host(&args, grid, CHAIN_THREADS, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_resolve_tables",
+        }),
+    }
+}
+
+/// The buffers of one value-mapping launch.
+#[derive(Debug)]
+pub(crate) struct ValueIo<'a> {
+    pub indices: &'a [u8],
+    /// Same length as `indices`.
+    pub symbol_table: &'a [u16],
+    pub table_list: &'a [u32],
+    pub radius: &'a [u8],
+    pub escapes: &'a [i32],
+    pub q: &'a mut [i32],
+    pub blocks: &'a [ValueBlock],
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_map_values` on the host.
+pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
+        return Err(input("value-mapping buffers of mismatched lengths"));
+    }
+    let args = ValueArgsC {
+        indices: io.indices.as_ptr(),
+        symbol_table: io.symbol_table.as_ptr(),
+        n_indices: io.indices.len() as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        radius: io.radius.as_ptr(),
+        n_radius: io.radius.len() as u64,
+        escapes: io.escapes.as_ptr(),
+        n_escapes: io.escapes.len() as u64,
+        q: io.q.as_mut_ptr(),
+        n_q: io.q.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+    };
+    let shared = u64::from(VALUE_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // `indices` and `symbol_table` of one length) and 3 (CHAIN_THREADS threads, the shared
+    // memory KvcValueShared needs).
+    let rc = unsafe { kvc_map_values_host(&args, grid, CHAIN_THREADS, shared) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_map_values",
+        }),
+    }
 }
 
 /// `KvcQuantArgs` (invariant 1).
@@ -970,6 +1149,73 @@ fn rust_encode_layout() -> Vec<u64> {
 }
 
 #[cfg(test)]
+fn host_chain_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_chain_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_chain_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type R = ResolveBlock;
+    type RA = ResolveArgsC;
+    type V = ValueBlock;
+    type VA = ValueArgsC;
+    [
+        size_of::<R>(),
+        offset_of!(R, symbol_start),
+        offset_of!(R, exp_start),
+        offset_of!(R, map_start),
+        offset_of!(R, n_e),
+        offset_of!(R, n_sym),
+        offset_of!(R, sink_rows),
+        offset_of!(R, group),
+        offset_of!(R, has_exps),
+        size_of::<RA>(),
+        offset_of!(RA, symbol_table),
+        offset_of!(RA, n_symbol_table),
+        offset_of!(RA, exps),
+        offset_of!(RA, n_exps),
+        offset_of!(RA, map),
+        offset_of!(RA, n_map),
+        offset_of!(RA, blocks),
+        offset_of!(RA, status),
+        offset_of!(RA, n_blocks),
+        offset_of!(RA, heads),
+        offset_of!(RA, head_dim),
+        size_of::<V>(),
+        offset_of!(V, index_start),
+        offset_of!(V, list_start),
+        offset_of!(V, escape_start),
+        offset_of!(V, q_start),
+        offset_of!(V, n_sym),
+        offset_of!(V, n_escapes),
+        offset_of!(V, list_len),
+        size_of::<VA>(),
+        offset_of!(VA, indices),
+        offset_of!(VA, symbol_table),
+        offset_of!(VA, n_indices),
+        offset_of!(VA, table_list),
+        offset_of!(VA, n_table_list),
+        offset_of!(VA, radius),
+        offset_of!(VA, n_radius),
+        offset_of!(VA, escapes),
+        offset_of!(VA, n_escapes),
+        offset_of!(VA, q),
+        offset_of!(VA, n_q),
+        offset_of!(VA, blocks),
+        offset_of!(VA, status),
+        offset_of!(VA, n_blocks),
+        VALUE_SHARED_BYTES as usize,
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
 fn host_pq_layout() -> Vec<u64> {
     let mut out = vec![0u64; 64];
     // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
@@ -1099,6 +1345,11 @@ mod tests {
             table_capacity,
             reserved
         );
+    }
+
+    #[test]
+    fn chain_layouts_match_the_kernel() {
+        assert_eq!(host_chain_layout(), rust_chain_layout());
     }
 
     #[test]
@@ -1352,6 +1603,24 @@ pub(crate) fn launch_lane_decode(
     b: &LaneDecodeDev,
     shared_tables: u32,
 ) -> Result<(), CudaError> {
+    let r = LaneDecodeRef {
+        words: &b.words,
+        tables: &b.tables,
+        table_list: &b.table_list,
+        symbol_table: &b.symbol_table,
+        blocks: &b.blocks,
+        symbols: &b.symbols,
+        status: &b.status,
+    };
+    launch_lane_decode_ref(stream, func, &r, shared_tables)
+}
+
+fn launch_lane_decode_ref(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneDecodeRef<'_>,
+    shared_tables: u32,
+) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
         return Err(input("lane-decode buffers of mismatched lengths"));
@@ -1361,13 +1630,13 @@ pub(crate) fn launch_lane_decode(
         return Ok(());
     }
     let mut a = Addrs { guards: Vec::new() };
-    let (words, n_words) = a.of(&b.words, stream);
-    let (tables, n_words_tables) = a.of(&b.tables, stream);
-    let (table_list, n_table_list) = a.of(&b.table_list, stream);
-    let (symbol_table, _) = a.of(&b.symbol_table, stream);
-    let (symbols, n_symbols) = a.of(&b.symbols, stream);
-    let (blocks, n_blocks) = a.of(&b.blocks, stream);
-    let (status, _) = a.of(&b.status, stream);
+    let (words, n_words) = a.of(b.words, stream);
+    let (tables, n_words_tables) = a.of(b.tables, stream);
+    let (table_list, n_table_list) = a.of(b.table_list, stream);
+    let (symbol_table, _) = a.of(b.symbol_table, stream);
+    let (symbols, n_symbols) = a.of(b.symbols, stream);
+    let (blocks, n_blocks) = a.of(b.blocks, stream);
+    let (status, _) = a.of(b.status, stream);
     let args = LaneDecodeArgsDev {
         words,
         n_words,
@@ -1422,6 +1691,20 @@ pub(crate) fn launch_dequant(
     out: &mut CudaSlice<u16>,
     n_out: usize,
 ) -> Result<(), CudaError> {
+    launch_dequant_with(stream, func, b, &b.q, &b.exps, out, n_out)
+}
+
+/// [`launch_dequant`] reading symbol values `q` and exponents `exps` from other buffers (a
+/// chain's earlier launches) instead of `b`'s.
+fn launch_dequant_with(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &DequantDev,
+    q_buf: &DevBuf<i32>,
+    exps_buf: &DevBuf<u8>,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     if b.status.len() != b.blocks.len() {
         return Err(input("dequantization buffers of mismatched lengths"));
@@ -1434,8 +1717,8 @@ pub(crate) fn launch_dequant(
         return Ok(());
     }
     let mut a = Addrs { guards: Vec::new() };
-    let (q, n_q) = a.of(&b.q, stream);
-    let (exps, n_exps) = a.of(&b.exps, stream);
+    let (q, n_q) = a.of(q_buf, stream);
+    let (exps, n_exps) = a.of(exps_buf, stream);
     let (sink, n_sink) = a.of(&b.sink, stream);
     let (consts, n_consts) = a.of(&b.consts, stream);
     let (out_ptr, out_guard) = out.device_ptr_mut(stream);
@@ -1690,4 +1973,192 @@ pub(crate) fn launch_lane_encode(
     unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
     drop(a);
     Ok(())
+}
+
+/// `KvcResolveArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ResolveArgsDev {
+    symbol_table: u64,
+    n_symbol_table: u64,
+    exps: u64,
+    n_exps: u64,
+    map: u64,
+    n_map: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcValueArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ValueArgsDev {
+    indices: u64,
+    symbol_table: u64,
+    n_indices: u64,
+    table_list: u64,
+    n_table_list: u64,
+    radius: u64,
+    n_radius: u64,
+    escapes: u64,
+    n_escapes: u64,
+    q: u64,
+    n_q: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+}
+
+// SAFETY (invariant 7): plain `#[repr(C)]` integers.
+unsafe impl DeviceRepr for ResolveArgsDev {}
+unsafe impl DeviceRepr for ValueArgsDev {}
+unsafe impl DeviceRepr for ResolveBlock {}
+unsafe impl ValidAsZeroBits for ResolveBlock {}
+unsafe impl DeviceRepr for ValueBlock {}
+unsafe impl ValidAsZeroBits for ValueBlock {}
+
+/// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
+/// within its buffer; built from one `decode::Chain`).
+#[derive(Debug)]
+pub(crate) struct ChainDev {
+    pub lanes_exp: LaneDecodeDev,
+    pub sym_blocks: DevBuf<LaneBlock>,
+    pub sym_table: DevBuf<u16>,
+    pub symbols: DevBuf<u8>,
+    pub sym_status: DevBuf<u32>,
+    pub map: DevBuf<u16>,
+    pub resolve: DevBuf<ResolveBlock>,
+    pub resolve_status: DevBuf<u32>,
+    pub radius: DevBuf<u8>,
+    pub escapes: DevBuf<i32>,
+    pub q: DevBuf<i32>,
+    pub values: DevBuf<ValueBlock>,
+    pub value_status: DevBuf<u32>,
+    pub dequant: DequantDev,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Queues the five launches of a chain on `stream`: exponents, table resolution, symbols,
+/// values, dequantization into the first `n_out` elements of `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_chain(
+    stream: &CudaStream,
+    lane: &CudaFunction,
+    resolve: &CudaFunction,
+    values: &CudaFunction,
+    dequant: &CudaFunction,
+    c: &ChainDev,
+    shared_tables: u32,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let l = &c.lanes_exp;
+    launch_lane_decode(stream, lane, l, shared_tables)?;
+    let grid = |n: usize| u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"));
+    let g = grid(c.resolve.len())?;
+    if c.resolve_status.len() != c.resolve.len()
+        || c.value_status.len() != c.values.len()
+        || c.symbols.len() != c.sym_table.len()
+        || c.sym_status.len() != c.sym_blocks.len() * LANES
+    {
+        return Err(input("chain buffers of mismatched lengths"));
+    }
+    if g > 0 {
+        let mut a = Addrs { guards: Vec::new() };
+        let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
+        let (exps, n_exps) = a.of(&l.symbols, stream);
+        let (map, n_map) = a.of(&c.map, stream);
+        let (blocks, n_blocks) = a.of(&c.resolve, stream);
+        let (status, _) = a.of(&c.resolve_status, stream);
+        let args = ResolveArgsDev {
+            symbol_table,
+            n_symbol_table,
+            exps,
+            n_exps,
+            map,
+            n_map,
+            blocks,
+            status,
+            n_blocks,
+            heads: c.heads,
+            head_dim: c.head_dim,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (CHAIN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(resolve);
+        launch.arg(&args);
+        // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
+        // synchronized), 7 and 3.
+        unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+        drop(a);
+    }
+    let sym = LaneDecodeRef {
+        words: &l.words,
+        tables: &l.tables,
+        table_list: &l.table_list,
+        symbol_table: &c.sym_table,
+        blocks: &c.sym_blocks,
+        symbols: &c.symbols,
+        status: &c.sym_status,
+    };
+    launch_lane_decode_ref(stream, lane, &sym, shared_tables)?;
+    let g = grid(c.values.len())?;
+    if g > 0 {
+        let mut a = Addrs { guards: Vec::new() };
+        let (indices, n_indices) = a.of(&c.symbols, stream);
+        let (symbol_table, _) = a.of(&c.sym_table, stream);
+        let (table_list, n_table_list) = a.of(&l.table_list, stream);
+        let (radius, n_radius) = a.of(&c.radius, stream);
+        let (escapes, n_escapes) = a.of(&c.escapes, stream);
+        let (q, n_q) = a.of(&c.q, stream);
+        let (blocks, n_blocks) = a.of(&c.values, stream);
+        let (status, _) = a.of(&c.value_status, stream);
+        let args = ValueArgsDev {
+            indices,
+            symbol_table,
+            n_indices,
+            table_list,
+            n_table_list,
+            radius,
+            n_radius,
+            escapes,
+            n_escapes,
+            q,
+            n_q,
+            blocks,
+            status,
+            n_blocks,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (CHAIN_THREADS, 1, 1),
+            shared_mem_bytes: VALUE_SHARED_BYTES,
+        };
+        let mut launch = stream.launch_builder(values);
+        launch.arg(&args);
+        // SAFETY: invariants 1, 6, 7 and 3 (the shared memory KvcValueShared needs).
+        unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+        drop(a);
+    }
+    launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out)
+}
+
+/// A lane-decode launch's buffers, borrowed (the chain's symbol launch shares the exponent
+/// launch's words and tables).
+struct LaneDecodeRef<'a> {
+    words: &'a DevBuf<u32>,
+    tables: &'a DevBuf<u32>,
+    table_list: &'a DevBuf<u32>,
+    symbol_table: &'a DevBuf<u16>,
+    blocks: &'a DevBuf<LaneBlock>,
+    symbols: &'a DevBuf<u8>,
+    status: &'a DevBuf<u32>,
 }

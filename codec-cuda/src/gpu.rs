@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-use crate::decode::{check_dequant, DecodePlan};
+use crate::decode::{check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, LANES, SLOTS};
@@ -36,6 +36,8 @@ struct Kernels {
     pq_search: CudaFunction,
     quantize: CudaFunction,
     lane_encode: CudaFunction,
+    resolve_tables: CudaFunction,
+    map_values: CudaFunction,
 }
 
 /// A CUDA device's primary context, a stream on it, and the kernels once loaded.
@@ -147,6 +149,8 @@ impl Gpu {
             pq_search: load("pq_search.cu", "kvc_pq_search")?,
             quantize: load("encode.cu", "kvc_quantize")?,
             lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
+            resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
+            map_values: load("chain.cu", "kvc_map_values")?,
         };
         let shared = self.lane_shared_tables as usize * SLOTS * 4;
         if shared > 48 * 1024 {
@@ -293,9 +297,121 @@ impl Gpu {
     }
 
     /// Decodes every chunk of `plan` into `out`, a device buffer of at least the plan's output
-    /// length (e.g. a serving engine's KV pages) on [`stream`](Self::stream): the three
-    /// launches of [`DecodePlan`], with the host's steps between them.
+    /// length (e.g. a serving engine's KV pages) on [`stream`](Self::stream): every input
+    /// uploaded at once, then one chain of five launches (exponents, table resolution, symbols,
+    /// values with escapes, dequantization) with no host step between them, then the statuses.
     pub fn decode_into(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        if plan.output().layout == (OutLayout::Paged { page_size: 0 }) {
+            return Err(CudaError::Input {
+                what: "a page size of 0",
+            });
+        }
+        let k = self.kernels(None)?;
+        let chain = plan.chain()?;
+        let dev = self.upload_chain(&chain)?;
+        self.launch_chain(&k, &dev, plan.output(), out)?;
+        self.sync()?;
+        let s = &self.stream;
+        chain.check(
+            &dev.lanes_exp.status.download(s)?,
+            &dev.resolve_status.download(s)?,
+            &dev.sym_status.download(s)?,
+            &dev.value_status.download(s)?,
+            &dev.dequant.status.download(s)?,
+        )
+    }
+
+    /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of five launches,
+    /// its inputs uploaded once (the kernels alone).
+    pub fn time_decode_chain(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let chain = plan.chain()?;
+        let dev = self.upload_chain(&chain)?;
+        self.sync()?;
+        best_time(reps, || {
+            self.launch_chain(&k, &dev, plan.output(), out)?;
+            self.sync()
+        })
+    }
+
+    fn launch_chain(
+        &self,
+        k: &Kernels,
+        dev: &ffi::ChainDev,
+        output: crate::quant::Output,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let dequant = match output.dtype {
+            OutDtype::F16 => &k.dequant_f16,
+            OutDtype::Bf16 => &k.dequant_bf16,
+        };
+        ffi::launch_chain(
+            &self.stream,
+            &k.lane_decode,
+            &k.resolve_tables,
+            &k.map_values,
+            dequant,
+            dev,
+            self.lane_shared_tables,
+            out,
+            output.len,
+        )
+    }
+
+    fn upload_chain(&self, ch: &Chain) -> Result<ffi::ChainDev, CudaError> {
+        let s = &self.stream;
+        let io = ch.dequant.io(&mut [], &mut []);
+        Ok(ffi::ChainDev {
+            lanes_exp: ffi::LaneDecodeDev {
+                words: DevBuf::upload(s, &ch.words)?,
+                tables: DevBuf::upload(s, &ch.tables)?,
+                table_list: DevBuf::upload(s, &ch.table_list)?,
+                symbol_table: DevBuf::zeros(s, ch.n_exps)?,
+                blocks: DevBuf::upload(s, &ch.exp_blocks)?,
+                symbols: DevBuf::zeros(s, ch.n_exps)?,
+                status: DevBuf::zeros(s, ch.exp_blocks.len() * LANES)?,
+            },
+            sym_blocks: DevBuf::upload(s, &ch.sym_blocks)?,
+            sym_table: DevBuf::zeros(s, ch.n_symbols)?,
+            symbols: DevBuf::zeros(s, ch.n_symbols)?,
+            sym_status: DevBuf::zeros(s, ch.sym_blocks.len() * LANES)?,
+            map: DevBuf::upload(s, &ch.map)?,
+            resolve: DevBuf::upload(s, &ch.resolve)?,
+            resolve_status: DevBuf::zeros(s, ch.resolve.len())?,
+            radius: DevBuf::upload(s, &ch.radius)?,
+            escapes: DevBuf::upload(s, &ch.escapes)?,
+            q: DevBuf::zeros(s, ch.n_q)?,
+            values: DevBuf::upload(s, &ch.values)?,
+            value_status: DevBuf::zeros(s, ch.values.len())?,
+            dequant: ffi::DequantDev {
+                q: DevBuf::zeros(s, 0)?,
+                exps: DevBuf::zeros(s, 0)?,
+                sink: DevBuf::upload(s, io.sink)?,
+                consts: DevBuf::upload(s, io.consts)?,
+                pages: DevBuf::upload(s, io.pages)?,
+                blocks: DevBuf::upload(s, io.blocks)?,
+                status: DevBuf::zeros(s, io.blocks.len())?,
+                heads: io.heads,
+                head_dim: io.head_dim,
+                page_size: io.page_size,
+            },
+            heads: io.heads,
+            head_dim: io.head_dim,
+        })
+    }
+
+    /// The three-launch path with the host's steps between launches (table resolution and
+    /// value mapping on the host; [`DecodePlan::decode_host`]'s order), into `out`.
+    pub fn decode_into_stepwise(
         &self,
         plan: &DecodePlan<'_>,
         out: &mut CudaSlice<u16>,

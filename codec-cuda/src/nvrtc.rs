@@ -33,6 +33,12 @@ pub struct KernelSource {
 /// Every kernel in `kernels/*.cu` (a test checks the list against the folder).
 pub const KERNELS: &[KernelSource] = &[
     KernelSource {
+        file: "chain.cu",
+        source: include_str!("../kernels/chain.cu"),
+        entries: &["kvc_resolve_tables", "kvc_map_values"],
+        decode: true,
+    },
+    KernelSource {
         file: "dequant.cu",
         source: include_str!("../kernels/dequant.cu"),
         entries: &["kvc_dequant_f16", "kvc_dequant_bf16"],

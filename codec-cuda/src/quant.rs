@@ -250,6 +250,30 @@ impl DequantBatch {
         Ok(self.blocks.len() - 1)
     }
 
+    /// Adds a block whose symbol values and exponents another launch writes (at `q_start` and
+    /// `exp_start` of those buffers), with its sink rows; returns its index.
+    pub(crate) fn add_block_external(&mut self, mut block: DequantBlock, sink: &[f32]) -> usize {
+        block.sink_start = self.sink.len() as u64;
+        self.sink.extend_from_slice(sink);
+        self.blocks.push(block);
+        self.blocks.len() - 1
+    }
+
+    /// The launch's buffers with symbol values `q` and exponents `exps` from other launches.
+    pub(crate) fn io_with<'a>(
+        &'a self,
+        q: &'a [i32],
+        exps: &'a [u8],
+        out: &'a mut [u16],
+        status: &'a mut [u32],
+    ) -> ffi::DequantIo<'a> {
+        ffi::DequantIo {
+            q,
+            exps,
+            ..self.io(out, status)
+        }
+    }
+
     /// The blocks, for tests that corrupt them (the kernel checks every field).
     pub fn blocks_mut(&mut self) -> &mut [DequantBlock] {
         &mut self.blocks

@@ -272,7 +272,7 @@ impl LaneDecoded {
 
 /// A table in the kernel's packed form: per slot, the symbol (bits 0..8), its frequency (bits
 /// 8..20) and the slot's offset from the symbol's cumulative frequency (bits 20..32).
-fn packed_table(table: &FreqTable) -> Vec<u32> {
+pub(crate) fn packed_table(table: &FreqTable) -> Vec<u32> {
     let mut out = Vec::with_capacity(SLOTS);
     for (s, &f) in table.freqs().iter().enumerate() {
         out.extend((0..u32::from(f)).map(|k| s as u32 | u32::from(f) << 8 | k << 20));

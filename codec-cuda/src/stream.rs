@@ -174,6 +174,11 @@ impl<'s> ChunkLanes<'s> {
         Ok(())
     }
 
+    /// The chunk's stream.
+    pub fn stream(&self) -> &'s Stream<'s> {
+        self.stream
+    }
+
     /// The chunk's index in its stream.
     pub fn chunk(&self) -> usize {
         self.chunk

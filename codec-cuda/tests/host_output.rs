@@ -38,6 +38,11 @@ fn golden_streams_decode_dense_f16_and_bf16_as_codec_core() {
             let got = plan.decode_host().unwrap();
             let want: Vec<u16> = codec_core_tensors(&stream, dtype).concat();
             assert!(got == want, "{name} {dtype:?}: differs from codec-core");
+            let chained = plan.decode_chain_host().unwrap();
+            assert!(
+                chained == want,
+                "{name} {dtype:?}: the chain differs from codec-core"
+            );
         }
     }
 }
@@ -76,6 +81,10 @@ fn golden_streams_decode_into_pages_as_codec_core() {
             let tensors = codec_core_tensors(&stream, dtype);
             scatter(&mut want, &tensors, &table, page_size, c, tensor_len);
             assert!(got == want, "{name} pages of {page_size} {dtype:?}");
+            assert!(
+                plan.decode_chain_host().unwrap() == want,
+                "{name} chain, pages"
+            );
         }
     }
 }
@@ -161,6 +170,7 @@ fn real_fixture_two_sequences_share_a_paged_cache() {
         scatter(&mut want, &tensors, table, page_size, c, tensor_len);
     }
     assert!(got == want);
+    assert!(plan.decode_chain_host().unwrap() == want);
     println!("{} chunks in one plan", plan.chunks());
 }
 
@@ -324,7 +334,12 @@ proptest! {
             let stale = matches!(added, Err(CudaError::Stream { what, .. }) if what.contains("C1"));
             prop_assert!(stale, "{:?}", added);
         } else if added.is_ok() {
-            let _ = plan.decode_host();
+            // Both paths agree on whether the chunk decodes, and on its output.
+            match (plan.decode_host(), plan.decode_chain_host()) {
+                (Ok(a), Ok(b)) => prop_assert!(a == b),
+                (Err(_), Err(_)) => {}
+                (a, b) => prop_assert!(false, "{:?} / {:?}", a.map(|_| ()), b.map(|_| ())),
+            }
         }
     }
 }
