@@ -76,15 +76,18 @@ __device__ __forceinline__ void kvc_resolve(const KvcResolveArgs& a, unsigned ch
     const bool ok = kvc_resolve_ok(a, b);
     if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
     if (!ok) return;
-    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    // 32-bit index arithmetic (C and the symbol counts are below 2^32; 64-bit division is slow
+    // on the device); products that may exceed 32 bits are taken in 64.
+    const kvc_u32 c = a.heads * a.head_dim;
     kvc_u16* out = a.symbol_table + b.symbol_start;
     // The exponents use the exponent table, list index 0.
-    for (kvc_u64 p = threadIdx.x; p < b.n_e; p += blockDim.x) out[p] = 0;
-    for (kvc_u64 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        const kvc_u64 i = g / c, ch = g % c;
-        const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;
-        const kvc_u32 e = b.has_exps ? a.exps[b.exp_start + i * a.heads + ch / a.head_dim] & 15u : 0u;
-        out[b.n_e + g] = a.map[b.map_start + (kind * 16u + e) * c + ch];
+    for (kvc_u32 p = threadIdx.x; p < b.n_e; p += blockDim.x) out[p] = 0;
+    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
+        const kvc_u32 i = g / c, ch = g - i * c;
+        const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;  // wraps only for a bad block
+        const kvc_u32 e =
+            b.has_exps ? a.exps[b.exp_start + (kvc_u64)i * a.heads + ch / a.head_dim] & 15u : 0u;
+        out[(kvc_u64)b.n_e + g] = a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
     }
 }
 
