@@ -79,12 +79,16 @@ fn main() {
         let k_dq = gpu.time_dequant(&dq, &mut out, rounds).unwrap();
         let kernels = k_exp + k_sym + k_dq;
         let k_chain = gpu.time_decode_chain(&plan, &mut out, rounds).unwrap();
+        let stages = gpu
+            .time_decode_chain_stages(&plan, &mut out, rounds)
+            .unwrap();
         let (stepwise, r) = best_of(rounds.min(2), || gpu.decode_into_stepwise(&plan, &mut out));
         r.unwrap();
         println!(
             "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole (chain, uploads \
              and statuses included) {:.3} ms = {:.2} GB/s; the chain's five kernels alone {:.3} ms \
-             = {:.2} GB/s; stepwise (host steps between launches) {:.3} ms = {:.3} GB/s; \
+             = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, values \
+             {:.3}, dequantization {:.3} ms); stepwise (host steps between launches) {:.3} ms = {:.3} GB/s; \
              stepwise launches with uploads and downloads: exponent launch {:.3} ms, symbol \
              launch {:.3} ms, dequantization {:.3} ms; alone: {:.3} + {:.3} + {:.3} ms = {:.2} \
              GB/s (lane decode {:.2} GB/s, dequantization {:.2} GB/s of f16)",
@@ -94,6 +98,11 @@ fn main() {
             out_bytes / full / 1e9,
             k_chain * 1e3,
             out_bytes / k_chain / 1e9,
+            stages[0] * 1e3,
+            stages[1] * 1e3,
+            stages[2] * 1e3,
+            stages[3] * 1e3,
+            stages[4] * 1e3,
             stepwise * 1e3,
             out_bytes / stepwise / 1e9,
             t_exp * 1e3,

@@ -2042,25 +2042,44 @@ pub(crate) struct ChainDev {
     pub head_dim: u32,
 }
 
+/// The kernels of a chain.
+#[derive(Debug)]
+pub(crate) struct ChainKernels<'a> {
+    pub lane: &'a CudaFunction,
+    pub resolve: &'a CudaFunction,
+    pub values: &'a CudaFunction,
+    pub dequant: &'a CudaFunction,
+}
+
 /// Queues the five launches of a chain on `stream`: exponents, table resolution, symbols,
 /// values, dequantization into the first `n_out` elements of `out`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_chain(
     stream: &CudaStream,
-    lane: &CudaFunction,
-    resolve: &CudaFunction,
-    values: &CudaFunction,
-    dequant: &CudaFunction,
+    k: &ChainKernels<'_>,
     c: &ChainDev,
     shared_tables: u32,
     out: &mut CudaSlice<u16>,
     n_out: usize,
 ) -> Result<(), CudaError> {
+    for stage in 0..5 {
+        launch_chain_stage(stream, k, c, shared_tables, out, n_out, stage)?;
+    }
+    Ok(())
+}
+
+/// Queues launch `stage` (0-4) of a chain; the earlier ones must be queued before it.
+pub(crate) fn launch_chain_stage(
+    stream: &CudaStream,
+    k: &ChainKernels<'_>,
+    c: &ChainDev,
+    shared_tables: u32,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+    stage: u8,
+) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     let l = &c.lanes_exp;
-    launch_lane_decode(stream, lane, l, shared_tables)?;
-    let grid = |n: usize| u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"));
-    let g = grid(c.resolve.len())?;
+    let (lane, resolve, values, dequant) = (k.lane, k.resolve, k.values, k.dequant);
     if c.resolve_status.len() != c.resolve.len()
         || c.value_status.len() != c.values.len()
         || c.symbols.len() != c.sym_table.len()
@@ -2068,7 +2087,12 @@ pub(crate) fn launch_chain(
     {
         return Err(input("chain buffers of mismatched lengths"));
     }
-    if g > 0 {
+    let grid = |n: usize| u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"));
+    if stage == 0 {
+        return launch_lane_decode(stream, lane, l, shared_tables);
+    }
+    let g = grid(c.resolve.len())?;
+    if stage == 1 && g > 0 {
         let mut a = Addrs { guards: Vec::new() };
         let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
         let (exps, n_exps) = a.of(&l.symbols, stream);
@@ -2109,9 +2133,11 @@ pub(crate) fn launch_chain(
         symbols: &c.symbols,
         status: &c.sym_status,
     };
-    launch_lane_decode_ref(stream, lane, &sym, shared_tables)?;
+    if stage == 2 {
+        return launch_lane_decode_ref(stream, lane, &sym, shared_tables);
+    }
     let g = grid(c.values.len())?;
-    if g > 0 {
+    if stage == 3 && g > 0 {
         let mut a = Addrs { guards: Vec::new() };
         let (indices, n_indices) = a.of(&c.symbols, stream);
         let (symbol_table, _) = a.of(&c.sym_table, stream);
@@ -2148,7 +2174,10 @@ pub(crate) fn launch_chain(
         unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
         drop(a);
     }
-    launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out)
+    if stage == 4 {
+        return launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out);
+    }
+    Ok(())
 }
 
 /// A lane-decode launch's buffers, borrowed (the chain's symbol launch shares the exponent

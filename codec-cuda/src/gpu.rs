@@ -350,21 +350,50 @@ impl Gpu {
         output: crate::quant::Output,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let dequant = match output.dtype {
-            OutDtype::F16 => &k.dequant_f16,
-            OutDtype::Bf16 => &k.dequant_bf16,
-        };
+        let kernels = chain_kernels(k, output);
         ffi::launch_chain(
             &self.stream,
-            &k.lane_decode,
-            &k.resolve_tables,
-            &k.map_values,
-            dequant,
+            &kernels,
             dev,
             self.lane_shared_tables,
             out,
             output.len,
         )
+    }
+
+    /// For benches: the best time in seconds of each of the chain's five launches (exponents,
+    /// table resolution, symbols, values, dequantization) over `reps` runs, each launch
+    /// synchronized alone.
+    pub fn time_decode_chain_stages(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+        reps: usize,
+    ) -> Result<[f64; 5], CudaError> {
+        let k = self.kernels(None)?;
+        let chain = plan.chain()?;
+        let dev = self.upload_chain(&chain)?;
+        let kernels = chain_kernels(&k, plan.output());
+        let n_out = plan.output().len;
+        self.sync()?;
+        let mut best = [f64::INFINITY; 5];
+        for _ in 0..reps.max(1) {
+            for (stage, b) in best.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                ffi::launch_chain_stage(
+                    &self.stream,
+                    &kernels,
+                    &dev,
+                    self.lane_shared_tables,
+                    out,
+                    n_out,
+                    stage as u8,
+                )?;
+                self.sync()?;
+                *b = b.min(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(best)
     }
 
     fn upload_chain(&self, ch: &Chain) -> Result<ffi::ChainDev, CudaError> {
@@ -563,6 +592,19 @@ impl Gpu {
             ffi::launch_lane_encode(&self.stream, &k.lane_encode, &dev)?;
             self.sync()
         })
+    }
+}
+
+/// The chain's kernels for `output`'s dtype.
+fn chain_kernels(k: &Kernels, output: crate::quant::Output) -> ffi::ChainKernels<'_> {
+    ffi::ChainKernels {
+        lane: &k.lane_decode,
+        resolve: &k.resolve_tables,
+        values: &k.map_values,
+        dequant: match output.dtype {
+            OutDtype::F16 => &k.dequant_f16,
+            OutDtype::Bf16 => &k.dequant_bf16,
+        },
     }
 }
 
