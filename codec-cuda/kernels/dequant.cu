@@ -1,11 +1,14 @@
 // Dequantization (spec/FORMAT.md §7), bit for bit codec_core's reconstruction: a coded block's
-// symbol values, step exponents, sink rows and channel constants to f16 rows in [T, H, D].
+// symbol values, step exponents, sink rows and channel constants to f16 or bf16 rows, written
+// densely ([T, H, D] per tensor) or into pages as vLLM keeps them ([num_pages, page_size, H, D]
+// per tensor, token t in page pages[t / page_size], slot t % page_size).
 //
-// One CUDA block per coded block (a chunk's layer K or V), its threads striding over the
-// channels; each thread walks its channel's rows in order, keeping the group's reconstructed
-// anchor in a register (the closed loop of §7.2: a delta row predicts from the anchor as the
-// decoder rebuilt it, before narrowing). Every f32 operation is one rounded operation in the
-// spec's order (__fmul_rn / __fadd_rn / __fsub_rn on the device, -ffp-contract=off on the host).
+// One CUDA block per coded block (a chunk's layer K or V; many chunks and layers per launch), its
+// threads striding over the channels; each thread walks its channel's rows in order, keeping the
+// group's reconstructed anchor in a register (the closed loop of §7.2: a delta row predicts from
+// the anchor as the decoder rebuilt it, before narrowing). Every f32 operation is one rounded
+// operation in the spec's order (__fmul_rn / __fadd_rn / __fsub_rn on the device,
+// -ffp-contract=off on the host).
 
 #include "kvc_kernel.cuh"
 
@@ -15,6 +18,15 @@ enum KvcDequantStatus : kvc_u32 {
     // The block's ranges lie outside the launch's buffers, or its shape is invalid (no group,
     // more sink rows than rows); nothing written.
     KVC_DEQUANT_BAD_RANGE = 1,
+    // Paged output: a row's page-table entry lies outside `pages`, or its page outside `out`;
+    // nothing written.
+    KVC_DEQUANT_BAD_PAGE = 2,
+};
+
+// Output element types (one entry point each).
+enum KvcOutDtype : kvc_u32 {
+    KVC_OUT_F16 = 0,
+    KVC_OUT_BF16 = 1,
 };
 
 // The constants of one channel of one (layer, K/V) at the block's level (§7.1).
@@ -36,8 +48,12 @@ struct KvcDequantBlock {
     kvc_u64 exp_start;
     // Index in `sink` of sink row 0, channel 0 (sink_rows * C values, widened to f32).
     kvc_u64 sink_start;
-    // Index in `out` of row 0, channel 0 (rows * C values).
+    // Index in `out` of the tensor's element 0: token t, channel c is element
+    // out_start + t * C + c (dense), or out_start + (pages[page_start + t / page_size] * page_size
+    // + t % page_size) * C + c (paged).
     kvc_u64 out_start;
+    // Index in `pages` of the sequence's page table (paged output only).
+    kvc_u64 page_start;
     // Index in `consts` of channel 0 (C records).
     kvc_u64 consts_start;
     kvc_u32 rows;
@@ -46,6 +62,9 @@ struct KvcDequantBlock {
     kvc_u32 group;
     // Whether the block has step exponents (otherwise every exponent is 0).
     kvc_u32 has_exps;
+    // The sequence position of row 0 (the chunk's first token).
+    kvc_u32 token_start;
+    kvc_u32 reserved;
 };
 
 // A launch's buffers; every count is the number of elements its pointer may be read or written.
@@ -58,14 +77,21 @@ struct KvcDequantArgs {
     kvc_u64 n_sink;
     const KvcChannelConsts* consts;
     kvc_u64 n_consts;
+    // f16 or bf16 bits, as the entry point writes.
     kvc_u16* out;
     kvc_u64 n_out;
+    // Page tables (paged output), page ids.
+    const kvc_u32* pages;
+    kvc_u64 n_pages;
     const KvcDequantBlock* blocks;
     kvc_u32* status;
     kvc_u64 n_blocks;
     // Every block's row shape: C = heads * head_dim channels.
     kvc_u32 heads;
     kvc_u32 head_dim;
+    // Tokens per page; 0 for dense output.
+    kvc_u32 page_size;
+    kvc_u32 reserved;
 };
 
 // EXP_MULT[e] (§7.1): 2^(e/2), odd e from f32(sqrt 2) = 0x3FB504F3; only the exponent field
@@ -98,31 +124,67 @@ __device__ __forceinline__ kvc_u16 kvc_f32_to_f16(float x) {
     return (kvc_u16)(sign | (q + ((rem > half) | ((rem == half) & (q & 1u)))));
 }
 
+// f32 to bf16 bits, IEEE roundTiesToEven (§1.2): (u + 0x7FFF + lsb) >> 16 on u32 (which carries
+// into the exponent and on to infinity as it should); NaN as the reference narrows it.
+__device__ __forceinline__ kvc_u16 kvc_f32_to_bf16(float x) {
+    const kvc_u32 u = kvc_f32_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (kvc_u16)((u >> 16) | 0x0040u);
+    return (kvc_u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <kvc_u32 Dtype>
+__device__ __forceinline__ kvc_u16 kvc_narrow(float x) {
+    if constexpr (Dtype == KVC_OUT_BF16) {
+        return kvc_f32_to_bf16(x);
+    } else {
+        return kvc_f32_to_f16(x);
+    }
+}
+
 // Whether the block's ranges lie inside the launch's buffers (no overflow: C is checked to fit
 // 32 bits, so every product is of two 32-bit values; every bound is compared by subtraction
-// from a count).
+// from a count or by division).
 __device__ __forceinline__ bool kvc_dequant_block_ok(const KvcDequantArgs& a,
                                                      const KvcDequantBlock& b) {
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
-    if (a.head_dim == 0 || c > 0xFFFFFFFFull || b.group == 0 || b.sink_rows > b.rows) return false;
+    if (c == 0 || c > 0xFFFFFFFFull || b.group == 0 || b.sink_rows > b.rows) return false;
     const kvc_u64 coded = b.rows - b.sink_rows;
     const bool q_ok = b.q_start <= a.n_q && coded * c <= a.n_q - b.q_start;
     const bool e_ok = !b.has_exps ||
                       (b.exp_start <= a.n_exps && coded * a.heads <= a.n_exps - b.exp_start);
     const bool s_ok = b.sink_start <= a.n_sink && b.sink_rows * c <= a.n_sink - b.sink_start;
-    const bool o_ok = b.out_start <= a.n_out && b.rows * c <= a.n_out - b.out_start;
+    // Dense: rows token_start .. token_start + rows of the tensor. Paged: the page-table entries
+    // the rows use; each row's page is checked by kvc_dequant_pages_ok.
+    const kvc_u64 end_token = (kvc_u64)b.token_start + b.rows;
+    bool o_ok = b.out_start <= a.n_out;
+    if (a.page_size == 0) {
+        o_ok = o_ok && end_token <= (a.n_out - b.out_start) / c;
+    } else if (b.rows > 0) {
+        const kvc_u64 last_entry = (end_token - 1) / a.page_size;
+        o_ok = o_ok && b.page_start <= a.n_pages && last_entry < a.n_pages - b.page_start;
+    }
     const bool k_ok = b.consts_start <= a.n_consts && c <= a.n_consts - b.consts_start;
     return q_ok && e_ok && s_ok && o_ok && k_ok;
 }
 
-// Channel `ch` of every row of a checked block (§7.2), narrowed to f16 (§7.3).
+// Index in `out` of row r's channel 0 (a checked block; for paged output, checked pages).
+__device__ __forceinline__ kvc_u64 kvc_row_start(const KvcDequantArgs& a, const KvcDequantBlock& b,
+                                                 kvc_u64 c, kvc_u32 r) {
+    const kvc_u64 t = (kvc_u64)b.token_start + r;
+    if (a.page_size == 0) return b.out_start + t * c;
+    const kvc_u64 page = a.pages[b.page_start + t / a.page_size];
+    return b.out_start + (page * a.page_size + t % a.page_size) * c;
+}
+
+// Channel `ch` of every row of a checked block (§7.2), narrowed to the output dtype (§7.3).
+template <kvc_u32 Dtype>
 __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
                                                     const KvcDequantBlock& b, kvc_u64 ch) {
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
     const KvcChannelConsts k = a.consts[b.consts_start + ch];
     const kvc_u64 head = ch / a.head_dim;
     float anchor = 0.0f;
-    for (kvc_u64 r = 0; r < b.rows; r++) {
+    for (kvc_u32 r = 0; r < b.rows; r++) {
         float x;
         if (r < b.sink_rows) {
             x = a.sink[b.sink_start + r * c + ch];
@@ -140,22 +202,58 @@ __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
             }
         }
         if (r % b.group == 0) anchor = x;
-        a.out[b.out_start + r * c + ch] = kvc_f32_to_f16(x);
+        a.out[kvc_row_start(a, b, c, r) + ch] = kvc_narrow<Dtype>(x);
     }
 }
 
-// The only phase: check the block, then each thread reconstructs its channels.
-__device__ __forceinline__ void kvc_dequant_rows(const KvcDequantArgs& a, unsigned char*) {
-    if (blockIdx.x >= a.n_blocks) return;
-    const KvcDequantBlock& b = a.blocks[blockIdx.x];
-    const bool ok = kvc_dequant_block_ok(a, b);
-    if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_DEQUANT_OK : KVC_DEQUANT_BAD_RANGE;
-    if (!ok) return;
-    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
-    for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) kvc_dequant_channel(a, b, ch);
+// The block's verdict, in shared memory across the three phases.
+struct KvcDequantShared {
+    kvc_u32 status;
+};
+
+// Phase 1: thread 0 checks the block's ranges.
+__device__ __forceinline__ void kvc_dequant_check(const KvcDequantArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    KvcDequantShared* s = (KvcDequantShared*)shared;
+    s->status = kvc_dequant_block_ok(a, a.blocks[blockIdx.x]) ? KVC_DEQUANT_OK
+                                                              : KVC_DEQUANT_BAD_RANGE;
 }
 
-KVC_KERNEL(kvc_dequant_f16, KvcDequantArgs, kvc_dequant_rows)
+// Phase 2 (paged output): the threads check the rows' pages, striding over the rows. A failing
+// thread writes KVC_DEQUANT_BAD_PAGE; every writer writes that same value.
+__device__ __forceinline__ void kvc_dequant_pages_ok(const KvcDequantArgs& a,
+                                                     unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || a.page_size == 0) return;
+    KvcDequantShared* s = (KvcDequantShared*)shared;
+    if (s->status != KVC_DEQUANT_OK) return;
+    const KvcDequantBlock& b = a.blocks[blockIdx.x];
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    // Rows of C elements the output holds after out_start (C >= 1 in a checked block).
+    const kvc_u64 out_rows = (a.n_out - b.out_start) / c;
+    for (kvc_u32 r = threadIdx.x; r < b.rows; r += blockDim.x) {
+        const kvc_u64 t = (kvc_u64)b.token_start + r;
+        const kvc_u64 page = a.pages[b.page_start + t / a.page_size];
+        if (page * a.page_size + t % a.page_size >= out_rows) s->status = KVC_DEQUANT_BAD_PAGE;
+    }
+}
+
+// Phase 3: the status, then each thread reconstructs its channels.
+template <kvc_u32 Dtype>
+__device__ __forceinline__ void kvc_dequant_rows(const KvcDequantArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const kvc_u32 status = ((const KvcDequantShared*)shared)->status;
+    if (threadIdx.x == 0) a.status[blockIdx.x] = status;
+    if (status != KVC_DEQUANT_OK) return;
+    const KvcDequantBlock& b = a.blocks[blockIdx.x];
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) kvc_dequant_channel<Dtype>(a, b, ch);
+}
+
+// Dynamic shared memory: sizeof(KvcDequantShared) bytes.
+KVC_KERNEL(kvc_dequant_f16, KvcDequantArgs, kvc_dequant_check, kvc_dequant_pages_ok,
+           kvc_dequant_rows<KVC_OUT_F16>)
+KVC_KERNEL(kvc_dequant_bf16, KvcDequantArgs, kvc_dequant_check, kvc_dequant_pages_ok,
+           kvc_dequant_rows<KVC_OUT_BF16>)
 
 #ifdef KVC_HOST
 #include <stddef.h>
@@ -178,6 +276,8 @@ extern "C" kvc_u64 kvc_dequant_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcDequantBlock, sink_rows),
         offsetof(KvcDequantBlock, group),
         offsetof(KvcDequantBlock, has_exps),
+        offsetof(KvcDequantBlock, token_start),
+        offsetof(KvcDequantBlock, page_start),
         sizeof(KvcDequantArgs),
         offsetof(KvcDequantArgs, q),
         offsetof(KvcDequantArgs, n_q),
@@ -189,11 +289,14 @@ extern "C" kvc_u64 kvc_dequant_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcDequantArgs, n_consts),
         offsetof(KvcDequantArgs, out),
         offsetof(KvcDequantArgs, n_out),
+        offsetof(KvcDequantArgs, pages),
+        offsetof(KvcDequantArgs, n_pages),
         offsetof(KvcDequantArgs, blocks),
         offsetof(KvcDequantArgs, status),
         offsetof(KvcDequantArgs, n_blocks),
         offsetof(KvcDequantArgs, heads),
         offsetof(KvcDequantArgs, head_dim),
+        offsetof(KvcDequantArgs, page_size),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
@@ -202,4 +305,5 @@ extern "C" kvc_u64 kvc_dequant_layout(kvc_u64* out, kvc_u64 cap) {
 
 // The kernel's f32 -> f16 narrowing, for an exhaustive-ish test against the half crate.
 extern "C" kvc_u16 kvc_f32_to_f16_host(float x) { return kvc_f32_to_f16(x); }
+extern "C" kvc_u16 kvc_f32_to_bf16_host(float x) { return kvc_f32_to_bf16(x); }
 #endif

@@ -34,6 +34,13 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 
+// Blocks run one thread at a time, so an atomic add is a plain one.
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+    const unsigned int old = *p;
+    *p = old + v;
+    return old;
+}
+
 // Shared memory starts each block filled with this byte, so that a kernel reading shared memory
 // it did not write in an earlier phase gives a visible, deterministic wrong answer.
 #define KVC_HOST_SHARED_FILL 0xA5

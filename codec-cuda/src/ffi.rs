@@ -8,39 +8,68 @@
 //! 1. **Mirrored layouts.** [`LaneBlock`] (in `rans.rs`) and [`LaneDecodeArgsC`] have the layout of
 //!    `KvcLaneBlock` and `KvcLaneDecodeArgs` in `kernels/rans_decode.cu`, and [`ChannelConsts`],
 //!    [`DequantBlock`] (in `quant.rs`) and [`DequantArgsC`] those of `KvcChannelConsts`,
-//!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu` (`#[repr(C)]`, fields in
-//!    the same order and of the same sizes). The unit test `layouts_match_the_kernel` compares
-//!    every size and offset with what the C++ compiler reports.
+//!    `KvcDequantBlock` and `KvcDequantArgs` in `kernels/dequant.cu`, and [`PqQuery`] (in
+//!    `pq.rs`) and [`PqArgsC`] those of `KvcPqQuery` and `KvcPqArgs` in `kernels/pq_search.cu`,
+//!    [`QuantBlock`], [`LaneEncodeBlock`] (in `encode.rs`), [`QuantArgsC`] and
+//!    [`LaneEncodeArgsC`] those of `kernels/encode.cu`, and [`ResolveBlock`], [`ValueBlock`],
+//!    [`ResolveArgsC`] and [`ValueArgsC`] those of `kernels/chain.cu` (`#[repr(C)]`, fields in
+//!    the same order and of the same sizes). The unit tests
+//!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
+//!    reports.
 //! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
 //!    count passed beside it is that slice's length (for `tables`, its length in whole tables of
 //!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
 //!    block's ranges against the counts before use (`kvc_block_range_ok`, `kvc_block_tables_ok`
 //!    and a symbol's table index against its block's table count in the lane decode;
-//!    `kvc_dequant_block_ok` in the dequantization), so any *content* of the inputs is
-//!    memory-safe; only the counts must be right, and [`host_lane_decode`] and
-//!    [`host_dequant_f16`] derive them from the slices. In the lane decode, `symbols` and
+//!    `kvc_dequant_block_ok` and, per row of a paged output, `kvc_dequant_pages_ok` in the
+//!    dequantization), so any *content* of the inputs is memory-safe; only the counts must be
+//!    right, and [`host_lane_decode`] and [`host_dequant`] derive them from the slices. In the lane decode, `symbols` and
 //!    `symbol_table` have the same length and `status` holds 32 entries per block; in the
-//!    dequantization, `status` holds one entry per block.
+//!    dequantization, `status` holds one entry per block; in the PQ search, one per query (the
+//!    kernel checks each query's ranges, `kvc_pq_range_ok`, and the launch's shape,
+//!    `kvc_pq_shape_ok`, before any read).
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
 //!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
-//!    threads and no shared memory.
+//!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search [`PQ_THREADS`]
+//!    threads and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per table entry, the `table_capacity`
+//!    it is told (the kernel checks that the table fits it).
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
 //!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
 //!    in the loaded library (cudarc panics on a missing symbol).
 //! 5. **Program lifetime.** An NVRTC program is created, used and destroyed inside
 //!    [`nvrtc_compile`]; the source, name, header and option strings it points to outlive it.
+//! 6. **Device buffers.** A [`DevBuf`]'s count never exceeds its allocation, and every device
+//!    launch passes each buffer's address with that count (as invariant 2 on the host), so the
+//!    kernels' own range checks keep every access inside the buffers. The buffers outlive the
+//!    launch: the launch functions borrow them, and `Gpu` synchronizes the stream before it
+//!    drops or reads them.
+//! 7. **Device values.** The types given to cudarc as [`DeviceRepr`] / [`ValidAsZeroBits`] are
+//!    `#[repr(C)]` structs of integers and floats mirrored from the kernels (invariant 1, the
+//!    `*ArgsDev` structs having 8-byte addresses where the kernels have pointers): any bit
+//!    pattern is a valid value.
+//! 8. **Shared memory.** A lane-decode launch asks for `shared_tables * 16 KiB` of dynamic
+//!    shared memory only after `Gpu` raised the function's limit to at least that (or it is
+//!    within the default 48 KiB).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
 use std::sync::Mutex;
 
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
+};
 use cudarc::nvrtc::sys as nvrtc;
 
+use crate::encode::{LaneEncodeBlock, QuantBlock};
 use crate::error::CudaError;
-use crate::quant::{ChannelConsts, DequantBlock};
+use crate::pq::PqQuery;
+use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
 use crate::rans::LaneBlock;
 
 /// Lanes per coded block (`KVC_LANES`).
@@ -82,9 +111,462 @@ extern "C" {
         block: u32,
         shared_bytes: u64,
     ) -> c_int;
+    fn kvc_dequant_bf16_host(
+        args: *const DequantArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     #[cfg(test)]
     fn kvc_dequant_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_f32_to_f16_host(x: f32) -> u16;
+    fn kvc_f32_to_bf16_host(x: f32) -> u16;
+    fn kvc_pq_search_host(args: *const PqArgsC, grid: u32, block: u32, shared_bytes: u64) -> c_int;
+    #[cfg(test)]
+    fn kvc_pq_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_quantize_host(
+        args: *const QuantArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_rans_lane_encode_host(
+        args: *const LaneEncodeArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_encode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_quantize_one_host(r: f32, step: f32) -> i32;
+    fn kvc_resolve_tables_host(
+        args: *const ResolveArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_map_values_host(
+        args: *const ValueArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_chain_layout(out: *mut u64, cap: u64) -> u64;
+}
+
+/// `KvcResolveBlock` (invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ResolveBlock {
+    pub symbol_start: u64,
+    pub exp_start: u64,
+    pub map_start: u64,
+    pub n_e: u32,
+    pub n_sym: u32,
+    pub sink_rows: u32,
+    pub group: u32,
+    pub has_exps: u32,
+    pub reserved: u32,
+}
+
+/// `KvcValueBlock` (invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ValueBlock {
+    pub index_start: u64,
+    pub list_start: u64,
+    pub escape_start: u64,
+    pub q_start: u64,
+    pub n_sym: u32,
+    pub n_escapes: u32,
+    pub list_len: u32,
+    pub reserved: u32,
+}
+
+/// `KvcResolveArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ResolveArgsC {
+    symbol_table: *mut u16,
+    n_symbol_table: u64,
+    exps: *const u8,
+    n_exps: u64,
+    map: *const u16,
+    n_map: u64,
+    blocks: *const ResolveBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcValueArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ValueArgsC {
+    indices: *const u8,
+    symbol_table: *const u16,
+    n_indices: u64,
+    table_list: *const u32,
+    n_table_list: u64,
+    radius: *const u8,
+    n_radius: u64,
+    escapes: *const i32,
+    n_escapes: u64,
+    q: *mut i32,
+    n_q: u64,
+    blocks: *const ValueBlock,
+    status: *mut u32,
+    n_blocks: u64,
+}
+
+/// Threads per block of the chain kernels (`KVC_CHAIN_MAX_THREADS`).
+pub(crate) const CHAIN_THREADS: u32 = 256;
+/// Bytes of `KvcValueShared`.
+pub(crate) const VALUE_SHARED_BYTES: u32 = 8 + 4 * CHAIN_THREADS;
+
+/// The buffers of one table-resolution launch.
+#[derive(Debug)]
+pub(crate) struct ResolveIo<'a> {
+    pub symbol_table: &'a mut [u16],
+    pub exps: &'a [u8],
+    pub map: &'a [u16],
+    pub blocks: &'a [ResolveBlock],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_resolve_tables` on the host.
+pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.status.len() != io.blocks.len() {
+        return Err(input("status buffer is not one entry per block"));
+    }
+    let args = ResolveArgsC {
+        symbol_table: io.symbol_table.as_mut_ptr(),
+        n_symbol_table: io.symbol_table.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        map: io.map.as_ptr(),
+        n_map: io.map.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (CHAIN_THREADS threads, no shared memory).
+    let rc = unsafe { kvc_resolve_tables_host(&args, grid, CHAIN_THREADS, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_resolve_tables",
+        }),
+    }
+}
+
+/// The buffers of one value-mapping launch.
+#[derive(Debug)]
+pub(crate) struct ValueIo<'a> {
+    pub indices: &'a [u8],
+    /// Same length as `indices`.
+    pub symbol_table: &'a [u16],
+    pub table_list: &'a [u32],
+    pub radius: &'a [u8],
+    pub escapes: &'a [i32],
+    pub q: &'a mut [i32],
+    pub blocks: &'a [ValueBlock],
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_map_values` on the host.
+pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
+        return Err(input("value-mapping buffers of mismatched lengths"));
+    }
+    let args = ValueArgsC {
+        indices: io.indices.as_ptr(),
+        symbol_table: io.symbol_table.as_ptr(),
+        n_indices: io.indices.len() as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        radius: io.radius.as_ptr(),
+        n_radius: io.radius.len() as u64,
+        escapes: io.escapes.as_ptr(),
+        n_escapes: io.escapes.len() as u64,
+        q: io.q.as_mut_ptr(),
+        n_q: io.q.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+    };
+    let shared = u64::from(VALUE_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // `indices` and `symbol_table` of one length) and 3 (CHAIN_THREADS threads, the shared
+    // memory KvcValueShared needs).
+    let rc = unsafe { kvc_map_values_host(&args, grid, CHAIN_THREADS, shared) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_map_values",
+        }),
+    }
+}
+
+/// `KvcQuantArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct QuantArgsC {
+    x: *const f32,
+    n_x: u64,
+    exps: *const u8,
+    n_exps: u64,
+    consts: *const ChannelConsts,
+    n_consts: u64,
+    q: *mut i32,
+    n_q: u64,
+    blocks: *const QuantBlock,
+    status: *mut u32,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// The buffers of one quantization launch.
+#[derive(Debug)]
+pub(crate) struct QuantIo<'a> {
+    pub x: &'a [f32],
+    pub exps: &'a [u8],
+    pub consts: &'a [ChannelConsts],
+    pub q: &'a mut [i32],
+    pub blocks: &'a [QuantBlock],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_quantize` on the host: one block per entry of `io.blocks`, [`DEQUANT_THREADS`]
+/// threads.
+pub(crate) fn host_quantize(io: QuantIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.status.len() != io.blocks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per block",
+        });
+    }
+    let args = QuantArgsC {
+        x: io.x.as_ptr(),
+        n_x: io.x.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        consts: io.consts.as_ptr(),
+        n_consts: io.consts.len() as u64,
+        q: io.q.as_mut_ptr(),
+        n_q: io.q.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (launch shape: no shared memory).
+    let rc = unsafe { kvc_quantize_host(&args, grid, DEQUANT_THREADS, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_quantize",
+        }),
+    }
+}
+
+/// The quantizer's rounding of `r / step`.
+pub(crate) fn kernel_quantize_one(r: f32, step: f32) -> i32 {
+    // SAFETY: a pure function of its arguments.
+    unsafe { kvc_quantize_one_host(r, step) }
+}
+
+/// `KvcLaneEncodeArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct LaneEncodeArgsC {
+    symbols: *const u8,
+    symbol_table: *const u16,
+    n_symbols: u64,
+    tables: *const u32,
+    n_tables: u64,
+    table_list: *const u32,
+    n_table_list: u64,
+    words: *mut u32,
+    n_words: u64,
+    lane_len: *mut u32,
+    blocks: *const LaneEncodeBlock,
+    status: *mut u32,
+    n_blocks: u64,
+}
+
+/// The buffers of one lane-encode launch.
+#[derive(Debug)]
+pub(crate) struct LaneEncodeIo<'a> {
+    pub symbols: &'a [u8],
+    pub symbol_table: &'a [u16],
+    /// Encode tables, 256 entries each (a partial last table is ignored).
+    pub tables: &'a [u32],
+    pub table_list: &'a [u32],
+    pub words: &'a mut [u32],
+    pub lane_len: &'a mut [u32],
+    pub blocks: &'a [LaneEncodeBlock],
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_rans_lane_encode` on the host: one block of 32 threads per entry of `io.blocks`.
+pub(crate) fn host_lane_encode(io: LaneEncodeIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.symbols.len() != io.symbol_table.len() {
+        return Err(input("symbol and symbol-table buffers differ in length"));
+    }
+    if io.status.len() != io.blocks.len() * LANES || io.lane_len.len() != io.status.len() {
+        return Err(input(
+            "status and lane-length buffers are not 32 entries per block",
+        ));
+    }
+    let args = LaneEncodeArgsC {
+        symbols: io.symbols.as_ptr(),
+        symbol_table: io.symbol_table.as_ptr(),
+        n_symbols: io.symbols.len() as u64,
+        tables: io.tables.as_ptr(),
+        n_tables: (io.tables.len() / 256) as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        words: io.words.as_mut_ptr(),
+        n_words: io.words.len() as u64,
+        lane_len: io.lane_len.as_mut_ptr(),
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // `lane_len` and `status` hold 32 entries per block) and 3 (32 threads, no shared memory).
+    let rc = unsafe { kvc_rans_lane_encode_host(&args, grid, LANES as u32, 0) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_rans_lane_encode",
+        }),
+    }
+}
+
+/// `KvcPqArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct PqArgsC {
+    queries: *const f32,
+    n_queries: u64,
+    codewords: *const f32,
+    n_codewords: u64,
+    codes: *const u8,
+    n_codes: u64,
+    keys: *mut u32,
+    n_keys: u64,
+    out: *mut u32,
+    n_out: u64,
+    items: *const PqQuery,
+    status: *mut u32,
+    n_items: u64,
+    dim: u32,
+    m: u32,
+    bits: u32,
+    residual: u32,
+    table_capacity: u32,
+    reserved: u32,
+}
+
+/// Threads per block of the PQ search kernel (`KVC_PQ_MAX_THREADS`).
+pub(crate) const PQ_THREADS: u32 = 256;
+/// Bytes of `KvcPqShared`, before the table in the PQ kernel's shared memory.
+pub(crate) const PQ_SHARED_HEADER_BYTES: u64 = 16 + 4 * 256 + 2 * 4 * PQ_THREADS as u64;
+
+/// The buffers of one PQ search launch.
+#[derive(Debug)]
+pub(crate) struct PqIo<'a> {
+    pub queries: &'a [f32],
+    pub codewords: &'a [f32],
+    pub codes: &'a [u8],
+    pub keys: &'a mut [u32],
+    pub out: &'a mut [u32],
+    pub items: &'a [PqQuery],
+    pub status: &'a mut [u32],
+    pub dim: u32,
+    pub m: u32,
+    pub bits: u32,
+    pub residual: u32,
+}
+
+impl PqIo<'_> {
+    /// Table entries of the launch, `m * 2^bits`, if the kernel's shared memory holds them.
+    fn table_entries(&self) -> Result<u32, CudaError> {
+        let entries = u64::from(self.m).checked_shl(self.bits).unwrap_or(u64::MAX);
+        match u32::try_from(entries) {
+            Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => Ok(e),
+            _ => Err(CudaError::Input {
+                what: "m * 2^bits table entries exceed the kernel's shared memory",
+            }),
+        }
+    }
+}
+
+/// Runs `kvc_pq_search` on the host: one block per query.
+pub(crate) fn host_pq_search(io: PqIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.items.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 queries in one launch",
+    })?;
+    if io.status.len() != io.items.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per query",
+        });
+    }
+    let entries = io.table_entries()?;
+    let args = PqArgsC {
+        queries: io.queries.as_ptr(),
+        n_queries: io.queries.len() as u64,
+        codewords: io.codewords.as_ptr(),
+        n_codewords: io.codewords.len() as u64,
+        codes: io.codes.as_ptr(),
+        n_codes: io.codes.len() as u64,
+        keys: io.keys.as_mut_ptr(),
+        n_keys: io.keys.len() as u64,
+        out: io.out.as_mut_ptr(),
+        n_out: io.out.len() as u64,
+        items: io.items.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_items: io.items.len() as u64,
+        dim: io.dim,
+        m: io.m,
+        bits: io.bits,
+        residual: io.residual,
+        table_capacity: entries,
+        reserved: 0,
+    };
+    let shared = PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries);
+    // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
+    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape: the shared
+    // memory holds KvcPqShared and `table_capacity` table entries).
+    let rc = unsafe { kvc_pq_search_host(&args, grid, PQ_THREADS, shared) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_pq_search",
+        }),
+    }
 }
 
 /// `KvcDequantArgs` (invariant 1).
@@ -101,15 +583,21 @@ struct DequantArgsC {
     n_consts: u64,
     out: *mut u16,
     n_out: u64,
+    pages: *const u32,
+    n_pages: u64,
     blocks: *const DequantBlock,
     status: *mut u32,
     n_blocks: u64,
     heads: u32,
     head_dim: u32,
+    page_size: u32,
+    reserved: u32,
 }
 
 /// Threads per block of the dequantization kernel.
 pub(crate) const DEQUANT_THREADS: u32 = 128;
+/// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`).
+pub(crate) const DEQUANT_SHARED_BYTES: u32 = 4;
 
 /// The buffers of one dequantization launch.
 #[derive(Debug)]
@@ -123,10 +611,14 @@ pub(crate) struct DequantIo<'a> {
     pub status: &'a mut [u32],
     pub heads: u32,
     pub head_dim: u32,
+    pub pages: &'a [u32],
+    pub page_size: u32,
+    pub dtype: OutDtype,
 }
 
-/// Runs `kvc_dequant_f16` on the host: one block per entry of `io.blocks`.
-pub(crate) fn host_dequant_f16(io: DequantIo<'_>) -> Result<(), CudaError> {
+/// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
+/// `io.blocks`.
+pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
     let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
         what: "more than 2^32 - 1 blocks in one launch",
     })?;
@@ -146,21 +638,36 @@ pub(crate) fn host_dequant_f16(io: DequantIo<'_>) -> Result<(), CudaError> {
         n_consts: io.consts.len() as u64,
         out: io.out.as_mut_ptr(),
         n_out: io.out.len() as u64,
+        pages: io.pages.as_ptr(),
+        n_pages: io.pages.len() as u64,
         blocks: io.blocks.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
         heads: io.heads,
         head_dim: io.head_dim,
+        page_size: io.page_size,
+        reserved: 0,
     };
+    let run = match io.dtype {
+        OutDtype::F16 => kvc_dequant_f16_host,
+        OutDtype::Bf16 => kvc_dequant_bf16_host,
+    };
+    let shared = u64::from(DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
     // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { kvc_dequant_f16_host(&args, grid, DEQUANT_THREADS, 0) };
+    let rc = unsafe { run(&args, grid, DEQUANT_THREADS, shared) };
     match rc {
         0 => Ok(()),
         _ => Err(CudaError::HostRun {
-            entry: "kvc_dequant_f16",
+            entry: io.dtype.entry(),
         }),
     }
+}
+
+/// The dequantization kernel's f32 to bf16 narrowing.
+pub(crate) fn kernel_f32_to_bf16(x: f32) -> u16 {
+    // SAFETY: a pure function of its argument.
+    unsafe { kvc_f32_to_bf16_host(x) }
 }
 
 /// The dequantization kernel's f32 to f16 narrowing.
@@ -275,7 +782,7 @@ pub(crate) fn rust_lane_decode_layout() -> Vec<u64> {
 // NVRTC
 
 /// The NVRTC functions this crate calls (through cudarc), checked before the first call.
-pub(crate) const NVRTC_SYMBOLS: [&str; 9] = [
+pub(crate) const NVRTC_SYMBOLS: [&str; 10] = [
     "nvrtcVersion",
     "nvrtcCreateProgram",
     "nvrtcCompileProgram",
@@ -283,6 +790,7 @@ pub(crate) const NVRTC_SYMBOLS: [&str; 9] = [
     "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog",
     "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
     "nvrtcGetErrorString",
     "nvrtcGetPTXSize",
 ];
@@ -357,6 +865,8 @@ pub(crate) struct NvrtcOutput {
     pub log: String,
     /// Bytes of the CUBIN (0 when compiled to PTX only or on failure).
     pub cubin_len: usize,
+    /// The CUBIN (empty when compiled to PTX only or on failure).
+    pub cubin: Vec<u8>,
 }
 
 /// One source to compile: its name, text, the headers it includes by name, and the options.
@@ -448,7 +958,19 @@ fn compile_created(
             cubin_len = 0;
         }
     }
-    Ok(NvrtcOutput { ok, log, cubin_len })
+    let mut cubin = vec![0u8; cubin_len];
+    if cubin_len > 0 {
+        // SAFETY: `prog` is live and compiled; `cubin` has the `cubin_len` bytes NVRTC reported.
+        nvrtc_ok("nvrtcGetCUBIN", unsafe {
+            nvrtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+        })?;
+    }
+    Ok(NvrtcOutput {
+        ok,
+        log,
+        cubin_len,
+        cubin,
+    })
 }
 
 /// `Ok` for NVRTC_SUCCESS, else the call's error with NVRTC's name for the code.
@@ -533,6 +1055,8 @@ fn rust_dequant_layout() -> Vec<u64> {
         offset_of!(B, sink_rows),
         offset_of!(B, group),
         offset_of!(B, has_exps),
+        offset_of!(B, token_start),
+        offset_of!(B, page_start),
         size_of::<A>(),
         offset_of!(A, q),
         offset_of!(A, n_q),
@@ -544,11 +1068,200 @@ fn rust_dequant_layout() -> Vec<u64> {
         offset_of!(A, n_consts),
         offset_of!(A, out),
         offset_of!(A, n_out),
+        offset_of!(A, pages),
+        offset_of!(A, n_pages),
         offset_of!(A, blocks),
         offset_of!(A, status),
         offset_of!(A, n_blocks),
         offset_of!(A, heads),
         offset_of!(A, head_dim),
+        offset_of!(A, page_size),
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
+fn host_encode_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_encode_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_encode_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type B = QuantBlock;
+    type A = QuantArgsC;
+    type E = LaneEncodeBlock;
+    type L = LaneEncodeArgsC;
+    [
+        size_of::<B>(),
+        offset_of!(B, x_start),
+        offset_of!(B, exp_start),
+        offset_of!(B, q_start),
+        offset_of!(B, consts_start),
+        offset_of!(B, rows),
+        offset_of!(B, sink_rows),
+        offset_of!(B, group),
+        offset_of!(B, has_exps),
+        size_of::<A>(),
+        offset_of!(A, x),
+        offset_of!(A, n_x),
+        offset_of!(A, exps),
+        offset_of!(A, n_exps),
+        offset_of!(A, consts),
+        offset_of!(A, n_consts),
+        offset_of!(A, q),
+        offset_of!(A, n_q),
+        offset_of!(A, blocks),
+        offset_of!(A, status),
+        offset_of!(A, n_blocks),
+        offset_of!(A, heads),
+        offset_of!(A, head_dim),
+        size_of::<E>(),
+        offset_of!(E, symbol_start),
+        offset_of!(E, word_start),
+        offset_of!(E, n_symbols),
+        offset_of!(E, lane_cap),
+        offset_of!(E, table_start),
+        offset_of!(E, table_count),
+        size_of::<L>(),
+        offset_of!(L, symbols),
+        offset_of!(L, symbol_table),
+        offset_of!(L, n_symbols),
+        offset_of!(L, tables),
+        offset_of!(L, n_tables),
+        offset_of!(L, table_list),
+        offset_of!(L, n_table_list),
+        offset_of!(L, words),
+        offset_of!(L, n_words),
+        offset_of!(L, lane_len),
+        offset_of!(L, blocks),
+        offset_of!(L, status),
+        offset_of!(L, n_blocks),
+        codec_core::consts::MAX_SYMBOL as usize,
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
+fn host_chain_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_chain_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_chain_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type R = ResolveBlock;
+    type RA = ResolveArgsC;
+    type V = ValueBlock;
+    type VA = ValueArgsC;
+    [
+        size_of::<R>(),
+        offset_of!(R, symbol_start),
+        offset_of!(R, exp_start),
+        offset_of!(R, map_start),
+        offset_of!(R, n_e),
+        offset_of!(R, n_sym),
+        offset_of!(R, sink_rows),
+        offset_of!(R, group),
+        offset_of!(R, has_exps),
+        size_of::<RA>(),
+        offset_of!(RA, symbol_table),
+        offset_of!(RA, n_symbol_table),
+        offset_of!(RA, exps),
+        offset_of!(RA, n_exps),
+        offset_of!(RA, map),
+        offset_of!(RA, n_map),
+        offset_of!(RA, blocks),
+        offset_of!(RA, status),
+        offset_of!(RA, n_blocks),
+        offset_of!(RA, heads),
+        offset_of!(RA, head_dim),
+        size_of::<V>(),
+        offset_of!(V, index_start),
+        offset_of!(V, list_start),
+        offset_of!(V, escape_start),
+        offset_of!(V, q_start),
+        offset_of!(V, n_sym),
+        offset_of!(V, n_escapes),
+        offset_of!(V, list_len),
+        size_of::<VA>(),
+        offset_of!(VA, indices),
+        offset_of!(VA, symbol_table),
+        offset_of!(VA, n_indices),
+        offset_of!(VA, table_list),
+        offset_of!(VA, n_table_list),
+        offset_of!(VA, radius),
+        offset_of!(VA, n_radius),
+        offset_of!(VA, escapes),
+        offset_of!(VA, n_escapes),
+        offset_of!(VA, q),
+        offset_of!(VA, n_q),
+        offset_of!(VA, blocks),
+        offset_of!(VA, status),
+        offset_of!(VA, n_blocks),
+        VALUE_SHARED_BYTES as usize,
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
+fn host_pq_layout() -> Vec<u64> {
+    let mut out = vec![0u64; 64];
+    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { kvc_pq_layout(out.as_mut_ptr(), out.len() as u64) };
+    out.truncate((n as usize).min(64));
+    out
+}
+
+#[cfg(test)]
+fn rust_pq_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type Q = PqQuery;
+    type A = PqArgsC;
+    [
+        size_of::<Q>(),
+        offset_of!(Q, query_start),
+        offset_of!(Q, codebook_start),
+        offset_of!(Q, codes_start),
+        offset_of!(Q, keys_start),
+        offset_of!(Q, out_start),
+        offset_of!(Q, tokens),
+        offset_of!(Q, group_heads),
+        offset_of!(Q, k),
+        offset_of!(Q, n_init),
+        offset_of!(Q, n_local),
+        size_of::<A>(),
+        offset_of!(A, queries),
+        offset_of!(A, n_queries),
+        offset_of!(A, codewords),
+        offset_of!(A, n_codewords),
+        offset_of!(A, codes),
+        offset_of!(A, n_codes),
+        offset_of!(A, keys),
+        offset_of!(A, n_keys),
+        offset_of!(A, out),
+        offset_of!(A, n_out),
+        offset_of!(A, items),
+        offset_of!(A, status),
+        offset_of!(A, n_items),
+        offset_of!(A, dim),
+        offset_of!(A, m),
+        offset_of!(A, bits),
+        offset_of!(A, residual),
+        offset_of!(A, table_capacity),
+        PQ_SHARED_HEADER_BYTES as usize,
+        PQ_THREADS as usize,
     ]
     .map(|x| x as u64)
     .to_vec()
@@ -557,6 +1270,97 @@ fn rust_dequant_layout() -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Invariant 7: the device argument structs have the host mirrors' layouts (addresses where
+    /// the host has pointers), which `*layouts_match_the_kernel` compare with the C++ structs.
+    #[test]
+    fn device_layouts_match_the_host_mirrors() {
+        use std::mem::{offset_of, size_of};
+        macro_rules! same {
+            ($a:ty, $b:ty, $($f:ident),*) => {
+                assert_eq!(size_of::<$a>(), size_of::<$b>());
+                $(assert_eq!(offset_of!($a, $f), offset_of!($b, $f), stringify!($f));)*
+            };
+        }
+        same!(
+            LaneDecodeArgsC,
+            LaneDecodeArgsDev,
+            words,
+            n_words,
+            tables,
+            n_tables,
+            table_list,
+            n_table_list,
+            symbol_table,
+            symbols,
+            n_symbols,
+            blocks,
+            status,
+            n_blocks,
+            shared_tables
+        );
+        same!(
+            DequantArgsC,
+            DequantArgsDev,
+            q,
+            n_q,
+            exps,
+            n_exps,
+            sink,
+            n_sink,
+            consts,
+            n_consts,
+            out,
+            n_out,
+            pages,
+            n_pages,
+            blocks,
+            status,
+            n_blocks,
+            heads,
+            head_dim,
+            page_size,
+            reserved
+        );
+        same!(
+            PqArgsC,
+            PqArgsDev,
+            queries,
+            n_queries,
+            codewords,
+            n_codewords,
+            codes,
+            n_codes,
+            keys,
+            n_keys,
+            out,
+            n_out,
+            items,
+            status,
+            n_items,
+            dim,
+            m,
+            bits,
+            residual,
+            table_capacity,
+            reserved
+        );
+    }
+
+    #[test]
+    fn chain_layouts_match_the_kernel() {
+        assert_eq!(host_chain_layout(), rust_chain_layout());
+    }
+
+    #[test]
+    fn encode_layouts_match_the_kernel() {
+        assert_eq!(host_encode_layout(), rust_encode_layout());
+    }
+
+    #[test]
+    fn pq_layouts_match_the_kernel() {
+        assert_eq!(host_pq_layout(), rust_pq_layout());
+    }
 
     #[test]
     fn dequant_layouts_match_the_kernel() {
@@ -575,4 +1379,815 @@ mod tests {
         assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
         assert_eq!(codec_core::consts::LANES, LANES);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device launches
+
+/// A buffer on the device and the number of elements kernels may touch in it (invariant 6:
+/// `len <= slice.len()`; an empty buffer is one zeroed element, since the driver allocates no
+/// empty buffer).
+#[derive(Debug)]
+pub(crate) struct DevBuf<T> {
+    slice: CudaSlice<T>,
+    len: usize,
+}
+
+/// A driver call's error as a [`CudaError`].
+pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        code: format!("{:?}", e.0),
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
+    /// Copies `data` to the device.
+    pub(crate) fn upload(stream: &Arc<CudaStream>, data: &[T]) -> Result<Self, CudaError> {
+        let slice = if data.is_empty() {
+            stream.alloc_zeros(1)
+        } else {
+            stream.clone_htod(data)
+        }
+        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        Ok(DevBuf {
+            slice,
+            len: data.len(),
+        })
+    }
+
+    /// `len` zeroed elements on the device.
+    pub(crate) fn zeros(stream: &Arc<CudaStream>, len: usize) -> Result<Self, CudaError> {
+        let slice = stream
+            .alloc_zeros(len.max(1))
+            .map_err(driver_err("cuMemAllocAsync"))?;
+        Ok(DevBuf { slice, len })
+    }
+
+    /// Copies the buffer's `len` elements back.
+    pub(crate) fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<T>, CudaError> {
+        let mut v = stream
+            .clone_dtoh(&self.slice)
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        v.truncate(self.len);
+        Ok(v)
+    }
+
+    /// Elements kernels may touch.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Device addresses of a launch's buffers, held with the guards that order the launch after
+/// the buffers' earlier writes (dropped once the launch is queued).
+struct Addrs<'a> {
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Addrs<'a> {
+    fn of<T>(&mut self, b: &'a DevBuf<T>, stream: &'a CudaStream) -> (u64, u64) {
+        let (ptr, guard) = b.slice.device_ptr(stream);
+        self.guards.push(guard);
+        (ptr, b.len as u64)
+    }
+}
+
+// SAFETY (invariant 7): plain `#[repr(C)]` structs of integers and floats, with the layouts the
+// kernels declare (invariant 1); every bit pattern, all zeros included, is a valid value.
+unsafe impl DeviceRepr for LaneBlock {}
+unsafe impl ValidAsZeroBits for LaneBlock {}
+unsafe impl DeviceRepr for DequantBlock {}
+unsafe impl ValidAsZeroBits for DequantBlock {}
+unsafe impl DeviceRepr for ChannelConsts {}
+unsafe impl ValidAsZeroBits for ChannelConsts {}
+unsafe impl DeviceRepr for PqQuery {}
+unsafe impl ValidAsZeroBits for PqQuery {}
+unsafe impl DeviceRepr for QuantBlock {}
+unsafe impl ValidAsZeroBits for QuantBlock {}
+unsafe impl DeviceRepr for LaneEncodeBlock {}
+unsafe impl ValidAsZeroBits for LaneEncodeBlock {}
+
+/// `KvcLaneDecodeArgs` with device addresses (invariant 1: every pointer is 8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct LaneDecodeArgsDev {
+    words: u64,
+    n_words: u64,
+    tables: u64,
+    n_tables: u64,
+    table_list: u64,
+    n_table_list: u64,
+    symbol_table: u64,
+    symbols: u64,
+    n_symbols: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    shared_tables: u64,
+}
+
+/// `KvcDequantArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DequantArgsDev {
+    q: u64,
+    n_q: u64,
+    exps: u64,
+    n_exps: u64,
+    sink: u64,
+    n_sink: u64,
+    consts: u64,
+    n_consts: u64,
+    out: u64,
+    n_out: u64,
+    pages: u64,
+    n_pages: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+    page_size: u32,
+    reserved: u32,
+}
+
+/// `KvcPqArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct PqArgsDev {
+    queries: u64,
+    n_queries: u64,
+    codewords: u64,
+    n_codewords: u64,
+    codes: u64,
+    n_codes: u64,
+    keys: u64,
+    n_keys: u64,
+    out: u64,
+    n_out: u64,
+    items: u64,
+    status: u64,
+    n_items: u64,
+    dim: u32,
+    m: u32,
+    bits: u32,
+    residual: u32,
+    table_capacity: u32,
+    reserved: u32,
+}
+
+/// `KvcQuantArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QuantArgsDev {
+    x: u64,
+    n_x: u64,
+    exps: u64,
+    n_exps: u64,
+    consts: u64,
+    n_consts: u64,
+    q: u64,
+    n_q: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcLaneEncodeArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct LaneEncodeArgsDev {
+    symbols: u64,
+    symbol_table: u64,
+    n_symbols: u64,
+    tables: u64,
+    n_tables: u64,
+    table_list: u64,
+    n_table_list: u64,
+    words: u64,
+    n_words: u64,
+    lane_len: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+}
+
+// SAFETY (invariant 7): as above, plain `#[repr(C)]` integers passed by value.
+unsafe impl DeviceRepr for QuantArgsDev {}
+unsafe impl DeviceRepr for LaneEncodeArgsDev {}
+unsafe impl DeviceRepr for LaneDecodeArgsDev {}
+unsafe impl DeviceRepr for DequantArgsDev {}
+unsafe impl DeviceRepr for PqArgsDev {}
+
+/// A lane-decode launch's device buffers (invariant 2 on the device: built by
+/// `Gpu::lane_decode` from one [`crate::rans::LaneBatch`]).
+#[derive(Debug)]
+pub(crate) struct LaneDecodeDev {
+    pub words: DevBuf<u32>,
+    pub tables: DevBuf<u32>,
+    pub table_list: DevBuf<u32>,
+    pub symbol_table: DevBuf<u16>,
+    pub blocks: DevBuf<LaneBlock>,
+    pub symbols: DevBuf<u8>,
+    pub status: DevBuf<u32>,
+}
+
+/// Queues `kvc_rans_lane_decode` over `b` on `stream`, `shared_tables` tables per block in
+/// shared memory (the function's dynamic shared memory limit must allow it: invariant 8).
+pub(crate) fn launch_lane_decode(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneDecodeDev,
+    shared_tables: u32,
+) -> Result<(), CudaError> {
+    let r = LaneDecodeRef {
+        words: &b.words,
+        tables: &b.tables,
+        table_list: &b.table_list,
+        symbol_table: &b.symbol_table,
+        blocks: &b.blocks,
+        symbols: &b.symbols,
+        status: &b.status,
+    };
+    launch_lane_decode_ref(stream, func, &r, shared_tables)
+}
+
+fn launch_lane_decode_ref(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneDecodeRef<'_>,
+    shared_tables: u32,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
+        return Err(input("lane-decode buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (words, n_words) = a.of(b.words, stream);
+    let (tables, n_words_tables) = a.of(b.tables, stream);
+    let (table_list, n_table_list) = a.of(b.table_list, stream);
+    let (symbol_table, _) = a.of(b.symbol_table, stream);
+    let (symbols, n_symbols) = a.of(b.symbols, stream);
+    let (blocks, n_blocks) = a.of(b.blocks, stream);
+    let (status, _) = a.of(b.status, stream);
+    let args = LaneDecodeArgsDev {
+        words,
+        n_words,
+        tables,
+        n_tables: n_words_tables / SLOTS as u64,
+        table_list,
+        n_table_list,
+        symbol_table,
+        symbols,
+        n_symbols,
+        blocks,
+        status,
+        n_blocks,
+        shared_tables: u64::from(shared_tables),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (LANES as u32, 1, 1),
+        shared_mem_bytes: shared_tables * (SLOTS as u32) * 4,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
+    // live device buffer and a count within it, kept alive by `b` until the stream is
+    // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A dequantization launch's device buffers (the output is the caller's).
+#[derive(Debug)]
+pub(crate) struct DequantDev {
+    pub q: DevBuf<i32>,
+    pub exps: DevBuf<u8>,
+    pub sink: DevBuf<f32>,
+    pub consts: DevBuf<ChannelConsts>,
+    pub pages: DevBuf<u32>,
+    pub blocks: DevBuf<DequantBlock>,
+    pub status: DevBuf<u32>,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub page_size: u32,
+}
+
+/// Queues a dequantization entry point over `b` on `stream`, writing the first `n_out`
+/// elements of `out`.
+pub(crate) fn launch_dequant(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &DequantDev,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    launch_dequant_with(stream, func, b, &b.q, &b.exps, out, n_out)
+}
+
+/// [`launch_dequant`] reading symbol values `q` and exponents `exps` from other buffers (a
+/// chain's earlier launches) instead of `b`'s.
+fn launch_dequant_with(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &DequantDev,
+    q_buf: &DevBuf<i32>,
+    exps_buf: &DevBuf<u8>,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.blocks.len() {
+        return Err(input("dequantization buffers of mismatched lengths"));
+    }
+    if n_out > out.len() {
+        return Err(input("the output buffer is shorter than the plan's output"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (q, n_q) = a.of(q_buf, stream);
+    let (exps, n_exps) = a.of(exps_buf, stream);
+    let (sink, n_sink) = a.of(&b.sink, stream);
+    let (consts, n_consts) = a.of(&b.consts, stream);
+    let (out_ptr, out_guard) = out.device_ptr_mut(stream);
+    a.guards.push(out_guard);
+    let n_out = n_out as u64;
+    let (pages, n_pages) = a.of(&b.pages, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = DequantArgsDev {
+        q,
+        n_q,
+        exps,
+        n_exps,
+        sink,
+        n_sink,
+        consts,
+        n_consts,
+        out: out_ptr,
+        n_out,
+        pages,
+        n_pages,
+        blocks,
+        status,
+        n_blocks,
+        heads: b.heads,
+        head_dim: b.head_dim,
+        page_size: b.page_size,
+        reserved: 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (DEQUANT_THREADS, 1, 1),
+        shared_mem_bytes: DEQUANT_SHARED_BYTES,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
+    // stream is synchronized), 7 and 3 (the host runs' launch shape).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A PQ search launch's device buffers.
+#[derive(Debug)]
+pub(crate) struct PqDev {
+    pub queries: DevBuf<f32>,
+    pub codewords: DevBuf<f32>,
+    pub codes: DevBuf<u8>,
+    pub keys: DevBuf<u32>,
+    pub out: DevBuf<u32>,
+    pub items: DevBuf<PqQuery>,
+    pub status: DevBuf<u32>,
+    pub dim: u32,
+    pub m: u32,
+    pub bits: u32,
+    pub residual: u32,
+}
+
+/// Queues `kvc_pq_search` over `b` on `stream`.
+pub(crate) fn launch_pq(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &PqDev,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.items.len() {
+        return Err(input("PQ buffers of mismatched lengths"));
+    }
+    let entries = u64::from(b.m).checked_shl(b.bits).unwrap_or(u64::MAX);
+    let entries = match u32::try_from(entries) {
+        Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => e,
+        _ => {
+            return Err(input(
+                "m * 2^bits table entries exceed the kernel's shared memory",
+            ))
+        }
+    };
+    let grid = u32::try_from(b.items.len()).map_err(|_| input("over 2^31 - 1 queries"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (queries, n_queries) = a.of(&b.queries, stream);
+    let (codewords, n_codewords) = a.of(&b.codewords, stream);
+    let (codes, n_codes) = a.of(&b.codes, stream);
+    let (keys, n_keys) = a.of(&b.keys, stream);
+    let (out, n_out) = a.of(&b.out, stream);
+    let (items, n_items) = a.of(&b.items, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = PqArgsDev {
+        queries,
+        n_queries,
+        codewords,
+        n_codewords,
+        codes,
+        n_codes,
+        keys,
+        n_keys,
+        out,
+        n_out,
+        items,
+        status,
+        n_items,
+        dim: b.dim,
+        m: b.m,
+        bits: b.bits,
+        residual: b.residual,
+        table_capacity: entries,
+        reserved: 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (PQ_THREADS, 1, 1),
+        shared_mem_bytes: (PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries)) as u32,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
+    // synchronized), 7 and 3 (the host runs' launch shape and shared memory).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A quantization launch's device buffers.
+#[derive(Debug)]
+pub(crate) struct QuantDev {
+    pub x: DevBuf<f32>,
+    pub exps: DevBuf<u8>,
+    pub consts: DevBuf<ChannelConsts>,
+    pub q: DevBuf<i32>,
+    pub blocks: DevBuf<QuantBlock>,
+    pub status: DevBuf<u32>,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Queues `kvc_quantize` over `b` on `stream`.
+pub(crate) fn launch_quantize(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &QuantDev,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.blocks.len() {
+        return Err(input("quantization buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (x, n_x) = a.of(&b.x, stream);
+    let (exps, n_exps) = a.of(&b.exps, stream);
+    let (consts, n_consts) = a.of(&b.consts, stream);
+    let (q, n_q) = a.of(&b.q, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = QuantArgsDev {
+        x,
+        n_x,
+        exps,
+        n_exps,
+        consts,
+        n_consts,
+        q,
+        n_q,
+        blocks,
+        status,
+        n_blocks,
+        heads: b.heads,
+        head_dim: b.head_dim,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (DEQUANT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
+    // synchronized), 7 and 3 (the host runs' launch shape).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// A lane-encode launch's device buffers.
+#[derive(Debug)]
+pub(crate) struct LaneEncodeDev {
+    pub symbols: DevBuf<u8>,
+    pub symbol_table: DevBuf<u16>,
+    pub tables: DevBuf<u32>,
+    pub table_list: DevBuf<u32>,
+    pub words: DevBuf<u32>,
+    pub lane_len: DevBuf<u32>,
+    pub blocks: DevBuf<LaneEncodeBlock>,
+    pub status: DevBuf<u32>,
+}
+
+/// Queues `kvc_rans_lane_encode` over `b` on `stream`.
+pub(crate) fn launch_lane_encode(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneEncodeDev,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.symbols.len() != b.symbol_table.len()
+        || b.status.len() != b.blocks.len() * LANES
+        || b.lane_len.len() != b.status.len()
+    {
+        return Err(input("lane-encode buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (symbols, n_symbols) = a.of(&b.symbols, stream);
+    let (symbol_table, _) = a.of(&b.symbol_table, stream);
+    let (tables, n_table_words) = a.of(&b.tables, stream);
+    let (table_list, n_table_list) = a.of(&b.table_list, stream);
+    let (words, n_words) = a.of(&b.words, stream);
+    let (lane_len, _) = a.of(&b.lane_len, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = LaneEncodeArgsDev {
+        symbols,
+        symbol_table,
+        n_symbols,
+        tables,
+        n_tables: n_table_words / 256,
+        table_list,
+        n_table_list,
+        words,
+        n_words,
+        lane_len,
+        blocks,
+        status,
+        n_blocks,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (LANES as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&args);
+    // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
+    // synchronized), 7 and 3 (32 threads, no shared memory).
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
+/// `KvcResolveArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ResolveArgsDev {
+    symbol_table: u64,
+    n_symbol_table: u64,
+    exps: u64,
+    n_exps: u64,
+    map: u64,
+    n_map: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcValueArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ValueArgsDev {
+    indices: u64,
+    symbol_table: u64,
+    n_indices: u64,
+    table_list: u64,
+    n_table_list: u64,
+    radius: u64,
+    n_radius: u64,
+    escapes: u64,
+    n_escapes: u64,
+    q: u64,
+    n_q: u64,
+    blocks: u64,
+    status: u64,
+    n_blocks: u64,
+}
+
+// SAFETY (invariant 7): plain `#[repr(C)]` integers.
+unsafe impl DeviceRepr for ResolveArgsDev {}
+unsafe impl DeviceRepr for ValueArgsDev {}
+unsafe impl DeviceRepr for ResolveBlock {}
+unsafe impl ValidAsZeroBits for ResolveBlock {}
+unsafe impl DeviceRepr for ValueBlock {}
+unsafe impl ValidAsZeroBits for ValueBlock {}
+
+/// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
+/// within its buffer; built from one `decode::Chain`).
+#[derive(Debug)]
+pub(crate) struct ChainDev {
+    pub lanes_exp: LaneDecodeDev,
+    pub sym_blocks: DevBuf<LaneBlock>,
+    pub sym_table: DevBuf<u16>,
+    pub symbols: DevBuf<u8>,
+    pub sym_status: DevBuf<u32>,
+    pub map: DevBuf<u16>,
+    pub resolve: DevBuf<ResolveBlock>,
+    pub resolve_status: DevBuf<u32>,
+    pub radius: DevBuf<u8>,
+    pub escapes: DevBuf<i32>,
+    pub q: DevBuf<i32>,
+    pub values: DevBuf<ValueBlock>,
+    pub value_status: DevBuf<u32>,
+    pub dequant: DequantDev,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// The kernels of a chain.
+#[derive(Debug)]
+pub(crate) struct ChainKernels<'a> {
+    pub lane: &'a CudaFunction,
+    pub resolve: &'a CudaFunction,
+    pub values: &'a CudaFunction,
+    pub dequant: &'a CudaFunction,
+}
+
+/// Queues the five launches of a chain on `stream`: exponents, table resolution, symbols,
+/// values, dequantization into the first `n_out` elements of `out`.
+pub(crate) fn launch_chain(
+    stream: &CudaStream,
+    k: &ChainKernels<'_>,
+    c: &ChainDev,
+    shared_tables: u32,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    for stage in 0..5 {
+        launch_chain_stage(stream, k, c, shared_tables, out, n_out, stage)?;
+    }
+    Ok(())
+}
+
+/// Queues launch `stage` (0-4) of a chain; the earlier ones must be queued before it.
+pub(crate) fn launch_chain_stage(
+    stream: &CudaStream,
+    k: &ChainKernels<'_>,
+    c: &ChainDev,
+    shared_tables: u32,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+    stage: u8,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let l = &c.lanes_exp;
+    let (lane, resolve, values, dequant) = (k.lane, k.resolve, k.values, k.dequant);
+    if c.resolve_status.len() != c.resolve.len()
+        || c.value_status.len() != c.values.len()
+        || c.symbols.len() != c.sym_table.len()
+        || c.sym_status.len() != c.sym_blocks.len() * LANES
+    {
+        return Err(input("chain buffers of mismatched lengths"));
+    }
+    let grid = |n: usize| u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"));
+    if stage == 0 {
+        return launch_lane_decode(stream, lane, l, shared_tables);
+    }
+    let g = grid(c.resolve.len())?;
+    if stage == 1 && g > 0 {
+        let mut a = Addrs { guards: Vec::new() };
+        let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
+        let (exps, n_exps) = a.of(&l.symbols, stream);
+        let (map, n_map) = a.of(&c.map, stream);
+        let (blocks, n_blocks) = a.of(&c.resolve, stream);
+        let (status, _) = a.of(&c.resolve_status, stream);
+        let args = ResolveArgsDev {
+            symbol_table,
+            n_symbol_table,
+            exps,
+            n_exps,
+            map,
+            n_map,
+            blocks,
+            status,
+            n_blocks,
+            heads: c.heads,
+            head_dim: c.head_dim,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (CHAIN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(resolve);
+        launch.arg(&args);
+        // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
+        // synchronized), 7 and 3.
+        unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+        drop(a);
+    }
+    let sym = LaneDecodeRef {
+        words: &l.words,
+        tables: &l.tables,
+        table_list: &l.table_list,
+        symbol_table: &c.sym_table,
+        blocks: &c.sym_blocks,
+        symbols: &c.symbols,
+        status: &c.sym_status,
+    };
+    if stage == 2 {
+        return launch_lane_decode_ref(stream, lane, &sym, shared_tables);
+    }
+    let g = grid(c.values.len())?;
+    if stage == 3 && g > 0 {
+        let mut a = Addrs { guards: Vec::new() };
+        let (indices, n_indices) = a.of(&c.symbols, stream);
+        let (symbol_table, _) = a.of(&c.sym_table, stream);
+        let (table_list, n_table_list) = a.of(&l.table_list, stream);
+        let (radius, n_radius) = a.of(&c.radius, stream);
+        let (escapes, n_escapes) = a.of(&c.escapes, stream);
+        let (q, n_q) = a.of(&c.q, stream);
+        let (blocks, n_blocks) = a.of(&c.values, stream);
+        let (status, _) = a.of(&c.value_status, stream);
+        let args = ValueArgsDev {
+            indices,
+            symbol_table,
+            n_indices,
+            table_list,
+            n_table_list,
+            radius,
+            n_radius,
+            escapes,
+            n_escapes,
+            q,
+            n_q,
+            blocks,
+            status,
+            n_blocks,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (CHAIN_THREADS, 1, 1),
+            shared_mem_bytes: VALUE_SHARED_BYTES,
+        };
+        let mut launch = stream.launch_builder(values);
+        launch.arg(&args);
+        // SAFETY: invariants 1, 6, 7 and 3 (the shared memory KvcValueShared needs).
+        unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+        drop(a);
+    }
+    if stage == 4 {
+        return launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out);
+    }
+    Ok(())
+}
+
+/// A lane-decode launch's buffers, borrowed (the chain's symbol launch shares the exponent
+/// launch's words and tables).
+struct LaneDecodeRef<'a> {
+    words: &'a DevBuf<u32>,
+    tables: &'a DevBuf<u32>,
+    table_list: &'a DevBuf<u32>,
+    symbol_table: &'a DevBuf<u16>,
+    blocks: &'a DevBuf<LaneBlock>,
+    symbols: &'a DevBuf<u8>,
+    status: &'a DevBuf<u32>,
 }

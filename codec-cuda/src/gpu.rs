@@ -1,19 +1,59 @@
-//! A CUDA device, opened through cudarc's run-time-loaded driver.
+//! A CUDA device, opened through cudarc's run-time-loaded driver, and the kernels launched on it.
+//!
+//! The kernels are compiled by NVRTC to a CUBIN for the device's architecture once per process
+//! and architecture (a process-wide cache), and loaded once per [`Gpu`]. Every launch goes on
+//! the `Gpu`'s one stream; each entry point uploads its batch (tables, words, block headers),
+//! launches, synchronizes and downloads what the host needs next.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::nvrtc::Ptx;
 
+use crate::decode::{check_dequant, Chain, DecodePlan};
+use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::error::CudaError;
-use crate::ffi;
+use crate::ffi::{self, DevBuf, LANES, SLOTS};
+use crate::nvrtc::{Nvrtc, KERNELS};
+use crate::pq::{PqBatch, PqSelected};
+use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout};
+use crate::rans::{LaneBatch, LaneDecoded};
 
-/// A CUDA device's primary context. Kernel launches on it are still to come; today it proves
-/// that a device is there (and says why not otherwise).
+/// Every kernel file's CUBIN for one architecture.
+type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
+/// CUBINs by architecture: NVRTC runs once per architecture per process.
+type CubinCache = HashMap<String, Cubins>;
+static CUBINS: Mutex<Option<CubinCache>> = Mutex::new(None);
+
+/// The loaded kernels' entry points.
+#[derive(Debug)]
+struct Kernels {
+    lane_decode: CudaFunction,
+    dequant_f16: CudaFunction,
+    dequant_bf16: CudaFunction,
+    pq_search: CudaFunction,
+    quantize: CudaFunction,
+    lane_encode: CudaFunction,
+    resolve_tables: CudaFunction,
+    map_values: CudaFunction,
+}
+
+/// A CUDA device's primary context, a stream on it, and the kernels once loaded.
 #[derive(Debug)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
     ordinal: usize,
+    arch: String,
+    kernels: Mutex<Option<Arc<Kernels>>>,
+    lane_shared_tables: u32,
 }
+
+/// Tables a lane-decode block stages in shared memory by default (32 KiB, within every
+/// device's default limit; blocks with more tables read them through the cache).
+pub const DEFAULT_LANE_SHARED_TABLES: u32 = 2;
 
 impl Gpu {
     /// Opens device `ordinal`. Errors, never panics, where CUDA is missing:
@@ -21,7 +61,18 @@ impl Gpu {
     /// has no such device, [`CudaError::Driver`] if a driver call fails.
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
         let ctx = ffi::driver_context(ordinal)?;
-        Ok(Gpu { ctx, ordinal })
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(ffi::driver_err("cuDeviceGetAttribute"))?;
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            ordinal,
+            arch: format!("sm_{major}{minor}"),
+            kernels: Mutex::new(None),
+            lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
+        })
     }
 
     /// Devices the driver reports ([`CudaError::NoDriver`] without a driver library).
@@ -34,8 +85,556 @@ impl Gpu {
         self.ordinal
     }
 
+    /// The architecture the kernels are compiled for, e.g. `sm_90`.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
     /// The device's cudarc context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
+
+    /// The stream every launch goes on (a caller's device buffers for
+    /// [`decode_into`](Self::decode_into) belong on it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Sets how many tables a lane-decode block stages in shared memory (16 KiB each, at most
+    /// [`LaneBatch::MAX_SHARED_TABLES`]); takes effect before the kernels are loaded.
+    pub fn set_lane_shared_tables(&mut self, tables: u32) -> Result<(), CudaError> {
+        if tables > LaneBatch::MAX_SHARED_TABLES {
+            return Err(CudaError::Input {
+                what: "more shared tables than a device's shared memory holds",
+            });
+        }
+        self.lane_shared_tables = tables;
+        *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Compiles (once per process and architecture) and loads the kernels, with NVRTC loaded
+    /// as [`Nvrtc::load`] loads it from `nvrtc_dir`. The entry points call it with `None` if
+    /// the kernels are not loaded yet.
+    pub fn load_kernels(&self, nvrtc_dir: Option<&Path>) -> Result<(), CudaError> {
+        self.kernels(nvrtc_dir).map(|_| ())
+    }
+
+    fn kernels(&self, nvrtc_dir: Option<&Path>) -> Result<Arc<Kernels>, CudaError> {
+        let mut held = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = held.as_ref() {
+            return Ok(k.clone());
+        }
+        let cubins = cubins(&self.arch, nvrtc_dir)?;
+        let load = |file: &str, entry: &'static str| -> Result<CudaFunction, CudaError> {
+            let (_, cubin) = cubins
+                .iter()
+                .find(|(f, _)| *f == file)
+                .ok_or(CudaError::Input {
+                    what: "a kernel file missing from the kernel list",
+                })?;
+            let module = self
+                .ctx
+                .load_module(Ptx::from_binary(cubin.clone()))
+                .map_err(ffi::driver_err("cuModuleLoadData"))?;
+            module
+                .load_function(entry)
+                .map_err(ffi::driver_err("cuModuleGetFunction"))
+        };
+        let kernels = Kernels {
+            lane_decode: load("rans_decode.cu", "kvc_rans_lane_decode")?,
+            dequant_f16: load("dequant.cu", "kvc_dequant_f16")?,
+            dequant_bf16: load("dequant.cu", "kvc_dequant_bf16")?,
+            pq_search: load("pq_search.cu", "kvc_pq_search")?,
+            quantize: load("encode.cu", "kvc_quantize")?,
+            lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
+            resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
+            map_values: load("chain.cu", "kvc_map_values")?,
+        };
+        let shared = self.lane_shared_tables as usize * SLOTS * 4;
+        if shared > 48 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute_enum as A;
+            // Invariant 8 of src/ffi.rs: the limit is raised before any launch asks for it.
+            kernels
+                .lane_decode
+                .set_attribute(
+                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+                .map_err(ffi::driver_err("cuFuncSetAttribute"))?;
+        }
+        let kernels = Arc::new(kernels);
+        *held = Some(kernels.clone());
+        Ok(kernels)
+    }
+
+    fn sync(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(ffi::driver_err("cuStreamSynchronize"))
+    }
+
+    /// Decodes every block of `batch` on the device (as [`LaneBatch::decode_host`] does on the
+    /// host): words, tables and block headers uploaded, one launch, symbols and statuses back.
+    pub fn lane_decode(&self, batch: &LaneBatch) -> Result<LaneDecoded, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_lanes(batch)?;
+        ffi::launch_lane_decode(s, &k.lane_decode, &dev, self.lane_shared_tables)?;
+        self.sync()?;
+        let symbols = dev.symbols.download(s)?;
+        let status = dev.status.download(s)?;
+        Ok(batch.decoded(symbols, status))
+    }
+
+    fn upload_lanes(&self, batch: &LaneBatch) -> Result<ffi::LaneDecodeDev, CudaError> {
+        let s = &self.stream;
+        let b = batch.buffers();
+        Ok(ffi::LaneDecodeDev {
+            words: DevBuf::upload(s, b.words)?,
+            tables: DevBuf::upload(s, b.tables)?,
+            table_list: DevBuf::upload(s, b.table_list)?,
+            symbol_table: DevBuf::upload(s, b.symbol_table)?,
+            blocks: DevBuf::upload(s, b.blocks)?,
+            symbols: DevBuf::zeros(s, b.symbol_table.len())?,
+            status: DevBuf::zeros(s, b.blocks.len() * LANES)?,
+        })
+    }
+
+    /// For benches: the best time in seconds of `reps` lane-decode launches over `batch`,
+    /// uploaded once (the kernel alone: each launch queued, then the stream synchronized).
+    pub fn time_lane_decode(&self, batch: &LaneBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_lanes(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_lane_decode(&self.stream, &k.lane_decode, &dev, self.lane_shared_tables)?;
+            self.sync()
+        })
+    }
+
+    /// Runs the dequantization kernel over `batch` on the device into `out`, a device buffer of
+    /// at least the batch's output length on [`stream`](Self::stream); the blocks' statuses.
+    pub fn dequant_into(
+        &self,
+        batch: &DequantBatch,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<Vec<DequantStatus>, CudaError> {
+        if batch.output().layout == (OutLayout::Paged { page_size: 0 }) {
+            return Err(CudaError::Input {
+                what: "a page size of 0",
+            });
+        }
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_dequant(batch)?;
+        let func = match batch.output().dtype {
+            OutDtype::F16 => &k.dequant_f16,
+            OutDtype::Bf16 => &k.dequant_bf16,
+        };
+        ffi::launch_dequant(s, func, &dev, out, batch.output().len)?;
+        self.sync()?;
+        Ok(statuses(dev.status.download(s)?))
+    }
+
+    fn upload_dequant(&self, batch: &DequantBatch) -> Result<ffi::DequantDev, CudaError> {
+        let s = &self.stream;
+        let io = batch.io(&mut [], &mut []);
+        Ok(ffi::DequantDev {
+            q: DevBuf::upload(s, io.q)?,
+            exps: DevBuf::upload(s, io.exps)?,
+            sink: DevBuf::upload(s, io.sink)?,
+            consts: DevBuf::upload(s, io.consts)?,
+            pages: DevBuf::upload(s, io.pages)?,
+            blocks: DevBuf::upload(s, io.blocks)?,
+            status: DevBuf::zeros(s, io.blocks.len())?,
+            heads: io.heads,
+            head_dim: io.head_dim,
+            page_size: io.page_size,
+        })
+    }
+
+    /// For benches: the best time in seconds of `reps` dequantization launches over `batch`
+    /// into `out`, uploaded once (the kernel alone).
+    pub fn time_dequant(
+        &self,
+        batch: &DequantBatch,
+        out: &mut CudaSlice<u16>,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_dequant(batch)?;
+        let func = match batch.output().dtype {
+            OutDtype::F16 => &k.dequant_f16,
+            OutDtype::Bf16 => &k.dequant_bf16,
+        };
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_dequant(&self.stream, func, &dev, out, batch.output().len)?;
+            self.sync()
+        })
+    }
+
+    /// [`dequant_into`](Self::dequant_into) a zeroed buffer, downloaded: as
+    /// [`DequantBatch::decode_host`] gives it.
+    pub fn dequant(
+        &self,
+        batch: &DequantBatch,
+    ) -> Result<(Vec<u16>, Vec<DequantStatus>), CudaError> {
+        let len = batch.output().len;
+        let mut out = self
+            .stream
+            .alloc_zeros::<u16>(len.max(1))
+            .map_err(ffi::driver_err("cuMemAllocAsync"))?;
+        let status = self.dequant_into(batch, &mut out)?;
+        let mut host = self
+            .stream
+            .clone_dtoh(&out)
+            .map_err(ffi::driver_err("cuMemcpyDtoHAsync"))?;
+        host.truncate(len);
+        Ok((host, status))
+    }
+
+    /// Decodes every chunk of `plan` into `out`, a device buffer of at least the plan's output
+    /// length (e.g. a serving engine's KV pages) on [`stream`](Self::stream): every input
+    /// uploaded at once, then one chain of five launches (exponents, table resolution, symbols,
+    /// values with escapes, dequantization) with no host step between them, then the statuses.
+    pub fn decode_into(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        if plan.output().layout == (OutLayout::Paged { page_size: 0 }) {
+            return Err(CudaError::Input {
+                what: "a page size of 0",
+            });
+        }
+        let k = self.kernels(None)?;
+        let chain = plan.chain()?;
+        let dev = self.upload_chain(&chain)?;
+        self.launch_chain(&k, &dev, plan.output(), out)?;
+        self.sync()?;
+        let s = &self.stream;
+        chain.check(
+            &dev.lanes_exp.status.download(s)?,
+            &dev.resolve_status.download(s)?,
+            &dev.sym_status.download(s)?,
+            &dev.value_status.download(s)?,
+            &dev.dequant.status.download(s)?,
+        )
+    }
+
+    /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of five launches,
+    /// its inputs uploaded once (the kernels alone).
+    pub fn time_decode_chain(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let chain = plan.chain()?;
+        let dev = self.upload_chain(&chain)?;
+        self.sync()?;
+        best_time(reps, || {
+            self.launch_chain(&k, &dev, plan.output(), out)?;
+            self.sync()
+        })
+    }
+
+    fn launch_chain(
+        &self,
+        k: &Kernels,
+        dev: &ffi::ChainDev,
+        output: crate::quant::Output,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let kernels = chain_kernels(k, output);
+        ffi::launch_chain(
+            &self.stream,
+            &kernels,
+            dev,
+            self.lane_shared_tables,
+            out,
+            output.len,
+        )
+    }
+
+    /// For benches: the best time in seconds of each of the chain's five launches (exponents,
+    /// table resolution, symbols, values, dequantization) over `reps` runs, each launch
+    /// synchronized alone.
+    pub fn time_decode_chain_stages(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+        reps: usize,
+    ) -> Result<[f64; 5], CudaError> {
+        let k = self.kernels(None)?;
+        let chain = plan.chain()?;
+        let dev = self.upload_chain(&chain)?;
+        let kernels = chain_kernels(&k, plan.output());
+        let n_out = plan.output().len;
+        self.sync()?;
+        let mut best = [f64::INFINITY; 5];
+        for _ in 0..reps.max(1) {
+            for (stage, b) in best.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                ffi::launch_chain_stage(
+                    &self.stream,
+                    &kernels,
+                    &dev,
+                    self.lane_shared_tables,
+                    out,
+                    n_out,
+                    stage as u8,
+                )?;
+                self.sync()?;
+                *b = b.min(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(best)
+    }
+
+    fn upload_chain(&self, ch: &Chain) -> Result<ffi::ChainDev, CudaError> {
+        let s = &self.stream;
+        let io = ch.dequant.io(&mut [], &mut []);
+        Ok(ffi::ChainDev {
+            lanes_exp: ffi::LaneDecodeDev {
+                words: DevBuf::upload(s, &ch.words)?,
+                tables: DevBuf::upload(s, &ch.tables)?,
+                table_list: DevBuf::upload(s, &ch.table_list)?,
+                symbol_table: DevBuf::zeros(s, ch.n_exps)?,
+                blocks: DevBuf::upload(s, &ch.exp_blocks)?,
+                symbols: DevBuf::zeros(s, ch.n_exps)?,
+                status: DevBuf::zeros(s, ch.exp_blocks.len() * LANES)?,
+            },
+            sym_blocks: DevBuf::upload(s, &ch.sym_blocks)?,
+            sym_table: DevBuf::zeros(s, ch.n_symbols)?,
+            symbols: DevBuf::zeros(s, ch.n_symbols)?,
+            sym_status: DevBuf::zeros(s, ch.sym_blocks.len() * LANES)?,
+            map: DevBuf::upload(s, &ch.map)?,
+            resolve: DevBuf::upload(s, &ch.resolve)?,
+            resolve_status: DevBuf::zeros(s, ch.resolve.len())?,
+            radius: DevBuf::upload(s, &ch.radius)?,
+            escapes: DevBuf::upload(s, &ch.escapes)?,
+            q: DevBuf::zeros(s, ch.n_q)?,
+            values: DevBuf::upload(s, &ch.values)?,
+            value_status: DevBuf::zeros(s, ch.values.len())?,
+            dequant: ffi::DequantDev {
+                q: DevBuf::zeros(s, 0)?,
+                exps: DevBuf::zeros(s, 0)?,
+                sink: DevBuf::upload(s, io.sink)?,
+                consts: DevBuf::upload(s, io.consts)?,
+                pages: DevBuf::upload(s, io.pages)?,
+                blocks: DevBuf::upload(s, io.blocks)?,
+                status: DevBuf::zeros(s, io.blocks.len())?,
+                heads: io.heads,
+                head_dim: io.head_dim,
+                page_size: io.page_size,
+            },
+            heads: io.heads,
+            head_dim: io.head_dim,
+        })
+    }
+
+    /// The three-launch path with the host's steps between launches (table resolution and
+    /// value mapping on the host; [`DecodePlan::decode_host`]'s order), into `out`.
+    pub fn decode_into_stepwise(
+        &self,
+        plan: &DecodePlan<'_>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let exp_out = self.lane_decode(&plan.exponent_batch()?)?;
+        let exps = plan.exponents(&exp_out)?;
+        let sym_out = self.lane_decode(&plan.symbol_batch(&exps)?)?;
+        let batch = plan.dequant_batch(&sym_out, &exps)?;
+        check_dequant(&self.dequant_into(&batch, out)?)
+    }
+
+    /// Decodes every chunk of `plan` on the device: the output's f16 or bf16 bits, as
+    /// [`DecodePlan::decode_host`] gives them.
+    pub fn decode(&self, plan: &DecodePlan<'_>) -> Result<Vec<u16>, CudaError> {
+        let len = plan.output().len;
+        let mut out = self
+            .stream
+            .alloc_zeros::<u16>(len.max(1))
+            .map_err(ffi::driver_err("cuMemAllocAsync"))?;
+        self.decode_into(plan, &mut out)?;
+        let mut host = self
+            .stream
+            .clone_dtoh(&out)
+            .map_err(ffi::driver_err("cuMemcpyDtoHAsync"))?;
+        host.truncate(len);
+        Ok(host)
+    }
+
+    /// Runs the PQ search over `batch` on the device: as [`PqBatch::search_host`] gives it.
+    pub fn search(&self, batch: &PqBatch) -> Result<PqSelected, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_pq(batch)?;
+        ffi::launch_pq(s, &k.pq_search, &dev)?;
+        self.sync()?;
+        let out = dev.out.download(s)?;
+        let status = dev.status.download(s)?;
+        Ok(batch.selected(out, status))
+    }
+
+    /// For benches: the best time in seconds of `reps` PQ search launches over `batch`,
+    /// uploaded once (the kernel alone).
+    pub fn time_search(&self, batch: &PqBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_pq(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_pq(&self.stream, &k.pq_search, &dev)?;
+            self.sync()
+        })
+    }
+
+    fn upload_pq(&self, batch: &PqBatch) -> Result<ffi::PqDev, CudaError> {
+        let s = &self.stream;
+        let (keys_len, out_len) = batch.lens();
+        let io = batch.io(&mut [], &mut [], &mut []);
+        Ok(ffi::PqDev {
+            queries: DevBuf::upload(s, io.queries)?,
+            codewords: DevBuf::upload(s, io.codewords)?,
+            codes: DevBuf::upload(s, io.codes)?,
+            keys: DevBuf::zeros(s, keys_len)?,
+            out: DevBuf::zeros(s, out_len)?,
+            items: DevBuf::upload(s, io.items)?,
+            status: DevBuf::zeros(s, io.items.len())?,
+            dim: io.dim,
+            m: io.m,
+            bits: io.bits,
+            residual: io.residual,
+        })
+    }
+}
+
+impl Gpu {
+    fn upload_quant(&self, batch: &QuantBatch) -> Result<ffi::QuantDev, CudaError> {
+        let s = &self.stream;
+        let io = batch.io(&mut [], &mut []);
+        Ok(ffi::QuantDev {
+            x: DevBuf::upload(s, io.x)?,
+            exps: DevBuf::upload(s, io.exps)?,
+            consts: DevBuf::upload(s, io.consts)?,
+            q: DevBuf::zeros(s, batch.q_len())?,
+            blocks: DevBuf::upload(s, io.blocks)?,
+            status: DevBuf::zeros(s, io.blocks.len())?,
+            heads: io.heads,
+            head_dim: io.head_dim,
+        })
+    }
+
+    /// Quantizes every block of `batch` on the device: as [`QuantBatch::quantize_host`]
+    /// gives it.
+    pub fn quantize(&self, batch: &QuantBatch) -> Result<Vec<(Vec<i32>, EncodeStatus)>, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_quant(batch)?;
+        ffi::launch_quantize(s, &k.quantize, &dev)?;
+        self.sync()?;
+        Ok(batch.quantized(dev.q.download(s)?, dev.status.download(s)?))
+    }
+
+    /// For benches: the best time in seconds of `reps` quantization launches over `batch`,
+    /// uploaded once (the kernel alone).
+    pub fn time_quantize(&self, batch: &QuantBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_quant(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_quantize(&self.stream, &k.quantize, &dev)?;
+            self.sync()
+        })
+    }
+
+    fn upload_lane_encode(&self, batch: &LaneEncodeBatch) -> Result<ffi::LaneEncodeDev, CudaError> {
+        let s = &self.stream;
+        let io = batch.io(&mut [], &mut [], &mut []);
+        Ok(ffi::LaneEncodeDev {
+            symbols: DevBuf::upload(s, io.symbols)?,
+            symbol_table: DevBuf::upload(s, io.symbol_table)?,
+            tables: DevBuf::upload(s, io.tables)?,
+            table_list: DevBuf::upload(s, io.table_list)?,
+            words: DevBuf::zeros(s, batch.n_words())?,
+            lane_len: DevBuf::zeros(s, io.blocks.len() * LANES)?,
+            blocks: DevBuf::upload(s, io.blocks)?,
+            status: DevBuf::zeros(s, io.blocks.len() * LANES)?,
+        })
+    }
+
+    /// Encodes every block of `batch` on the device: as [`LaneEncodeBatch::encode_host`]
+    /// gives it.
+    pub fn lane_encode(&self, batch: &LaneEncodeBatch) -> Result<LaneEncoded, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let dev = self.upload_lane_encode(batch)?;
+        ffi::launch_lane_encode(s, &k.lane_encode, &dev)?;
+        self.sync()?;
+        Ok(batch.encoded(
+            dev.words.download(s)?,
+            dev.lane_len.download(s)?,
+            dev.status.download(s)?,
+        ))
+    }
+
+    /// For benches: the best time in seconds of `reps` lane-encode launches over `batch`,
+    /// uploaded once (the kernel alone).
+    pub fn time_lane_encode(&self, batch: &LaneEncodeBatch, reps: usize) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = self.upload_lane_encode(batch)?;
+        self.sync()?;
+        best_time(reps, || {
+            ffi::launch_lane_encode(&self.stream, &k.lane_encode, &dev)?;
+            self.sync()
+        })
+    }
+}
+
+/// The chain's kernels for `output`'s dtype.
+fn chain_kernels(k: &Kernels, output: crate::quant::Output) -> ffi::ChainKernels<'_> {
+    ffi::ChainKernels {
+        lane: &k.lane_decode,
+        resolve: &k.resolve_tables,
+        values: &k.map_values,
+        dequant: match output.dtype {
+            OutDtype::F16 => &k.dequant_f16,
+            OutDtype::Bf16 => &k.dequant_bf16,
+        },
+    }
+}
+
+/// The best of `reps` (at least one) timed runs of `run`, in seconds.
+fn best_time(
+    reps: usize,
+    mut run: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        run()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Every kernel file compiled for `arch`, from the process-wide cache or NVRTC.
+fn cubins(arch: &str, nvrtc_dir: Option<&Path>) -> Result<Cubins, CudaError> {
+    let mut cache = CUBINS.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(c) = cache.get(arch) {
+        return Ok(c.clone());
+    }
+    let nvrtc = Nvrtc::load(nvrtc_dir)?;
+    let mut all = Vec::with_capacity(KERNELS.len());
+    for k in KERNELS {
+        all.push((k.file, nvrtc.cubin(k, arch)?));
+    }
+    let all = Arc::new(all);
+    cache.insert(arch.to_owned(), all.clone());
+    Ok(all)
 }

@@ -1,7 +1,8 @@
 //! # kvc codec-cuda
 //!
-//! The GPU companion of codec-core: CUDA C kernels (`kernels/*.cu`) that decode kvc streams
-//! bit for bit as codec-core does, compiled at run time by NVRTC and launched through cudarc,
+//! The GPU companion of codec-core and pq-core: CUDA C kernels (`kernels/*.cu`) that decode and
+//! encode kvc streams bit for bit as codec-core does and select tokens by PQ codes as pq-core
+//! does, compiled at run time by NVRTC and launched through cudarc,
 //! whose driver and NVRTC bindings are loaded at run time (`dynamic-loading`), so that the crate
 //! builds, and its entry points return a [`CudaError`], on a machine without CUDA.
 //!
@@ -10,18 +11,30 @@
 //! and the tests compare their output with codec-core's, bit for bit, without a GPU.
 //!
 //! - [`rans`]: the rANS lane decode kernel's batches ([`rans::LaneBatch`]).
-//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 `[T, H, D]`.
+//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 or bf16,
+//!   dense `[T, H, D]` or paged as vLLM keeps its cache.
 //! - [`stream`]: a stream's chunks as lane-decode batches (exponents, then every symbol), their
 //!   symbol values (escapes) and dequantization blocks.
+//! - [`decode`]: a batch of chunks of one or several streams decoded by three launches into
+//!   one output ([`decode::DecodePlan`]).
+//! - [`pq`]: the PQ search kernel's batches ([`pq::PqBatch`]): score tables, scores and top-k
+//!   for many queries over pq-core's packed codes, as `pq_core::search` selects.
+//! - [`encode`]: the encode kernels' batches: quantization ([`encode::QuantBatch`]) and the
+//!   32-lane rANS encoder ([`encode::LaneEncodeBatch`]), as codec-core's encoder computes them.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
-//! - [`Gpu`]: a device, or the error saying why there is none.
+//! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
+//!   once per process and loaded once, and every batch above uploaded, launched and downloaded
+//!   on it.
 //!
 //! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
 
+pub mod decode;
+pub mod encode;
 mod error;
 mod ffi;
 mod gpu;
 pub mod nvrtc;
+pub mod pq;
 pub mod quant;
 pub mod rans;
 pub mod stream;

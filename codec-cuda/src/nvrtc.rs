@@ -33,10 +33,28 @@ pub struct KernelSource {
 /// Every kernel in `kernels/*.cu` (a test checks the list against the folder).
 pub const KERNELS: &[KernelSource] = &[
     KernelSource {
+        file: "chain.cu",
+        source: include_str!("../kernels/chain.cu"),
+        entries: &["kvc_resolve_tables", "kvc_map_values"],
+        decode: true,
+    },
+    KernelSource {
         file: "dequant.cu",
         source: include_str!("../kernels/dequant.cu"),
-        entries: &["kvc_dequant_f16"],
+        entries: &["kvc_dequant_f16", "kvc_dequant_bf16"],
         decode: true,
+    },
+    KernelSource {
+        file: "encode.cu",
+        source: include_str!("../kernels/encode.cu"),
+        entries: &["kvc_quantize", "kvc_rans_lane_encode"],
+        decode: false,
+    },
+    KernelSource {
+        file: "pq_search.cu",
+        source: include_str!("../kernels/pq_search.cu"),
+        entries: &["kvc_pq_search"],
+        decode: false,
     },
     KernelSource {
         file: "rans_decode.cu",
@@ -93,26 +111,7 @@ impl Nvrtc {
         kernel: &KernelSource,
         arch: &str,
     ) -> Result<Vec<KernelResources>, CudaError> {
-        let options = [
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".to_owned(),
-            // The kernels round every f32 operation as codec-core does (spec/FORMAT.md §1.2).
-            "--fmad=false".to_owned(),
-            "--ptxas-options=-v".to_owned(),
-        ];
-        let out = ffi::nvrtc_compile(&ffi::NvrtcProgram {
-            name: kernel.file,
-            source: kernel.source,
-            headers: HEADERS,
-            options: &options,
-        })?;
-        if !out.ok {
-            return Err(CudaError::Compile {
-                kernel: kernel.file,
-                arch: arch.to_owned(),
-                log: out.log,
-            });
-        }
+        let out = self.compile(kernel, arch, true)?;
         let found = parse_ptxas_log(&out.log);
         let mut res = Vec::new();
         for &entry in kernel.entries {
@@ -128,6 +127,55 @@ impl Nvrtc {
             });
         }
         Ok(res)
+    }
+}
+
+impl Nvrtc {
+    /// Compiles `kernel` for `arch` with the options every build of the kernels uses (and
+    /// ptxas' resource report with `verbose`); a rejected source is [`CudaError::Compile`].
+    fn compile(
+        &self,
+        kernel: &KernelSource,
+        arch: &str,
+        verbose: bool,
+    ) -> Result<ffi::NvrtcOutput, CudaError> {
+        let mut options = vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_owned(),
+            // The kernels round every f32 operation as codec-core does (spec/FORMAT.md §1.2),
+            // without flushing subnormals to zero.
+            "--fmad=false".to_owned(),
+            "--ftz=false".to_owned(),
+        ];
+        if verbose {
+            options.push("--ptxas-options=-v".to_owned());
+        }
+        let out = ffi::nvrtc_compile(&ffi::NvrtcProgram {
+            name: kernel.file,
+            source: kernel.source,
+            headers: HEADERS,
+            options: &options,
+        })?;
+        if !out.ok {
+            return Err(CudaError::Compile {
+                kernel: kernel.file,
+                arch: arch.to_owned(),
+                log: out.log,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `kernel` compiled to a CUBIN for `arch` (e.g. `sm_90`), for loading on a device.
+    pub fn cubin(&self, kernel: &KernelSource, arch: &str) -> Result<Vec<u8>, CudaError> {
+        let out = self.compile(kernel, arch, false)?;
+        if out.cubin.is_empty() {
+            return Err(CudaError::Nvrtc {
+                call: "nvrtcGetCUBIN",
+                code: format!("no CUBIN for {} on {arch}", kernel.file),
+            });
+        }
+        Ok(out.cubin)
     }
 }
 

@@ -1,6 +1,9 @@
 //! Batches for the dequantization kernel (`kernels/dequant.cu`, spec/FORMAT.md §7): coded
-//! blocks' symbol values, step exponents and sink rows to f16 rows, many blocks per launch,
-//! written into one output buffer (e.g. per layer K then V, each `[T, H, D]`).
+//! blocks' symbol values, step exponents and sink rows to f16 or bf16 rows, many blocks (chunks,
+//! layers, K and V, sequences) per launch, written into one output buffer: densely (e.g. per
+//! layer K then V, each `[T, H, D]`) or into pages as vLLM keeps them (per tensor
+//! `[num_pages, page_size, H, D]`, token `t` in page `table[t / page_size]`, slot
+//! `t % page_size`).
 
 use codec_core::quant::{BlockConsts, ChannelParams};
 
@@ -48,8 +51,10 @@ pub struct DequantBlock {
     pub exp_start: u64,
     /// Index of sink row 0, channel 0.
     pub sink_start: u64,
-    /// Index in the output of row 0, channel 0.
+    /// Index in the output of the tensor's element 0 (token 0 dense, page 0 slot 0 paged).
     pub out_start: u64,
+    /// Index in the batch's page tables of the sequence's table (paged output).
+    pub page_start: u64,
     /// Index of channel 0's constants.
     pub consts_start: u64,
     /// Rows, sink rows first.
@@ -60,6 +65,10 @@ pub struct DequantBlock {
     pub group: u32,
     /// 1 if the block has step exponents, 0 if they are all 0.
     pub has_exps: u32,
+    /// The sequence position of row 0.
+    pub token_start: u32,
+    /// Unused (0).
+    pub reserved: u32,
 }
 
 /// How a block ended (`KvcDequantStatus`).
@@ -70,6 +79,8 @@ pub enum DequantStatus {
     Ok,
     /// The block's ranges lie outside the batch or its shape is invalid; nothing written.
     BadRange,
+    /// Paged output: a row's page-table entry or page lies outside the batch; nothing written.
+    BadPage,
     /// A code the kernel does not define (never written by the kernel).
     Unknown(u32),
 }
@@ -89,13 +100,65 @@ pub struct DequantInput<'a> {
     pub rows: u32,
     /// Token-group size.
     pub group: u32,
-    /// Index in the output of row 0, channel 0.
+    /// Index in the output of the tensor's element 0: token `t`, channel `c` is element
+    /// `out_start + t * C + c` (dense) or `out_start + (table[t / page_size] * page_size +
+    /// t % page_size) * C + c` (paged, `table` the sequence's page table).
     pub out_start: u64,
+    /// The sequence position of row 0 (the chunk's first token).
+    pub token_start: u32,
+    /// Where the sequence's page table starts ([`DequantBatch::add_page_table`]; paged output).
+    pub page_start: u64,
+}
+
+/// The output's element type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OutDtype {
+    /// IEEE binary16.
+    #[default]
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl OutDtype {
+    /// The kernel entry point that writes this type.
+    pub fn entry(self) -> &'static str {
+        match self {
+            OutDtype::F16 => "kvc_dequant_f16",
+            OutDtype::Bf16 => "kvc_dequant_bf16",
+        }
+    }
+}
+
+/// Where a launch writes its rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OutLayout {
+    /// Each tensor `[T, H, D]`.
+    #[default]
+    Dense,
+    /// Each tensor `[num_pages, page_size, H, D]` with a page table per sequence.
+    Paged {
+        /// Tokens per page (> 0).
+        page_size: u32,
+    },
+}
+
+/// A launch's output: its element type, layout and length in elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Output {
+    /// Element type.
+    pub dtype: OutDtype,
+    /// Layout.
+    pub layout: OutLayout,
+    /// Elements (values no block writes stay as they were: 0 on the host).
+    pub len: usize,
 }
 
 /// The buffers of one dequantization launch.
 #[derive(Clone, Debug)]
 pub struct DequantBatch {
+    output: Output,
+    pages: Vec<u32>,
     q: Vec<i32>,
     exps: Vec<u8>,
     sink: Vec<f32>,
@@ -103,14 +166,24 @@ pub struct DequantBatch {
     blocks: Vec<DequantBlock>,
     heads: u32,
     head_dim: u32,
-    out_len: usize,
 }
 
 impl DequantBatch {
-    /// An empty batch of blocks with `heads * head_dim` channels, writing an output of
+    /// An empty batch of blocks with `heads * head_dim` channels, writing a dense output of
     /// `out_len` f16 values.
     pub fn new(heads: u32, head_dim: u32, out_len: usize) -> Self {
+        let output = Output {
+            len: out_len,
+            ..Output::default()
+        };
+        Self::with_output(heads, head_dim, output)
+    }
+
+    /// An empty batch of blocks with `heads * head_dim` channels writing `output`.
+    pub fn with_output(heads: u32, head_dim: u32, output: Output) -> Self {
         DequantBatch {
+            output,
+            pages: Vec::new(),
             q: Vec::new(),
             exps: Vec::new(),
             sink: Vec::new(),
@@ -118,8 +191,20 @@ impl DequantBatch {
             blocks: Vec::new(),
             heads,
             head_dim,
-            out_len,
         }
+    }
+
+    /// The launch's output.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+
+    /// Adds a sequence's page table (page ids, one per `page_size` tokens); returns where it
+    /// starts, for [`DequantInput::page_start`].
+    pub fn add_page_table(&mut self, table: &[u32]) -> u64 {
+        let start = self.pages.len() as u64;
+        self.pages.extend_from_slice(table);
+        start
     }
 
     /// Adds one `(layer, K/V, level)`'s channel constants; returns where they start.
@@ -150,11 +235,14 @@ impl DequantBatch {
             exp_start: self.exps.len() as u64,
             sink_start: self.sink.len() as u64,
             out_start: b.out_start,
+            page_start: b.page_start,
             consts_start: b.consts_start,
             rows: b.rows,
             sink_rows: sink_rows as u32,
             group: b.group,
             has_exps: u32::from(b.exps.is_some()),
+            token_start: b.token_start,
+            reserved: 0,
         });
         self.q.extend_from_slice(b.q);
         self.exps.extend_from_slice(b.exps.unwrap_or(&[]));
@@ -162,37 +250,107 @@ impl DequantBatch {
         Ok(self.blocks.len() - 1)
     }
 
+    /// Adds a block whose symbol values and exponents another launch writes (at `q_start` and
+    /// `exp_start` of those buffers), with its sink rows; returns its index.
+    pub(crate) fn add_block_external(&mut self, mut block: DequantBlock, sink: &[f32]) -> usize {
+        block.sink_start = self.sink.len() as u64;
+        self.sink.extend_from_slice(sink);
+        self.blocks.push(block);
+        self.blocks.len() - 1
+    }
+
+    /// The launch's buffers with symbol values `q` and exponents `exps` from other launches.
+    pub(crate) fn io_with<'a>(
+        &'a self,
+        q: &'a [i32],
+        exps: &'a [u8],
+        out: &'a mut [u16],
+        status: &'a mut [u32],
+    ) -> ffi::DequantIo<'a> {
+        ffi::DequantIo {
+            q,
+            exps,
+            ..self.io(out, status)
+        }
+    }
+
     /// The blocks, for tests that corrupt them (the kernel checks every field).
     pub fn blocks_mut(&mut self) -> &mut [DequantBlock] {
         &mut self.blocks
     }
 
-    /// Runs the kernel compiled for the host: the output (f16 bits; values no block wrote are
-    /// 0) and each block's status.
-    pub fn decode_host(&self) -> Result<(Vec<u16>, Vec<DequantStatus>), CudaError> {
-        let mut out = vec![0u16; self.out_len];
-        let mut status = vec![0u32; self.blocks.len()];
-        ffi::host_dequant_f16(ffi::DequantIo {
+    /// The launch's buffers, as the kernel reads them.
+    pub(crate) fn io<'a>(
+        &'a self,
+        out: &'a mut [u16],
+        status: &'a mut [u32],
+    ) -> ffi::DequantIo<'a> {
+        ffi::DequantIo {
             q: &self.q,
             exps: &self.exps,
             sink: &self.sink,
             consts: &self.consts,
             blocks: &self.blocks,
-            out: &mut out,
-            status: &mut status,
+            out,
+            status,
             heads: self.heads,
             head_dim: self.head_dim,
-        })?;
-        let status = status.into_iter().map(|s| match s {
-            0 => DequantStatus::Ok,
-            1 => DequantStatus::BadRange,
-            c => DequantStatus::Unknown(c),
-        });
-        Ok((out, status.collect()))
+            pages: &self.pages,
+            page_size: self.page_size(),
+            dtype: self.output.dtype,
+        }
     }
+
+    /// Tokens per page, 0 for dense output.
+    pub(crate) fn page_size(&self) -> u32 {
+        match self.output.layout {
+            OutLayout::Dense => 0,
+            OutLayout::Paged { page_size } => page_size,
+        }
+    }
+
+    /// Blocks in the batch.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the batch has no block.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Runs the kernel compiled for the host: the output (f16 or bf16 bits; values no block
+    /// wrote are 0) and each block's status.
+    pub fn decode_host(&self) -> Result<(Vec<u16>, Vec<DequantStatus>), CudaError> {
+        if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
+            return Err(CudaError::Input {
+                what: "a page size of 0",
+            });
+        }
+        let mut out = vec![0u16; self.output.len];
+        let mut status = vec![0u32; self.blocks.len()];
+        ffi::host_dequant(self.io(&mut out, &mut status))?;
+        Ok((out, statuses(status)))
+    }
+}
+
+/// The kernel's status codes as [`DequantStatus`].
+pub(crate) fn statuses(codes: Vec<u32>) -> Vec<DequantStatus> {
+    let status = codes.into_iter().map(|s| match s {
+        0 => DequantStatus::Ok,
+        1 => DequantStatus::BadRange,
+        2 => DequantStatus::BadPage,
+        c => DequantStatus::Unknown(c),
+    });
+    status.collect()
 }
 
 /// The kernel's f32 to f16 narrowing (spec/FORMAT.md §1.2), run on the host, for tests.
 pub fn f32_to_f16_bits(x: f32) -> u16 {
     ffi::kernel_f32_to_f16(x)
+}
+
+/// The kernel's f32 to bf16 narrowing (spec/FORMAT.md §1.2), run on the host, for tests.
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    ffi::kernel_f32_to_bf16(x)
 }

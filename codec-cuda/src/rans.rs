@@ -170,6 +170,26 @@ impl LaneBatch {
         &mut self.words
     }
 
+    /// The launch's input buffers.
+    pub(crate) fn buffers(&self) -> LaneBuffers<'_> {
+        LaneBuffers {
+            words: &self.words,
+            tables: &self.tables,
+            table_list: &self.table_list,
+            symbol_table: &self.symbol_table,
+            blocks: &self.blocks,
+        }
+    }
+
+    /// A launch's output as [`LaneDecoded`].
+    pub(crate) fn decoded(&self, symbols: Vec<u8>, status: Vec<u32>) -> LaneDecoded {
+        LaneDecoded {
+            symbols,
+            status: status.into_iter().map(LaneStatus::from_code).collect(),
+            blocks: self.blocks.clone(),
+        }
+    }
+
     /// Tables the kernel stages in shared memory for the `shared_tables` of a launch: blocks
     /// with at most that many tables read them from shared memory, others from global memory.
     pub const MAX_SHARED_TABLES: u32 = 14;
@@ -194,12 +214,18 @@ impl LaneBatch {
             status: &mut status,
             shared_tables,
         })?;
-        Ok(LaneDecoded {
-            symbols,
-            status: status.into_iter().map(LaneStatus::from_code).collect(),
-            blocks: self.blocks.clone(),
-        })
+        Ok(self.decoded(symbols, status))
     }
+}
+
+/// A [`LaneBatch`]'s buffers, as a device upload reads them.
+#[derive(Debug)]
+pub(crate) struct LaneBuffers<'a> {
+    pub words: &'a [u32],
+    pub tables: &'a [u32],
+    pub table_list: &'a [u32],
+    pub symbol_table: &'a [u16],
+    pub blocks: &'a [LaneBlock],
 }
 
 /// The output of a lane-decode launch.
@@ -246,7 +272,7 @@ impl LaneDecoded {
 
 /// A table in the kernel's packed form: per slot, the symbol (bits 0..8), its frequency (bits
 /// 8..20) and the slot's offset from the symbol's cumulative frequency (bits 20..32).
-fn packed_table(table: &FreqTable) -> Vec<u32> {
+pub(crate) fn packed_table(table: &FreqTable) -> Vec<u32> {
     let mut out = Vec::with_capacity(SLOTS);
     for (s, &f) in table.freqs().iter().enumerate() {
         out.extend((0..u32::from(f)).map(|k| s as u32 | u32::from(f) << 8 | k << 20));

@@ -110,6 +110,12 @@ impl<'s> ChunkLanes<'s> {
     /// A batch decoding the first `n_e` symbols (the exponents) of every block, in block order.
     pub fn exponent_batch(&self) -> Result<LaneBatch, CudaError> {
         let mut batch = LaneBatch::new();
+        self.add_exponents_to(&mut batch)?;
+        Ok(batch)
+    }
+
+    /// Adds every block's exponent prefix to `batch`, in block order.
+    pub fn add_exponents_to(&self, batch: &mut LaneBatch) -> Result<(), CudaError> {
         for b in &self.blocks {
             let ids = match &b.exp_table {
                 Some(t) => vec![batch.add_table(t); b.n_e],
@@ -117,21 +123,35 @@ impl<'s> ChunkLanes<'s> {
             };
             batch.add_block(&b.words, b.lane_len, &ids)?;
         }
-        Ok(batch)
+        Ok(())
     }
 
     /// A batch decoding every symbol of every block, in block order; `exps[b]` are block `b`'s
     /// exponents (the first `n_e` symbols the exponent batch decoded; ignored without an
     /// exponent section).
     pub fn symbol_batch(&self, exps: &[&[u8]]) -> Result<LaneBatch, CudaError> {
-        let profile = self.stream.profile();
         let mut batch = LaneBatch::new();
-        let level: Vec<TableId> = profile
-            .level_tables(self.level)
-            .tables
-            .iter()
-            .map(|t| batch.add_table(&t.freqs))
-            .collect();
+        let level = self.add_level_tables(&mut batch);
+        self.add_symbols_to(&mut batch, exps, &level)?;
+        Ok(batch)
+    }
+
+    /// Adds the tables of the chunk's level to `batch` (for [`Self::add_symbols_to`]; chunks
+    /// of one stream at one level can share them).
+    pub fn add_level_tables(&self, batch: &mut LaneBatch) -> Vec<TableId> {
+        let profile = self.stream.profile();
+        let tables = &profile.level_tables(self.level).tables;
+        tables.iter().map(|t| batch.add_table(&t.freqs)).collect()
+    }
+
+    /// Adds every symbol of every block to `batch`, in block order, with `level` the ids of
+    /// the chunk's level tables in `batch` ([`Self::add_level_tables`]).
+    pub fn add_symbols_to(
+        &self,
+        batch: &mut LaneBatch,
+        exps: &[&[u8]],
+        level: &[TableId],
+    ) -> Result<(), CudaError> {
         for (i, b) in self.blocks.iter().enumerate() {
             let exp = b.exp_table.as_ref().map(|t| batch.add_table(t));
             let block_exps = exps.get(i).copied().unwrap_or(&[]);
@@ -143,9 +163,30 @@ impl<'s> ChunkLanes<'s> {
                     SymbolTable::Level(t) => level.get(usize::from(t)).copied(),
                 })
                 .collect();
+            if ids.len() != b.n_e + b.n_sym {
+                return Err(CudaError::Stream {
+                    chunk: self.chunk,
+                    what: "a symbol's table is not in the level's tables",
+                });
+            }
             batch.add_block(&b.words, b.lane_len, &ids)?;
         }
-        Ok(batch)
+        Ok(())
+    }
+
+    /// The chunk's stream.
+    pub fn stream(&self) -> &'s Stream<'s> {
+        self.stream
+    }
+
+    /// The chunk's index in its stream.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The chunk's level.
+    pub fn level(&self) -> u8 {
+        self.level
     }
 
     /// Block `b`'s table of every symbol (as [`symbol_batch`](Self::symbol_batch) resolves
@@ -235,25 +276,30 @@ impl<'s> ChunkLanes<'s> {
         Ok(out)
     }
 
-    /// Adds every block of the chunk to `batch`, writing the stream's f16 output layout: per
-    /// layer K then V, each `[T, H, D]` with `T` = `tokens`. `values[b]` and `exps[b]` are block
-    /// `b`'s symbol values and exponents.
+    /// Adds every block of the chunk to `batch`. `values[b]` and `exps[b]` are block `b`'s
+    /// symbol values and exponents; `dest` says where the sequence's tensors are (per layer K
+    /// then V, `dest.tensor_stride` elements apart from `dest.base`).
     pub fn add_to_dequant(
         &self,
         batch: &mut DequantBatch,
         values: &[Vec<i32>],
         exps: &[&[u8]],
-        tokens: u32,
+        dest: Destination,
     ) -> Result<(), CudaError> {
         let h = self.stream.header();
         let profile = self.stream.profile();
         let mult = profile.level_multipliers()[usize::from(self.level)];
-        let c = h.shape.channels() as u64;
-        let token_start = u64::from(h.chunks[self.chunk].token_start);
+        let token_start = h.chunks[self.chunk].token_start;
         for (b, blk) in self.blocks.iter().enumerate() {
             let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
             let consts_start = batch.add_consts(&consts);
             let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
+            let out_start = tensor
+                .checked_mul(dest.tensor_stride)
+                .and_then(|x| x.checked_add(dest.base))
+                .ok_or(CudaError::Input {
+                    what: "output offsets overflow",
+                })?;
             batch.add_block(DequantInput {
                 q: values.get(b).map(Vec::as_slice).unwrap_or(&[]),
                 exps: blk
@@ -264,7 +310,9 @@ impl<'s> ChunkLanes<'s> {
                 consts_start,
                 rows: self.rows as u32,
                 group: u32::from(h.group),
-                out_start: (tensor * u64::from(tokens) + token_start) * c,
+                out_start,
+                token_start,
+                page_start: dest.page_start,
             })?;
         }
         Ok(())
@@ -278,6 +326,30 @@ impl<'s> ChunkLanes<'s> {
     /// Sink rows of the chunk (§5.3).
     pub fn sink_rows(&self) -> usize {
         self.sink
+    }
+}
+
+/// Where a sequence's decoded tensors go in a [`DequantBatch`]'s output: tensor `(layer, kv)`
+/// starts at element `base + (2 * layer + kv) * tensor_stride`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Destination {
+    /// Element of layer 0's K tensor.
+    pub base: u64,
+    /// Elements from one tensor to the next: `T * C` for dense `[T, H, D]` tensors,
+    /// `num_pages * page_size * C` for paged ones.
+    pub tensor_stride: u64,
+    /// The sequence's page table in the batch ([`DequantBatch::add_page_table`]; paged only).
+    pub page_start: u64,
+}
+
+impl Destination {
+    /// Dense `[tokens, H, D]` tensors of `channels` channels, per layer K then V, from element 0.
+    pub fn dense(tokens: u32, channels: usize) -> Self {
+        Destination {
+            base: 0,
+            tensor_stride: u64::from(tokens) * channels as u64,
+            page_start: 0,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use codec_core::{
 use codec_cuda::quant::{
     f32_to_f16_bits, ChannelConsts, DequantBatch, DequantInput, DequantStatus,
 };
-use codec_cuda::stream::ChunkLanes;
+use codec_cuda::stream::{ChunkLanes, Destination};
 use half::f16;
 use proptest::prelude::*;
 
@@ -41,7 +41,7 @@ fn decode_with_kernels(stream: &Stream<'_>) -> Vec<u16> {
             })
             .collect();
         lanes
-            .add_to_dequant(&mut batch, &values, &exps, tokens)
+            .add_to_dequant(&mut batch, &values, &exps, Destination::dense(tokens, c))
             .unwrap();
     }
     let (out, status) = batch.decode_host().unwrap();
@@ -190,6 +190,8 @@ fn spec_worked_example_rounds_as_written() {
                 rows: 2,
                 group: 2,
                 out_start: 0,
+                token_start: 0,
+                page_start: 0,
             })
             .unwrap();
         let (out, status) = batch.decode_host().unwrap();
@@ -236,7 +238,7 @@ proptest! {
         let consts = vec![ChannelConsts { mean: 1.0, anchor_step: 0.5, delta_step: 0.25, weight: 0.5 }; 4];
         let mut batch = DequantBatch::new(2, 2, 40);
         let consts_start = batch.add_consts(&consts);
-        let input = DequantInput { q: &[1; 16], exps: Some(&[1; 8]), sink: &[0.5; 4], consts_start, rows: 5, group: 3, out_start: 0 };
+        let input = DequantInput { q: &[1; 16], exps: Some(&[1; 8]), sink: &[0.5; 4], consts_start, rows: 5, group: 3, out_start: 0, token_start: 0, page_start: 0 };
         batch.add_block(input).unwrap();
         batch.add_block(DequantInput { out_start: 20, ..input }).unwrap();
         let b = &mut batch.blocks_mut()[0];

@@ -54,6 +54,29 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_no_decode_kernel_spills() {
     assert!(report.iter().all(|r| r.registers > 0 && r.cubin_bytes > 0));
 }
 
+/// What a device loads: every kernel file as a CUBIN (an ELF image) for sm_80 and sm_90.
+#[test]
+fn every_kernel_compiles_to_a_loadable_cubin() {
+    let dir = match nvrtc_dir() {
+        Ok(dir) => dir,
+        Err(why) if std::env::var("KVC_REQUIRE_NVRTC").as_deref() == Ok("1") => {
+            panic!("KVC_REQUIRE_NVRTC=1 but NVRTC is missing: {why}")
+        }
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let nvrtc = Nvrtc::load(Some(&dir)).unwrap();
+    for k in KERNELS {
+        for arch in ARCHS {
+            let cubin = nvrtc.cubin(k, arch).unwrap();
+            assert_eq!(&cubin[..4], b"\x7fELF", "{} {arch}", k.file);
+            println!("{} {arch}: {} B cubin", k.file, cubin.len());
+        }
+    }
+}
+
 /// `KERNELS` lists every `kernels/*.cu`, with the text of the file.
 #[test]
 fn kernel_list_is_the_kernels_folder() {

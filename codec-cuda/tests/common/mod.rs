@@ -2,9 +2,14 @@
 //! comparison of a decoded block with it.
 #![allow(dead_code)] // each test binary uses a part
 
+use std::path::{Path, PathBuf};
+
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
+use codec_core::{Limits, Profile, Stream, TensorMut};
+use codec_cuda::quant::OutDtype;
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
+use half::{bf16, f16};
 
 /// codec-core's decode of one block: its symbols (as far as it got) and its outcome.
 pub fn reference(
@@ -66,4 +71,214 @@ pub fn assert_matches_reference(
         .status(b)
         .iter()
         .all(|s| !matches!(s, LaneStatus::Unknown(_))));
+}
+
+pub fn vectors_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors")
+}
+
+/// The golden streams' bytes and profiles, by name.
+pub fn golden() -> Vec<(String, Vec<u8>, Option<Profile>)> {
+    let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with('v') && n.ends_with(".kvc"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let path = vectors_dir().join(&name);
+            let bytes = std::fs::read(&path).unwrap();
+            let profile = std::fs::read(path.with_extension("kvcp"))
+                .ok()
+                .map(|p| Profile::from_bytes(&p, &Limits::DEFAULT).unwrap());
+            (name, bytes, profile)
+        })
+        .collect()
+}
+
+/// codec-core's decode of `stream` into `dtype` buffers: per layer K then V, each `[T, H, D]`,
+/// as bits.
+pub fn codec_core_tensors(stream: &Stream<'_>, dtype: OutDtype) -> Vec<Vec<u16>> {
+    let h = stream.header();
+    let n = h.shape.tokens as usize * h.shape.channels();
+    let layers = h.shape.layers as usize;
+    let mut out = Vec::new();
+    match dtype {
+        OutDtype::F16 => {
+            let mut k = vec![vec![f16::ZERO; n]; layers];
+            let mut v = vec![vec![f16::ZERO; n]; layers];
+            let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::F16(t)).collect();
+            let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::F16(t)).collect();
+            stream.decode_into(&mut km, &mut vm).unwrap();
+            for (k, v) in k.iter().zip(&v) {
+                out.push(k.iter().map(|x| x.to_bits()).collect());
+                out.push(v.iter().map(|x| x.to_bits()).collect());
+            }
+        }
+        OutDtype::Bf16 => {
+            let mut k = vec![vec![bf16::ZERO; n]; layers];
+            let mut v = vec![vec![bf16::ZERO; n]; layers];
+            let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::Bf16(t)).collect();
+            let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::Bf16(t)).collect();
+            stream.decode_into(&mut km, &mut vm).unwrap();
+            for (k, v) in k.iter().zip(&v) {
+                out.push(k.iter().map(|x| x.to_bits()).collect());
+                out.push(v.iter().map(|x| x.to_bits()).collect());
+            }
+        }
+    }
+    out
+}
+
+/// The reference scatter: token `t` of tensor `i` (a dense `[T, C]` tensor) to page
+/// `table[t / page_size]`, slot `t % page_size` of tensor `i` of a paged cache whose tensors
+/// are `tensor_len` elements apart.
+pub fn scatter(
+    cache: &mut [u16],
+    tensors: &[Vec<u16>],
+    table: &[u32],
+    page_size: usize,
+    c: usize,
+    tensor_len: usize,
+) {
+    for (i, tensor) in tensors.iter().enumerate() {
+        for (t, row) in tensor.chunks_exact(c).enumerate() {
+            let page = table[t / page_size] as usize;
+            let at = i * tensor_len + (page * page_size + t % page_size) * c;
+            cache[at..at + c].copy_from_slice(row);
+        }
+    }
+}
+
+/// A permutation of `0..n` from a seed (xorshift, Fisher-Yates).
+pub fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed | 1;
+    let mut p: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        p.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+/// Every block of every chunk of `stream` as encode-kernel inputs: its rows (from `tensors`,
+/// per layer K then V, `[T, C]` f32), step exponents and constants in a quantization batch, its
+/// table indices and tables in a lane-encode batch; and what codec-core's encoder wrote: each
+/// block's symbol values and lanes.
+pub struct EncodeCase {
+    pub quant: codec_cuda::encode::QuantBatch,
+    pub enc: codec_cuda::encode::LaneEncodeBatch,
+    pub values: Vec<Vec<i32>>,
+    pub lanes: Vec<Vec<Vec<u32>>>,
+}
+
+pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>]) -> EncodeCase {
+    use codec_cuda::encode::{EncTableId, LaneEncodeBatch, QuantBatch};
+    use codec_cuda::quant::ChannelConsts;
+    use codec_cuda::stream::ChunkLanes;
+    let h = stream.header();
+    let c = h.shape.channels();
+    let mut quant = QuantBatch::new(h.shape.kv_heads, h.shape.head_dim);
+    let mut enc = LaneEncodeBatch::new();
+    let (mut values, mut lanes_out) = (Vec::new(), Vec::new());
+    for chunk in 0..h.chunks.len() {
+        let lanes = ChunkLanes::read(stream, chunk).unwrap();
+        // Tables by address, per chunk: a chunk's exponent tables live as long as `lanes`.
+        let mut distinct: Vec<(*const FreqTable, EncTableId)> = Vec::new();
+        let exp_out = lanes.exponent_batch().unwrap().decode_host(2).unwrap();
+        let exps: Vec<&[u8]> = (0..lanes.blocks.len())
+            .map(|b| exp_out.symbols(b))
+            .collect();
+        let sym_out = lanes.symbol_batch(&exps).unwrap().decode_host(2).unwrap();
+        let mult = stream.profile().level_multipliers()[usize::from(lanes.level())];
+        let token_start = h.chunks[chunk].token_start as usize;
+        let rows = lanes.rows();
+        for (b, blk) in lanes.blocks.iter().enumerate() {
+            let consts =
+                ChannelConsts::of_block(stream.profile().channel_params(blk.layer, blk.kv), mult);
+            let start = quant.add_consts(&consts);
+            let t = &tensors[blk.layer as usize * 2 + blk.kv];
+            let x = &t[token_start * c..(token_start + rows) * c];
+            let e = blk.exp_table.as_ref().map(|_| exps[b]);
+            quant
+                .add_block(x, lanes.sink_rows() as u32, u32::from(h.group), e, start)
+                .unwrap();
+            let tables: Vec<EncTableId> = lanes
+                .symbol_tables(b, exps[b])
+                .into_iter()
+                .map(
+                    |t| match distinct.iter().find(|(p, _)| std::ptr::eq(*p, t)) {
+                        Some(&(_, id)) => id,
+                        None => {
+                            let id = enc.add_table(t);
+                            distinct.push((t, id));
+                            id
+                        }
+                    },
+                )
+                .collect();
+            enc.add_block(sym_out.symbols(b), &tables).unwrap();
+            values.push(lanes.symbol_values(b, sym_out.symbols(b), exps[b]).unwrap());
+            let mut at = 0;
+            lanes_out.push(
+                blk.lane_len
+                    .iter()
+                    .map(|&n| {
+                        at += n;
+                        blk.words[at - n..at].to_vec()
+                    })
+                    .collect(),
+            );
+        }
+    }
+    EncodeCase {
+        quant,
+        enc,
+        values,
+        lanes: lanes_out,
+    }
+}
+
+/// The real 512-token fixture's first `layers` layers encoded by codec-core with step
+/// exponents (token importance from its queries) at three levels in 96-token chunks, and the
+/// cache's tensors (per layer K then V, `[T, C]` f32).
+pub fn fixture_stream(layers: usize) -> (Vec<u8>, Vec<Vec<f32>>) {
+    use codec_core::{
+        encode, learn_profile, EncodeParams, LearnParams, ProfileMode, Queries, Sample,
+    };
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let mut d = kvc_io::load_dump(&path).expect("fixture present");
+    let layers = layers.min(d.kv.shape.layers as usize);
+    d.kv.shape.layers = layers as u32;
+    d.kv.k.truncate(layers);
+    d.kv.v.truncate(layers);
+    let q = d.q.as_ref().expect("the fixture has queries");
+    let queries = Queries {
+        q: q.iter().take(layers).map(Vec::as_slice).collect(),
+        q_heads: d.q_heads,
+        q_start: d.q_start,
+    };
+    let sample = Sample {
+        kv: d.kv.view(),
+        queries: Some(queries),
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let some: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
+    let chunks = d.kv.shape.tokens.div_ceil(96) as usize;
+    let params = EncodeParams {
+        chunk_tokens: 96,
+        levels: some.iter().copied().cycle().take(chunks).collect(),
+        token_importance: true,
+        ..EncodeParams::default()
+    };
+    let bytes = encode(&d.kv.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let tensors = (0..layers)
+        .flat_map(|l| [d.kv.k[l].to_f32_vec(), d.kv.v[l].to_f32_vec()])
+        .collect();
+    (bytes, tensors)
 }

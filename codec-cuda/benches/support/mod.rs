@@ -1,0 +1,171 @@
+//! What the device benches (`benches/device.rs`) and the best-of-N harness
+//! (`examples/device_bench.rs`) share: opening device 0 with the kernels loaded, the real
+//! fixture's streams, decode plans and encode batches, and a long PQ head.
+#![allow(dead_code)] // each user takes a part
+
+use std::path::{Path, PathBuf};
+
+use codec_core::rans::FreqTable;
+use codec_core::{
+    encode, learn_profile, EncodeParams, KvCache, LearnParams, Limits, Profile, ProfileMode,
+    Sample, Stream,
+};
+use codec_cuda::decode::DecodePlan;
+use codec_cuda::encode::{EncTableId, LaneEncodeBatch, QuantBatch};
+use codec_cuda::pq::PqBatch;
+use codec_cuda::quant::{ChannelConsts, OutDtype, OutLayout, Output};
+use codec_cuda::stream::{ChunkLanes, Destination};
+use codec_cuda::Gpu;
+use pq_core::{pack, Codebook, Method};
+
+/// Device 0 with the kernels loaded (NVRTC from `KVC_NVRTC_LIB`, else
+/// `target/nvrtc/13.5.37/lib`, else by name), or why not.
+pub fn open_gpu() -> Result<Gpu, String> {
+    let gpu = Gpu::new(0).map_err(|e| format!("no GPU ({e})"))?;
+    let fetched = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/nvrtc/13.5.37/lib");
+    let dir: Option<PathBuf> = match std::env::var_os("KVC_NVRTC_LIB") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => fetched.join("libnvrtc.so.13").is_file().then_some(fetched),
+    };
+    gpu.load_kernels(dir.as_deref())
+        .map_err(|e| format!("the kernels could not be loaded ({e})"))?;
+    Ok(gpu)
+}
+
+/// The real 512-token fixture (all 30 layers) and a profile learned from its keys and values.
+pub fn fixture() -> (kvc_io::Dump, Profile) {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let d = kvc_io::load_dump(&path).expect("fixture present");
+    let sample = Sample {
+        kv: d.kv.view(),
+        queries: None,
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).expect("profile");
+    (d, profile)
+}
+
+/// `cache` encoded at `level` in 128-token chunks, its profile embedded.
+pub fn stream_bytes(cache: &KvCache, profile: &Profile, level: u8) -> Vec<u8> {
+    let params = EncodeParams {
+        chunk_tokens: 128,
+        levels: vec![level],
+        ..EncodeParams::default()
+    };
+    encode(&cache.view(), ProfileMode::Embedded(profile), &params).expect("encode")
+}
+
+/// A plan decoding `stream` `copies` times, each copy a sequence of its own in one dense f16
+/// output.
+pub fn decode_plan<'s>(stream: &'s Stream<'s>, copies: usize) -> DecodePlan<'s> {
+    let shape = stream.header().shape;
+    let (tokens, c) = (shape.tokens, shape.channels());
+    let per_copy = 2 * shape.layers as usize * tokens as usize * c;
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: copies * per_copy,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    for i in 0..copies {
+        let dest = Destination {
+            base: (i * per_copy) as u64,
+            ..Destination::dense(tokens, c)
+        };
+        plan.add_stream(stream, dest).expect("plan");
+    }
+    plan
+}
+
+/// Every block of every chunk of `stream`, `copies` times: rows (from `tensors`, per layer K
+/// then V, `[T, C]`), exponents and constants for the quantization kernel, table indices and
+/// tables for the lane encoder (each chunk decoded by the host-run kernels).
+pub fn encode_batches(
+    stream: &Stream<'_>,
+    tensors: &[Vec<f32>],
+    copies: usize,
+) -> (QuantBatch, LaneEncodeBatch) {
+    let h = stream.header();
+    let c = h.shape.channels();
+    let mut quant = QuantBatch::new(h.shape.kv_heads, h.shape.head_dim);
+    let mut enc = LaneEncodeBatch::new();
+    for chunk in 0..h.chunks.len() {
+        let lanes = ChunkLanes::read(stream, chunk).expect("chunk");
+        let exp_out = lanes.exponent_batch().unwrap().decode_host(2).unwrap();
+        let exps: Vec<&[u8]> = (0..lanes.blocks.len())
+            .map(|b| exp_out.symbols(b))
+            .collect();
+        let sym_out = lanes.symbol_batch(&exps).unwrap().decode_host(2).unwrap();
+        let mult = stream.profile().level_multipliers()[usize::from(lanes.level())];
+        let token_start = h.chunks[chunk].token_start as usize;
+        let rows = lanes.rows();
+        // Tables by address, per chunk: a chunk's exponent tables live as long as `lanes`.
+        let mut distinct: Vec<(*const FreqTable, EncTableId)> = Vec::new();
+        for _ in 0..copies {
+            for (b, blk) in lanes.blocks.iter().enumerate() {
+                let consts = ChannelConsts::of_block(
+                    stream.profile().channel_params(blk.layer, blk.kv),
+                    mult,
+                );
+                let start = quant.add_consts(&consts);
+                let t = &tensors[blk.layer as usize * 2 + blk.kv];
+                let x = &t[token_start * c..(token_start + rows) * c];
+                let e = blk.exp_table.as_ref().map(|_| exps[b]);
+                quant
+                    .add_block(x, lanes.sink_rows() as u32, u32::from(h.group), e, start)
+                    .unwrap();
+                let tables: Vec<EncTableId> = lanes
+                    .symbol_tables(b, exps[b])
+                    .into_iter()
+                    .map(
+                        |t| match distinct.iter().find(|(p, _)| std::ptr::eq(*p, t)) {
+                            Some(&(_, id)) => id,
+                            None => {
+                                let id = enc.add_table(t);
+                                distinct.push((t, id));
+                                id
+                            }
+                        },
+                    )
+                    .collect();
+                enc.add_block(sym_out.symbols(b), &tables).unwrap();
+            }
+        }
+    }
+    (quant, enc)
+}
+
+/// One head of `tokens` synthetic codes (residual, m = 2, b = 6, key dim `dim`) and `queries`
+/// queries over all of it (k = T/5, windows 4 + 64): the batch and its token-scores.
+pub fn pq_long_batch(tokens: usize, queries: usize, dim: usize) -> (PqBatch, usize) {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let cw: Vec<f32> = (0..2 * 64 * dim)
+        .map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+        .collect();
+    let cb = Codebook::from_parts(Method::Residual, dim, 2, 6, 1, cw).expect("codebook");
+    let codes: Vec<u16> = (0..2 * tokens).map(|_| (next() % 64) as u16).collect();
+    let mut batch = PqBatch::new(&cb).expect("batch");
+    let id = batch
+        .add_head(&cb, &pack(&codes, 6).expect("pack"), tokens)
+        .expect("head");
+    for i in 0..queries {
+        let q: Vec<f32> = (0..dim)
+            .map(|j| ((i * 31 + j * 7) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        batch
+            .add_query(id, &q, tokens, tokens / 5, 4, 64)
+            .expect("query");
+    }
+    (batch, queries * tokens)
+}
+
+/// Opens a stream of `bytes` (profile embedded).
+pub fn open(bytes: &[u8]) -> Stream<'_> {
+    Stream::open(bytes, None, &Limits::DEFAULT).expect("stream")
+}

@@ -1,0 +1,298 @@
+// The two steps between a chunk's launches, on the device, so that a batch of chunks decodes in
+// one chain of launches with no host round trip (codec_cuda::decode):
+//
+// - kvc_resolve_tables (between the exponent and the symbol lane decode; spec/FORMAT.md §6.1):
+//   every value symbol's table, as an index into its block's table list, from the row kind, the
+//   channel and the step exponent the first launch decoded, through a per-(layer, K/V, level)
+//   map of 2 x 16 x C entries the host builds once from the profile.
+// - kvc_map_values (between the symbol lane decode and the dequantization; §6.4): table index i
+//   of a radius-R table is the value i - R, and any i above 2R takes the block's next escape
+//   value (checks B7, B9). An ordered count: each thread counts the escapes of its contiguous
+//   segment, thread 0 turns the counts into offsets, each thread maps its segment.
+//
+// One CUDA block per coded block; every range is checked before use.
+
+#include "kvc_kernel.cuh"
+
+#define KVC_MAX_SYMBOL_VALUE (1 << 24)
+// Threads per block the segment counts are sized for.
+#define KVC_CHAIN_MAX_THREADS 256u
+
+// Per-block outcome; codec_cuda::decode mirrors these values.
+enum KvcChainStatus : kvc_u32 {
+    KVC_CHAIN_OK = 0,
+    // The block's ranges lie outside the launch's buffers; nothing written.
+    KVC_CHAIN_BAD_RANGE = 1,
+    // An escape without a value, an escape value out of range (B7) or values left over (B9).
+    KVC_CHAIN_BAD_ESCAPES = 2,
+};
+
+// ----------------------------------------------------------------------------------------------
+// Table resolution
+
+struct KvcResolveBlock {
+    // Index in `symbol_table` of the block's symbol 0 (the exponents, then the values).
+    kvc_u64 symbol_start;
+    // Index in `exps` of the block's exponent 0 ((rows - sink) * H of them), if has_exps.
+    kvc_u64 exp_start;
+    // Index in `map` of the block's map: entry (kind * 16 + e) * C + ch is the table-list index
+    // of a value symbol of row kind `kind` (0 anchor, 1 delta), exponent e, channel ch.
+    kvc_u64 map_start;
+    kvc_u32 n_e;
+    kvc_u32 n_sym;
+    kvc_u32 sink_rows;
+    kvc_u32 group;
+    kvc_u32 has_exps;
+    kvc_u32 reserved;
+};
+
+struct KvcResolveArgs {
+    kvc_u16* symbol_table;
+    kvc_u64 n_symbol_table;
+    const kvc_u8* exps;
+    kvc_u64 n_exps;
+    const kvc_u16* map;
+    kvc_u64 n_map;
+    const KvcResolveBlock* blocks;
+    kvc_u32* status;
+    kvc_u64 n_blocks;
+    kvc_u32 heads;
+    kvc_u32 head_dim;
+};
+
+__device__ __forceinline__ bool kvc_resolve_ok(const KvcResolveArgs& a, const KvcResolveBlock& b) {
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    if (c == 0 || c > 0xFFFFFFFFull || b.group == 0 || b.n_sym % c != 0) return false;
+    const kvc_u64 rows = b.n_sym / c;
+    const kvc_u64 n = (kvc_u64)b.n_e + b.n_sym;
+    return b.symbol_start <= a.n_symbol_table && n <= a.n_symbol_table - b.symbol_start &&
+           (!b.has_exps || (b.exp_start <= a.n_exps && rows * a.heads <= a.n_exps - b.exp_start)) &&
+           b.map_start <= a.n_map && 32 * c <= a.n_map - b.map_start;
+}
+
+__device__ __forceinline__ void kvc_resolve(const KvcResolveArgs& a, unsigned char*) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const KvcResolveBlock& b = a.blocks[blockIdx.x];
+    const bool ok = kvc_resolve_ok(a, b);
+    if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
+    if (!ok) return;
+    // 32-bit index arithmetic (C and the symbol counts are below 2^32; 64-bit division is slow
+    // on the device); products that may exceed 32 bits are taken in 64.
+    const kvc_u32 c = a.heads * a.head_dim;
+    kvc_u16* out = a.symbol_table + b.symbol_start;
+    // The exponents use the exponent table, list index 0.
+    for (kvc_u32 p = threadIdx.x; p < b.n_e; p += blockDim.x) out[p] = 0;
+    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
+        const kvc_u32 i = g / c, ch = g - i * c;
+        const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;  // wraps only for a bad block
+        const kvc_u32 e =
+            b.has_exps ? a.exps[b.exp_start + (kvc_u64)i * a.heads + ch / a.head_dim] & 15u : 0u;
+        out[(kvc_u64)b.n_e + g] = a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
+    }
+}
+
+KVC_KERNEL(kvc_resolve_tables, KvcResolveArgs, kvc_resolve)
+
+// ----------------------------------------------------------------------------------------------
+// Values and escapes
+
+struct KvcValueBlock {
+    // Index in `indices` and `symbol_table` of the block's first value symbol.
+    kvc_u64 index_start;
+    // Index in `table_list` of the block's table list.
+    kvc_u64 list_start;
+    // Index in `escapes` of the block's escape values.
+    kvc_u64 escape_start;
+    // Index in `q` of the block's first value (output).
+    kvc_u64 q_start;
+    kvc_u32 n_sym;
+    kvc_u32 n_escapes;
+    kvc_u32 list_len;
+    kvc_u32 reserved;
+};
+
+struct KvcValueArgs {
+    const kvc_u8* indices;
+    const kvc_u16* symbol_table;
+    kvc_u64 n_indices;
+    const kvc_u32* table_list;
+    kvc_u64 n_table_list;
+    // Per global table id, its radius R (escape index 2R + 1).
+    const kvc_u8* radius;
+    kvc_u64 n_radius;
+    const kvc_i32* escapes;
+    kvc_u64 n_escapes;
+    kvc_i32* q;
+    kvc_u64 n_q;
+    const KvcValueBlock* blocks;
+    kvc_u32* status;
+    kvc_u64 n_blocks;
+};
+
+struct KvcValueShared {
+    kvc_u32 status;
+    kvc_u32 reserved;
+    // Per thread: escapes in its segment, then the index of its first escape value.
+    kvc_u32 escapes[KVC_CHAIN_MAX_THREADS];
+};
+
+__device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcValueBlock& b) {
+    if (blockDim.x > KVC_CHAIN_MAX_THREADS) return false;
+    if (b.index_start > a.n_indices || b.n_sym > a.n_indices - b.index_start) return false;
+    if (b.list_start > a.n_table_list || b.list_len > a.n_table_list - b.list_start) return false;
+    if (b.escape_start > a.n_escapes || b.n_escapes > a.n_escapes - b.escape_start) return false;
+    if (b.q_start > a.n_q || b.n_sym > a.n_q - b.q_start) return false;
+    for (kvc_u32 k = 0; k < b.list_len; k++) {
+        if (a.table_list[b.list_start + k] >= a.n_radius) return false;
+    }
+    return true;
+}
+
+// The radius of value symbol g's table; -1 if its list index is out of range.
+__device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const KvcValueBlock& b,
+                                                kvc_u64 g) {
+    const kvc_u32 t = a.symbol_table[b.index_start + g];
+    if (t >= b.list_len) return -1;
+    return a.radius[a.table_list[b.list_start + t]];
+}
+
+__device__ __forceinline__ void kvc_value_segment(const KvcValueBlock& b, kvc_u64* lo,
+                                                  kvc_u64* hi) {
+    const kvc_u64 per = ((kvc_u64)b.n_sym + blockDim.x - 1) / blockDim.x;
+    const kvc_u64 l = (kvc_u64)threadIdx.x * per, h = l + per;
+    *lo = l < b.n_sym ? l : b.n_sym;
+    *hi = h < b.n_sym ? h : b.n_sym;
+}
+
+// Phase 1: thread 0 checks the block; each thread counts its segment's escapes.
+__device__ __forceinline__ void kvc_values_count(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    const KvcValueBlock& b = a.blocks[blockIdx.x];
+    // Every thread checks (the same verdict): the counts below read the block's ranges.
+    const bool ok = kvc_values_ok(a, b);
+    if (threadIdx.x == 0) s->status = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
+    if (!ok) return;
+    kvc_u64 lo, hi;
+    kvc_value_segment(b, &lo, &hi);
+    kvc_u32 n = 0;
+    for (kvc_u64 g = lo; g < hi; g++) {
+        const int r = kvc_value_radius(a, b, g);
+        // A bad list index counts as an escape here; phase 3 reports it as a bad range.
+        n += r < 0 || a.indices[b.index_start + g] > 2 * r;
+    }
+    s->escapes[threadIdx.x] = n;
+}
+
+// Phase 2 (thread 0): each segment's first escape; all escapes used exactly (B7, B9).
+__device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status != KVC_CHAIN_OK) return;
+    kvc_u32 at = 0;
+    for (kvc_u32 i = 0; i < blockDim.x; i++) {
+        const kvc_u32 n = s->escapes[i];
+        s->escapes[i] = at;
+        at += n;
+    }
+    if (at != a.blocks[blockIdx.x].n_escapes) s->status = KVC_CHAIN_BAD_ESCAPES;
+}
+
+// Phase 3: each thread maps its segment; the status.
+__device__ __forceinline__ void kvc_values_map(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status == KVC_CHAIN_OK) {
+        const KvcValueBlock& b = a.blocks[blockIdx.x];
+        kvc_u64 lo, hi;
+        kvc_value_segment(b, &lo, &hi);
+        kvc_u64 e = b.escape_start + s->escapes[threadIdx.x];
+        for (kvc_u64 g = lo; g < hi; g++) {
+            const int r = kvc_value_radius(a, b, g);
+            const int i = a.indices[b.index_start + g];
+            kvc_i32 v;
+            if (r < 0) {
+                s->status = KVC_CHAIN_BAD_RANGE;
+                return;
+            } else if (i <= 2 * r) {
+                v = i - r;
+            } else {
+                v = a.escapes[e++];
+                const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
+                if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) {
+                    s->status = KVC_CHAIN_BAD_ESCAPES;
+                    return;
+                }
+            }
+            a.q[b.q_start + g] = v;
+        }
+    }
+}
+
+// Phase 4 (thread 0): the block's status, once every thread has mapped.
+__device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    a.status[blockIdx.x] = ((const KvcValueShared*)shared)->status;
+}
+
+// Dynamic shared memory: sizeof(KvcValueShared).
+KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_count, kvc_values_offsets, kvc_values_map,
+           kvc_values_status)
+
+#ifdef KVC_HOST
+#include <stddef.h>
+// For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
+// in declaration order, then sizeof(KvcValueShared). Writes at most `cap` values.
+extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcResolveBlock),
+        offsetof(KvcResolveBlock, symbol_start),
+        offsetof(KvcResolveBlock, exp_start),
+        offsetof(KvcResolveBlock, map_start),
+        offsetof(KvcResolveBlock, n_e),
+        offsetof(KvcResolveBlock, n_sym),
+        offsetof(KvcResolveBlock, sink_rows),
+        offsetof(KvcResolveBlock, group),
+        offsetof(KvcResolveBlock, has_exps),
+        sizeof(KvcResolveArgs),
+        offsetof(KvcResolveArgs, symbol_table),
+        offsetof(KvcResolveArgs, n_symbol_table),
+        offsetof(KvcResolveArgs, exps),
+        offsetof(KvcResolveArgs, n_exps),
+        offsetof(KvcResolveArgs, map),
+        offsetof(KvcResolveArgs, n_map),
+        offsetof(KvcResolveArgs, blocks),
+        offsetof(KvcResolveArgs, status),
+        offsetof(KvcResolveArgs, n_blocks),
+        offsetof(KvcResolveArgs, heads),
+        offsetof(KvcResolveArgs, head_dim),
+        sizeof(KvcValueBlock),
+        offsetof(KvcValueBlock, index_start),
+        offsetof(KvcValueBlock, list_start),
+        offsetof(KvcValueBlock, escape_start),
+        offsetof(KvcValueBlock, q_start),
+        offsetof(KvcValueBlock, n_sym),
+        offsetof(KvcValueBlock, n_escapes),
+        offsetof(KvcValueBlock, list_len),
+        sizeof(KvcValueArgs),
+        offsetof(KvcValueArgs, indices),
+        offsetof(KvcValueArgs, symbol_table),
+        offsetof(KvcValueArgs, n_indices),
+        offsetof(KvcValueArgs, table_list),
+        offsetof(KvcValueArgs, n_table_list),
+        offsetof(KvcValueArgs, radius),
+        offsetof(KvcValueArgs, n_radius),
+        offsetof(KvcValueArgs, escapes),
+        offsetof(KvcValueArgs, n_escapes),
+        offsetof(KvcValueArgs, q),
+        offsetof(KvcValueArgs, n_q),
+        offsetof(KvcValueArgs, blocks),
+        offsetof(KvcValueArgs, status),
+        offsetof(KvcValueArgs, n_blocks),
+        sizeof(KvcValueShared),
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+#endif

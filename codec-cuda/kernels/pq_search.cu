@@ -1,0 +1,407 @@
+// PQ scoring and top-k selection (spec/PQ.md §5), bit for bit pq_core's group_score_table and
+// search: for each query (or GQA group of query heads sharing a KV head) of a batch, the score
+// table from the codebook, every token's score from its packed codes (§2), and the selected
+// token indices, ascending: the first n_init and last n_local tokens plus the k best of the rest
+// by score descending under IEEE totalOrder, NaN lowest, ties to the lower index.
+//
+// One CUDA block per query. The table lives in shared memory; the tokens' ranking keys (a u32
+// per token, larger ranks higher, as pq_core::order) go to a global scratch buffer; the k-th
+// largest key of the rest is found exactly by four 8-bit radix passes over them (histograms in
+// shared memory); then an ordered compaction writes the indices: each thread counts the tokens
+// above and equal to the k-th key in its contiguous segment, thread 0 turns the counts into
+// offsets (handing the equal tokens to the lowest segments first), and each thread writes its
+// segment's tokens in order.
+
+#include "kvc_kernel.cuh"
+
+// Per-query outcome; codec_cuda::pq mirrors these values.
+enum KvcPqStatus : kvc_u32 {
+    KVC_PQ_OK = 0,
+    // The query's ranges lie outside the launch's buffers; nothing written.
+    KVC_PQ_BAD_RANGE = 1,
+    // The launch's codebook shape is invalid (m, bits, dim), its table does not fit the launch's
+    // shared memory, or the block has more threads than the kernel's segment counts hold.
+    KVC_PQ_BAD_SHAPE = 2,
+};
+
+// Threads per block the shared segment counts are sized for (a launch may use fewer).
+#define KVC_PQ_MAX_THREADS 256u
+// Most table entries (m * 2^bits) a launch may have, whatever its shared memory: bounds every
+// product in the range checks (m <= 2^15, so T * m * bits < 2^51).
+#define KVC_PQ_MAX_TABLE 65536u
+
+// One query of a launch.
+struct KvcPqQuery {
+    // Index in `queries` of head 0's dim 0: group_heads * dim values, head after head.
+    kvc_u64 query_start;
+    // Index in `codewords` of book 0's codeword 0: m * 2^bits * book_dim values (spec/PQ.md
+    // §4.1).
+    kvc_u64 codebook_start;
+    // Index in `codes` of the byte holding token 0's first code (the packing of §2 from there).
+    kvc_u64 codes_start;
+    // Index in `keys` of this query's `tokens` ranking keys (scratch).
+    kvc_u64 keys_start;
+    // Index in `out` of the selection: min(n_init, T) + min(k, rest) + the local window.
+    kvc_u64 out_start;
+    // Tokens T the query sees (its codes are the first T * m of the head's).
+    kvc_u32 tokens;
+    // Query heads in the GQA group (>= 1); their tables are summed in head order.
+    kvc_u32 group_heads;
+    kvc_u32 k;
+    kvc_u32 n_init;
+    kvc_u32 n_local;
+    kvc_u32 reserved;
+};
+
+// A launch's buffers; every count is the number of elements its pointer may be read or written.
+struct KvcPqArgs {
+    const float* queries;
+    kvc_u64 n_queries;
+    const float* codewords;
+    kvc_u64 n_codewords;
+    const kvc_u8* codes;
+    kvc_u64 n_codes;
+    kvc_u32* keys;
+    kvc_u64 n_keys;
+    kvc_u32* out;
+    kvc_u64 n_out;
+    const KvcPqQuery* items;
+    kvc_u32* status;
+    kvc_u64 n_items;
+    // The codebook shape every query of the launch shares: key dim D, books m, bits per code b,
+    // and whether the books are residual (each covers all D dims) or product (D / m each).
+    kvc_u32 dim;
+    kvc_u32 m;
+    kvc_u32 bits;
+    kvc_u32 residual;
+    // Table entries (f32) the launch's dynamic shared memory holds after KvcPqShared.
+    kvc_u32 table_capacity;
+    kvc_u32 reserved;
+};
+
+// Shared memory: this header, then `table_capacity` f32 table entries.
+struct KvcPqShared {
+    kvc_u32 status;
+    // The k-th largest key's bits found so far (radix passes), then the key itself.
+    kvc_u32 prefix;
+    // Tokens still to take at or below the bucket being refined; after the passes, how many
+    // tokens equal to the k-th key are taken (the lowest-indexed ones).
+    kvc_u32 k_rem;
+    kvc_u32 reserved;
+    kvc_u32 hist[256];
+    // Per thread: tokens above the k-th key in its segment, then its output offset.
+    kvc_u32 above[KVC_PQ_MAX_THREADS];
+    // Per thread: tokens equal to the k-th key in its segment, then how many of them it takes.
+    kvc_u32 equal[KVC_PQ_MAX_THREADS];
+};
+
+__device__ __forceinline__ KvcPqShared* kvc_pq_shared(unsigned char* shared) {
+    return (KvcPqShared*)shared;
+}
+
+__device__ __forceinline__ float* kvc_pq_table(unsigned char* shared) {
+    return (float*)(shared + sizeof(KvcPqShared));
+}
+
+// The ranking key of a score (pq_core::order::order_key): totalOrder descending as u32
+// ascending, NaN as -inf.
+__device__ __forceinline__ kvc_u32 kvc_pq_order_key(float s) {
+    kvc_u32 b = kvc_f32_bits(s);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) b = 0xFF800000u;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// The query's windows: init_end, local_start, and k clamped to the rest.
+struct KvcPqWindows {
+    kvc_u32 init_end;
+    kvc_u32 local_start;
+    kvc_u32 k;
+};
+
+__device__ __forceinline__ KvcPqWindows kvc_pq_windows(const KvcPqQuery& q) {
+    const kvc_u32 t = q.tokens;
+    const kvc_u32 init_end = q.n_init < t ? q.n_init : t;
+    kvc_u32 local_start = t - (q.n_local < t ? q.n_local : t);
+    if (local_start < init_end) local_start = init_end;
+    const kvc_u32 rest = local_start - init_end;
+    return KvcPqWindows{init_end, local_start, q.k < rest ? q.k : rest};
+}
+
+// Whether the launch's shape is one the kernel handles (no query read yet).
+__device__ __forceinline__ bool kvc_pq_shape_ok(const KvcPqArgs& a) {
+    if (a.m == 0 || a.bits == 0 || a.bits > 16 || a.dim == 0 || blockDim.x > KVC_PQ_MAX_THREADS)
+        return false;
+    if (!a.residual && a.dim % a.m != 0) return false;
+    const kvc_u64 entries = (kvc_u64)a.m << a.bits;
+    return entries <= a.table_capacity && entries <= KVC_PQ_MAX_TABLE;
+}
+
+// Whether the query's ranges lie inside the launch's buffers, for a launch whose shape is
+// checked (every product bounded as noted; bounds compared by subtraction from a count).
+__device__ __forceinline__ bool kvc_pq_range_ok(const KvcPqArgs& a, const KvcPqQuery& q) {
+    const kvc_u64 book_dim = a.residual ? a.dim : a.dim / a.m;
+    const kvc_u64 n_cw = ((kvc_u64)a.m << a.bits) * book_dim;  // <= 2^16 * 2^32
+    const kvc_u64 n_q = (kvc_u64)q.group_heads * a.dim;
+    const kvc_u64 code_bits = (kvc_u64)q.tokens * a.m * a.bits;  // < 2^32 * 2^15 * 2^4
+    const kvc_u64 code_bytes = (code_bits + 7) / 8;
+    const KvcPqWindows w = kvc_pq_windows(q);
+    const kvc_u64 n_sel = (kvc_u64)w.init_end + w.k + (q.tokens - w.local_start);
+    return q.group_heads > 0 && q.query_start <= a.n_queries &&
+           n_q <= a.n_queries - q.query_start && q.codebook_start <= a.n_codewords &&
+           n_cw <= a.n_codewords - q.codebook_start && q.codes_start <= a.n_codes &&
+           code_bytes <= a.n_codes - q.codes_start && q.keys_start <= a.n_keys &&
+           q.tokens <= a.n_keys - q.keys_start && q.out_start <= a.n_out &&
+           n_sel <= a.n_out - q.out_start;
+}
+
+// Phase 1: thread 0 checks the launch and the query; every thread clears the histogram.
+__device__ __forceinline__ void kvc_pq_check(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items) return;
+    KvcPqShared* s = kvc_pq_shared(shared);
+    for (kvc_u32 i = threadIdx.x; i < 256u; i += blockDim.x) s->hist[i] = 0;
+    if (threadIdx.x != 0) return;
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    if (!kvc_pq_shape_ok(a)) {
+        s->status = KVC_PQ_BAD_SHAPE;
+    } else {
+        s->status = kvc_pq_range_ok(a, q) ? KVC_PQ_OK : KVC_PQ_BAD_RANGE;
+    }
+    s->prefix = 0;
+    s->k_rem = kvc_pq_windows(q).k;
+}
+
+// Phase 2: the score table (§5.1), one entry per thread at a time: the dot product of the
+// query's slice with the codeword in dim order from 0.0, summed over the group's heads in head
+// order (the first head's entry as is).
+__device__ __forceinline__ void kvc_pq_table_phase(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items || kvc_pq_shared(shared)->status != KVC_PQ_OK) return;
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    float* table = kvc_pq_table(shared);
+    const kvc_u32 n_c = 1u << a.bits;
+    const kvc_u32 book_dim = a.residual ? a.dim : a.dim / a.m;
+    for (kvc_u32 e = threadIdx.x; e < a.m * n_c; e += blockDim.x) {
+        const kvc_u32 j = e / n_c;
+        const float* cw = a.codewords + q.codebook_start + (kvc_u64)e * book_dim;
+        const kvc_u32 first = a.residual ? 0u : j * book_dim;
+        float entry = 0.0f;
+        for (kvc_u32 h = 0; h < q.group_heads; h++) {
+            const float* x = a.queries + q.query_start + (kvc_u64)h * a.dim + first;
+            float dot = 0.0f;
+            for (kvc_u32 d = 0; d < book_dim; d++) dot = __fadd_rn(dot, __fmul_rn(x[d], cw[d]));
+            entry = h == 0 ? dot : __fadd_rn(entry, dot);
+        }
+        table[e] = entry;
+    }
+}
+
+// Code `i` of the packed stream starting at `codes` (§2: LSB first, b bits, no alignment);
+// every byte read lies inside the checked packed length.
+__device__ __forceinline__ kvc_u32 kvc_pq_code(const kvc_u8* codes, kvc_u64 i, kvc_u32 bits) {
+    const kvc_u64 first = i * bits, last = first + bits - 1;
+    kvc_u32 v = 0;
+    for (kvc_u64 byte = last / 8;; byte--) {
+        v = (v << 8) | codes[byte];
+        if (byte == first / 8) break;
+    }
+    return (v >> (first % 8)) & ((1u << bits) - 1u);
+}
+
+// Phase 3: every token's score (§5.2: ((0.0 + table[0][c0]) + table[1][c1]) + ...) as its
+// ranking key.
+__device__ __forceinline__ void kvc_pq_keys(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items || kvc_pq_shared(shared)->status != KVC_PQ_OK) return;
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    const float* table = kvc_pq_table(shared);
+    const kvc_u8* codes = a.codes + q.codes_start;
+    const kvc_u32 n_c = 1u << a.bits;
+    for (kvc_u32 t = threadIdx.x; t < q.tokens; t += blockDim.x) {
+        float score = 0.0f;
+        for (kvc_u32 j = 0; j < a.m; j++) {
+            const kvc_u32 c = kvc_pq_code(codes, (kvc_u64)t * a.m + j, a.bits);
+            score = __fadd_rn(score, table[j * n_c + c]);
+        }
+        a.keys[q.keys_start + t] = kvc_pq_order_key(score);
+    }
+}
+
+// Whether the query selects among the rest at all (0 < k < rest); with k == rest every token
+// of the rest is taken (k-th key 0: every key is above it, NaN's included), with k == 0 none.
+__device__ __forceinline__ bool kvc_pq_selects(const KvcPqQuery& q) {
+    const KvcPqWindows w = kvc_pq_windows(q);
+    return w.k > 0 && w.k < w.local_start - w.init_end;
+}
+
+// Radix pass P (bits 24 - 8P .. 32 - 8P), first half: a histogram of the rest's keys that
+// match the prefix found so far.
+template <kvc_u32 P>
+__device__ __forceinline__ void kvc_pq_hist(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items) return;
+    KvcPqShared* s = kvc_pq_shared(shared);
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    if (s->status != KVC_PQ_OK || !kvc_pq_selects(q)) return;
+    const KvcPqWindows w = kvc_pq_windows(q);
+    const kvc_u32 shift = 24u - 8u * P;
+    // The bits the earlier passes fixed (none in pass 0).
+    const kvc_u32 fixed = ~(0xFFFFFFFFu >> (8u * P));
+    for (kvc_u32 t = w.init_end + threadIdx.x; t < w.local_start; t += blockDim.x) {
+        const kvc_u32 key = a.keys[q.keys_start + t];
+        if (((key ^ s->prefix) & fixed) == 0) {
+            atomicAdd(&s->hist[(key >> shift) & 255u], 1u);
+        }
+    }
+}
+
+// Radix pass P, second half (thread 0): the bucket holding the k_rem-th largest matching key,
+// from the top; then the histogram is cleared for the next pass.
+template <kvc_u32 P>
+__device__ __forceinline__ void kvc_pq_pick(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items || threadIdx.x != 0) return;
+    KvcPqShared* s = kvc_pq_shared(shared);
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    if (s->status != KVC_PQ_OK || !kvc_pq_selects(q)) return;
+    const kvc_u32 shift = 24u - 8u * P;
+    for (kvc_u32 b = 256u; b-- > 0;) {
+        const kvc_u32 n = s->hist[b];
+        if (n >= s->k_rem) {
+            s->prefix |= b << shift;
+            break;
+        }
+        s->k_rem -= n;
+    }
+    for (kvc_u32 b = 0; b < 256u; b++) s->hist[b] = 0;
+}
+
+// This thread's contiguous segment of the rest: [*lo, *hi).
+__device__ __forceinline__ void kvc_pq_segment(const KvcPqWindows& w, kvc_u32* lo, kvc_u32* hi) {
+    const kvc_u32 rest = w.local_start - w.init_end;
+    const kvc_u32 per = (rest + blockDim.x - 1) / blockDim.x;
+    const kvc_u64 l = (kvc_u64)threadIdx.x * per, h = l + per;
+    *lo = w.init_end + (kvc_u32)(l < rest ? l : rest);
+    *hi = w.init_end + (kvc_u32)(h < rest ? h : rest);
+}
+
+// The k-th key, or 0 when the whole rest is taken.
+__device__ __forceinline__ kvc_u32 kvc_pq_tau(const KvcPqShared* s, const KvcPqQuery& q) {
+    return kvc_pq_selects(q) ? s->prefix : 0u;
+}
+
+// Compaction, phase 1: each thread counts its segment's keys above and equal to the k-th key.
+__device__ __forceinline__ void kvc_pq_count(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items) return;
+    KvcPqShared* s = kvc_pq_shared(shared);
+    if (s->status != KVC_PQ_OK) return;
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    const KvcPqWindows w = kvc_pq_windows(q);
+    kvc_u32 above = 0, equal = 0;
+    if (w.k > 0) {
+        const kvc_u32 tau = kvc_pq_tau(s, q);
+        kvc_u32 lo, hi;
+        kvc_pq_segment(w, &lo, &hi);
+        for (kvc_u32 t = lo; t < hi; t++) {
+            const kvc_u32 key = a.keys[q.keys_start + t];
+            above += key > tau;
+            equal += key == tau;
+        }
+    }
+    s->above[threadIdx.x] = above;
+    s->equal[threadIdx.x] = equal;
+}
+
+// Compaction, phase 2 (thread 0): the k_rem tokens equal to the k-th key go to the lowest
+// segments; each segment's output offset is the count of the segments before it.
+__device__ __forceinline__ void kvc_pq_offsets(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items || threadIdx.x != 0) return;
+    KvcPqShared* s = kvc_pq_shared(shared);
+    if (s->status != KVC_PQ_OK) return;
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    kvc_u32 quota = kvc_pq_selects(q) ? s->k_rem : 0u;
+    kvc_u32 offset = 0;
+    for (kvc_u32 i = 0; i < blockDim.x; i++) {
+        const kvc_u32 take = s->equal[i] < quota ? s->equal[i] : quota;
+        quota -= take;
+        const kvc_u32 n = s->above[i] + take;
+        s->above[i] = offset;
+        s->equal[i] = take;
+        offset += n;
+    }
+}
+
+// Compaction, phase 3: the windows, and each thread's selected tokens in index order.
+__device__ __forceinline__ void kvc_pq_emit(const KvcPqArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items) return;
+    const KvcPqShared* s = kvc_pq_shared(shared);
+    if (threadIdx.x == 0) a.status[blockIdx.x] = s->status;
+    if (s->status != KVC_PQ_OK) return;
+    const KvcPqQuery& q = a.items[blockIdx.x];
+    const KvcPqWindows w = kvc_pq_windows(q);
+    kvc_u32* out = a.out + q.out_start;
+    for (kvc_u32 t = threadIdx.x; t < w.init_end; t += blockDim.x) out[t] = t;
+    const kvc_u32 local_at = w.init_end + w.k;
+    for (kvc_u32 t = w.local_start + threadIdx.x; t < q.tokens; t += blockDim.x) {
+        out[local_at + (t - w.local_start)] = t;
+    }
+    if (w.k == 0) return;
+    const kvc_u32 tau = kvc_pq_tau(s, q);
+    kvc_u32 at = w.init_end + s->above[threadIdx.x], equal_left = s->equal[threadIdx.x];
+    kvc_u32 lo, hi;
+    kvc_pq_segment(w, &lo, &hi);
+    for (kvc_u32 t = lo; t < hi; t++) {
+        const kvc_u32 key = a.keys[q.keys_start + t];
+        if (key > tau || (key == tau && equal_left > 0)) {
+            if (key == tau) equal_left--;
+            out[at++] = t;
+        }
+    }
+}
+
+// Dynamic shared memory: sizeof(KvcPqShared) + 4 * table_capacity bytes.
+KVC_KERNEL(kvc_pq_search, KvcPqArgs, kvc_pq_check, kvc_pq_table_phase, kvc_pq_keys,
+           kvc_pq_hist<0>, kvc_pq_pick<0>, kvc_pq_hist<1>, kvc_pq_pick<1>, kvc_pq_hist<2>,
+           kvc_pq_pick<2>, kvc_pq_hist<3>, kvc_pq_pick<3>, kvc_pq_count, kvc_pq_offsets,
+           kvc_pq_emit)
+
+#ifdef KVC_HOST
+#include <stddef.h>
+// For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
+// in declaration order, then sizeof(KvcPqShared). Writes at most `cap` values; returns how many
+// there are.
+extern "C" kvc_u64 kvc_pq_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcPqQuery),
+        offsetof(KvcPqQuery, query_start),
+        offsetof(KvcPqQuery, codebook_start),
+        offsetof(KvcPqQuery, codes_start),
+        offsetof(KvcPqQuery, keys_start),
+        offsetof(KvcPqQuery, out_start),
+        offsetof(KvcPqQuery, tokens),
+        offsetof(KvcPqQuery, group_heads),
+        offsetof(KvcPqQuery, k),
+        offsetof(KvcPqQuery, n_init),
+        offsetof(KvcPqQuery, n_local),
+        sizeof(KvcPqArgs),
+        offsetof(KvcPqArgs, queries),
+        offsetof(KvcPqArgs, n_queries),
+        offsetof(KvcPqArgs, codewords),
+        offsetof(KvcPqArgs, n_codewords),
+        offsetof(KvcPqArgs, codes),
+        offsetof(KvcPqArgs, n_codes),
+        offsetof(KvcPqArgs, keys),
+        offsetof(KvcPqArgs, n_keys),
+        offsetof(KvcPqArgs, out),
+        offsetof(KvcPqArgs, n_out),
+        offsetof(KvcPqArgs, items),
+        offsetof(KvcPqArgs, status),
+        offsetof(KvcPqArgs, n_items),
+        offsetof(KvcPqArgs, dim),
+        offsetof(KvcPqArgs, m),
+        offsetof(KvcPqArgs, bits),
+        offsetof(KvcPqArgs, residual),
+        offsetof(KvcPqArgs, table_capacity),
+        sizeof(KvcPqShared),
+        KVC_PQ_MAX_THREADS,
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+#endif

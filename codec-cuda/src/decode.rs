@@ -1,0 +1,573 @@
+//! Decoding a batch of chunks (of one or several streams of the same model) with the kernels:
+//! three launches for the whole batch, however many chunks and layers it holds.
+//!
+//! 1. `kvc_rans_lane_decode` over the exponent prefix of every block of every chunk;
+//! 2. `kvc_rans_lane_decode` over every symbol, each with its table resolved from the exponents
+//!    (spec/FORMAT.md §6.1; on the host between the launches);
+//! 3. `kvc_dequant_f16` or `kvc_dequant_bf16` over every block, after the table indices became
+//!    symbol values with escapes (§6.4, on the host), into one output buffer: dense `[T, H, D]`
+//!    tensors or vLLM's pages.
+//!
+//! [`DecodePlan::decode_host`] runs the kernels compiled for the CPU; `Gpu::decode` runs the
+//! same three launches on a device. Both check every chunk's CRC (C1) and block structure
+//! (B1-B10) and report a failing chunk as [`CudaError::Stream`], never panicking.
+
+use codec_core::Stream;
+
+use crate::error::CudaError;
+use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
+use crate::quant::{ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutLayout, Output};
+use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, TableId};
+use crate::stream::{ChunkLanes, Destination};
+
+/// A chunk of a plan: its blocks and where its rows go.
+#[derive(Debug)]
+struct PlannedChunk<'s> {
+    /// Index of the chunk's stream in the plan's streams.
+    stream: usize,
+    lanes: ChunkLanes<'s>,
+    dest: Destination,
+    /// Index of the chunk's first block in the plan's blocks.
+    first_block: usize,
+}
+
+/// Chunks to decode in one batch, and the output they are written to.
+#[derive(Debug)]
+pub struct DecodePlan<'s> {
+    heads: u32,
+    head_dim: u32,
+    output: Output,
+    page_tables: Vec<u32>,
+    /// The plan's streams by address (compared only, to share their level tables).
+    streams: Vec<usize>,
+    chunks: Vec<PlannedChunk<'s>>,
+    blocks: usize,
+}
+
+impl<'s> DecodePlan<'s> {
+    /// An empty plan for streams of `heads` KV heads of `head_dim` channels, writing `output`.
+    pub fn new(heads: u32, head_dim: u32, output: Output) -> Self {
+        DecodePlan {
+            heads,
+            head_dim,
+            output,
+            page_tables: Vec::new(),
+            streams: Vec::new(),
+            chunks: Vec::new(),
+            blocks: 0,
+        }
+    }
+
+    /// The output the plan writes.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+
+    /// Adds a sequence's page table (page ids, one per `page_size` tokens of the sequence);
+    /// returns where it starts, for [`Destination::page_start`].
+    pub fn add_page_table(&mut self, table: &[u32]) -> u64 {
+        let start = self.page_tables.len() as u64;
+        self.page_tables.extend_from_slice(table);
+        start
+    }
+
+    /// Adds chunk `chunk` of `stream`, written to `dest`. Checks the chunk's CRC (C1) and block
+    /// structure (B1-B5, C2), and that the stream has the plan's heads and head size.
+    pub fn add_chunk(
+        &mut self,
+        stream: &'s Stream<'s>,
+        chunk: usize,
+        dest: Destination,
+    ) -> Result<(), CudaError> {
+        let shape = stream.header().shape;
+        if shape.kv_heads != self.heads || shape.head_dim != self.head_dim {
+            return Err(CudaError::Input {
+                what: "a stream's heads or head size differ from the plan's",
+            });
+        }
+        let bad = |what| CudaError::Stream { chunk, what };
+        let bytes = stream
+            .chunk_bytes(chunk)
+            .map_err(|_| bad("no such chunk"))?;
+        let body_len = bytes
+            .len()
+            .checked_sub(4)
+            .ok_or(bad("chunk shorter than its CRC"))?;
+        let (body, crc) = bytes.split_at(body_len);
+        if crc32c(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+            return Err(bad("chunk CRC mismatch (C1)"));
+        }
+        let lanes = ChunkLanes::from_body(stream, chunk, body)?;
+        let id = stream as *const Stream<'s> as usize;
+        let index = match self.streams.iter().position(|&s| s == id) {
+            Some(i) => i,
+            None => {
+                self.streams.push(id);
+                self.streams.len() - 1
+            }
+        };
+        let first_block = self.blocks;
+        self.blocks += lanes.blocks.len();
+        self.chunks.push(PlannedChunk {
+            stream: index,
+            lanes,
+            dest,
+            first_block,
+        });
+        Ok(())
+    }
+
+    /// Adds every chunk of `stream`, written to `dest`.
+    pub fn add_stream(
+        &mut self,
+        stream: &'s Stream<'s>,
+        dest: Destination,
+    ) -> Result<(), CudaError> {
+        for chunk in 0..stream.header().chunks.len() {
+            self.add_chunk(stream, chunk, dest)?;
+        }
+        Ok(())
+    }
+
+    /// Chunks in the plan.
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The first launch: every block's exponent prefix.
+    pub fn exponent_batch(&self) -> Result<LaneBatch, CudaError> {
+        let mut batch = LaneBatch::new();
+        for c in &self.chunks {
+            c.lanes.add_exponents_to(&mut batch)?;
+        }
+        Ok(batch)
+    }
+
+    /// Every block's exponents from the first launch's output; a block whose exponent lanes
+    /// failed is the chunk's error.
+    pub fn exponents<'a>(&self, out: &'a LaneDecoded) -> Result<Vec<&'a [u8]>, CudaError> {
+        let mut exps = Vec::with_capacity(self.blocks);
+        for c in &self.chunks {
+            for b in 0..c.lanes.blocks.len() {
+                let i = c.first_block + b;
+                // A prefix does not end a lane: only range and table statuses are failures.
+                let failed = out.status(i).iter().any(|s| {
+                    matches!(
+                        s,
+                        crate::rans::LaneStatus::BadRange
+                            | crate::rans::LaneStatus::BadTable
+                            | crate::rans::LaneStatus::Unknown(_)
+                    )
+                });
+                if failed {
+                    return Err(CudaError::Stream {
+                        chunk: c.lanes.chunk(),
+                        what: "exponent lanes could not be decoded",
+                    });
+                }
+                exps.push(out.symbols(i));
+            }
+        }
+        Ok(exps)
+    }
+
+    /// The second launch: every symbol of every block, level tables shared per (stream, level).
+    pub fn symbol_batch(&self, exps: &[&[u8]]) -> Result<LaneBatch, CudaError> {
+        let mut batch = LaneBatch::new();
+        let mut level_tables: Vec<((usize, u8), Vec<TableId>)> = Vec::new();
+        for c in &self.chunks {
+            let key = (c.stream, c.lanes.level());
+            let tables = match level_tables.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    level_tables.push((key, c.lanes.add_level_tables(&mut batch)));
+                    level_tables.len() - 1
+                }
+            };
+            let block_exps = exps
+                .get(c.first_block..c.first_block + c.lanes.blocks.len())
+                .ok_or(CudaError::Input {
+                    what: "fewer exponent lists than blocks",
+                })?;
+            c.lanes
+                .add_symbols_to(&mut batch, block_exps, &level_tables[tables].1)?;
+        }
+        Ok(batch)
+    }
+
+    /// The third launch: every block's symbol values (escapes mapped, B7/B9 checked) into a
+    /// dequantization batch writing the plan's output.
+    pub fn dequant_batch(
+        &self,
+        symbols: &LaneDecoded,
+        exps: &[&[u8]],
+    ) -> Result<DequantBatch, CudaError> {
+        let mut batch = DequantBatch::with_output(self.heads, self.head_dim, self.output);
+        if matches!(self.output.layout, OutLayout::Paged { .. }) {
+            batch.add_page_table(&self.page_tables);
+        }
+        for c in &self.chunks {
+            let n = c.lanes.blocks.len();
+            let mut values = Vec::with_capacity(n);
+            for b in 0..n {
+                let i = c.first_block + b;
+                if symbols.outcome(i).is_err() {
+                    return Err(CudaError::Stream {
+                        chunk: c.lanes.chunk(),
+                        what: "a lane's end checks failed (B6/B8)",
+                    });
+                }
+                let e = exps.get(i).copied().unwrap_or(&[]);
+                values.push(c.lanes.symbol_values(b, symbols.symbols(i), e)?);
+            }
+            let block_exps = exps.get(c.first_block..c.first_block + n).unwrap_or(&[]);
+            c.lanes
+                .add_to_dequant(&mut batch, &values, block_exps, c.dest)?;
+        }
+        Ok(batch)
+    }
+
+    /// Runs the three kernels compiled for the host: the output's f16 or bf16 bits (elements
+    /// no chunk writes are 0).
+    pub fn decode_host(&self) -> Result<Vec<u16>, CudaError> {
+        let exp_out = self
+            .exponent_batch()?
+            .decode_host(LaneBatch::MAX_SHARED_TABLES)?;
+        let exps = self.exponents(&exp_out)?;
+        let sym_out = self
+            .symbol_batch(&exps)?
+            .decode_host(LaneBatch::MAX_SHARED_TABLES)?;
+        let (out, status) = self.dequant_batch(&sym_out, &exps)?.decode_host()?;
+        check_dequant(&status)?;
+        Ok(out)
+    }
+}
+
+/// Every block of the dequantization launch wrote its rows.
+pub(crate) fn check_dequant(status: &[DequantStatus]) -> Result<(), CudaError> {
+    match status.iter().find(|s| **s != DequantStatus::Ok) {
+        None => Ok(()),
+        Some(DequantStatus::BadPage) => Err(CudaError::Input {
+            what: "a page-table entry or page lies outside the output",
+        }),
+        Some(_) => Err(CudaError::Input {
+            what: "a chunk's rows lie outside the output",
+        }),
+    }
+}
+
+/// CRC-32C (Castagnoli), as codec-core checks chunks (spec/FORMAT.md §1.4).
+fn crc32c(bytes: &[u8]) -> u32 {
+    const CRC: crc::Crc<u32, crc::Table<16>> =
+        crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISCSI);
+    CRC.checksum(bytes)
+}
+
+/// A plan as one chain of five launches whose inputs are all uploaded at once: the exponent
+/// lane decode, table resolution (`kvc_resolve_tables`), the symbol lane decode, value mapping
+/// (`kvc_map_values`) and dequantization, each reading the previous launches' outputs where they
+/// are (on the device, no host round trip).
+#[derive(Debug)]
+pub(crate) struct Chain {
+    pub words: Vec<u32>,
+    pub tables: Vec<u32>,
+    pub table_list: Vec<u32>,
+    pub exp_blocks: Vec<LaneBlock>,
+    pub n_exps: usize,
+    pub sym_blocks: Vec<LaneBlock>,
+    pub n_symbols: usize,
+    pub map: Vec<u16>,
+    pub resolve: Vec<ResolveBlock>,
+    pub radius: Vec<u8>,
+    pub escapes: Vec<i32>,
+    pub values: Vec<ValueBlock>,
+    pub n_q: usize,
+    pub dequant: DequantBatch,
+    /// Per block, its chunk (for errors).
+    pub chunk_of: Vec<usize>,
+}
+
+impl DecodePlan<'_> {
+    /// The plan's chain of launches ([`Chain`]).
+    pub(crate) fn chain(&self) -> Result<Chain, CudaError> {
+        let input = |what| CudaError::Input { what };
+        let mut ch = Chain {
+            words: Vec::new(),
+            tables: Vec::new(),
+            table_list: Vec::new(),
+            exp_blocks: Vec::with_capacity(self.blocks),
+            n_exps: 0,
+            sym_blocks: Vec::with_capacity(self.blocks),
+            n_symbols: 0,
+            map: Vec::new(),
+            resolve: Vec::with_capacity(self.blocks),
+            radius: Vec::new(),
+            escapes: Vec::new(),
+            values: Vec::with_capacity(self.blocks),
+            n_q: 0,
+            dequant: DequantBatch::with_output(self.heads, self.head_dim, self.output),
+            chunk_of: Vec::with_capacity(self.blocks),
+        };
+        if matches!(self.output.layout, OutLayout::Paged { .. }) {
+            ch.dequant.add_page_table(&self.page_tables);
+        }
+        let c = self.heads as usize * self.head_dim as usize;
+        let add_table = |ch: &mut Chain, t: &codec_core::rans::FreqTable, radius: u8| {
+            let id = ch.radius.len() as u32;
+            ch.tables.extend(crate::rans::packed_table(t));
+            ch.radius.push(radius);
+            id
+        };
+        // Per (stream, level): the level's table ids; per (stream, level, layer, kv): the map.
+        let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();
+        let mut maps: Vec<((usize, u8, u32, usize), u64)> = Vec::new();
+        for pc in &self.chunks {
+            let lanes = &pc.lanes;
+            let profile = lanes.stream().profile();
+            let level = lanes.level();
+            let key = (pc.stream, level);
+            let level_ids = match levels.iter().position(|(k, _)| *k == key) {
+                Some(i) => levels[i].1.clone(),
+                None => {
+                    let ids: Vec<u32> = profile
+                        .level_tables(level)
+                        .tables
+                        .iter()
+                        .map(|t| add_table(&mut ch, &t.freqs, t.radius))
+                        .collect();
+                    levels.push((key, ids.clone()));
+                    ids
+                }
+            };
+            if level_ids.is_empty() || level_ids.len() + 1 > usize::from(u16::MAX) {
+                return Err(CudaError::Stream {
+                    chunk: lanes.chunk(),
+                    what: "a level without tables",
+                });
+            }
+            let h = lanes.stream().header();
+            let mult = profile.level_multipliers()[usize::from(level)];
+            let token_start = h.chunks[lanes.chunk()].token_start;
+            let group = u32::from(h.group);
+            for blk in &lanes.blocks {
+                let map_key = (pc.stream, level, blk.layer, blk.kv);
+                let map_start = match maps.iter().find(|(k, _)| *k == map_key) {
+                    Some(&(_, s)) => s,
+                    None => {
+                        let s = ch.map.len() as u64;
+                        for kind in 0..2 {
+                            let bases = profile.table_map(level, blk.layer, blk.kv, kind);
+                            for e in 0..16u8 {
+                                ch.map.extend(
+                                    bases
+                                        .iter()
+                                        .map(|&b| 1 + u16::from(profile.table_at(level, b, e))),
+                                );
+                            }
+                        }
+                        maps.push((map_key, s));
+                        s
+                    }
+                };
+                // The list: the exponent table (or a stand-in) at 0, then the level's tables.
+                let list_start = ch.table_list.len();
+                let exp_id = match &blk.exp_table {
+                    Some(t) => add_table(&mut ch, t, 0),
+                    None => level_ids[0],
+                };
+                ch.table_list.push(exp_id);
+                ch.table_list.extend_from_slice(&level_ids);
+                let list_len = (level_ids.len() + 1) as u32;
+                let mut lane_len = [0u32; LANES];
+                for (d, &l) in lane_len.iter_mut().zip(&blk.lane_len) {
+                    *d = u32::try_from(l).map_err(|_| input("over 2^32 words in a lane"))?;
+                }
+                let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
+                let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
+                let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
+                let word_start = ch.words.len() as u64;
+                ch.words.extend_from_slice(&blk.words);
+                let table_start =
+                    u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;
+                ch.exp_blocks.push(LaneBlock {
+                    word_start,
+                    symbol_start: ch.n_exps as u64,
+                    n_symbols: n_e,
+                    table_start,
+                    table_count: list_len,
+                    lane_len,
+                });
+                ch.sym_blocks.push(LaneBlock {
+                    word_start,
+                    symbol_start: ch.n_symbols as u64,
+                    n_symbols: n_all,
+                    table_start,
+                    table_count: list_len,
+                    lane_len,
+                });
+                let has_exps = u32::from(blk.exp_table.is_some());
+                ch.resolve.push(ResolveBlock {
+                    symbol_start: ch.n_symbols as u64,
+                    exp_start: ch.n_exps as u64,
+                    map_start,
+                    n_e,
+                    n_sym,
+                    sink_rows: lanes.sink_rows() as u32,
+                    group,
+                    has_exps,
+                    reserved: 0,
+                });
+                ch.values.push(ValueBlock {
+                    index_start: (ch.n_symbols + blk.n_e) as u64,
+                    list_start: list_start as u64,
+                    escape_start: ch.escapes.len() as u64,
+                    q_start: ch.n_q as u64,
+                    n_sym,
+                    n_escapes: u32::try_from(blk.escapes.len())
+                        .map_err(|_| input("over 2^32 escapes"))?,
+                    list_len,
+                    reserved: 0,
+                });
+                ch.escapes.extend_from_slice(&blk.escapes);
+                let consts =
+                    ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
+                let consts_start = ch.dequant.add_consts(&consts);
+                let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
+                let out_start = tensor
+                    .checked_mul(pc.dest.tensor_stride)
+                    .and_then(|x| x.checked_add(pc.dest.base))
+                    .ok_or(input("output offsets overflow"))?;
+                ch.dequant.add_block_external(
+                    DequantBlock {
+                        q_start: ch.n_q as u64,
+                        exp_start: ch.n_exps as u64,
+                        sink_start: 0,
+                        out_start,
+                        page_start: pc.dest.page_start,
+                        consts_start,
+                        rows: lanes.rows() as u32,
+                        sink_rows: lanes.sink_rows() as u32,
+                        group,
+                        has_exps,
+                        token_start,
+                        reserved: 0,
+                    },
+                    &blk.sink,
+                );
+                ch.n_exps += blk.n_e;
+                ch.n_symbols += blk.n_e + blk.n_sym;
+                ch.n_q += blk.n_sym;
+                ch.chunk_of.push(lanes.chunk());
+            }
+        }
+        if c == 0 {
+            return Err(input("no channels"));
+        }
+        Ok(ch)
+    }
+
+    /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a
+    /// device runs it): the output's f16 or bf16 bits.
+    pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
+        let ch = self.chain()?;
+        let heads = self.heads;
+        let head_dim = self.head_dim;
+        let shared_tables = LaneBatch::MAX_SHARED_TABLES;
+        let mut exps = vec![0u8; ch.n_exps];
+        let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
+        ffi::host_lane_decode(ffi::LaneDecodeIo {
+            words: &ch.words,
+            tables: &ch.tables,
+            table_list: &ch.table_list,
+            symbol_table: &vec![0u16; ch.n_exps],
+            blocks: &ch.exp_blocks,
+            symbols: &mut exps,
+            status: &mut exp_status,
+            shared_tables,
+        })?;
+        let mut sym_table = vec![0u16; ch.n_symbols];
+        let mut resolve_status = vec![0u32; ch.resolve.len()];
+        ffi::host_resolve_tables(ffi::ResolveIo {
+            symbol_table: &mut sym_table,
+            exps: &exps,
+            map: &ch.map,
+            blocks: &ch.resolve,
+            status: &mut resolve_status,
+            heads,
+            head_dim,
+        })?;
+        let mut symbols = vec![0u8; ch.n_symbols];
+        let mut sym_status = vec![0u32; ch.sym_blocks.len() * LANES];
+        ffi::host_lane_decode(ffi::LaneDecodeIo {
+            words: &ch.words,
+            tables: &ch.tables,
+            table_list: &ch.table_list,
+            symbol_table: &sym_table,
+            blocks: &ch.sym_blocks,
+            symbols: &mut symbols,
+            status: &mut sym_status,
+            shared_tables,
+        })?;
+        let mut q = vec![0i32; ch.n_q];
+        let mut value_status = vec![0u32; ch.values.len()];
+        ffi::host_map_values(ffi::ValueIo {
+            indices: &symbols,
+            symbol_table: &sym_table,
+            table_list: &ch.table_list,
+            radius: &ch.radius,
+            escapes: &ch.escapes,
+            q: &mut q,
+            blocks: &ch.values,
+            status: &mut value_status,
+        })?;
+        let mut out = vec![0u16; self.output.len];
+        let mut dq_status = vec![0u32; ch.resolve.len()];
+        if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
+            return Err(CudaError::Input {
+                what: "a page size of 0",
+            });
+        }
+        ffi::host_dequant(ch.dequant.io_with(&q, &exps, &mut out, &mut dq_status))?;
+        ch.check(
+            &exp_status,
+            &resolve_status,
+            &sym_status,
+            &value_status,
+            &dq_status,
+        )?;
+        Ok(out)
+    }
+}
+
+impl Chain {
+    /// Every launch's statuses: the first failing block's chunk and what failed.
+    pub(crate) fn check(
+        &self,
+        exp_status: &[u32],
+        resolve_status: &[u32],
+        sym_status: &[u32],
+        value_status: &[u32],
+        dq_status: &[u32],
+    ) -> Result<(), CudaError> {
+        for b in 0..self.chunk_of.len() {
+            let chunk = self.chunk_of[b];
+            let bad = |what| Err(CudaError::Stream { chunk, what });
+            let lanes = |s: &[u32]| s.get(b * LANES..(b + 1) * LANES).map(|l| l.to_vec());
+            // A prefix does not end a lane: only range and table statuses fail the exponents.
+            if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= 4)) {
+                return bad("exponent lanes could not be decoded");
+            }
+            if resolve_status.get(b) != Some(&0) {
+                return bad("value tables could not be resolved");
+            }
+            if lanes(sym_status).is_none_or(|l| l.iter().any(|&s| s != 0)) {
+                return bad("a lane's end checks failed (B6/B8)");
+            }
+            if value_status.get(b) != Some(&0) {
+                return bad("escape values (B7/B9)");
+            }
+        }
+        let status: Vec<DequantStatus> = crate::quant::statuses(dq_status.to_vec());
+        check_dequant(&status)
+    }
+}

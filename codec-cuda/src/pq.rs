@@ -1,0 +1,322 @@
+//! Batches for the PQ search kernel (`kernels/pq_search.cu`, spec/PQ.md §5): for many queries
+//! (or GQA groups of query heads) over pq-core's packed codes, the score table, every token's
+//! score and the selected token indices, one CUDA block per query, bit for bit
+//! `pq_core::search(codes, &group_score_table(queries, codebook), k, n_init, n_local)`.
+//!
+//! Every query of a batch shares one codebook shape (method, key dim, books, bits); each may use
+//! its own codebook (a (layer, KV head)) and see its own prefix of that head's tokens.
+
+use pq_core::{packed_len, Codebook, Method};
+
+use crate::error::CudaError;
+use crate::ffi;
+
+/// A query's place in its batch's buffers (`KvcPqQuery`). Any values are safe to launch: the
+/// kernel checks them and reports [`PqStatus::BadRange`]. `#[repr(C)]`: the kernel reads it as
+/// is (`src/ffi.rs`, invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PqQuery {
+    /// Index of head 0's dim 0 in the batch's query values.
+    pub query_start: u64,
+    /// Index of book 0's codeword 0 in the batch's codewords.
+    pub codebook_start: u64,
+    /// Index of the byte holding token 0's first code in the batch's packed codes.
+    pub codes_start: u64,
+    /// Index of the query's ranking keys in the scratch buffer.
+    pub keys_start: u64,
+    /// Index of the selection in the output.
+    pub out_start: u64,
+    /// Tokens the query sees.
+    pub tokens: u32,
+    /// Query heads in the GQA group (>= 1).
+    pub group_heads: u32,
+    /// Tokens chosen by score outside the windows.
+    pub k: u32,
+    /// The first `n_init` tokens are always chosen.
+    pub n_init: u32,
+    /// The last `n_local` tokens are always chosen.
+    pub n_local: u32,
+    /// Unused (0).
+    pub reserved: u32,
+}
+
+/// How a query ended (`KvcPqStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PqStatus {
+    /// Selection written.
+    Ok,
+    /// The query's ranges lie outside the batch; nothing written.
+    BadRange,
+    /// The batch's codebook shape is invalid or its table does not fit; nothing written.
+    BadShape,
+    /// A code the kernel does not define (never written by the kernel).
+    Unknown(u32),
+}
+
+/// A head (codebook and packed codes) added to a [`PqBatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadId(usize);
+
+/// Where a head's data lies in the batch.
+#[derive(Clone, Copy, Debug)]
+struct HeadPlace {
+    codebook_start: u64,
+    codes_start: u64,
+    tokens: usize,
+}
+
+/// The buffers of one PQ search launch.
+#[derive(Clone, Debug)]
+pub struct PqBatch {
+    method: Method,
+    dim: u32,
+    m: u32,
+    bits: u32,
+    queries: Vec<f32>,
+    codewords: Vec<f32>,
+    codes: Vec<u8>,
+    heads: Vec<HeadPlace>,
+    items: Vec<PqQuery>,
+    keys_len: usize,
+    out_len: usize,
+}
+
+/// Table entries (`m * 2^bits`) the kernel's shared memory holds (32 KiB; pq-core's default,
+/// `m = 2`, `b = 6`, has 128).
+pub const MAX_TABLE_ENTRIES: u32 = 8192;
+
+impl PqBatch {
+    /// An empty batch for codebooks shaped like `codebook` (method, key dim, books, bits).
+    pub fn new(codebook: &Codebook) -> Result<Self, CudaError> {
+        let input = |what| CudaError::Input { what };
+        let m = u32::try_from(codebook.m()).map_err(|_| input("too many books"))?;
+        let dim = u32::try_from(codebook.dim()).map_err(|_| input("key dim over 2^32"))?;
+        let bits = u32::from(codebook.bits());
+        if u64::from(m) << bits > u64::from(MAX_TABLE_ENTRIES) {
+            return Err(input(
+                "m * 2^bits table entries exceed the kernel's shared memory",
+            ));
+        }
+        Ok(PqBatch {
+            method: codebook.method(),
+            dim,
+            m,
+            bits,
+            queries: Vec::new(),
+            codewords: Vec::new(),
+            codes: Vec::new(),
+            heads: Vec::new(),
+            items: Vec::new(),
+            keys_len: 0,
+            out_len: 0,
+        })
+    }
+
+    /// Adds a head: its codebook (shaped as the batch's) and the packed codes of its first
+    /// `tokens` keys (`pq_core::pack` of `[tokens, m]` codes; spec/PQ.md §2). Checks the length
+    /// and that the padding bits are zero, as `pq_core::unpack` does.
+    pub fn add_head(
+        &mut self,
+        codebook: &Codebook,
+        packed: &[u8],
+        tokens: usize,
+    ) -> Result<HeadId, CudaError> {
+        let input = |what| CudaError::Input { what };
+        if codebook.method() != self.method
+            || codebook.dim() != self.dim as usize
+            || codebook.m() != self.m as usize
+            || u32::from(codebook.bits()) != self.bits
+        {
+            return Err(input("a codebook shaped unlike the batch's"));
+        }
+        let n = tokens
+            .checked_mul(self.m as usize)
+            .ok_or(input("too many codes"))?;
+        let len = packed_len(n, codebook.bits()).map_err(|_| input("too many codes"))?;
+        if packed.len() != len {
+            return Err(input(
+                "packed codes are not ceil(tokens * m * bits / 8) bytes",
+            ));
+        }
+        let used_bits = n as u64 * u64::from(self.bits);
+        if !used_bits.is_multiple_of(8) {
+            let last = packed[len - 1];
+            if last >> (used_bits % 8) != 0 {
+                return Err(input("non-zero padding after the last code"));
+            }
+        }
+        if u32::try_from(tokens).is_err() {
+            return Err(input("over 2^32 tokens in a head"));
+        }
+        self.heads.push(HeadPlace {
+            codebook_start: self.codewords.len() as u64,
+            codes_start: self.codes.len() as u64,
+            tokens,
+        });
+        self.codewords.extend_from_slice(codebook.centroids());
+        self.codes.extend_from_slice(packed);
+        Ok(HeadId(self.heads.len() - 1))
+    }
+
+    /// Adds a query over the first `tokens` tokens of `head`: `queries` is `[G, D]` (the `G >= 1`
+    /// query heads of a GQA group, or one query), finite. Returns the query's index.
+    pub fn add_query(
+        &mut self,
+        head: HeadId,
+        queries: &[f32],
+        tokens: usize,
+        k: usize,
+        n_init: usize,
+        n_local: usize,
+    ) -> Result<usize, CudaError> {
+        let input = |what| CudaError::Input { what };
+        let place = *self.heads.get(head.0).ok_or(input("no such head"))?;
+        if tokens > place.tokens {
+            return Err(input("a query sees more tokens than its head holds"));
+        }
+        let d = self.dim as usize;
+        if queries.is_empty() || !queries.len().is_multiple_of(d) {
+            return Err(input("queries are not one or more rows of the key dim"));
+        }
+        if !queries.iter().all(|x| x.is_finite()) {
+            return Err(input("a query value is not finite"));
+        }
+        let group_heads =
+            u32::try_from(queries.len() / d).map_err(|_| input("too many query heads"))?;
+        let clamp = |x: usize| u32::try_from(x.min(tokens)).unwrap_or(u32::MAX);
+        let item = PqQuery {
+            query_start: self.queries.len() as u64,
+            codebook_start: place.codebook_start,
+            codes_start: place.codes_start,
+            keys_start: self.keys_len as u64,
+            out_start: self.out_len as u64,
+            tokens: tokens as u32,
+            group_heads,
+            k: clamp(k),
+            n_init: clamp(n_init),
+            n_local: clamp(n_local),
+            reserved: 0,
+        };
+        self.queries.extend_from_slice(queries);
+        self.keys_len += tokens;
+        self.out_len += selection_len(&item);
+        self.items.push(item);
+        Ok(self.items.len() - 1)
+    }
+
+    /// The queries (for tests that corrupt them; the kernel checks every field).
+    pub fn queries_mut(&mut self) -> &mut [PqQuery] {
+        &mut self.items
+    }
+
+    /// Queries in the batch.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the batch has no query.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The launch's buffers, as the kernel reads them.
+    pub(crate) fn io<'a>(
+        &'a self,
+        keys: &'a mut [u32],
+        out: &'a mut [u32],
+        status: &'a mut [u32],
+    ) -> ffi::PqIo<'a> {
+        ffi::PqIo {
+            queries: &self.queries,
+            codewords: &self.codewords,
+            codes: &self.codes,
+            keys,
+            out,
+            items: &self.items,
+            status,
+            dim: self.dim,
+            m: self.m,
+            bits: self.bits,
+            residual: u32::from(self.method == Method::Residual),
+        }
+    }
+
+    /// Scratch keys and output lengths of a launch.
+    pub(crate) fn lens(&self) -> (usize, usize) {
+        (self.keys_len, self.out_len)
+    }
+
+    /// Runs the kernel compiled for the host: each query's selection (ascending token indices)
+    /// and status (an empty selection for a query that is not [`PqStatus::Ok`]).
+    pub fn search_host(&self) -> Result<PqSelected, CudaError> {
+        let mut keys = vec![0u32; self.keys_len];
+        let mut out = vec![0u32; self.out_len];
+        let mut status = vec![0u32; self.items.len()];
+        ffi::host_pq_search(self.io(&mut keys, &mut out, &mut status))?;
+        Ok(self.selected(out, status))
+    }
+
+    /// The launch's output as selections.
+    pub(crate) fn selected(&self, out: Vec<u32>, status: Vec<u32>) -> PqSelected {
+        PqSelected {
+            out,
+            status: status.into_iter().map(status_of).collect(),
+            items: self.items.clone(),
+        }
+    }
+}
+
+fn status_of(code: u32) -> PqStatus {
+    match code {
+        0 => PqStatus::Ok,
+        1 => PqStatus::BadRange,
+        2 => PqStatus::BadShape,
+        c => PqStatus::Unknown(c),
+    }
+}
+
+/// Entries of a query's selection: `min(n_init, T) + min(k, rest) + (T - local_start)`.
+fn selection_len(q: &PqQuery) -> usize {
+    let t = q.tokens;
+    let init_end = q.n_init.min(t);
+    let local_start = (t - q.n_local.min(t)).max(init_end);
+    let k = q.k.min(local_start - init_end);
+    (init_end + k + (t - local_start)) as usize
+}
+
+/// The output of a PQ search launch.
+#[derive(Clone, Debug)]
+pub struct PqSelected {
+    out: Vec<u32>,
+    status: Vec<PqStatus>,
+    items: Vec<PqQuery>,
+}
+
+impl PqSelected {
+    /// Query `i`'s selected tokens, ascending (empty unless its status is [`PqStatus::Ok`]).
+    pub fn tokens(&self, i: usize) -> &[u32] {
+        let (Some(q), Some(PqStatus::Ok)) = (self.items.get(i), self.status.get(i)) else {
+            return &[];
+        };
+        let start = usize::try_from(q.out_start).unwrap_or(usize::MAX);
+        let end = start.saturating_add(selection_len(q));
+        self.out.get(start..end).unwrap_or(&[])
+    }
+
+    /// Query `i`'s status.
+    pub fn status(&self, i: usize) -> Option<PqStatus> {
+        self.status.get(i).copied()
+    }
+
+    /// Queries.
+    pub fn len(&self) -> usize {
+        self.status.len()
+    }
+
+    /// Whether there is no query.
+    pub fn is_empty(&self) -> bool {
+        self.status.is_empty()
+    }
+}

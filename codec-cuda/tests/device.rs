@@ -1,0 +1,307 @@
+//! The kernels on a device, checked as the host runs are: the golden streams and the real
+//! fixture decoded by `Gpu::decode` (f16 and bf16, dense and paged) to codec-core's bits,
+//! corrupted lanes and block headers giving the same statuses and symbols as the host-run
+//! kernels, and PQ selections equal to pq-core's.
+//!
+//! Where `Gpu::new(0)` fails (no driver, no device) or NVRTC is missing, each test prints that
+//! it skips and why; with `KVC_REQUIRE_GPU=1` that is a failure instead. NVRTC is loaded from
+//! `KVC_NVRTC_LIB`, else from `target/nvrtc/13.5.37/lib` (`tools/fetch-nvrtc`), else by name.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use codec_core::{Limits, Stream};
+use codec_cuda::decode::DecodePlan;
+use codec_cuda::pq::{PqBatch, PqStatus};
+use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
+use codec_cuda::stream::{ChunkLanes, Destination};
+use codec_cuda::Gpu;
+use common::{codec_core_tensors, encode_case, golden, permutation, scatter};
+use pq_core::{group_score_table, pack, search, Codebook, Method, PqParams};
+
+/// Device 0 with the kernels loaded, or `None` after printing why the test skips (a panic under
+/// `KVC_REQUIRE_GPU=1`).
+fn gpu(test: &str) -> Option<Gpu> {
+    let require = std::env::var("KVC_REQUIRE_GPU").as_deref() == Ok("1");
+    let skip = |why: String| {
+        assert!(!require, "KVC_REQUIRE_GPU=1 but {test} cannot run: {why}");
+        println!("{test}: skipped: {why}");
+    };
+    let gpu = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            skip(format!("no GPU ({e})"));
+            return None;
+        }
+    };
+    let fetched = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/nvrtc/13.5.37/lib");
+    let dir: Option<PathBuf> = match std::env::var_os("KVC_NVRTC_LIB") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => fetched.join("libnvrtc.so.13").is_file().then_some(fetched),
+    };
+    if let Err(e) = gpu.load_kernels(dir.as_deref()) {
+        skip(format!(
+            "the kernels could not be loaded on {} ({e})",
+            gpu.arch()
+        ));
+        return None;
+    }
+    println!("{test}: device {} ({})", gpu.ordinal(), gpu.arch());
+    Some(gpu)
+}
+
+#[test]
+fn device_golden_streams_decode_as_codec_core() {
+    let Some(gpu) = gpu("device_golden_streams_decode_as_codec_core") else {
+        return;
+    };
+    for (name, bytes, profile) in golden() {
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        let (tokens, c) = (h.shape.tokens as usize, h.shape.channels());
+        let layers = h.shape.layers as usize;
+        for dtype in [OutDtype::F16, OutDtype::Bf16] {
+            let tensors = codec_core_tensors(&stream, dtype);
+            // Dense.
+            let output = Output {
+                dtype,
+                layout: OutLayout::Dense,
+                len: 2 * layers * tokens * c,
+            };
+            let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+            plan.add_stream(&stream, Destination::dense(tokens as u32, c))
+                .unwrap();
+            assert!(
+                gpu.decode(&plan).unwrap() == tensors.concat(),
+                "{name} {dtype:?}"
+            );
+            // Pages of 16, shuffled.
+            let page_size = 16;
+            let used = tokens.div_ceil(page_size);
+            let table = permutation(used + 2, 3)[..used].to_vec();
+            let tensor_len = (used + 2) * page_size * c;
+            let output = Output {
+                dtype,
+                layout: OutLayout::Paged {
+                    page_size: page_size as u32,
+                },
+                len: 2 * layers * tensor_len,
+            };
+            let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+            let page_start = plan.add_page_table(&table);
+            let dest = Destination {
+                base: 0,
+                tensor_stride: tensor_len as u64,
+                page_start,
+            };
+            plan.add_stream(&stream, dest).unwrap();
+            let mut want = vec![0u16; output.len];
+            scatter(&mut want, &tensors, &table, page_size, c, tensor_len);
+            assert!(gpu.decode(&plan).unwrap() == want, "{name} {dtype:?} paged");
+        }
+    }
+}
+
+/// Every chunk's two lane-decode launches, intact and with words flipped, dropped or zeroed:
+/// the device gives the host-run kernel's statuses and symbols (which the host tests compare
+/// with codec-core's).
+#[test]
+fn device_lane_decode_matches_the_host_run_kernel() {
+    let Some(gpu) = gpu("device_lane_decode_matches_the_host_run_kernel") else {
+        return;
+    };
+    let mut batches = 0;
+    for (name, bytes, profile) in golden() {
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        for chunk in 0..stream.header().chunks.len() {
+            let lanes = ChunkLanes::read(&stream, chunk).unwrap();
+            let exp_batch = lanes.exponent_batch().unwrap();
+            let host_exp = exp_batch.decode_host(2).unwrap();
+            let exps: Vec<&[u8]> = (0..lanes.blocks.len())
+                .map(|b| host_exp.symbols(b))
+                .collect();
+            let sym_batch = lanes.symbol_batch(&exps).unwrap();
+            for (i, mut batch) in [exp_batch, sym_batch].into_iter().enumerate() {
+                for corruption in 0..4u32 {
+                    let words = batch.words_mut();
+                    let n = words.len();
+                    if n > 0 {
+                        match corruption {
+                            1 => words[n / 2] ^= 0x0001_0000,
+                            2 => words[n - 1] = 0,
+                            3 => words[0] = words[0].rotate_left(7),
+                            _ => {}
+                        }
+                    }
+                    let host = batch.decode_host(2).unwrap();
+                    let dev = gpu.lane_decode(&batch).unwrap();
+                    for b in 0..lanes.blocks.len() {
+                        let at = format!("{name} chunk {chunk} launch {i} corruption {corruption}");
+                        assert_eq!(dev.status(b), host.status(b), "{at} block {b}");
+                        assert!(dev.symbols(b) == host.symbols(b), "{at} block {b}");
+                    }
+                    batches += 1;
+                }
+            }
+        }
+    }
+    println!("{batches} launches compared");
+}
+
+/// Arbitrary dequantization block headers: the device's statuses and output are the host's.
+/// One block per launch: two blocks whose rows overlap would race on the device.
+#[test]
+fn device_dequant_headers_match_the_host_run_kernel() {
+    let Some(gpu) = gpu("device_dequant_headers_match_the_host_run_kernel") else {
+        return;
+    };
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for case in 0..200 {
+        let consts = vec![
+            ChannelConsts {
+                mean: 1.0,
+                anchor_step: 0.5,
+                delta_step: 0.25,
+                weight: 0.5
+            };
+            4
+        ];
+        let dtype = if case % 2 == 0 {
+            OutDtype::F16
+        } else {
+            OutDtype::Bf16
+        };
+        let layout = if case % 3 == 0 {
+            OutLayout::Dense
+        } else {
+            OutLayout::Paged { page_size: 2 }
+        };
+        let output = Output {
+            dtype,
+            layout,
+            len: 40,
+        };
+        let mut batch = DequantBatch::with_output(2, 2, output);
+        let consts_start = batch.add_consts(&consts);
+        let page_start = batch.add_page_table(&[4, 1, 0, 7, 3]);
+        let input = DequantInput {
+            q: &[1; 16],
+            exps: Some(&[1; 8]),
+            sink: &[0.5; 4],
+            consts_start,
+            rows: 5,
+            group: 3,
+            out_start: 0,
+            token_start: 0,
+            page_start,
+        };
+        batch.add_block(input).unwrap();
+        let b = &mut batch.blocks_mut()[0];
+        let v = next();
+        match case % 11 {
+            0 => b.q_start = v % 32,
+            1 => b.exp_start = v % 16,
+            2 => b.sink_start = v,
+            3 => b.out_start = v % 48,
+            4 => b.consts_start = v % 8,
+            5 => b.rows = (v % 12) as u32,
+            6 => b.sink_rows = (v % 8) as u32,
+            7 => b.group = (v % 4) as u32,
+            8 => b.token_start = (v % 12) as u32,
+            9 => b.page_start = v % 8,
+            _ => b.has_exps = (v % 2) as u32,
+        }
+        let host = batch.decode_host().unwrap();
+        let dev = gpu.dequant(&batch).unwrap();
+        assert_eq!(dev, host, "case {case}");
+    }
+}
+
+/// The real fixture's PQ selections (layer 0, kvc's residual codes, every stored query head
+/// and GQA group, causal) on the device equal pq-core's.
+#[test]
+fn device_pq_search_selects_what_pq_core_selects() {
+    let Some(gpu) = gpu("device_pq_search_selects_what_pq_core_selects") else {
+        return;
+    };
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let d = kvc_io::load_dump(&path).expect("fixture present");
+    let s = d.kv.shape;
+    let (kv_heads, dim, t) = (s.kv_heads as usize, s.head_dim as usize, s.tokens as usize);
+    let queries = &d.q.as_ref().expect("the fixture has queries")[0];
+    let (q_heads, n_q, q_start) = (d.q_heads, d.n_q(), d.q_start as usize);
+    let keys = d.kv.k[0].to_f32_vec();
+    for method in [Method::Residual, Method::Product] {
+        let mut heads = Vec::new();
+        for h in 0..kv_heads {
+            let hk: Vec<f32> = (0..t)
+                .flat_map(|tok| keys[(tok * kv_heads + h) * dim..][..dim].iter().copied())
+                .collect();
+            let params = PqParams {
+                method,
+                seed: PqParams::default().seed ^ h as u64,
+                ..PqParams::default()
+            };
+            let cb = Codebook::train(&hk, dim, &params).unwrap();
+            let codes = cb.encode(&hk).unwrap();
+            heads.push((cb, codes));
+        }
+        let mut batch = PqBatch::new(&heads[0].0).unwrap();
+        let ids: Vec<_> = heads
+            .iter()
+            .map(|(cb, c)| batch.add_head(cb, &pack(c, cb.bits()).unwrap(), t).unwrap())
+            .collect();
+        let mut want = Vec::new();
+        let group = q_heads / kv_heads;
+        for i in 0..n_q {
+            let seen = (q_start + i + 1).min(t);
+            let k = seen / 5;
+            let row = |qh: usize| &queries[(i * q_heads + qh) * dim..][..dim];
+            for qh in 0..q_heads {
+                let h = qh / group;
+                batch.add_query(ids[h], row(qh), seen, k, 4, 64).unwrap();
+                let table = group_score_table(row(qh), &heads[h].0).unwrap();
+                let codes = &heads[h].1[..seen * heads[h].0.m()];
+                want.push(search(codes, &table, k, 4, 64).unwrap());
+            }
+        }
+        let got = gpu.search(&batch).unwrap();
+        let host = batch.search_host().unwrap();
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(got.status(i), Some(PqStatus::Ok));
+            assert_eq!(got.tokens(i), &w[..], "{method:?} query {i}");
+            assert_eq!(host.tokens(i), &w[..]);
+        }
+    }
+}
+
+/// The encode kernels on the device: every block of a stream codec-core encoded from the real
+/// fixture (3 layers, step exponents) re-quantized and re-encoded to the stream's symbol values
+/// and lane words, as on the host.
+#[test]
+fn device_encode_reproduces_codec_cores_blocks() {
+    let Some(gpu) = gpu("device_encode_reproduces_codec_cores_blocks") else {
+        return;
+    };
+    let (bytes, tensors) = common::fixture_stream(3);
+    let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let case = encode_case(&stream, &tensors);
+    let values = gpu.quantize(&case.quant).unwrap();
+    let lanes = gpu.lane_encode(&case.enc).unwrap();
+    for (b, want) in case.values.iter().enumerate() {
+        assert!(&values[b].0 == want, "block {b}: symbol values");
+        assert!(
+            lanes.lanes(b).unwrap().to_vec() == case.lanes[b],
+            "block {b}: lanes"
+        );
+    }
+    println!("{} blocks re-encoded on the device", case.values.len());
+}

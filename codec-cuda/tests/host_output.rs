@@ -1,0 +1,345 @@
+//! The dequantization kernel's outputs, compiled for the host: f16 and bf16, dense `[T, H, D]`
+//! and vLLM's paged layout (`[num_pages, page_size, H, D]` per layer and K/V, token `t` in page
+//! `table[t / page_size]`, slot `t % page_size`), whole streams and several sequences in one
+//! batch ([`DecodePlan`]: three launches for every chunk and layer). Compared bit for bit with
+//! codec-core's decode into f16 or bf16 buffers, scattered into pages by a few lines of Rust.
+
+mod common;
+
+use std::path::Path;
+
+use codec_core::{
+    encode, learn_profile, EncodeParams, KvCache, LearnParams, Limits, ProfileMode, Queries,
+    Sample, Stream,
+};
+use codec_cuda::decode::DecodePlan;
+use codec_cuda::quant::{f32_to_bf16_bits, OutDtype, OutLayout, Output};
+use codec_cuda::stream::Destination;
+use codec_cuda::CudaError;
+use common::{codec_core_tensors, golden, permutation, scatter};
+use half::bf16;
+use proptest::prelude::*;
+
+#[test]
+fn golden_streams_decode_dense_f16_and_bf16_as_codec_core() {
+    for (name, bytes, profile) in golden() {
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        let (tokens, c) = (h.shape.tokens, h.shape.channels());
+        for dtype in [OutDtype::F16, OutDtype::Bf16] {
+            let output = Output {
+                dtype,
+                layout: OutLayout::Dense,
+                len: 2 * h.shape.layers as usize * tokens as usize * c,
+            };
+            let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+            plan.add_stream(&stream, Destination::dense(tokens, c))
+                .unwrap();
+            let got = plan.decode_host().unwrap();
+            let want: Vec<u16> = codec_core_tensors(&stream, dtype).concat();
+            assert!(got == want, "{name} {dtype:?}: differs from codec-core");
+            let chained = plan.decode_chain_host().unwrap();
+            assert!(
+                chained == want,
+                "{name} {dtype:?}: the chain differs from codec-core"
+            );
+        }
+    }
+}
+
+/// Every golden stream into pages (sizes 1, 5 and 16, pages shuffled, spare pages left
+/// untouched), f16 and bf16, against codec-core's decode scattered by [`scatter`].
+#[test]
+fn golden_streams_decode_into_pages_as_codec_core() {
+    for (n, (name, bytes, profile)) in golden().into_iter().enumerate() {
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        let (tokens, c) = (h.shape.tokens as usize, h.shape.channels());
+        for (page_size, dtype) in [(16, OutDtype::F16), (5, OutDtype::Bf16), (1, OutDtype::F16)] {
+            let used = tokens.div_ceil(page_size);
+            let num_pages = used + 3;
+            let table: Vec<u32> =
+                permutation(num_pages, n as u64 * 31 + page_size as u64)[..used].to_vec();
+            let tensor_len = num_pages * page_size * c;
+            let output = Output {
+                dtype,
+                layout: OutLayout::Paged {
+                    page_size: page_size as u32,
+                },
+                len: 2 * h.shape.layers as usize * tensor_len,
+            };
+            let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+            let page_start = plan.add_page_table(&table);
+            let dest = Destination {
+                base: 0,
+                tensor_stride: tensor_len as u64,
+                page_start,
+            };
+            plan.add_stream(&stream, dest).unwrap();
+            let got = plan.decode_host().unwrap();
+            let mut want = vec![0u16; output.len];
+            let tensors = codec_core_tensors(&stream, dtype);
+            scatter(&mut want, &tensors, &table, page_size, c, tensor_len);
+            assert!(got == want, "{name} pages of {page_size} {dtype:?}");
+            assert!(
+                plan.decode_chain_host().unwrap() == want,
+                "{name} chain, pages"
+            );
+        }
+    }
+}
+
+/// The real 512-token fixture (3 layers, step exponents) as two sequences sharing one paged
+/// bf16 cache: the stream at level 2 in 96-token chunks and at level 6 in 64-token chunks, each
+/// with its own page table over disjoint shuffled pages, in one plan (every chunk of both in
+/// the same three launches).
+#[test]
+fn real_fixture_two_sequences_share_a_paged_cache() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let mut d = kvc_io::load_dump(&path).expect("fixture present");
+    let layers = 3usize.min(d.kv.shape.layers as usize);
+    d.kv.shape.layers = layers as u32;
+    d.kv.k.truncate(layers);
+    d.kv.v.truncate(layers);
+    let q = d.q.as_ref().expect("the fixture has queries");
+    let queries = Queries {
+        q: q.iter().take(layers).map(Vec::as_slice).collect(),
+        q_heads: d.q_heads,
+        q_start: d.q_start,
+    };
+    let cache: &KvCache = &d.kv;
+    let sample = Sample {
+        kv: cache.view(),
+        queries: Some(queries),
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let params = |level: u8, chunk_tokens: u32| EncodeParams {
+        chunk_tokens,
+        levels: vec![level],
+        token_importance: true,
+        ..EncodeParams::default()
+    };
+    let a = encode(
+        &cache.view(),
+        ProfileMode::Embedded(&profile),
+        &params(2, 96),
+    )
+    .unwrap();
+    let b = encode(
+        &cache.view(),
+        ProfileMode::Embedded(&profile),
+        &params(6, 64),
+    )
+    .unwrap();
+    let sa = Stream::open(&a, None, &Limits::DEFAULT).unwrap();
+    let sb = Stream::open(&b, None, &Limits::DEFAULT).unwrap();
+    let shape = sa.header().shape;
+    let c = shape.channels();
+    let page_size = 16usize;
+    let tokens = shape.tokens as usize;
+    let (pages_a, pages_b) = (tokens.div_ceil(page_size), tokens.div_ceil(page_size));
+    let num_pages = pages_a + pages_b + 2;
+    let perm = permutation(num_pages, 7);
+    let (table_a, table_b) = (
+        perm[..pages_a].to_vec(),
+        perm[pages_a..pages_a + pages_b].to_vec(),
+    );
+    let tensor_len = num_pages * page_size * c;
+    let output = Output {
+        dtype: OutDtype::Bf16,
+        layout: OutLayout::Paged {
+            page_size: page_size as u32,
+        },
+        len: 2 * layers * tensor_len,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    for (stream, table) in [(&sa, &table_a), (&sb, &table_b)] {
+        let page_start = plan.add_page_table(table);
+        let dest = Destination {
+            base: 0,
+            tensor_stride: tensor_len as u64,
+            page_start,
+        };
+        plan.add_stream(stream, dest).unwrap();
+    }
+    let got = plan.decode_host().unwrap();
+    let mut want = vec![0u16; output.len];
+    for (stream, table) in [(&sa, &table_a), (&sb, &table_b)] {
+        let tensors = codec_core_tensors(stream, OutDtype::Bf16);
+        scatter(&mut want, &tensors, table, page_size, c, tensor_len);
+    }
+    assert!(got == want);
+    assert!(plan.decode_chain_host().unwrap() == want);
+    println!("{} chunks in one plan", plan.chunks());
+}
+
+#[test]
+fn f32_to_bf16_narrowing_matches_ieee() {
+    // Every 4099th bit pattern and every pattern near the rounding and overflow boundaries,
+    // against the half crate (IEEE roundTiesToEven); NaN to a quiet NaN with the top bits kept.
+    let near = |b: u32| b.saturating_sub(3000)..b.saturating_add(3000);
+    let edges = [
+        0x0000_8000u32,
+        0x3F80_8000,
+        0x7F7F_8000,
+        0x7F80_0000,
+        0x7FC0_0000,
+    ];
+    let patterns = (0..=u32::MAX)
+        .step_by(4099)
+        .chain(edges.into_iter().flat_map(near));
+    for b in patterns {
+        for u in [b, b | 0x8000_0000] {
+            let x = f32::from_bits(u);
+            let got = f32_to_bf16_bits(x);
+            if x.is_nan() {
+                assert_eq!(got, ((u >> 16) | 0x40) as u16, "{u:#x}");
+            } else {
+                assert_eq!(got, bf16::from_f32(x).to_bits(), "{u:#x}");
+            }
+        }
+    }
+}
+
+/// A plan whose page table names pages outside the cache, or is too short for the stream, is
+/// an error (the kernel writes nothing for such a block), never a panic.
+#[test]
+fn page_tables_outside_the_cache_are_errors() {
+    let (_, bytes, profile) = golden().swap_remove(4);
+    let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+    let h = stream.header();
+    let (tokens, c) = (h.shape.tokens as usize, h.shape.channels());
+    let page_size = 4usize;
+    let used = tokens.div_ceil(page_size);
+    let tensor_len = used * page_size * c;
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Paged {
+            page_size: page_size as u32,
+        },
+        len: 2 * h.shape.layers as usize * tensor_len,
+    };
+    let good: Vec<u32> = (0..used as u32).collect();
+    let mut beyond = good.clone();
+    beyond[used / 2] = used as u32 * 2 * h.shape.layers;
+    let short = &good[..used - 1];
+    for (table, base) in [(&good[..], 1u64), (&beyond[..], 0), (short, 0)] {
+        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+        let page_start = plan.add_page_table(table);
+        let dest = Destination {
+            base,
+            tensor_stride: tensor_len as u64,
+            page_start,
+        };
+        plan.add_stream(&stream, dest).unwrap();
+        assert!(matches!(plan.decode_host(), Err(CudaError::Input { .. })));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Any page size, table and base over a small golden stream: the kernel's output is the
+    /// reference scatter, or, when a row falls outside the cache, an error.
+    #[test]
+    fn arbitrary_page_tables_scatter_or_fail(
+        page_size in 1usize..40,
+        table in proptest::collection::vec(0u32..12, 0..40),
+        spare in 0usize..3,
+    ) {
+        let (_, bytes, profile) = golden().swap_remove(3);
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        let (tokens, c) = (h.shape.tokens as usize, h.shape.channels());
+        let num_pages = 9 + spare;
+        let tensor_len = num_pages * page_size * c;
+        let output = Output {
+            dtype: OutDtype::Bf16,
+            layout: OutLayout::Paged { page_size: page_size as u32 },
+            len: 2 * h.shape.layers as usize * tensor_len,
+        };
+        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+        let page_start = plan.add_page_table(&table);
+        let dest = Destination { base: 0, tensor_stride: tensor_len as u64, page_start };
+        plan.add_stream(&stream, dest).unwrap();
+        let fits = tokens.div_ceil(page_size) <= table.len()
+            && table[..tokens.div_ceil(page_size)].iter().all(|&p| (p as usize) < num_pages);
+        match plan.decode_host() {
+            Ok(got) => {
+                prop_assert!(fits);
+                // Pages may repeat in an arbitrary table: the later token wins, as in the kernel
+                // only if blocks run in order, so compare only tables without repeats.
+                let used = &table[..tokens.div_ceil(page_size)];
+                let mut sorted = used.to_vec();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() == used.len() {
+                    let mut want = vec![0u16; output.len];
+                    let tensors = codec_core_tensors(&stream, OutDtype::Bf16);
+                    scatter(&mut want, &tensors, &table, page_size, c, tensor_len);
+                    prop_assert!(got == want);
+                }
+            }
+            Err(e) => {
+                prop_assert!(!fits, "{e}");
+                let is_input = matches!(e, CudaError::Input { .. });
+                prop_assert!(is_input, "{}", e);
+            }
+        }
+    }
+}
+
+/// CRC-32C, as chunks carry it.
+fn crc32c(bytes: &[u8]) -> u32 {
+    crc::Crc::<u32>::new(&crc::CRC_32_ISCSI).checksum(bytes)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// A chunk body with bytes altered (and its CRC fixed, so the change reaches the block
+    /// checks and the kernels) decodes to an error or to some output, never a panic; with the
+    /// CRC left stale it is the chunk's C1 error.
+    #[test]
+    fn altered_chunks_never_panic(
+        which in 0usize..20,
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        fix_crc in any::<bool>(),
+    ) {
+        let (_, bytes, profile) = golden().swap_remove(which);
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        prop_assume!(!h.chunks.is_empty());
+        let chunk = edits[0].0.index(h.chunks.len());
+        let e = h.chunks[chunk];
+        let (start, len) = (e.offset as usize, e.len_bytes as usize);
+        prop_assume!(len > 4);
+        let mut altered = bytes.clone();
+        for (at, x) in &edits {
+            altered[start + at.index(len - 4)] ^= x | 1;
+        }
+        if fix_crc {
+            let crc = crc32c(&altered[start..start + len - 4]);
+            altered[start + len - 4..start + len].copy_from_slice(&crc.to_le_bytes());
+        }
+        let stream = Stream::open(&altered, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let (tokens, c) = (h.shape.tokens, h.shape.channels());
+        let output = Output {
+            dtype: OutDtype::Bf16,
+            layout: OutLayout::Dense,
+            len: 2 * h.shape.layers as usize * tokens as usize * c,
+        };
+        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+        let added = plan.add_stream(&stream, Destination::dense(tokens, c));
+        if !fix_crc {
+            let stale = matches!(added, Err(CudaError::Stream { what, .. }) if what.contains("C1"));
+            prop_assert!(stale, "{:?}", added);
+        } else if added.is_ok() {
+            // Both paths agree on whether the chunk decodes, and on its output.
+            match (plan.decode_host(), plan.decode_chain_host()) {
+                (Ok(a), Ok(b)) => prop_assert!(a == b),
+                (Err(_), Err(_)) => {}
+                (a, b) => prop_assert!(false, "{:?} / {:?}", a.map(|_| ()), b.map(|_| ())),
+            }
+        }
+    }
+}

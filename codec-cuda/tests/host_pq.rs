@@ -1,0 +1,277 @@
+//! The PQ search kernel (`kernels/pq_search.cu`), compiled for the host: for batches of queries
+//! over pq-core's packed codes, the same token indices as `pq_core::search` with the query's
+//! (or GQA group's) score table, on proptest codebooks (ties, infinities and NaN scores
+//! included) and on the real 512-token fixture's keys and stored queries, codebooks trained as
+//! `kvc pq` trains them.
+
+use std::path::Path;
+
+use codec_cuda::pq::{PqBatch, PqStatus, MAX_TABLE_ENTRIES};
+use codec_cuda::CudaError;
+use pq_core::{
+    group_score_table, k_for_fraction, pack, scores, search, select, Codebook, Method, PqParams,
+};
+use proptest::prelude::*;
+
+/// pq-core's selection for `queries` (`[G, D]`) over the first `tokens` tokens' codes.
+fn reference(
+    cb: &Codebook,
+    codes: &[u16],
+    queries: &[f32],
+    tokens: usize,
+    (k, n_init, n_local): (usize, usize, usize),
+) -> Vec<u32> {
+    let table = group_score_table(queries, cb).unwrap();
+    let codes = &codes[..tokens * cb.m()];
+    let got = search(codes, &table, k, n_init, n_local).unwrap();
+    // `search` is `select` over the scores (pq-core's own promise, checked here once more).
+    let by_scores = select(&scores(codes, &table).unwrap(), k, n_init, n_local).unwrap();
+    assert_eq!(got, by_scores);
+    got
+}
+
+/// Values for codewords and queries: small integers (many exact ties), ordinary reals, or huge
+/// magnitudes whose products and sums overflow to infinities and NaN.
+fn value(kind: u8) -> BoxedStrategy<f32> {
+    match kind {
+        0 => (-2i32..=2).prop_map(|x| x as f32).boxed(),
+        1 => (-1.0f32..1.0).boxed(),
+        _ => prop_oneof![
+            (-2i32..=2).prop_map(|x| x as f32 * 1.5e38),
+            (-1.0f32..1.0),
+            Just(0.0f32),
+            Just(-0.0f32),
+        ]
+        .boxed(),
+    }
+}
+
+/// A codebook shape: method, dim, m, bits.
+fn shape() -> impl Strategy<Value = (Method, usize, usize, u8)> {
+    prop_oneof![
+        (1usize..=3, 1u8..=7, 1usize..=6).prop_map(|(m, b, d)| (Method::Residual, d, m, b)),
+        (1usize..=3, 1u8..=7, 1usize..=3).prop_map(|(m, b, per)| (Method::Product, m * per, m, b)),
+        Just((Method::Residual, 4, 1, 12)),
+    ]
+}
+
+/// One proptest case: a codebook, codes, and queries with their parameters.
+#[derive(Debug, Clone)]
+struct Case {
+    cb: Codebook,
+    codes: Vec<u16>,
+    tokens: usize,
+    /// (queries [G, D], tokens seen, k, n_init, n_local).
+    queries: Vec<(Vec<f32>, usize, usize, usize, usize)>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (shape(), 0u8..3, 0usize..400).prop_flat_map(|((method, d, m, b), kind, tokens)| {
+        let n_cw = m
+            * (1usize << b)
+            * match method {
+                Method::Product => d / m,
+                Method::Residual => d,
+            };
+        let query = (1usize..=3, 0..=tokens, 0usize..300, 0usize..8, 0usize..80)
+            .prop_flat_map(move |(g, seen, k, n_init, n_local)| {
+                (
+                    proptest::collection::vec(value(kind), g * d),
+                    Just((seen, k, n_init, n_local)),
+                )
+            })
+            .prop_map(|(q, (seen, k, n_init, n_local))| (q, seen, k, n_init, n_local));
+        (
+            proptest::collection::vec(value(kind), n_cw),
+            proptest::collection::vec(0u16..(1u16 << b).max(1), tokens * m),
+            proptest::collection::vec(query, 1..5),
+        )
+            .prop_map(move |(cw, codes, queries)| Case {
+                cb: Codebook::from_parts(method, d, m, b, 1, cw).unwrap(),
+                codes,
+                tokens,
+                queries,
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    /// Every query of a batch selects exactly pq-core's tokens.
+    #[test]
+    fn kernel_selects_what_pq_core_selects(c in case()) {
+        let packed = pack(&c.codes, c.cb.bits()).unwrap();
+        let mut batch = PqBatch::new(&c.cb).unwrap();
+        let head = batch.add_head(&c.cb, &packed, c.tokens).unwrap();
+        for (q, seen, k, n_init, n_local) in &c.queries {
+            batch.add_query(head, q, *seen, *k, *n_init, *n_local).unwrap();
+        }
+        let got = batch.search_host().unwrap();
+        for (i, (q, seen, k, n_init, n_local)) in c.queries.iter().enumerate() {
+            prop_assert_eq!(got.status(i), Some(PqStatus::Ok));
+            let want = reference(&c.cb, &c.codes, q, *seen, (*k, *n_init, *n_local));
+            prop_assert_eq!(got.tokens(i), &want[..], "query {}", i);
+        }
+    }
+
+    /// Any query header: a defined status and no out-of-bounds access; the other query of the
+    /// batch is unaffected.
+    #[test]
+    fn arbitrary_query_headers_never_crash(
+        fields in any::<(u64, u64, u64, u64, u64, u32, u32, u32, u32, u32)>(),
+        which in 0u8..10,
+    ) {
+        let cb = Codebook::from_parts(Method::Residual, 4, 2, 3, 1, vec![0.25; 2 * 8 * 4]).unwrap();
+        let codes: Vec<u16> = (0..2 * 50).map(|i| (i * 7 % 8) as u16).collect();
+        let packed = pack(&codes, 3).unwrap();
+        let mut batch = PqBatch::new(&cb).unwrap();
+        let head = batch.add_head(&cb, &packed, 50).unwrap();
+        let q = [1.0, -0.5, 0.25, 2.0];
+        batch.add_query(head, &q, 50, 10, 2, 5).unwrap();
+        batch.add_query(head, &q, 40, 10, 2, 5).unwrap();
+        let item = &mut batch.queries_mut()[0];
+        match which {
+            0 => item.query_start = fields.0,
+            1 => item.codebook_start = fields.1,
+            2 => item.codes_start = fields.2,
+            3 => item.keys_start = fields.3,
+            4 => item.out_start = fields.4,
+            5 => item.tokens = fields.5,
+            6 => item.group_heads = fields.6,
+            7 => item.k = fields.7,
+            8 => item.n_init = fields.8,
+            _ => item.n_local = fields.9,
+        }
+        let got = batch.search_host().unwrap();
+        prop_assert!(matches!(got.status(0), Some(PqStatus::Ok | PqStatus::BadRange)));
+        prop_assert_eq!(got.status(1), Some(PqStatus::Ok));
+        let want = reference(&cb, &codes, &q, 40, (10, 2, 5));
+        prop_assert_eq!(got.tokens(1), &want[..]);
+    }
+}
+
+/// The real fixture: per (layer, KV head) a codebook trained as `kvc pq` trains it (kvc's
+/// default residual codes, and the paper's product codes on layer 0), then every stored query
+/// head alone and every GQA group, each over the tokens up to its position (causal), with
+/// k = T/5 and windows 4 + 64: one launch per layer and method.
+#[test]
+fn real_fixture_selections_are_pq_cores() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let d = kvc_io::load_dump(&path).expect("fixture present");
+    let s = d.kv.shape;
+    let (kv_heads, dim, t) = (s.kv_heads as usize, s.head_dim as usize, s.tokens as usize);
+    let q_all = d.q.as_ref().expect("the fixture has queries");
+    let (q_heads, n_q, q_start) = (d.q_heads, d.n_q(), d.q_start as usize);
+    let group = q_heads / kv_heads;
+    let mut checked = 0;
+    let runs = [
+        (0usize, Method::Residual),
+        (1, Method::Residual),
+        (0, Method::Product),
+    ];
+    for (layer, method) in runs {
+        let keys = d.kv.k[layer].to_f32_vec();
+        let queries = &q_all[layer];
+        let base = PqParams {
+            method,
+            ..PqParams::default()
+        };
+        let mut heads = Vec::new();
+        for h in 0..kv_heads {
+            let head_keys: Vec<f32> = (0..t)
+                .flat_map(|tok| {
+                    let at = (tok * kv_heads + h) * dim;
+                    keys[at..at + dim].iter().copied()
+                })
+                .collect();
+            let params = PqParams {
+                seed: base.seed ^ ((layer * kv_heads + h) as u64),
+                ..base
+            };
+            let cb = Codebook::train(&head_keys, dim, &params).unwrap();
+            let codes = cb.encode(&head_keys).unwrap();
+            heads.push((cb, codes));
+        }
+        let mut batch = PqBatch::new(&heads[0].0).unwrap();
+        let ids: Vec<_> = heads
+            .iter()
+            .map(|(cb, codes)| {
+                batch
+                    .add_head(cb, &pack(codes, cb.bits()).unwrap(), t)
+                    .unwrap()
+            })
+            .collect();
+        let mut want = Vec::new();
+        for i in 0..n_q {
+            let seen = (q_start + i + 1).min(t);
+            let k = k_for_fraction(seen, 1, 5).unwrap();
+            let row = |qh: usize| &queries[(i * q_heads + qh) * dim..(i * q_heads + qh + 1) * dim];
+            for qh in 0..q_heads {
+                let h = qh / group;
+                batch.add_query(ids[h], row(qh), seen, k, 4, 64).unwrap();
+                want.push(reference(
+                    &heads[h].0,
+                    &heads[h].1,
+                    row(qh),
+                    seen,
+                    (k, 4, 64),
+                ));
+            }
+            for h in 0..kv_heads {
+                let g: Vec<f32> = (h * group..(h + 1) * group)
+                    .flat_map(row)
+                    .copied()
+                    .collect();
+                batch.add_query(ids[h], &g, seen, k, 4, 64).unwrap();
+                want.push(reference(&heads[h].0, &heads[h].1, &g, seen, (k, 4, 64)));
+            }
+        }
+        let got = batch.search_host().unwrap();
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(got.status(i), Some(PqStatus::Ok));
+            assert_eq!(got.tokens(i), &w[..], "layer {layer} {method:?} query {i}");
+        }
+        checked += want.len();
+    }
+    println!("{checked} selections compared");
+    assert!(checked > 0);
+}
+
+#[test]
+fn batch_inputs_are_checked() {
+    let cb = Codebook::from_parts(Method::Residual, 4, 2, 3, 1, vec![0.5; 2 * 8 * 4]).unwrap();
+    let codes: Vec<u16> = vec![5; 2 * 3];
+    let packed = pack(&codes, 3).unwrap();
+    let mut batch = PqBatch::new(&cb).unwrap();
+    fn input<T>(r: Result<T, CudaError>) -> bool {
+        matches!(r, Err(CudaError::Input { .. }))
+    }
+    // Wrong length, non-zero padding (18 bits used of 24), another shape.
+    assert!(input(batch.add_head(&cb, &packed[..2], 3)));
+    let mut padded = packed.clone();
+    padded[2] |= 0x80;
+    assert!(input(batch.add_head(&cb, &padded, 3)));
+    let other = Codebook::from_parts(Method::Product, 4, 2, 3, 1, vec![0.5; 2 * 8 * 2]).unwrap();
+    assert!(input(batch.add_head(&other, &pack(&codes, 3).unwrap(), 3)));
+    let head = batch.add_head(&cb, &packed, 3).unwrap();
+    // Not whole rows, non-finite, more tokens than the head, an empty group.
+    assert!(input(batch.add_query(head, &[1.0; 5], 3, 1, 0, 0)));
+    assert!(input(batch.add_query(
+        head,
+        &[1.0, f32::NAN, 0.0, 0.0],
+        3,
+        1,
+        0,
+        0
+    )));
+    assert!(input(batch.add_query(head, &[1.0; 4], 4, 1, 0, 0)));
+    assert!(input(batch.add_query(head, &[], 3, 1, 0, 0)));
+    // A table larger than the kernel's shared memory.
+    let big = Codebook::from_parts(Method::Residual, 1, 3, 12, 1, vec![0.0; 3 << 12]).unwrap();
+    const { assert!(3 << 12 > MAX_TABLE_ENTRIES) };
+    assert!(input(PqBatch::new(&big)));
+    // An empty batch runs.
+    assert!(PqBatch::new(&cb).unwrap().search_host().unwrap().is_empty());
+}
