@@ -126,7 +126,7 @@ struct KvcValueArgs {
     kvc_u64 n_blocks;
 };
 
-// Escapes are counted per tile of 2^tile_shift consecutive symbols (at most KVC_VALUE_TILES
+// Escapes are counted per tile of 2^tile_shift (>= 32) consecutive symbols (at most KVC_VALUE_TILES
 // tiles); a value symbol's escape rank is its tile's first rank plus the escapes before it in
 // its tile. Escapes are rare (well under 1% of symbols), so the threads stride over the symbols
 // in order (coalesced), and only an escape rescans the start of its tile.
@@ -176,7 +176,9 @@ __device__ __forceinline__ void kvc_values_check(const KvcValueArgs& a, unsigned
     if (threadIdx.x != 0) return;
     const KvcValueBlock& b = a.blocks[blockIdx.x];
     s->status = kvc_values_ok(a, b) ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
-    kvc_u32 shift = 8;
+    // Tiles of 32 symbols where 4096 of them cover the block (an escape rescans 16 symbols on
+    // average; escape-heavy fine levels made 256-symbol tiles the chain's slowest launch).
+    kvc_u32 shift = 5;
     while (shift < 32 && ((kvc_u64)KVC_VALUE_TILES << shift) < b.n_sym) shift++;
     s->tile_shift = shift;
     s->bad_range = 0;
