@@ -7,16 +7,13 @@
 //   map of 2 x 16 x C entries the host builds once from the profile.
 // - kvc_map_values (between the symbol lane decode and the dequantization; §6.4): table index i
 //   of a radius-R table is the value i - R, and any i above 2R takes the block's next escape
-//   value (checks B7, B9). An ordered count: each thread counts the escapes of its contiguous
-//   segment, thread 0 turns the counts into offsets, each thread maps its segment.
+//   value (checks B7, B9), ranked by per-tile escape counts (see KvcValueShared).
 //
 // One CUDA block per coded block; every range is checked before use.
 
 #include "kvc_kernel.cuh"
 
 #define KVC_MAX_SYMBOL_VALUE (1 << 24)
-// Threads per block the segment counts are sized for.
-#define KVC_CHAIN_MAX_THREADS 256u
 
 // Per-block outcome; codec_cuda::decode mirrors these values.
 enum KvcChainStatus : kvc_u32 {
@@ -129,15 +126,23 @@ struct KvcValueArgs {
     kvc_u64 n_blocks;
 };
 
+// Escapes are counted per tile of 2^tile_shift (>= 32) consecutive symbols (at most KVC_VALUE_TILES
+// tiles); a value symbol's escape rank is its tile's first rank plus the escapes before it in
+// its tile. Escapes are rare (well under 1% of symbols), so the threads stride over the symbols
+// in order (coalesced), and only an escape rescans the start of its tile.
+#define KVC_VALUE_TILES 4096u
+
 struct KvcValueShared {
     kvc_u32 status;
-    kvc_u32 reserved;
-    // Per thread: escapes in its segment, then the index of its first escape value.
-    kvc_u32 escapes[KVC_CHAIN_MAX_THREADS];
+    kvc_u32 tile_shift;
+    // Set (to 1) by any thread that finds a bad table-list index, or a bad escape value.
+    kvc_u32 bad_range;
+    kvc_u32 bad_escape;
+    // Per tile: escapes in it, then the rank of its first escape.
+    kvc_u32 tile[KVC_VALUE_TILES];
 };
 
 __device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcValueBlock& b) {
-    if (blockDim.x > KVC_CHAIN_MAX_THREADS) return false;
     if (b.index_start > a.n_indices || b.n_sym > a.n_indices - b.index_start) return false;
     if (b.list_start > a.n_table_list || b.list_len > a.n_table_list - b.list_start) return false;
     if (b.escape_start > a.n_escapes || b.n_escapes > a.n_escapes - b.escape_start) return false;
@@ -150,94 +155,109 @@ __device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcVa
 
 // The radius of value symbol g's table; -1 if its list index is out of range.
 __device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const KvcValueBlock& b,
-                                                kvc_u64 g) {
+                                                kvc_u32 g) {
     const kvc_u32 t = a.symbol_table[b.index_start + g];
     if (t >= b.list_len) return -1;
     return a.radius[a.table_list[b.list_start + t]];
 }
 
-__device__ __forceinline__ void kvc_value_segment(const KvcValueBlock& b, kvc_u64* lo,
-                                                  kvc_u64* hi) {
-    const kvc_u64 per = ((kvc_u64)b.n_sym + blockDim.x - 1) / blockDim.x;
-    const kvc_u64 l = (kvc_u64)threadIdx.x * per, h = l + per;
-    *lo = l < b.n_sym ? l : b.n_sym;
-    *hi = h < b.n_sym ? h : b.n_sym;
+// Whether value symbol g is an escape (or has a bad list index, which phase 2 reports).
+__device__ __forceinline__ bool kvc_value_escapes(const KvcValueArgs& a, const KvcValueBlock& b,
+                                                  kvc_u32 g) {
+    const int r = kvc_value_radius(a, b, g);
+    return r < 0 || a.indices[b.index_start + g] > 2 * r;
 }
 
-// Phase 1: thread 0 checks the block; each thread counts its segment's escapes.
-__device__ __forceinline__ void kvc_values_count(const KvcValueArgs& a, unsigned char* shared) {
+// Phase 1: thread 0 checks the block and sizes the tiles; every thread clears the tile counts.
+__device__ __forceinline__ void kvc_values_check(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
+    for (kvc_u32 i = threadIdx.x; i < KVC_VALUE_TILES; i += blockDim.x) s->tile[i] = 0;
+    if (threadIdx.x != 0) return;
     const KvcValueBlock& b = a.blocks[blockIdx.x];
-    // Every thread checks (the same verdict): the counts below read the block's ranges.
-    const bool ok = kvc_values_ok(a, b);
-    if (threadIdx.x == 0) s->status = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
-    if (!ok) return;
-    kvc_u64 lo, hi;
-    kvc_value_segment(b, &lo, &hi);
-    kvc_u32 n = 0;
-    for (kvc_u64 g = lo; g < hi; g++) {
-        const int r = kvc_value_radius(a, b, g);
-        // A bad list index counts as an escape here; phase 3 reports it as a bad range.
-        n += r < 0 || a.indices[b.index_start + g] > 2 * r;
-    }
-    s->escapes[threadIdx.x] = n;
+    s->status = kvc_values_ok(a, b) ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
+    // Tiles of 32 symbols where 4096 of them cover the block (an escape rescans 16 symbols on
+    // average; escape-heavy fine levels made 256-symbol tiles the chain's slowest launch).
+    kvc_u32 shift = 5;
+    while (shift < 32 && ((kvc_u64)KVC_VALUE_TILES << shift) < b.n_sym) shift++;
+    s->tile_shift = shift;
+    s->bad_range = 0;
+    s->bad_escape = 0;
 }
 
-// Phase 2 (thread 0): each segment's first escape; all escapes used exactly (B7, B9).
-__device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+// Phase 2: the threads stride over the symbols: a value is written, an escape counted in its
+// tile.
+__device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
-    kvc_u32 at = 0;
-    for (kvc_u32 i = 0; i < blockDim.x; i++) {
-        const kvc_u32 n = s->escapes[i];
-        s->escapes[i] = at;
-        at += n;
-    }
-    if (at != a.blocks[blockIdx.x].n_escapes) s->status = KVC_CHAIN_BAD_ESCAPES;
-}
-
-// Phase 3: each thread maps its segment; the status.
-__device__ __forceinline__ void kvc_values_map(const KvcValueArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_blocks) return;
-    KvcValueShared* s = (KvcValueShared*)shared;
-    if (s->status == KVC_CHAIN_OK) {
-        const KvcValueBlock& b = a.blocks[blockIdx.x];
-        kvc_u64 lo, hi;
-        kvc_value_segment(b, &lo, &hi);
-        kvc_u64 e = b.escape_start + s->escapes[threadIdx.x];
-        for (kvc_u64 g = lo; g < hi; g++) {
-            const int r = kvc_value_radius(a, b, g);
-            const int i = a.indices[b.index_start + g];
-            kvc_i32 v;
-            if (r < 0) {
-                s->status = KVC_CHAIN_BAD_RANGE;
-                return;
-            } else if (i <= 2 * r) {
-                v = i - r;
-            } else {
-                v = a.escapes[e++];
-                const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
-                if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) {
-                    s->status = KVC_CHAIN_BAD_ESCAPES;
-                    return;
-                }
-            }
-            a.q[b.q_start + g] = v;
+    const KvcValueBlock& b = a.blocks[blockIdx.x];
+    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
+        const int r = kvc_value_radius(a, b, g);
+        const int i = a.indices[b.index_start + g];
+        if (r < 0) {
+            s->bad_range = 1;
+        } else if (i <= 2 * r) {
+            a.q[b.q_start + g] = i - r;
+        } else {
+            atomicAdd(&s->tile[g >> s->tile_shift], 1u);
         }
     }
 }
 
-// Phase 4 (thread 0): the block's status, once every thread has mapped.
+// Phase 3 (thread 0): each tile's first escape rank; every escape used exactly once (B7, B9).
+__device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status != KVC_CHAIN_OK) return;
+    if (s->bad_range) {
+        s->status = KVC_CHAIN_BAD_RANGE;
+        return;
+    }
+    const KvcValueBlock& b = a.blocks[blockIdx.x];
+    const kvc_u32 tiles = (kvc_u32)(((kvc_u64)b.n_sym + (1ull << s->tile_shift) - 1) >> s->tile_shift);
+    kvc_u32 at = 0;
+    for (kvc_u32 t = 0; t < tiles && t < KVC_VALUE_TILES; t++) {
+        const kvc_u32 n = s->tile[t];
+        s->tile[t] = at;
+        at += n;
+    }
+    if (at != b.n_escapes) s->status = KVC_CHAIN_BAD_ESCAPES;
+}
+
+// Phase 4: each escape's value, at its tile's first rank plus the escapes before it in the tile.
+__device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
+                                                         unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status != KVC_CHAIN_OK) return;
+    const KvcValueBlock& b = a.blocks[blockIdx.x];
+    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
+        if (!kvc_value_escapes(a, b, g)) continue;
+        const kvc_u32 tile = g >> s->tile_shift;
+        kvc_u32 rank = s->tile[tile];
+        for (kvc_u32 h = tile << s->tile_shift; h < g; h++) rank += kvc_value_escapes(a, b, h);
+        // rank < n_escapes: phase 3 checked that the ranks add up to n_escapes.
+        const kvc_i32 v = a.escapes[b.escape_start + rank];
+        const int r = kvc_value_radius(a, b, g);
+        const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
+        if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) s->bad_escape = 1;
+        a.q[b.q_start + g] = v;
+    }
+}
+
+// Phase 5 (thread 0): the block's status.
 __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
-    a.status[blockIdx.x] = ((const KvcValueShared*)shared)->status;
+    const KvcValueShared* s = (const KvcValueShared*)shared;
+    kvc_u32 status = s->status;
+    if (status == KVC_CHAIN_OK && s->bad_escape) status = KVC_CHAIN_BAD_ESCAPES;
+    a.status[blockIdx.x] = status;
 }
 
 // Dynamic shared memory: sizeof(KvcValueShared).
-KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_count, kvc_values_offsets, kvc_values_map,
-           kvc_values_status)
+KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_direct, kvc_values_offsets,
+           kvc_values_escapes_phase, kvc_values_status)
 
 #ifdef KVC_HOST
 #include <stddef.h>

@@ -221,10 +221,10 @@ struct ValueArgsC {
     n_blocks: u64,
 }
 
-/// Threads per block of the chain kernels (`KVC_CHAIN_MAX_THREADS`).
+/// Threads per block of the chain kernels.
 pub(crate) const CHAIN_THREADS: u32 = 256;
-/// Bytes of `KvcValueShared`.
-pub(crate) const VALUE_SHARED_BYTES: u32 = 8 + 4 * CHAIN_THREADS;
+/// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES`).
+pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096;
 
 /// The buffers of one table-resolution launch.
 #[derive(Debug)]
