@@ -87,6 +87,10 @@ enum Cmd {
         /// Re-base the cache to start at this position (keys turned by the rotary shift).
         #[arg(long)]
         position: Option<u64>,
+        /// Decode on GPU 0 with codec-cuda's kernels (f16 and bf16 streams; NVRTC from
+        /// KVC_NVRTC_LIB, tools/fetch-nvrtc's folder, or the loader's path): the same bytes.
+        #[arg(long)]
+        gpu: bool,
     },
     /// Move a dump's cache to other positions: keys of tokens at --from P.. turned to --to Q..
     /// (the rotary shift CacheBlend applies to a reused chunk); values unchanged, queries dropped.
@@ -434,11 +438,12 @@ fn main() -> ExitCode {
             profile,
             level,
             position,
+            gpu,
         } => cmd_decode(
             &input,
             &output,
             profile.as_deref(),
-            (level, position),
+            (level, position, gpu),
             force,
         ),
         Cmd::Shift {
@@ -640,6 +645,47 @@ fn cmd_encode_store(
     Ok(())
 }
 
+/// Decodes `s` on GPU 0 with codec-cuda's kernels: the cache `Stream::decode` gives, bit for bit
+/// (the kernels are checked against codec-core). Streams of f16 or bf16 only.
+fn decode_on_gpu(s: &Stream<'_>) -> Result<codec_core::KvCache> {
+    use codec_cuda::decode::DecodePlan;
+    use codec_cuda::quant::{OutDtype, OutLayout, Output};
+    use codec_cuda::stream::Destination;
+    use half::vec::HalfBitsVecExt;
+    let h = s.header();
+    let dtype = match h.dtype {
+        codec_core::Dtype::F16 => OutDtype::F16,
+        codec_core::Dtype::Bf16 => OutDtype::Bf16,
+        codec_core::Dtype::F32 => return Err("--gpu decodes f16 and bf16 streams, not f32".into()),
+    };
+    let (tokens, channels) = (h.shape.tokens, h.shape.channels());
+    let per_tensor = tokens as usize * channels;
+    let output = Output {
+        dtype,
+        layout: OutLayout::Dense,
+        len: 2 * h.shape.layers as usize * per_tensor,
+    };
+    let gpu_err = |e: codec_cuda::CudaError| format!("--gpu: {e}");
+    let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+    plan.add_stream(s, Destination::dense(tokens, channels))
+        .map_err(gpu_err)?;
+    let gpu = codec_cuda::Gpu::new(0).map_err(gpu_err)?;
+    gpu.load_kernels(None).map_err(gpu_err)?;
+    let bits = gpu.decode(&plan).map_err(gpu_err)?;
+    // Per layer K then V, each [T, H, D].
+    let mut tensors = bits.chunks_exact(per_tensor.max(1)).map(|t| match h.dtype {
+        codec_core::Dtype::Bf16 => codec_core::Tensor::Bf16(t.to_vec().reinterpret_into()),
+        _ => codec_core::Tensor::F16(t.to_vec().reinterpret_into()),
+    });
+    let mut cache = codec_core::KvCache::zeros(h.shape, h.dtype, h.meta.clone());
+    for layer in 0..h.shape.layers as usize {
+        if let (Some(k), Some(v)) = (tensors.next(), tensors.next()) {
+            (cache.k[layer], cache.v[layer]) = (k, v);
+        }
+    }
+    Ok(cache)
+}
+
 /// The metadata of a dump of `cache`: its model and rotary settings, as `kvc dump` writes them.
 fn cache_metadata(cache: &codec_core::KvCache) -> std::collections::BTreeMap<String, String> {
     let m = &cache.meta;
@@ -664,7 +710,7 @@ fn cmd_decode(
     input: &Path,
     output: &Path,
     profile: Option<&Path>,
-    (level, position): (Option<u8>, Option<u64>),
+    (level, position, gpu): (Option<u8>, Option<u64>, bool),
     force: bool,
 ) -> Result<()> {
     let mut inputs = vec![input];
@@ -689,9 +735,12 @@ fn cmd_decode(
             ));
         }
     }
-    let mut cache = s
-        .decode()
-        .map_err(|e| format!("{}: {e}", input.display()))?;
+    let mut cache = match gpu {
+        true => decode_on_gpu(&s).map_err(|e| format!("{}: {e}", input.display()))?,
+        false => s
+            .decode()
+            .map_err(|e| format!("{}: {e}", input.display()))?,
+    };
     if let Some(q) = position {
         codec_core::shift_cache(&mut cache, q)
             .map_err(|e| format!("{}: --position {q}: {e}", input.display()))?;
