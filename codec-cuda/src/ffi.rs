@@ -737,9 +737,16 @@ pub(crate) fn host_lane_decode(io: LaneDecodeIo<'_>) -> Result<(), CudaError> {
 /// The sizes and offsets the C++ compiler gives the kernel's argument structs, then `KVC_LANES`
 /// and `KVC_PRECISION` (see `kvc_rans_lane_decode_layout`).
 pub(crate) fn host_lane_decode_layout() -> Vec<u64> {
+    host_layout(kvc_rans_lane_decode_layout)
+}
+
+#[cfg(test)]
+/// What one of the kernels' `*_layout` functions reports: the sizes and offsets the C++
+/// compiler gives their argument structs (at most 64 values).
+fn host_layout(layout: unsafe extern "C" fn(*mut u64, u64) -> u64) -> Vec<u64> {
     let mut out = vec![0u64; 64];
-    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
-    let n = unsafe { kvc_rans_lane_decode_layout(out.as_mut_ptr(), out.len() as u64) };
+    // SAFETY: every `*_layout` function writes at most `cap` (= out.len()) values to `out`.
+    let n = unsafe { layout(out.as_mut_ptr(), out.len() as u64) };
     out.truncate((n as usize).min(64));
     out
 }
@@ -1025,15 +1032,6 @@ pub(crate) fn driver_context(
 }
 
 #[cfg(test)]
-fn host_dequant_layout() -> Vec<u64> {
-    let mut out = vec![0u64; 64];
-    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
-    let n = unsafe { kvc_dequant_layout(out.as_mut_ptr(), out.len() as u64) };
-    out.truncate((n as usize).min(64));
-    out
-}
-
-#[cfg(test)]
 fn rust_dequant_layout() -> Vec<u64> {
     use std::mem::{offset_of, size_of};
     type K = ChannelConsts;
@@ -1079,15 +1077,6 @@ fn rust_dequant_layout() -> Vec<u64> {
     ]
     .map(|x| x as u64)
     .to_vec()
-}
-
-#[cfg(test)]
-fn host_encode_layout() -> Vec<u64> {
-    let mut out = vec![0u64; 64];
-    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
-    let n = unsafe { kvc_encode_layout(out.as_mut_ptr(), out.len() as u64) };
-    out.truncate((n as usize).min(64));
-    out
 }
 
 #[cfg(test)]
@@ -1149,15 +1138,6 @@ fn rust_encode_layout() -> Vec<u64> {
 }
 
 #[cfg(test)]
-fn host_chain_layout() -> Vec<u64> {
-    let mut out = vec![0u64; 64];
-    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
-    let n = unsafe { kvc_chain_layout(out.as_mut_ptr(), out.len() as u64) };
-    out.truncate((n as usize).min(64));
-    out
-}
-
-#[cfg(test)]
 fn rust_chain_layout() -> Vec<u64> {
     use std::mem::{offset_of, size_of};
     type R = ResolveBlock;
@@ -1213,15 +1193,6 @@ fn rust_chain_layout() -> Vec<u64> {
     ]
     .map(|x| x as u64)
     .to_vec()
-}
-
-#[cfg(test)]
-fn host_pq_layout() -> Vec<u64> {
-    let mut out = vec![0u64; 64];
-    // SAFETY: the function writes at most `cap` (= out.len()) values to `out`.
-    let n = unsafe { kvc_pq_layout(out.as_mut_ptr(), out.len() as u64) };
-    out.truncate((n as usize).min(64));
-    out
 }
 
 #[cfg(test)]
@@ -1349,22 +1320,22 @@ mod tests {
 
     #[test]
     fn chain_layouts_match_the_kernel() {
-        assert_eq!(host_chain_layout(), rust_chain_layout());
+        assert_eq!(host_layout(kvc_chain_layout), rust_chain_layout());
     }
 
     #[test]
     fn encode_layouts_match_the_kernel() {
-        assert_eq!(host_encode_layout(), rust_encode_layout());
+        assert_eq!(host_layout(kvc_encode_layout), rust_encode_layout());
     }
 
     #[test]
     fn pq_layouts_match_the_kernel() {
-        assert_eq!(host_pq_layout(), rust_pq_layout());
+        assert_eq!(host_layout(kvc_pq_layout), rust_pq_layout());
     }
 
     #[test]
     fn dequant_layouts_match_the_kernel() {
-        assert_eq!(host_dequant_layout(), rust_dequant_layout());
+        assert_eq!(host_layout(kvc_dequant_layout), rust_dequant_layout());
     }
 
     /// Invariant 1: the Rust mirrors have the C++ layouts, and the kernel's constants are
