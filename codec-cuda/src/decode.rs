@@ -18,7 +18,7 @@ use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
 use crate::quant::{ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutLayout, Output};
 use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, TableId};
-use crate::stream::{ChunkLanes, Destination};
+use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
 /// A chunk of a plan: its blocks and where its rows go.
 #[derive(Debug)]
@@ -287,6 +287,123 @@ pub(crate) struct Chain {
     pub chunk_of: Vec<usize>,
 }
 
+impl Chain {
+    /// Adds a table with its radius; returns its id.
+    fn add_table(&mut self, t: &codec_core::rans::FreqTable, radius: u8) -> u32 {
+        let id = self.radius.len() as u32;
+        self.tables.extend(crate::rans::packed_table(t));
+        self.radius.push(radius);
+        id
+    }
+
+    /// Appends one coded block of `lanes` (its chunk) to every launch of the chain: `level_ids`
+    /// are the chunk level's tables, `map_start` its (layer, K/V) table map, `dest` where the
+    /// chunk's output goes.
+    fn push_block(
+        &mut self,
+        lanes: &ChunkLanes<'_>,
+        blk: &CodedBlock,
+        level_ids: &[u32],
+        map_start: u64,
+        dest: Destination,
+    ) -> Result<(), CudaError> {
+        let input = |what| CudaError::Input { what };
+        let profile = lanes.stream().profile();
+        let h = lanes.stream().header();
+        let mult = profile.level_multipliers()[usize::from(lanes.level())];
+        let token_start = h.chunks[lanes.chunk()].token_start;
+        let group = u32::from(h.group);
+        // The list: the exponent table (or a stand-in) at 0, then the level's tables.
+        let list_start = self.table_list.len();
+        let exp_id = match &blk.exp_table {
+            Some(t) => self.add_table(t, 0),
+            None => level_ids[0],
+        };
+        self.table_list.push(exp_id);
+        self.table_list.extend_from_slice(level_ids);
+        let list_len = (level_ids.len() + 1) as u32;
+        let mut lane_len = [0u32; LANES];
+        for (d, &l) in lane_len.iter_mut().zip(&blk.lane_len) {
+            *d = u32::try_from(l).map_err(|_| input("over 2^32 words in a lane"))?;
+        }
+        let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
+        let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
+        let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
+        let word_start = self.words.len() as u64;
+        self.words.extend_from_slice(&blk.words);
+        let table_start =
+            u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;
+        self.exp_blocks.push(LaneBlock {
+            word_start,
+            symbol_start: self.n_exps as u64,
+            n_symbols: n_e,
+            table_start,
+            table_count: list_len,
+            lane_len,
+        });
+        self.sym_blocks.push(LaneBlock {
+            word_start,
+            symbol_start: self.n_symbols as u64,
+            n_symbols: n_all,
+            table_start,
+            table_count: list_len,
+            lane_len,
+        });
+        let has_exps = u32::from(blk.exp_table.is_some());
+        self.resolve.push(ResolveBlock {
+            symbol_start: self.n_symbols as u64,
+            exp_start: self.n_exps as u64,
+            map_start,
+            n_e,
+            n_sym,
+            sink_rows: lanes.sink_rows() as u32,
+            group,
+            has_exps,
+            reserved: 0,
+        });
+        self.values.push(ValueBlock {
+            index_start: (self.n_symbols + blk.n_e) as u64,
+            list_start: list_start as u64,
+            escape_start: self.escapes.len() as u64,
+            q_start: self.n_q as u64,
+            n_sym,
+            n_escapes: u32::try_from(blk.escapes.len()).map_err(|_| input("over 2^32 escapes"))?,
+            list_len,
+            reserved: 0,
+        });
+        self.escapes.extend_from_slice(&blk.escapes);
+        let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
+        let consts_start = self.dequant.add_consts(&consts);
+        let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
+        let out_start = tensor
+            .checked_mul(dest.tensor_stride)
+            .and_then(|x| x.checked_add(dest.base))
+            .ok_or(input("output offsets overflow"))?;
+        self.dequant.add_block_external(
+            DequantBlock {
+                q_start: self.n_q as u64,
+                exp_start: self.n_exps as u64,
+                sink_start: 0,
+                out_start,
+                page_start: dest.page_start,
+                consts_start,
+                rows: lanes.rows() as u32,
+                sink_rows: lanes.sink_rows() as u32,
+                group,
+                has_exps,
+                token_start,
+                reserved: 0,
+            },
+            &blk.sink,
+        );
+        self.n_exps += blk.n_e;
+        self.n_symbols += blk.n_e + blk.n_sym;
+        self.n_q += blk.n_sym;
+        self.chunk_of.push(lanes.chunk());
+        Ok(())
+    }
+}
+
 impl DecodePlan<'_> {
     /// The plan's chain of launches ([`Chain`]).
     pub(crate) fn chain(&self) -> Result<Chain, CudaError> {
@@ -312,12 +429,6 @@ impl DecodePlan<'_> {
             ch.dequant.add_page_table(&self.page_tables);
         }
         let c = self.heads as usize * self.head_dim as usize;
-        let add_table = |ch: &mut Chain, t: &codec_core::rans::FreqTable, radius: u8| {
-            let id = ch.radius.len() as u32;
-            ch.tables.extend(crate::rans::packed_table(t));
-            ch.radius.push(radius);
-            id
-        };
         // Per (stream, level): the level's table ids; per (stream, level, layer, kv): the map.
         let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();
         let mut maps: Vec<((usize, u8, u32, usize), u64)> = Vec::new();
@@ -333,7 +444,7 @@ impl DecodePlan<'_> {
                         .level_tables(level)
                         .tables
                         .iter()
-                        .map(|t| add_table(&mut ch, &t.freqs, t.radius))
+                        .map(|t| ch.add_table(&t.freqs, t.radius))
                         .collect();
                     levels.push((key, ids.clone()));
                     ids
@@ -345,10 +456,6 @@ impl DecodePlan<'_> {
                     what: "a level without tables",
                 });
             }
-            let h = lanes.stream().header();
-            let mult = profile.level_multipliers()[usize::from(level)];
-            let token_start = h.chunks[lanes.chunk()].token_start;
-            let group = u32::from(h.group);
             for blk in &lanes.blocks {
                 let map_key = (pc.stream, level, blk.layer, blk.kv);
                 let map_start = match maps.iter().find(|(k, _)| *k == map_key) {
@@ -369,95 +476,7 @@ impl DecodePlan<'_> {
                         s
                     }
                 };
-                // The list: the exponent table (or a stand-in) at 0, then the level's tables.
-                let list_start = ch.table_list.len();
-                let exp_id = match &blk.exp_table {
-                    Some(t) => add_table(&mut ch, t, 0),
-                    None => level_ids[0],
-                };
-                ch.table_list.push(exp_id);
-                ch.table_list.extend_from_slice(&level_ids);
-                let list_len = (level_ids.len() + 1) as u32;
-                let mut lane_len = [0u32; LANES];
-                for (d, &l) in lane_len.iter_mut().zip(&blk.lane_len) {
-                    *d = u32::try_from(l).map_err(|_| input("over 2^32 words in a lane"))?;
-                }
-                let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
-                let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
-                let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
-                let word_start = ch.words.len() as u64;
-                ch.words.extend_from_slice(&blk.words);
-                let table_start =
-                    u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;
-                ch.exp_blocks.push(LaneBlock {
-                    word_start,
-                    symbol_start: ch.n_exps as u64,
-                    n_symbols: n_e,
-                    table_start,
-                    table_count: list_len,
-                    lane_len,
-                });
-                ch.sym_blocks.push(LaneBlock {
-                    word_start,
-                    symbol_start: ch.n_symbols as u64,
-                    n_symbols: n_all,
-                    table_start,
-                    table_count: list_len,
-                    lane_len,
-                });
-                let has_exps = u32::from(blk.exp_table.is_some());
-                ch.resolve.push(ResolveBlock {
-                    symbol_start: ch.n_symbols as u64,
-                    exp_start: ch.n_exps as u64,
-                    map_start,
-                    n_e,
-                    n_sym,
-                    sink_rows: lanes.sink_rows() as u32,
-                    group,
-                    has_exps,
-                    reserved: 0,
-                });
-                ch.values.push(ValueBlock {
-                    index_start: (ch.n_symbols + blk.n_e) as u64,
-                    list_start: list_start as u64,
-                    escape_start: ch.escapes.len() as u64,
-                    q_start: ch.n_q as u64,
-                    n_sym,
-                    n_escapes: u32::try_from(blk.escapes.len())
-                        .map_err(|_| input("over 2^32 escapes"))?,
-                    list_len,
-                    reserved: 0,
-                });
-                ch.escapes.extend_from_slice(&blk.escapes);
-                let consts =
-                    ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
-                let consts_start = ch.dequant.add_consts(&consts);
-                let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
-                let out_start = tensor
-                    .checked_mul(pc.dest.tensor_stride)
-                    .and_then(|x| x.checked_add(pc.dest.base))
-                    .ok_or(input("output offsets overflow"))?;
-                ch.dequant.add_block_external(
-                    DequantBlock {
-                        q_start: ch.n_q as u64,
-                        exp_start: ch.n_exps as u64,
-                        sink_start: 0,
-                        out_start,
-                        page_start: pc.dest.page_start,
-                        consts_start,
-                        rows: lanes.rows() as u32,
-                        sink_rows: lanes.sink_rows() as u32,
-                        group,
-                        has_exps,
-                        token_start,
-                        reserved: 0,
-                    },
-                    &blk.sink,
-                );
-                ch.n_exps += blk.n_e;
-                ch.n_symbols += blk.n_e + blk.n_sym;
-                ch.n_q += blk.n_sym;
-                ch.chunk_of.push(lanes.chunk());
+                ch.push_block(lanes, blk, &level_ids, map_start, pc.dest)?;
             }
         }
         if c == 0 {
