@@ -4,9 +4,12 @@
 //! decoding both to a fresh owned cache (`decode`) and into reused buffers (`decode_into`).
 //! Throughput is reported in bytes of f16 (2 bytes per element), as the targets are stated.
 //!
+//! Encoding and decoding into reused buffers run on 1 and 2 threads and on every core
+//! (`threads1`, `threads2`, `threads_all`; the last is left out where it is 2).
+//!
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
-use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode, Stream};
+use codec_core::{decode, encode_threads, thread_count, EncodeParams, Limits, ProfileMode, Stream};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path, self_profile};
 use std::hint::black_box;
@@ -25,10 +28,13 @@ fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
             ..EncodeParams::default()
         };
         let view = f.kv.view();
-        g.bench_function(format!("encode/level{level}"), |b| {
-            b.iter(|| encode(black_box(&view), ProfileMode::Referenced(&profile), &params).unwrap())
-        });
-        let stream = encode(&view, ProfileMode::Referenced(&profile), &params).unwrap();
+        let mode = ProfileMode::Referenced(&profile);
+        for (t, label) in thread_counts() {
+            g.bench_function(format!("encode/level{level}/{label}"), |b| {
+                b.iter(|| encode_threads(black_box(&view), mode, &params, t).unwrap())
+            });
+        }
+        let stream = encode_threads(&view, mode, &params, 0).unwrap();
         g.bench_function(format!("decode/level{level}"), |b| {
             b.iter(|| decode(black_box(&stream), Some(&profile), &Limits::DEFAULT).unwrap())
         });
@@ -37,15 +43,29 @@ fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
         // system's first touch of a fresh 2-bytes-per-element allocation that `decode` pays.
         let st = Stream::open(&stream, Some(&profile), &Limits::DEFAULT).unwrap();
         let mut out = st.decode().unwrap();
-        g.bench_function(format!("decode_into/level{level}"), |b| {
-            b.iter(|| {
-                let mut k: Vec<_> = out.k.iter_mut().map(|t| t.as_mut()).collect();
-                let mut v: Vec<_> = out.v.iter_mut().map(|t| t.as_mut()).collect();
-                black_box(&st).decode_into(&mut k, &mut v).unwrap()
-            })
-        });
+        let tokens = f.kv.shape.tokens;
+        for (t, label) in thread_counts() {
+            g.bench_function(format!("decode_into/level{level}/{label}"), |b| {
+                b.iter(|| {
+                    let mut k: Vec<_> = out.k.iter_mut().map(|t| t.as_mut()).collect();
+                    let mut v: Vec<_> = out.v.iter_mut().map(|t| t.as_mut()).collect();
+                    let st = black_box(&st);
+                    st.decode_range_into_threads(0..tokens, &mut k, &mut v, t)
+                        .unwrap()
+                })
+            });
+        }
     }
     g.finish();
+}
+
+/// 1 and 2 threads, and every core where that is more than 2.
+fn thread_counts() -> Vec<(usize, &'static str)> {
+    let mut t = vec![(1, "threads1"), (2, "threads2")];
+    if thread_count(0) > 2 {
+        t.push((0, "threads_all"));
+    }
+    t
 }
 
 fn codec(c: &mut Criterion) {

@@ -2,7 +2,8 @@
 //! comparisons on a noisy machine where criterion's means drift by 10-20%:
 //! `cargo run --release -p kvc-benches --example decode_best -- LEVEL N` prints the fastest of N
 //! decodes into reused buffers and to a fresh owned cache (`ONLY_INTO=1` skips the latter), and
-//! the time `KvCache::zeros` takes. The profile is learned from the dump itself.
+//! the time `KvCache::zeros` takes. The profile is learned from the dump itself. `THREADS=N`
+//! decodes into the reused buffers on N threads (0: all cores; default 1).
 use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode};
 use kvc_benches::{big_fixture_path, load, self_profile};
 use std::time::Instant;
@@ -27,6 +28,7 @@ fn main() {
     let bytes = f.kv.shape.total_elements() as f64 * 2.0;
     let mut best = f64::MAX;
     let only_into = std::env::var("ONLY_INTO").is_ok();
+    let threads: usize = std::env::var("THREADS").map_or(1, |t| t.parse().unwrap());
     for _ in 0..if only_into { 0 } else { n } {
         let t = Instant::now();
         let d = decode(
@@ -55,11 +57,12 @@ fn main() {
         let t = Instant::now();
         let mut ks: Vec<_> = cache.k.iter_mut().map(|t| t.as_mut()).collect();
         let mut vs: Vec<_> = cache.v.iter_mut().map(|t| t.as_mut()).collect();
-        st.decode_into(&mut ks, &mut vs).unwrap();
+        st.decode_range_into_threads(0..f.kv.shape.tokens, &mut ks, &mut vs, threads)
+            .unwrap();
         best2 = best2.min(t.elapsed().as_secs_f64());
     }
     println!(
-        "into reused buffer: best {:.2} ms = {:.1} MiB/s",
+        "into reused buffer, {threads} thread(s): best {:.2} ms = {:.1} MiB/s",
         best2 * 1e3,
         bytes / best2 / 1048576.0
     );

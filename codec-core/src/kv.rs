@@ -280,6 +280,34 @@ pub enum TensorMut<'a> {
     F32(&'a mut [f32]),
 }
 
+impl<'a> TensorMut<'a> {
+    /// The same elements, borrowed for a shorter time.
+    pub(crate) fn reborrow(&mut self) -> TensorMut<'_> {
+        match self {
+            TensorMut::F16(s) => TensorMut::F16(s),
+            TensorMut::Bf16(s) => TensorMut::Bf16(s),
+            TensorMut::F32(s) => TensorMut::F32(s),
+        }
+    }
+    /// Elements `..mid` and `mid..` (`mid` at most [`len`](Self::len)).
+    pub(crate) fn split_at(self, mid: usize) -> (TensorMut<'a>, TensorMut<'a>) {
+        match self {
+            TensorMut::F16(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (TensorMut::F16(a), TensorMut::F16(b))
+            }
+            TensorMut::Bf16(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (TensorMut::Bf16(a), TensorMut::Bf16(b))
+            }
+            TensorMut::F32(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (TensorMut::F32(a), TensorMut::F32(b))
+            }
+        }
+    }
+}
+
 impl TensorMut<'_> {
     /// Number of elements.
     pub fn len(&self) -> usize {

@@ -99,12 +99,13 @@ layers! {
     mod quant;
     mod rans;
     mod rope;
+    mod threads;
 }
 
 pub use block::{BlockError, ChunkContext};
 pub use container::{
-    assemble, decode, encode, max_encoded_len, ChunkEntry, DecodeError, EncodeParams, Header,
-    HeaderError, OpenError, ProfileMode, Stream,
+    assemble, decode, encode, encode_threads, max_encoded_len, ChunkEntry, DecodeError,
+    EncodeParams, Header, HeaderError, OpenError, ProfileMode, Stream,
 };
 pub use error::{EncodeError, Kv, ShapeError};
 pub use importance::ImportanceParams;
@@ -117,3 +118,4 @@ pub use limits::Limits;
 pub use profile::{Profile, ProfileError};
 pub use rans::{RansError, TableError};
 pub use rope::{rotate_to_positions, shift_cache, RopeError, Shift};
+pub use threads::thread_count;

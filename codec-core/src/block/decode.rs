@@ -71,6 +71,34 @@ impl ChunkContext<'_> {
         at: &ChunkAt,
         out: &mut impl RowSink,
     ) -> Result<(), BlockError> {
+        let blocks = self.chunk_blocks(chunk, at);
+        let mut dec = BlockDecoder::new(self, at);
+        for (b, parts) in blocks.parts.iter().enumerate() {
+            dec.block(parts, b, out)?;
+        }
+        blocks.error.map_or(Ok(()), Err)
+    }
+
+    /// Checks chunk `chunk` (its level, CRC C1 and trailing bytes) and reads its blocks'
+    /// layouts (B1-B5), in stream order, up to the first that fails. Decoding the blocks read
+    /// in order, then reporting [`ChunkBlocks::error`], is decoding the chunk.
+    pub(crate) fn chunk_blocks<'a>(&self, chunk: &'a [u8], at: &ChunkAt) -> ChunkBlocks<'a> {
+        let mut blocks = ChunkBlocks {
+            parts: Vec::new(),
+            error: None,
+        };
+        if let Err(e) = self.read_blocks(chunk, at, &mut blocks.parts) {
+            blocks.error = Some(e);
+        }
+        blocks
+    }
+
+    fn read_blocks<'a>(
+        &self,
+        chunk: &'a [u8],
+        at: &ChunkAt,
+        parts: &mut Vec<BlockParts<'a>>,
+    ) -> Result<(), BlockError> {
         let levels = self.profile().levels();
         if at.level >= levels {
             let level = at.level;
@@ -88,12 +116,14 @@ impl ChunkContext<'_> {
                 computed,
             });
         }
-        let mut dec = BlockDecoder::new(self, at);
+        let shape = self.shape();
+        let c = shape.channels();
+        let sink = self.sink_rows(at.token_start, at.rows);
+        let (n_sym, sink_bytes) = ((at.rows as usize - sink) * c, sink * c * self.dtype().size_bytes());
         let mut r = Reader::new(body);
-        for layer in 0..self.shape().layers {
-            for (kvi, kv) in [Kv::K, Kv::V].into_iter().enumerate() {
-                dec.block(&mut r, layer, kvi, kv, out)?;
-            }
+        parts.reserve(2 * shape.layers as usize);
+        for _ in 0..2 * shape.layers {
+            parts.push(read_block(&mut r, n_sym, sink_bytes)?);
         }
         if r.remaining() != 0 {
             let got = r.remaining() as u64;
@@ -101,6 +131,16 @@ impl ChunkContext<'_> {
         }
         Ok(())
     }
+}
+
+/// A chunk's blocks as they lie in it ([`ChunkContext::chunk_blocks`]).
+pub(crate) struct ChunkBlocks<'a> {
+    /// The blocks that passed the chunk's checks and their own layout checks, block `b` being
+    /// layer `b / 2`, K if `b` is even, V if odd.
+    pub parts: Vec<BlockParts<'a>>,
+    /// Why the chunk fails after its blocks `parts` (a chunk check, a layout check of the next
+    /// block, or bytes after the last block), if it does.
+    pub error: Option<BlockError>,
 }
 
 /// Where a chunk sits in its stream.
@@ -117,7 +157,7 @@ pub(crate) struct ChunkAt {
 }
 
 /// The state of one chunk's decoding; buffers are reused from block to block.
-struct BlockDecoder<'c, 'p> {
+pub(crate) struct BlockDecoder<'c, 'p> {
     ctx: &'c ChunkContext<'p>,
     at: ChunkAt,
     rows: usize,
@@ -145,7 +185,8 @@ struct BlockDecoder<'c, 'p> {
 }
 
 impl<'c, 'p> BlockDecoder<'c, 'p> {
-    fn new(ctx: &'c ChunkContext<'p>, at: &ChunkAt) -> Self {
+    /// A decoder for the blocks of the chunk at `at`.
+    pub(crate) fn new(ctx: &'c ChunkContext<'p>, at: &ChunkAt) -> Self {
         let shape = ctx.shape();
         let (c, rows) = (shape.channels(), at.rows as usize);
         let sink = ctx.sink_rows(at.token_start, at.rows);
@@ -170,18 +211,16 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
         }
     }
 
-    /// Decodes block `(layer, kv)` from `r` and passes its rows to `out`: checks B1-B10.
-    fn block(
+    /// Decodes block `b` of the chunk (layer `b / 2`, K or V), read by
+    /// [`ChunkContext::chunk_blocks`], and passes its rows to `out`: checks B6-B10.
+    pub(crate) fn block(
         &mut self,
-        r: &mut Reader<'_>,
-        layer: u32,
-        kvi: usize,
-        kv: Kv,
+        parts: &BlockParts<'_>,
+        b: usize,
         out: &mut impl RowSink,
     ) -> Result<(), BlockError> {
-        let c = self.ctx.shape().channels();
-        let dsize = self.ctx.dtype().size_bytes();
-        let parts = read_block(r, (self.rows - self.sink) * c, self.sink * c * dsize)?;
+        let (layer, kvi) = ((b / 2) as u32, b % 2);
+        let kv = [Kv::K, Kv::V][kvi];
         let mut words = core::mem::take(&mut self.words);
         words.clear();
         words.extend(
@@ -190,7 +229,7 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
                 .chunks_exact(4)
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
-        let done = self.decode_lanes(&parts, &words, layer, kvi, kv, out);
+        let done = self.decode_lanes(parts, &words, layer, kvi, kv, out);
         self.words = words;
         done?;
         if !raw_sink_finite(parts.raw_sink, self.ctx.dtype()) {

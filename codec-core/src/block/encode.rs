@@ -91,6 +91,25 @@ impl<'c, 'p> ChunkEncoder<'c, 'p> {
         level: u8,
         out: &mut Vec<u8>,
     ) -> Result<(), EncodeError> {
+        self.start_chunk(view, tokens, level)?;
+        let first = out.len();
+        for layer in 0..self.ctx.shape().layers {
+            self.append_layer(view, layer, out);
+        }
+        let crc = crc32c(&out[first..]);
+        out.put_u32(crc);
+        Ok(())
+    }
+
+    /// Prepares to encode the chunk of tokens `tokens` of `view` at `level`, layer by layer
+    /// ([`append_layer`](Self::append_layer)); its bytes are then the layers' in order and a
+    /// CRC-32C of them.
+    pub(crate) fn start_chunk(
+        &mut self,
+        view: &KvView<'_>,
+        tokens: Range<u32>,
+        level: u8,
+    ) -> Result<(), EncodeError> {
         let profile = self.ctx.profile();
         let levels = profile.levels();
         if level >= levels {
@@ -112,17 +131,12 @@ impl<'c, 'p> ChunkEncoder<'c, 'p> {
         let n = rows as usize * self.channels();
         self.x.resize(n, 0.0);
         self.recon.resize(n, 0.0);
-        let first = out.len();
-        for layer in 0..self.ctx.shape().layers {
-            self.layer(view, layer, out);
-        }
-        let crc = crc32c(&out[first..]);
-        out.put_u32(crc);
         Ok(())
     }
 
-    /// Appends the K and V blocks of `layer`.
-    fn layer(&mut self, view: &KvView<'_>, layer: u32, out: &mut Vec<u8>) {
+    /// Appends the K and V blocks of `layer` of the chunk [`start_chunk`](Self::start_chunk)
+    /// prepared.
+    pub(crate) fn append_layer(&mut self, view: &KvView<'_>, layer: u32, out: &mut Vec<u8>) {
         let k_in_x = self.exponents(view, layer);
         // Non-empty exps hold a nonzero exponent, so the alphabet has at least 2 symbols.
         let n_exp = self.exps.iter().max().map_or(0, |&m| m as usize + 1);

@@ -18,6 +18,7 @@ mod layout;
 mod tables;
 
 pub use context::ChunkContext;
-pub(crate) use decode::{ChunkAt, RowSink};
+pub(crate) use decode::{BlockDecoder, ChunkAt, RowSink};
+pub(crate) use layout::BlockParts;
 pub use encode::ChunkEncoder;
 pub use error::BlockError;

@@ -13,6 +13,7 @@ mod bound;
 mod error;
 mod header;
 mod stream;
+mod work;
 mod write;
 
 pub use bound::max_encoded_len;
@@ -21,4 +22,4 @@ pub use bound::{max_block_words, max_lane_words, BLOCK_FIXED_MAX};
 pub use error::{DecodeError, HeaderError, OpenError};
 pub use header::{ChunkEntry, Header};
 pub use stream::{decode, Stream};
-pub use write::{assemble, encode, EncodeParams, ProfileMode};
+pub use write::{assemble, encode, encode_threads, EncodeParams, ProfileMode};

@@ -3,6 +3,7 @@
 
 use super::error::{DecodeError, OpenError};
 use super::header::Header;
+use super::work::PieceWriter;
 use crate::block::{ChunkAt, ChunkContext, RowSink};
 use crate::error::Kv;
 use crate::kv::{CodingError, Dtype, KvCache, TensorMut};
@@ -206,6 +207,37 @@ impl<'a> Stream<'a> {
         k: &mut [TensorMut<'o>],
         v: &mut [TensorMut<'o>],
     ) -> Result<(), DecodeError> {
+        self.decode_range_into_threads(range, k, v, 1)
+    }
+
+    /// [`decode_range_into`](Self::decode_range_into) on `threads` threads (0: every core the
+    /// process may use; without `std`, one). Each block of a chunk is decoded on its own, so a
+    /// single chunk spreads over threads too; the output and the error (the first in stream
+    /// order) are the same for every thread count.
+    ///
+    /// ```
+    /// # use codec_core::*;
+    /// # let shape = KvShape { layers: 2, tokens: 50, kv_heads: 2, head_dim: 4 };
+    /// # let t = |s: usize| Tensor::F16((0..shape.tensor_len()).map(|i| half::f16::from_f32(((i * 13 + s) % 17) as f32 / 8.0)).collect());
+    /// # let cache = KvCache { shape, k: vec![t(0), t(1)], v: vec![t(2), t(3)], meta: KvMeta::default() };
+    /// # let profile = learn_profile(&[Sample { kv: cache.view(), queries: None }], &LearnParams::default())?;
+    /// # let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &EncodeParams::default())?;
+    /// let stream = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT)?;
+    /// let mut out = KvCache::zeros(shape, Dtype::F16, KvMeta::default());
+    /// let mut k: Vec<TensorMut<'_>> = out.k.iter_mut().map(Tensor::as_mut).collect();
+    /// let mut v: Vec<TensorMut<'_>> = out.v.iter_mut().map(Tensor::as_mut).collect();
+    /// stream.decode_range_into_threads(0..50, &mut k, &mut v, 4)?;
+    /// drop((k, v));
+    /// assert_eq!(out, stream.decode()?); // the same bits as on one thread
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decode_range_into_threads<'o>(
+        &self,
+        range: Range<u32>,
+        k: &mut [TensorMut<'o>],
+        v: &mut [TensorMut<'o>],
+        threads: usize,
+    ) -> Result<(), DecodeError> {
         let shape = self.header.shape;
         if range.start > range.end || range.end > shape.tokens {
             return Err(DecodeError::OutOfRange {
@@ -224,32 +256,7 @@ impl<'a> Stream<'a> {
                 what: "tensor length",
             });
         }
-        let ctx = self.context();
-        for (i, e) in self.header.chunks.iter().enumerate() {
-            let (s, t) = (e.token_start, e.token_start + e.tokens);
-            if t <= range.start || s >= range.end {
-                continue;
-            }
-            let lo = s.max(range.start);
-            let hi = t.min(range.end);
-            let mut writer = RangeWriter {
-                k: &mut *k,
-                v: &mut *v,
-                lo: (lo - s) as usize,
-                hi: (hi - s) as usize,
-                dst: (lo - range.start) as usize * c,
-                channels: c,
-                dtype: self.header.dtype,
-            };
-            let at = ChunkAt {
-                chunk: i as u32,
-                token_start: s,
-                rows: e.tokens,
-                level: e.level,
-            };
-            ctx.decode_chunk_rows(self.chunk_bytes(i)?, &at, &mut writer)?;
-        }
-        Ok(())
+        super::work::decode_range(self, range, k, v, threads)
     }
 }
 
@@ -305,48 +312,22 @@ impl<'o> RangeWriter<'_, 'o> {
     }
 }
 
+impl RangeWriter<'_, '_> {
+    /// The writer of block `(layer, kv)`'s rows into its tensor.
+    fn piece(&mut self, layer: u32, kv: Kv) -> PieceWriter<'_> {
+        let (c, dtype, dst) = (self.channels, self.dtype, self.dst);
+        let (lo, hi) = (self.lo, self.hi);
+        let (_, piece) = self.tensor(layer, kv).reborrow().split_at(dst);
+        PieceWriter::new(piece, lo..hi, c, dtype)
+    }
+}
+
 impl RowSink for RangeWriter<'_, '_> {
     fn rows(&mut self, layer: u32, kv: Kv, first: usize, values: &[f32]) {
-        let c = self.channels;
-        let (lo, hi) = (first.max(self.lo), (first + values.len() / c).min(self.hi));
-        if lo >= hi {
-            return;
-        }
-        let at = self.dst + (lo - self.lo) * c;
-        let vals = &values[(lo - first) * c..(hi - first) * c];
-        self.tensor(layer, kv).write_f32(at, vals);
+        self.piece(layer, kv).rows(layer, kv, first, values);
     }
     fn block_done(&mut self, layer: u32, kv: Kv, raw_sink: &[u8]) {
-        // Sink rows: copy the stored bits when the dtypes agree (already exact through f32,
-        // but NaN payloads and signed zeros stay untouched this way).
-        let (c, dtype) = (self.channels, self.dtype);
-        let size = dtype.size_bytes();
-        let sink_rows = raw_sink.len() / (c * size).max(1);
-        let (lo, hi) = (self.lo, self.hi.min(sink_rows));
-        if lo >= hi {
-            return;
-        }
-        let at = self.dst;
-        let raw = &raw_sink[lo * c * size..hi * c * size];
-        let dst = self.tensor(layer, kv);
-        if dst.dtype() != dtype {
-            return;
-        }
-        let n = raw.len() / size;
-        match dst {
-            TensorMut::F16(d) => raw
-                .chunks_exact(2)
-                .zip(&mut d[at..at + n])
-                .for_each(|(b, o)| *o = half::f16::from_le_bytes([b[0], b[1]])),
-            TensorMut::Bf16(d) => raw
-                .chunks_exact(2)
-                .zip(&mut d[at..at + n])
-                .for_each(|(b, o)| *o = half::bf16::from_le_bytes([b[0], b[1]])),
-            TensorMut::F32(d) => raw
-                .chunks_exact(4)
-                .zip(&mut d[at..at + n])
-                .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        }
+        self.piece(layer, kv).block_done(layer, kv, raw_sink);
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::header::{ChunkEntry, Header};
 use crate::block::{ChunkContext, ChunkEncoder};
+use crate::bytes::PutLe;
 use crate::consts::{MAX_GROUP, MAX_MODEL_ID_BYTES, STREAM_VERSION};
 use crate::error::EncodeError;
 use crate::kv::KvView;
@@ -76,6 +77,31 @@ pub fn encode(
     view: &KvView<'_>,
     profile: ProfileMode<'_>,
     params: &EncodeParams,
+) -> Result<Vec<u8>, EncodeError> {
+    encode_threads(view, profile, params, 1)
+}
+
+/// [`encode`] on `threads` threads (0: every core the process may use; without `std`, one): the
+/// layers of every chunk are coded on their own, and the stream is the same, byte for byte, for
+/// every thread count.
+///
+/// ```
+/// # use codec_core::*;
+/// # let shape = KvShape { layers: 3, tokens: 40, kv_heads: 1, head_dim: 8 };
+/// # let t = |s: usize| Tensor::F32((0..shape.tensor_len()).map(|i| ((i * 7 + s) % 23) as f32 / 9.0).collect());
+/// # let cache = KvCache { shape, k: vec![t(0), t(1), t(2)], v: vec![t(3), t(4), t(5)], meta: KvMeta::default() };
+/// let profile = learn_profile(&[Sample { kv: cache.view(), queries: None }], &LearnParams::default())?;
+/// let params = EncodeParams { chunk_tokens: 16, ..EncodeParams::default() };
+/// let mode = ProfileMode::Referenced(&profile);
+/// let one = encode(&cache.view(), mode, &params)?;
+/// assert_eq!(encode_threads(&cache.view(), mode, &params, 3)?, one);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn encode_threads(
+    view: &KvView<'_>,
+    profile: ProfileMode<'_>,
+    params: &EncodeParams,
+    threads: usize,
 ) -> Result<Vec<u8>, EncodeError> {
     view.check()?;
     let p = profile.profile();
@@ -169,21 +195,59 @@ pub fn encode(
     if let Some(e) = &embedded {
         out.extend_from_slice(e.as_bytes());
     }
-    let mut encoder = ChunkEncoder::new(&ctx);
-    for entry in &mut header.chunks {
+    append_chunks(&ctx, view, &mut header.chunks, threads, &mut out)?;
+    let bytes = header.to_bytes();
+    debug_assert_eq!(bytes.len(), header_len);
+    out[..header_len].copy_from_slice(&bytes);
+    Ok(out)
+}
+
+/// Appends every chunk of `chunks` to `out` and records its length, the layers of all chunks
+/// coded as independent jobs on `threads` threads.
+fn append_chunks(
+    ctx: &ChunkContext<'_>,
+    view: &KvView<'_>,
+    chunks: &mut [ChunkEntry],
+    threads: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    let layers = ctx.shape().layers;
+    let jobs: Vec<(usize, u32)> = (0..chunks.len())
+        .flat_map(|c| (0..layers).map(move |l| (c, l)))
+        .collect();
+    let entries: &[ChunkEntry] = chunks;
+    let coded = crate::threads::run(
+        jobs,
+        threads,
+        || (ChunkEncoder::new(ctx), usize::MAX),
+        |(encoder, current), (c, layer)| {
+            let e = &entries[c];
+            if *current != c {
+                *current = usize::MAX;
+                let tokens = e.token_start..e.token_start + e.tokens;
+                encoder.start_chunk(view, tokens, e.level)?;
+                *current = c;
+            }
+            let mut bytes = Vec::new();
+            encoder.append_layer(view, layer, &mut bytes);
+            Ok(bytes)
+        },
+    );
+    let mut coded = coded.into_iter();
+    for entry in chunks.iter_mut() {
         let first = out.len();
-        let tokens = entry.token_start..entry.token_start + entry.tokens;
-        encoder.append_chunk(view, tokens, entry.level, &mut out)?;
+        for layer in coded.by_ref().take(layers as usize) {
+            out.extend_from_slice(&layer?);
+        }
+        let crc = crate::bytes::crc32c(&out[first..]);
+        out.put_u32(crc);
         let len = out.len() - first;
         entry.len_bytes = u32::try_from(len).map_err(|_| EncodeError::InvalidParam {
             what: "chunk size in bytes (over 4 GiB: use fewer chunk tokens)",
             got: len as u64,
         })?;
     }
-    let bytes = header.to_bytes();
-    debug_assert_eq!(bytes.len(), header_len);
-    out[..header_len].copy_from_slice(&bytes);
-    Ok(out)
+    Ok(())
 }
 
 /// A stream of chunks coded at any mix of levels: `template` is the header of a stream of the
