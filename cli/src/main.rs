@@ -33,6 +33,10 @@ struct Cli {
     /// Replace output files that exist (an output that is one of the inputs is refused anyway).
     #[arg(short, long, global = true)]
     force: bool,
+    /// Threads that encode and decode (0 = every core this process may use); the output is the
+    /// same for every count.
+    #[arg(long, global = true, default_value_t = 0, value_name = "N")]
+    threads: usize,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -444,7 +448,7 @@ fn main() -> ExitCode {
             &output,
             profile.as_deref(),
             (level, position, gpu),
-            force,
+            (force, cli.threads),
         ),
         Cmd::Shift {
             input,
@@ -686,9 +690,9 @@ fn decode_on_gpu(s: &Stream<'_>) -> Result<codec_core::KvCache> {
     Ok(cache)
 }
 
-/// The metadata of a dump of `cache`: its model and rotary settings, as `kvc dump` writes them.
-fn cache_metadata(cache: &codec_core::KvCache) -> std::collections::BTreeMap<String, String> {
-    let m = &cache.meta;
+/// The metadata of a dump of a cache with `m`: its model and rotary settings, as `kvc dump`
+/// writes them.
+fn dump_metadata(m: &codec_core::KvMeta) -> std::collections::BTreeMap<String, String> {
     let style = match m.rope.style {
         codec_core::RopeStyle::NeoX => "rotate_half (NeoX)",
         codec_core::RopeStyle::GptJ => "interleaved (GPT-J)",
@@ -711,7 +715,7 @@ fn cmd_decode(
     output: &Path,
     profile: Option<&Path>,
     (level, position, gpu): (Option<u8>, Option<u64>, bool),
-    force: bool,
+    (force, threads): (bool, usize),
 ) -> Result<()> {
     let mut inputs = vec![input];
     inputs.extend(profile);
@@ -735,24 +739,36 @@ fn cmd_decode(
             ));
         }
     }
+    let h = s.header();
+    let done = |shape: codec_core::KvShape| {
+        let dtype = h.dtype.name();
+        let name = output.display();
+        eprintln!("{name}: {} layers x {} tokens, {dtype}", shape.layers, shape.tokens);
+    };
+    let in_err = |e: &dyn std::fmt::Display| format!("{}: {e}", input.display());
+    if !gpu && position.is_none() {
+        // Straight into the output file's buffer, written once.
+        let metadata = dump_metadata(&h.meta);
+        let mut file = kvc_io::dump::DumpFile::new(h.shape, h.dtype, &h.meta, &metadata)
+            .map_err(|e| e.to_string())?;
+        let (mut k, mut v) = file.kv_mut().map_err(|e| e.to_string())?;
+        s.decode_range_into_threads(0..h.shape.tokens, &mut k, &mut v, threads)
+            .map_err(|e| in_err(&e))?;
+        drop((k, v));
+        file.write(&out).map_err(|e| e.to_string())?;
+        done(h.shape);
+        return Ok(());
+    }
     let mut cache = match gpu {
-        true => decode_on_gpu(&s).map_err(|e| format!("{}: {e}", input.display()))?,
-        false => s
-            .decode()
-            .map_err(|e| format!("{}: {e}", input.display()))?,
+        true => decode_on_gpu(&s).map_err(|e| in_err(&e))?,
+        false => s.decode().map_err(|e| in_err(&e))?,
     };
     if let Some(q) = position {
         codec_core::shift_cache(&mut cache, q)
             .map_err(|e| format!("{}: --position {q}: {e}", input.display()))?;
     }
-    write_dump(&out, &cache, &cache_metadata(&cache)).map_err(|e| e.to_string())?;
-    eprintln!(
-        "{}: {} layers x {} tokens, {}",
-        output.display(),
-        cache.shape.layers,
-        cache.shape.tokens,
-        cache.dtype().name()
-    );
+    write_dump(&out, &cache, &dump_metadata(&cache.meta)).map_err(|e| e.to_string())?;
+    done(cache.shape);
     Ok(())
 }
 

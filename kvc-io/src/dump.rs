@@ -12,12 +12,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use codec_core::attention::Heads;
-use codec_core::{Dtype, KvCache, KvMeta, KvShape, Queries, Rope, RopeStyle, Sample, Tensor};
+use codec_core::{
+    Dtype, KvCache, KvMeta, KvShape, Queries, Rope, RopeStyle, Sample, Tensor, TensorMut,
+};
 use half::{bf16, f16};
 use safetensors::tensor::{SafeTensors, TensorView};
 use safetensors::Dtype as StDtype;
 
 use crate::output::{Output, OutputError};
+use crate::tensorfile::{FileBuffer, Planned};
 
 /// A KV dump loaded from a safetensors file.
 #[derive(Clone, Debug, PartialEq)]
@@ -272,14 +275,6 @@ fn tensor_from_le(dtype: Dtype, bytes: &[u8]) -> Tensor {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
         ),
-    }
-}
-
-fn tensor_to_le(t: &Tensor) -> Vec<u8> {
-    match t {
-        Tensor::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Tensor::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Tensor::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
 }
 
@@ -703,15 +698,17 @@ fn check_cache(kv: &KvCache) -> Result<(), DumpError> {
 
 /// The metadata [`write_dump`] stores: `metadata`, with the dimensions set from `kv`, and the
 /// keys [`load_dump`] derives `kv.meta` from overwritten where they would not reproduce it.
-fn output_metadata(kv: &KvCache, metadata: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+fn output_metadata(
+    s: KvShape,
+    meta: &KvMeta,
+    metadata: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
     let mut md = metadata.clone();
-    let s = kv.shape;
     md.insert("layers".into(), s.layers.to_string());
     md.insert("kv_heads".into(), s.kv_heads.to_string());
     md.insert("head_dim".into(), s.head_dim.to_string());
     md.insert("tokens".into(), s.tokens.to_string());
 
-    let meta = &kv.meta;
     let current = kv_meta(&md).ok();
     let cur = current.as_ref();
     if cur.map(|m| &m.model_id) != Some(&meta.model_id) {
@@ -795,12 +792,8 @@ fn write_tensors(
     check_cache(kv)?;
     let s = kv.shape;
     let (d, dtype) = (s.head_dim as usize, kv.dtype());
-    let shape = vec![s.tokens as usize, s.kv_heads as usize, d];
-    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(3 * s.layers as usize);
-    for i in 0..s.layers as usize {
-        data.push((format!("k.{i}"), shape.clone(), tensor_to_le(&kv.k[i])));
-        data.push((format!("v.{i}"), shape.clone(), tensor_to_le(&kv.v[i])));
-    }
+    let mut plan = kv_plan(s, dtype);
+    let mut queries = Vec::new();
     if let Some((q, q_heads)) = extra.queries {
         if q.len() != s.layers as usize || q_heads == 0 {
             return Err(DumpError::InvalidCache {
@@ -814,72 +807,157 @@ fn write_tensors(
                     reason: format!("layer {i}: {} query values", ql.len()),
                 });
             }
-            let t = Tensor::from_f32(dtype, ql);
-            data.push((format!("q.{i}"), vec![n_q, q_heads, d], tensor_to_le(&t)));
+            plan.push(Planned {
+                name: format!("q.{i}"),
+                dtype: st_dtype(dtype),
+                shape: vec![n_q, q_heads, d],
+            });
+            queries.push(Tensor::from_f32(dtype, ql));
         }
     }
-    let ids = match extra.tokens {
+    match extra.tokens {
         Some(t) if t.len() != s.tokens as usize => {
             return Err(DumpError::InvalidCache {
                 reason: format!("{} token ids for {} tokens", t.len(), s.tokens),
             })
         }
-        Some(t) => t.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        None => Vec::new(),
-    };
-    let mut views = Vec::with_capacity(data.len() + 1);
-    let tensors = data
-        .iter()
-        .map(|(n, sh, b)| (n.as_str(), st_dtype(dtype), sh.clone(), b));
-    let ids_shape = vec![s.tokens as usize];
-    let ids_view = extra
-        .tokens
-        .map(|_| (TOKENS, StDtype::U32, ids_shape, &ids));
-    for (name, st, shape, bytes) in tensors.chain(ids_view) {
-        let view = TensorView::new(st, shape, bytes).map_err(|e| DumpError::Serialize {
-            reason: e.to_string(),
-        })?;
-        views.push((name, view));
+        Some(_) => plan.push(Planned {
+            name: TOKENS.to_string(),
+            dtype: StDtype::U32,
+            shape: vec![s.tokens as usize],
+        }),
+        None => {}
     }
-    let md: HashMap<String, String> = output_metadata(kv, metadata).into_iter().collect();
-    let bytes = serialize_safetensors(views, md)?;
-    drop(data);
-    Ok(out.write(&bytes)?)
+    let mut file = DumpFile::planned(&plan, s, dtype, output_metadata(s, &kv.meta, metadata))?;
+    let mut places = file.buf.tensors_mut().into_iter();
+    let kvs = kv.k.iter().zip(&kv.v).flat_map(|(k, v)| [k, v]);
+    for (t, place) in kvs.chain(&queries).zip(places.by_ref()) {
+        copy_tensor(t, place)?;
+    }
+    if let (Some(ids), Some(place)) = (extra.tokens, places.next()) {
+        let to: &mut [u32] = bytemuck::try_cast_slice_mut(place).map_err(misplaced)?;
+        to.copy_from_slice(ids);
+    }
+    file.write(out)
 }
 
-/// `safetensors::serialize`, with the header's keys (the metadata's and the tensors') in sorted
-/// order: the crate writes the metadata map in its hash order, which differs from run to run, so
-/// the same input would give different bytes. Only the header is rewritten (same content, sorted,
-/// padded with spaces to a multiple of 8 as the format asks); the tensor data are unchanged.
-pub(crate) fn serialize_safetensors(
-    views: Vec<(&str, TensorView<'_>)>,
-    metadata: HashMap<String, String>,
-) -> Result<Vec<u8>, DumpError> {
-    let bytes =
-        sorted_safetensors(views, metadata).map_err(|reason| DumpError::Serialize { reason })?;
-    Ok(bytes)
+/// The tensors of a cache's dump, in the order [`DumpFile`] hands them out: per layer `k.{i}`
+/// then `v.{i}`.
+fn kv_plan(s: KvShape, dtype: Dtype) -> Vec<Planned> {
+    let shape = vec![s.tokens as usize, s.kv_heads as usize, s.head_dim as usize];
+    (0..s.layers)
+        .flat_map(|i| [format!("k.{i}"), format!("v.{i}")])
+        .map(|name| Planned {
+            name,
+            dtype: st_dtype(dtype),
+            shape: shape.clone(),
+        })
+        .collect()
 }
 
-fn sorted_safetensors(
-    views: Vec<(&str, TensorView<'_>)>,
-    metadata: HashMap<String, String>,
-) -> Result<Vec<u8>, String> {
-    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())?;
-    let n = bytes
-        .first_chunk::<8>()
-        .map(|b| u64::from_le_bytes(*b) as usize)
-        .filter(|&n| n <= bytes.len() - 8)
-        .ok_or("safetensors::serialize wrote no header")?;
-    // serde_json's maps are sorted by key (its `preserve_order` feature is off).
-    let header: serde_json::Value =
-        serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| e.to_string())?;
-    let mut h = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
-    h.resize(h.len().next_multiple_of(8), b' ');
-    let mut out = Vec::with_capacity(8 + h.len() + bytes.len() - 8 - n);
-    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&bytes[8 + n..]);
-    Ok(out)
+fn misplaced(e: bytemuck::PodCastError) -> DumpError {
+    DumpError::Serialize {
+        reason: format!("a tensor's place in the file: {e:?}"),
+    }
+}
+
+/// The place of a tensor of `dtype` in a [`DumpFile`], as elements.
+fn place_as(dtype: Dtype, place: &mut [u8]) -> Result<TensorMut<'_>, DumpError> {
+    Ok(match dtype {
+        Dtype::F16 => TensorMut::F16(bytemuck::try_cast_slice_mut(place).map_err(misplaced)?),
+        Dtype::Bf16 => TensorMut::Bf16(bytemuck::try_cast_slice_mut(place).map_err(misplaced)?),
+        Dtype::F32 => TensorMut::F32(bytemuck::try_cast_slice_mut(place).map_err(misplaced)?),
+    })
+}
+
+/// Copies `t` into its place in a [`DumpFile`] (in the machine's byte order, made
+/// little-endian when the file is written).
+fn copy_tensor(t: &Tensor, place: &mut [u8]) -> Result<(), DumpError> {
+    match (place_as(t.dtype(), place)?, t) {
+        (TensorMut::F16(to), Tensor::F16(from)) => to.copy_from_slice(from),
+        (TensorMut::Bf16(to), Tensor::Bf16(from)) => to.copy_from_slice(from),
+        (TensorMut::F32(to), Tensor::F32(from)) => to.copy_from_slice(from),
+        _ => unreachable!("place_as gives the tensor's dtype"),
+    }
+    Ok(())
+}
+
+/// A dump's file built in place, in one buffer: what [`write_dump`] writes for a cache of a
+/// given shape, dtype and metadata, with its K and V tensors left for the caller to fill (a
+/// decoder writes into them directly), then written once.
+///
+/// ```
+/// use codec_core::{Dtype, KvMeta, KvShape, TensorMut};
+/// use kvc_io::dump::DumpFile;
+/// # let dir = tempfile::tempdir()?;
+/// let shape = KvShape { layers: 2, tokens: 3, kv_heads: 1, head_dim: 4 };
+/// let mut file = DumpFile::new(shape, Dtype::F32, &KvMeta::default(), &Default::default())?;
+/// let (mut k, _v) = file.kv_mut()?;
+/// if let TensorMut::F32(k1) = &mut k[1] {
+///     k1[5] = 2.5;
+/// }
+/// let path = dir.path().join("x.safetensors");
+/// file.write(&kvc_io::Output::replacing(&path))?;
+/// let back = kvc_io::load_dump(&path)?;
+/// assert_eq!(back.kv.k[1].to_f32_vec()[5], 2.5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct DumpFile {
+    buf: FileBuffer,
+    shape: KvShape,
+    dtype: Dtype,
+}
+
+impl fmt::Debug for DumpFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DumpFile")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .field("bytes", &self.buf.len())
+            .finish()
+    }
+}
+
+impl DumpFile {
+    /// The file of a dump of a `shape` cache of `dtype` with rotary and model metadata `meta`
+    /// and the other `metadata` (as [`write_dump`] stores them), every element 0.
+    pub fn new(
+        shape: KvShape,
+        dtype: Dtype,
+        meta: &KvMeta,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Self, DumpError> {
+        let plan = kv_plan(shape, dtype);
+        Self::planned(&plan, shape, dtype, output_metadata(shape, meta, metadata))
+    }
+
+    fn planned(
+        plan: &[Planned],
+        shape: KvShape,
+        dtype: Dtype,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Self, DumpError> {
+        let md: HashMap<String, String> = metadata.into_iter().collect();
+        let buf = FileBuffer::new(plan, md).map_err(|reason| DumpError::Serialize { reason })?;
+        Ok(DumpFile { buf, shape, dtype })
+    }
+
+    /// Per layer, the K and V tensors to fill (`[tokens, kv_heads, head_dim]` each).
+    pub fn kv_mut(&mut self) -> Result<(Vec<TensorMut<'_>>, Vec<TensorMut<'_>>), DumpError> {
+        let layers = self.shape.layers as usize;
+        let (mut k, mut v) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
+        let dtype = self.dtype;
+        for (i, place) in self.buf.tensors_mut().into_iter().take(2 * layers).enumerate() {
+            let t = place_as(dtype, place)?;
+            if i % 2 == 0 { k.push(t) } else { v.push(t) }
+        }
+        Ok((k, v))
+    }
+
+    /// Writes the file to `out` (whole or not at all, see [`Output::write`]).
+    pub fn write(self, out: &Output) -> Result<(), DumpError> {
+        Ok(self.buf.write(out)?)
+    }
 }
 
 #[cfg(test)]
@@ -898,17 +976,69 @@ mod tests {
         }
     }
 
-    #[test]
-    fn le_roundtrip_all_dtypes() {
-        let vals = [0.0f32, -1.5, 3.25, 1e-3, -65504.0];
-        for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
-            let mut t = Tensor::zeros(dtype, vals.len());
-            t.as_mut().write_f32(0, &vals);
-            let back = tensor_from_le(dtype, &tensor_to_le(&t));
-            assert_eq!(back, t, "{dtype:?}");
+    /// `safetensors::serialize` of the same tensors, with the header's keys sorted: the file
+    /// the writer must produce (an oracle independent of [`FileBuffer`]'s layout).
+    fn serialized(views: Vec<(String, TensorView<'_>)>, md: BTreeMap<String, String>) -> Vec<u8> {
+        let raw = safetensors::serialize(views, Some(md.into_iter().collect())).unwrap();
+        let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&raw[8..8 + n]).unwrap();
+        let mut h = serde_json::to_vec(&header).unwrap();
+        h.resize(h.len().next_multiple_of(8), b' ');
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend(h);
+        out.extend(&raw[8 + n..]);
+        out
+    }
+
+    fn le_bytes(t: &Tensor) -> Vec<u8> {
+        match t {
+            Tensor::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Tensor::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Tensor::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
-        // Byte order is little-endian.
-        let t = Tensor::F32(vec![1.0]);
-        assert_eq!(tensor_to_le(&t), 1.0f32.to_le_bytes().to_vec());
+    }
+
+    #[test]
+    fn written_dumps_are_safetensors_own_bytes_in_every_dtype() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = load_dump(&crate::fixtures::sample()).unwrap();
+        for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
+            let mut dump = d.clone();
+            let convert = |t: &Tensor| Tensor::from_f32(dtype, &t.to_f32_vec()[..]);
+            dump.kv.k = dump.kv.k.iter().take(2).map(convert).collect();
+            dump.kv.v = dump.kv.v.iter().take(2).map(convert).collect();
+            dump.kv.shape.layers = 2;
+            dump.q.as_mut().unwrap().truncate(2);
+            dump.tokens = Some((0..dump.kv.shape.tokens).map(|i| i * 7 + 1).collect());
+            let path = dir.path().join(format!("{dtype:?}.safetensors"));
+            write_full_dump(&Output::replacing(&path), &dump).unwrap();
+            let got = fs::read(&path).unwrap();
+
+            let s = dump.kv.shape;
+            let shape = vec![s.tokens as usize, s.kv_heads as usize, s.head_dim as usize];
+            let mut data: Vec<(String, Vec<usize>, StDtype, Vec<u8>)> = Vec::new();
+            for i in 0..2 {
+                let st = st_dtype(dtype);
+                data.push((format!("k.{i}"), shape.clone(), st, le_bytes(&dump.kv.k[i])));
+                data.push((format!("v.{i}"), shape.clone(), st, le_bytes(&dump.kv.v[i])));
+                let q = &dump.q.as_ref().unwrap()[i];
+                let n_q = q.len() / (dump.q_heads * shape[2]);
+                let qt = le_bytes(&Tensor::from_f32(dtype, q));
+                data.push((format!("q.{i}"), vec![n_q, dump.q_heads, shape[2]], st, qt));
+            }
+            let ids = dump.tokens.as_ref().unwrap();
+            let ids = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+            data.push((TOKENS.into(), vec![s.tokens as usize], StDtype::U32, ids));
+            let views = data
+                .iter()
+                .map(|(n, sh, st, b)| (n.clone(), TensorView::new(*st, sh.clone(), b).unwrap()))
+                .collect();
+            let mut md = dump.metadata.clone();
+            md.insert("q_heads".into(), dump.q_heads.to_string());
+            md.insert("q_start".into(), dump.q_start.to_string());
+            let want = serialized(views, output_metadata(s, &dump.kv.meta, &md));
+            assert!(got == want, "{dtype:?}: {} vs {} bytes", got.len(), want.len());
+            assert_eq!(load_dump(&path).unwrap().kv, dump.kv);
+        }
     }
 }

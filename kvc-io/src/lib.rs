@@ -54,6 +54,7 @@ pub mod pq;
 mod progress;
 pub mod sim;
 pub mod store;
+mod tensorfile;
 
 pub use dump::{load_dump, parse_dump, write_dump, write_full_dump, Dump, DumpError};
 pub use error::Error;

@@ -153,9 +153,12 @@ impl Output {
         &self.path
     }
 
-    /// Writes `bytes` to the path: into a new temporary file in the same directory, flushed to
-    /// disk, then moved into place. On any error the temporary file is removed and the path is
-    /// left as it was.
+    /// Writes `bytes` to the path: into a new temporary file in the same directory, then moved
+    /// into place. When that replaces an existing file, the new one is flushed to disk first,
+    /// and the directory after, so that a crash cannot leave neither (a new file that a crash
+    /// loses is the command's to redo, as with `zstd` or `cp`, and is not flushed: that would
+    /// cost a decode a good part of its time). On any error the temporary file is removed and
+    /// the path is left as it was.
     pub fn write(&self, bytes: &[u8]) -> Result<(), OutputError> {
         self.check()?;
         let dir = match self.path.parent() {
@@ -165,13 +168,16 @@ impl Output {
         let (guard, mut file) = Temporary::create(&dir, &self.path)?;
         file.write_all(bytes)
             .map_err(|e| io_err(&guard.path, "write", e))?;
-        file.sync_all()
-            .map_err(|e| io_err(&guard.path, "sync", e))?;
+        let replaces = fs::symlink_metadata(&self.path).is_ok();
+        if replaces {
+            file.sync_all()
+                .map_err(|e| io_err(&guard.path, "sync", e))?;
+        }
         drop(file);
         self.check()?;
         guard.persist(&self.path, self.replace)?;
         // Make the new name durable where the platform allows; failure here loses nothing.
-        if let Ok(d) = File::open(&dir) {
+        if let (true, Ok(d)) = (replaces, File::open(&dir)) {
             let _ = d.sync_all();
         }
         Ok(())

@@ -17,7 +17,8 @@ use codec_core::{EncodeParams, Limits, Stream};
 use pq_core::cache::{blocks_of, BlockCache, Policy};
 use pq_core::{k_for_fraction, rerank, score_table, search, Codebook, PqError, PqParams};
 
-use crate::dump::{serialize_safetensors, Dump};
+use crate::dump::{Dump, DumpError};
+use crate::tensorfile::{FileBuffer, Planned};
 use crate::error::Error;
 use crate::output::Output;
 use crate::policy::{self, ProfileUse};
@@ -656,27 +657,21 @@ pub fn select(
 /// slots]`, and metadata naming the selector, its parameters and the layout. The header's keys
 /// are sorted, so the same selection gives the same bytes.
 pub fn write_selection(out: &Output, s: &Selection) -> Result<(), Error> {
-    let bytes: Vec<(String, Vec<u8>)> = s
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(l, v)| {
-            let b = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            (format!("sel.{l}"), b)
+    let plan: Vec<Planned> = (0..s.layers.len())
+        .map(|l| Planned {
+            name: format!("sel.{l}"),
+            dtype: safetensors::Dtype::I32,
+            shape: vec![s.n_q, s.q_heads, s.slots],
         })
         .collect();
-    let shape = vec![s.n_q, s.q_heads, s.slots];
-    let mut views = Vec::with_capacity(bytes.len());
-    for (name, b) in &bytes {
-        let v = safetensors::tensor::TensorView::new(safetensors::Dtype::I32, shape.clone(), b)
-            .map_err(|e| crate::dump::DumpError::Serialize {
-                reason: e.to_string(),
-            })?;
-        views.push((name.as_str(), v));
+    let serialize = |reason| DumpError::Serialize { reason };
+    let mut file = FileBuffer::new(&plan, selection_metadata(s)).map_err(serialize)?;
+    for (place, layer) in file.tensors_mut().into_iter().zip(&s.layers) {
+        let to: Result<&mut [i32], _> = bytemuck::try_cast_slice_mut(place);
+        to.map_err(|e| serialize(format!("{e:?}")))?
+            .copy_from_slice(layer);
     }
-    let bytes_out = serialize_safetensors(views, selection_metadata(s))?;
-    out.write(&bytes_out)
-        .map_err(crate::dump::DumpError::from)?;
+    file.write(out).map_err(DumpError::from)?;
     Ok(())
 }
 
