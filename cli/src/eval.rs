@@ -16,7 +16,7 @@ use crate::Result;
 pub fn cmd_eval(
     input: &Path,
     profile: Option<&Path>,
-    json: bool,
+    (json, threads): (bool, usize),
     plot: Option<&Output>,
 ) -> Result<()> {
     let d = kvc_io::load_dump(input).map_err(|e| e.to_string())?;
@@ -35,7 +35,7 @@ pub fn cmd_eval(
         Some(_) => ProfileUse::Referenced(&full),
         None => ProfileUse::SelfContained(&full),
     };
-    let rows = evaluate(&d, how, &mut bars).map_err(|e| e.to_string())?;
+    let rows = evaluate(&d, how, threads, &mut bars).map_err(|e| e.to_string())?;
     print(input, &d, &mode, full.as_bytes().len(), &rows, json)?;
     match plot {
         Some(p) => plot::write(p, &chart(input, &rows)),

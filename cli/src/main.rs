@@ -431,8 +431,20 @@ fn main() -> ExitCode {
                 token_importance: !uniform_steps,
             };
             match (store, output) {
-                (Some(dir), _) => cmd_encode_store(&input, &dir, profile.as_deref(), params, force),
-                (None, Some(out)) => cmd_encode(&input, &out, profile.as_deref(), params, force),
+                (Some(dir), _) => cmd_encode_store(
+                    &input,
+                    &dir,
+                    profile.as_deref(),
+                    params,
+                    (force, cli.threads),
+                ),
+                (None, Some(out)) => cmd_encode(
+                    &input,
+                    &out,
+                    profile.as_deref(),
+                    params,
+                    (force, cli.threads),
+                ),
                 (None, None) => Err("give an output file, or --store DIR".into()),
             }
         }
@@ -474,8 +486,14 @@ fn main() -> ExitCode {
         } => {
             let mut inputs = vec![input.as_path()];
             inputs.extend(profile.as_deref());
-            plot_file(plot.as_deref(), &inputs, force)
-                .and_then(|plot| eval::cmd_eval(&input, profile.as_deref(), json, plot.as_ref()))
+            plot_file(plot.as_deref(), &inputs, force).and_then(|plot| {
+                eval::cmd_eval(
+                    &input,
+                    profile.as_deref(),
+                    (json, cli.threads),
+                    plot.as_ref(),
+                )
+            })
         }
         Cmd::Pq { cmd } => cmd_pq(cmd, force),
         Cmd::Dump {
@@ -526,7 +544,7 @@ fn main() -> ExitCode {
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
             plot_file(plot.as_deref(), &[&sample], force)
-                .and_then(|plot| eval::cmd_eval(&sample, None, json, plot.as_ref()))
+                .and_then(|plot| eval::cmd_eval(&sample, None, (json, cli.threads), plot.as_ref()))
         }
     };
     match r {
@@ -575,7 +593,7 @@ fn cmd_encode(
     output: &Path,
     profile: Option<&Path>,
     params: EncodeParams,
-    force: bool,
+    (force, threads): (bool, usize),
 ) -> Result<()> {
     let mut inputs = vec![input];
     inputs.extend(profile);
@@ -584,7 +602,7 @@ fn cmd_encode(
     let (bytes, mode) = match profile {
         Some(pp) => {
             let p = policy::load_profile(pp).map_err(|e| e.to_string())?;
-            let enc = policy::encode(&d.kv.view(), ProfileUse::Referenced(&p), &params)
+            let enc = policy::encode(&d.kv.view(), ProfileUse::Referenced(&p), &params, threads)
                 .map_err(|e| e.to_string())?;
             (
                 enc.bytes,
@@ -593,8 +611,13 @@ fn cmd_encode(
         }
         None => {
             let full = policy::learn(&[&d], &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
-            let enc = policy::encode(&d.kv.view(), ProfileUse::SelfContained(&full), &params)
-                .map_err(|e| e.to_string())?;
+            let enc = policy::encode(
+                &d.kv.view(),
+                ProfileUse::SelfContained(&full),
+                &params,
+                threads,
+            )
+            .map_err(|e| e.to_string())?;
             (enc.bytes, "self-contained".to_string())
         }
     };
@@ -614,14 +637,14 @@ fn cmd_encode_store(
     dir: &Path,
     profile: Option<&Path>,
     params: EncodeParams,
-    force: bool,
+    (force, threads): (bool, usize),
 ) -> Result<()> {
     let d = load(input)?;
     let p = match profile {
         Some(pp) => policy::load_profile(pp).map_err(|e| e.to_string())?,
         None => policy::learn(&[&d], &mut Bars::on_stderr()).map_err(|e| e.to_string())?,
     };
-    let store = kvc_io::store::Store::write(dir, &d, &p, &params, &params.levels, force)
+    let store = kvc_io::store::Store::write(dir, &d, &p, &params, &params.levels, force, threads)
         .map_err(|e| e.to_string())?;
     let elements = d.kv.shape.total_elements() as f64;
     for &l in store.levels() {
@@ -743,7 +766,10 @@ fn cmd_decode(
     let done = |shape: codec_core::KvShape| {
         let dtype = h.dtype.name();
         let name = output.display();
-        eprintln!("{name}: {} layers x {} tokens, {dtype}", shape.layers, shape.tokens);
+        eprintln!(
+            "{name}: {} layers x {} tokens, {dtype}",
+            shape.layers, shape.tokens
+        );
     };
     let in_err = |e: &dyn std::fmt::Display| format!("{}: {e}", input.display());
     if !gpu && position.is_none() {

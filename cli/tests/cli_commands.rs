@@ -383,3 +383,56 @@ fn decode_on_the_gpu_is_the_cpu_decode_or_says_why_not() {
         assert!(!dir.path().join("gpu.safetensors").exists());
     }
 }
+
+/// `--threads` changes no byte: streams encoded (alone and into a store) and dumps decoded on
+/// 1, 2, 3 or every core are the same files; and the decode straight into the output file's
+/// buffer writes what decoding to a cache, then writing it, does (`--position 0` takes that
+/// path).
+#[test]
+fn thread_counts_change_no_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    for t in ["1", "3"] {
+        let args = ["--threads", t, "encode", SAMPLE, &p(&format!("s{t}.kvc"))];
+        let (ok, _, err) =
+            kvc(&[&args[..], &["--levels", "1,7,11", "--chunk-tokens", "200"]].concat());
+        assert!(ok, "{err}");
+        let store = p(&format!("store{t}"));
+        let args = [
+            "encode",
+            SAMPLE,
+            "--store",
+            &store,
+            "--levels",
+            "1,9",
+            "--threads",
+            t,
+        ];
+        let (ok, _, err) = kvc(&args);
+        assert!(ok, "{err}");
+    }
+    assert!(read("s1.kvc") == read("s3.kvc"));
+    assert!(read("store1/level-09.kvc") == read("store3/level-09.kvc"));
+    for t in ["1", "2", "0"] {
+        let (ok, _, err) = kvc(&[
+            "decode",
+            &p("s1.kvc"),
+            &p(&format!("d{t}.safetensors")),
+            "--threads",
+            t,
+        ]);
+        assert!(ok, "{err}");
+    }
+    let (ok, _, err) = kvc(&[
+        "decode",
+        &p("s1.kvc"),
+        &p("owned.safetensors"),
+        "--position",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    let one = read("d1.safetensors");
+    assert!(one == read("d2.safetensors") && one == read("d0.safetensors"));
+    assert!(one == read("owned.safetensors"));
+}

@@ -947,9 +947,19 @@ impl DumpFile {
         let layers = self.shape.layers as usize;
         let (mut k, mut v) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
         let dtype = self.dtype;
-        for (i, place) in self.buf.tensors_mut().into_iter().take(2 * layers).enumerate() {
+        for (i, place) in self
+            .buf
+            .tensors_mut()
+            .into_iter()
+            .take(2 * layers)
+            .enumerate()
+        {
             let t = place_as(dtype, place)?;
-            if i % 2 == 0 { k.push(t) } else { v.push(t) }
+            if i % 2 == 0 {
+                k.push(t)
+            } else {
+                v.push(t)
+            }
         }
         Ok((k, v))
     }
@@ -1037,7 +1047,12 @@ mod tests {
             md.insert("q_heads".into(), dump.q_heads.to_string());
             md.insert("q_start".into(), dump.q_start.to_string());
             let want = serialized(views, output_metadata(s, &dump.kv.meta, &md));
-            assert!(got == want, "{dtype:?}: {} vs {} bytes", got.len(), want.len());
+            assert!(
+                got == want,
+                "{dtype:?}: {} vs {} bytes",
+                got.len(),
+                want.len()
+            );
             assert_eq!(load_dump(&path).unwrap().kv, dump.kv);
         }
     }

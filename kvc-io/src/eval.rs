@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use codec_core::{EncodeParams, KvCache, Limits, ProfileMode, Stream};
+use codec_core::{EncodeParams, KvCache, Limits, ProfileMode, Stream, Tensor, TensorMut};
 
 use crate::dump::Dump;
 use crate::error::Error;
@@ -77,12 +77,25 @@ fn errors(d: &Dump, orig_attn: &[Option<Vec<f64>>], rec: &KvCache, name: String,
     }
 }
 
+/// A stream decoded on `threads` threads into a new cache.
+fn decode_threads(s: &Stream<'_>, threads: usize) -> Result<KvCache, Error> {
+    let h = s.header();
+    let mut cache = KvCache::zeros(h.shape, h.dtype, h.meta.clone());
+    let (k, v) = (&mut cache.k, &mut cache.v);
+    let mut k: Vec<TensorMut<'_>> = k.iter_mut().map(Tensor::as_mut).collect();
+    let mut v: Vec<TensorMut<'_>> = v.iter_mut().map(Tensor::as_mut).collect();
+    s.decode_range_into_threads(0..h.shape.tokens, &mut k, &mut v, threads)?;
+    drop((k, v));
+    Ok(cache)
+}
+
 /// Encodes `d` at every level of `profile` (referenced, or self-contained: each stream embeds
 /// the profile cut down to its one level), decodes it, and measures; then the minmax baselines
 /// at [`BASELINE_BITS`]. The levels are reported to `progress`, one step each.
 pub fn evaluate(
     d: &Dump,
     profile: ProfileUse<'_>,
+    threads: usize,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Row>, Error> {
     let full = match profile {
@@ -113,10 +126,13 @@ pub fn evaluate(
         };
         let view = d.kv.view();
         let t0 = Instant::now();
-        let bytes = codec_core::encode(&view, mode, &params)?;
+        let bytes = codec_core::encode_threads(&view, mode, &params, threads)?;
         let enc_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let rec = Stream::open(&bytes, Some(reader), &Limits::DEFAULT)?.decode()?;
+        let rec = decode_threads(
+            &Stream::open(&bytes, Some(reader), &Limits::DEFAULT)?,
+            threads,
+        )?;
         let dec_s = t1.elapsed().as_secs_f64();
         let bpe = bytes.len() as f64 * 8.0 / elements as f64;
         let name = format!(

@@ -341,7 +341,7 @@ pub(crate) fn round_trip(
         ..EncodeParams::default()
     };
     let t0 = Instant::now();
-    let enc = policy::encode(&dump.kv.view(), use_, &params)?;
+    let enc = policy::encode(&dump.kv.view(), use_, &params, 0)?;
     let encode_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let reader = enc.embedded.as_ref().unwrap_or(prof);

@@ -93,15 +93,17 @@ pub fn ladder_levels(profile: &Profile) -> Vec<Option<u8>> {
 }
 
 /// Encodes `kv` with `params` (its `levels` name levels of the given profile), referencing the
-/// profile or self-contained as `profile` says.
+/// profile or self-contained as `profile` says, on `threads` threads (0: every core; the bytes
+/// are the same for every count).
 pub fn encode(
     kv: &KvView<'_>,
     profile: ProfileUse<'_>,
     params: &EncodeParams,
+    threads: usize,
 ) -> Result<Encoded, Error> {
     match profile {
         ProfileUse::Referenced(p) => Ok(Encoded {
-            bytes: codec_core::encode(kv, ProfileMode::Referenced(p), params)?,
+            bytes: codec_core::encode_threads(kv, ProfileMode::Referenced(p), params, threads)?,
             embedded: None,
         }),
         ProfileUse::SelfContained(full) => {
@@ -111,7 +113,7 @@ pub fn encode(
                 ..params.clone()
             };
             Ok(Encoded {
-                bytes: codec_core::encode(kv, ProfileMode::Embedded(&p), &params)?,
+                bytes: codec_core::encode_threads(kv, ProfileMode::Embedded(&p), &params, threads)?,
                 embedded: Some(p),
             })
         }

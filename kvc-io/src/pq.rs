@@ -18,11 +18,11 @@ use pq_core::cache::{blocks_of, BlockCache, Policy};
 use pq_core::{k_for_fraction, rerank, score_table, search, Codebook, PqError, PqParams};
 
 use crate::dump::{Dump, DumpError};
-use crate::tensorfile::{FileBuffer, Planned};
 use crate::error::Error;
 use crate::output::Output;
 use crate::policy::{self, ProfileUse};
 use crate::progress::Progress;
+use crate::tensorfile::{FileBuffer, Planned};
 
 /// How tokens are chosen: the quantizer, and optionally a re-ranking stage.
 #[derive(Clone, Debug, PartialEq)]
@@ -244,7 +244,7 @@ fn codec_keys(
         levels: vec![level],
         ..EncodeParams::default()
     };
-    let enc = policy::encode(&kv_only.kv.view(), how, &params)?;
+    let enc = policy::encode(&kv_only.kv.view(), how, &params, 0)?;
     let bpe = enc.bytes.len() as f64 * 8.0 / kv_only.kv.shape.total_elements() as f64;
     let reader = profile.map(|_| &full);
     let rec = Stream::open(&enc.bytes, reader, &Limits::DEFAULT)?.decode()?;

@@ -18,7 +18,7 @@
 //! let params = codec_core::EncodeParams { chunk_tokens: 128, ..Default::default() };
 //! let dir = tempfile::tempdir()?;
 //! let ctx = dir.path().join("sample");
-//! Store::write(&ctx, &dump, &profile, &params, &[1, 7, 11], false)?;
+//! Store::write(&ctx, &dump, &profile, &params, &[1, 7, 11], false, 0)?;
 //! let store = Store::open(&ctx)?;
 //! assert_eq!((store.chunks(), store.levels()), (4, &[1, 7, 11][..]));
 //! assert!(store.chunk_bytes(0, 11)? < store.chunk_bytes(0, 1)?);
@@ -68,8 +68,8 @@ pub struct Store {
 
 impl Store {
     /// Encodes `dump` at each of `levels` with `profile` (referenced; `params.levels` is
-    /// ignored) into the store directory `dir`, created if needed. An existing store there is
-    /// replaced only if `replace`.
+    /// ignored) into the store directory `dir`, created if needed, on `threads` threads (0:
+    /// every core). An existing store there is replaced only if `replace`.
     pub fn write(
         dir: &Path,
         dump: &Dump,
@@ -77,6 +77,7 @@ impl Store {
         params: &EncodeParams,
         levels: &[u8],
         replace: bool,
+        threads: usize,
     ) -> Result<Store, Error> {
         let mut levels = levels.to_vec();
         levels.sort_unstable();
@@ -108,7 +109,8 @@ impl Store {
                 levels: vec![level],
                 ..params.clone()
             };
-            let bytes = codec_core::encode(&view, ProfileMode::Referenced(profile), &p)?;
+            let mode = ProfileMode::Referenced(profile);
+            let bytes = codec_core::encode_threads(&view, mode, &p, threads)?;
             Output::checked(&dir.join(level_file(level)), &[], true)?.write(&bytes)?;
             let h = Header::parse(&bytes, &Limits::DEFAULT).map_err(DecodeError::from)?;
             streams.push((bytes, h));

@@ -34,11 +34,11 @@ fn self_contained_keeps_only_the_levels_used() {
         levels: vec![7],
         ..Default::default()
     };
-    let enc = policy::encode(&d.kv.view(), ProfileUse::SelfContained(&full), &params).unwrap();
+    let enc = policy::encode(&d.kv.view(), ProfileUse::SelfContained(&full), &params, 1).unwrap();
     assert_eq!(enc.embedded.as_ref().map(|p| p.levels()), Some(1));
     let s = codec_core::Stream::open(&enc.bytes, None, &codec_core::Limits::DEFAULT).unwrap();
     assert_eq!(s.decode().unwrap().shape, d.kv.shape);
-    let refd = policy::encode(&d.kv.view(), ProfileUse::Referenced(&full), &params).unwrap();
+    let refd = policy::encode(&d.kv.view(), ProfileUse::Referenced(&full), &params, 1).unwrap();
     assert!(refd.embedded.is_none() && refd.bytes.len() < enc.bytes.len());
 }
 

@@ -16,7 +16,7 @@ fn setup(dir: &Path) -> (Dump, codec_core::Profile, EncodeParams) {
         chunk_tokens: 200,
         ..EncodeParams::default()
     };
-    Store::write(dir, &dump, &profile, &params, &[9, 1, 4], false).unwrap();
+    Store::write(dir, &dump, &profile, &params, &[9, 1, 4], false, 0).unwrap();
     (dump, profile, params)
 }
 
@@ -65,15 +65,15 @@ fn an_existing_store_is_kept_unless_replacing_and_stale_levels_go() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ctx");
     let (dump, profile, params) = setup(&dir);
-    let e = Store::write(&dir, &dump, &profile, &params, &[7], false).unwrap_err();
+    let e = Store::write(&dir, &dump, &profile, &params, &[7], false, 0).unwrap_err();
     assert!(e.to_string().contains("already exists"), "{e}");
-    Store::write(&dir, &dump, &profile, &params, &[7], true).unwrap();
+    Store::write(&dir, &dump, &profile, &params, &[7], true, 0).unwrap();
     assert!(
         !dir.join("level-09.kvc").exists(),
         "levels no longer kept are removed"
     );
     assert_eq!(Store::open(&dir).unwrap().levels(), &[7]);
-    let e = Store::write(&dir, &dump, &profile, &params, &[200], true).unwrap_err();
+    let e = Store::write(&dir, &dump, &profile, &params, &[200], true, 0).unwrap_err();
     assert!(e.to_string().contains("level 200"), "{e}");
 }
 

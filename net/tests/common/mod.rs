@@ -79,7 +79,7 @@ pub fn write_store(dir: &Path, name: &str, tokens: Option<Vec<u32>>) -> Store {
         ..EncodeParams::default()
     };
     let ctx = dir.join(name);
-    Store::write(&ctx, &dump, profile, &params, &[1, 7, 11], false).unwrap();
+    Store::write(&ctx, &dump, profile, &params, &[1, 7, 11], false, 0).unwrap();
     Store::open(&ctx).unwrap()
 }
 
