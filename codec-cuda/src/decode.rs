@@ -268,8 +268,12 @@ fn crc32c(bytes: &[u8]) -> u32 {
 /// (`kvc_map_values`) and dequantization, each reading the previous launches' outputs where they
 /// are (on the device, no host round trip).
 #[derive(Debug)]
-pub(crate) struct Chain {
-    pub words: Vec<u32>,
+pub(crate) struct Chain<'p> {
+    /// Every block's lane words, in order: borrowed from the plan's blocks, so that an upload
+    /// copies them once, straight into its staging buffer ([`Chain::words`] joins them).
+    pub word_parts: Vec<&'p [u32]>,
+    /// Words in `word_parts`.
+    pub n_words: usize,
     pub tables: Vec<u32>,
     pub table_list: Vec<u32>,
     pub exp_blocks: Vec<LaneBlock>,
@@ -287,7 +291,12 @@ pub(crate) struct Chain {
     pub chunk_of: Vec<usize>,
 }
 
-impl Chain {
+impl<'p> Chain<'p> {
+    /// Every block's words in one buffer (for the host-run chain).
+    pub fn words(&self) -> Vec<u32> {
+        self.word_parts.concat()
+    }
+
     /// Adds a table with its radius; returns its id.
     fn add_table(&mut self, t: &codec_core::rans::FreqTable, radius: u8) -> u32 {
         let id = self.radius.len() as u32;
@@ -302,7 +311,7 @@ impl Chain {
     fn push_block(
         &mut self,
         lanes: &ChunkLanes<'_>,
-        blk: &CodedBlock,
+        blk: &'p CodedBlock,
         level_ids: &[u32],
         map_start: u64,
         dest: Destination,
@@ -329,8 +338,9 @@ impl Chain {
         let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
         let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
         let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
-        let word_start = self.words.len() as u64;
-        self.words.extend_from_slice(&blk.words);
+        let word_start = self.n_words as u64;
+        self.word_parts.push(&blk.words);
+        self.n_words += blk.words.len();
         let table_start =
             u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;
         self.exp_blocks.push(LaneBlock {
@@ -406,10 +416,11 @@ impl Chain {
 
 impl DecodePlan<'_> {
     /// The plan's chain of launches ([`Chain`]).
-    pub(crate) fn chain(&self) -> Result<Chain, CudaError> {
+    pub(crate) fn chain(&self) -> Result<Chain<'_>, CudaError> {
         let input = |what| CudaError::Input { what };
         let mut ch = Chain {
-            words: Vec::new(),
+            word_parts: Vec::with_capacity(self.blocks),
+            n_words: 0,
             tables: Vec::new(),
             table_list: Vec::new(),
             exp_blocks: Vec::with_capacity(self.blocks),
@@ -489,13 +500,14 @@ impl DecodePlan<'_> {
     /// device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
+        let words = ch.words();
         let heads = self.heads;
         let head_dim = self.head_dim;
         let shared_tables = LaneBatch::MAX_SHARED_TABLES;
         let mut exps = vec![0u8; ch.n_exps];
         let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &ch.words,
+            words: &words,
             tables: &ch.tables,
             table_list: &ch.table_list,
             symbol_table: &vec![0u16; ch.n_exps],
@@ -518,7 +530,7 @@ impl DecodePlan<'_> {
         let mut symbols = vec![0u8; ch.n_symbols];
         let mut sym_status = vec![0u32; ch.sym_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &ch.words,
+            words: &words,
             tables: &ch.tables,
             table_list: &ch.table_list,
             symbol_table: &sym_table,
@@ -558,7 +570,7 @@ impl DecodePlan<'_> {
     }
 }
 
-impl Chain {
+impl Chain<'_> {
     /// Every launch's statuses: the first failing block's chunk and what failed.
     pub(crate) fn check(
         &self,
@@ -568,25 +580,39 @@ impl Chain {
         value_status: &[u32],
         dq_status: &[u32],
     ) -> Result<(), CudaError> {
-        for b in 0..self.chunk_of.len() {
-            let chunk = self.chunk_of[b];
-            let bad = |what| Err(CudaError::Stream { chunk, what });
-            let lanes = |s: &[u32]| s.get(b * LANES..(b + 1) * LANES).map(|l| l.to_vec());
-            // A prefix does not end a lane: only range and table statuses fail the exponents.
-            if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= 4)) {
-                return bad("exponent lanes could not be decoded");
-            }
-            if resolve_status.get(b) != Some(&0) {
-                return bad("value tables could not be resolved");
-            }
-            if lanes(sym_status).is_none_or(|l| l.iter().any(|&s| s != 0)) {
-                return bad("a lane's end checks failed (B6/B8)");
-            }
-            if value_status.get(b) != Some(&0) {
-                return bad("escape values (B7/B9)");
-            }
-        }
-        let status: Vec<DequantStatus> = crate::quant::statuses(dq_status.to_vec());
-        check_dequant(&status)
+        let statuses = [
+            exp_status,
+            resolve_status,
+            sym_status,
+            value_status,
+            dq_status,
+        ];
+        check_chain(&self.chunk_of, statuses)
     }
+}
+
+/// A chain's statuses (exponent lanes, table resolution, symbol lanes, values,
+/// dequantization), its blocks' chunks `chunk_of`: the first failing block's chunk and what
+/// failed.
+pub(crate) fn check_chain(chunk_of: &[usize], statuses: [&[u32]; 5]) -> Result<(), CudaError> {
+    let [exp_status, resolve_status, sym_status, value_status, dq_status] = statuses;
+    for (b, &chunk) in chunk_of.iter().enumerate() {
+        let bad = |what| Err(CudaError::Stream { chunk, what });
+        let lanes = |s: &[u32]| s.get(b * LANES..(b + 1) * LANES).map(|l| l.to_vec());
+        // A prefix does not end a lane: only range and table statuses fail the exponents.
+        if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= 4)) {
+            return bad("exponent lanes could not be decoded");
+        }
+        if resolve_status.get(b) != Some(&0) {
+            return bad("value tables could not be resolved");
+        }
+        if lanes(sym_status).is_none_or(|l| l.iter().any(|&s| s != 0)) {
+            return bad("a lane's end checks failed (B6/B8)");
+        }
+        if value_status.get(b) != Some(&0) {
+            return bad("escape values (B7/B9)");
+        }
+    }
+    let status: Vec<DequantStatus> = crate::quant::statuses(dq_status.to_vec());
+    check_dequant(&status)
 }
