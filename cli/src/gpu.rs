@@ -113,8 +113,8 @@ impl GpuCodec {
     }
 
     /// Selects tokens for every query with the PQ search kernel (one launch), as
-    /// `pq_core::search` does; the selections, the call's seconds (uploads included) and the
-    /// kernel's alone (best of 3).
+    /// `pq_core::search` does; the selections, the call's seconds (uploads included, best of 2)
+    /// and the kernel's alone (best of 3).
     pub fn select(
         &self,
         heads: &[(Codebook, Vec<u16>)],
@@ -146,9 +146,16 @@ impl GpuCodec {
                 .add_query(id, q.query, q.tokens, q.k, w.n_init, w.n_local)
                 .map_err(run)?;
         }
-        let t = Instant::now();
-        let out = self.gpu.search(&batch).map_err(run)?;
-        let seconds = t.elapsed().as_secs_f64();
+        // Best of two calls: the first also loads the kernel's code onto the device.
+        let (mut out, mut seconds) = (None, f64::INFINITY);
+        for _ in 0..2 {
+            let t = Instant::now();
+            out = Some(self.gpu.search(&batch).map_err(run)?);
+            seconds = seconds.min(t.elapsed().as_secs_f64());
+        }
+        let out = out.ok_or(GpuError::Run(CudaError::Input {
+            what: "no search ran",
+        }))?;
         let kernel = self.gpu.time_search(&batch, 3).map_err(run)?;
         let mut selections = Vec::with_capacity(out.len());
         for i in 0..out.len() {

@@ -52,7 +52,8 @@ fn pq_eval_on_the_gpu_reports_token_scores_or_says_why_not() {
     }
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = j["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "the paper's pq and kvc's rq");
+    // The default selectors: the paper's pq, kvc's rq, and rq re-ranked by a kvc stream.
+    assert_eq!(rows.len(), 3, "{rows:?}");
     for r in rows {
         let whole = r["gpu_token_scores_per_s"].as_f64().unwrap();
         let kernel = r["gpu_kernel_token_scores_per_s"].as_f64().unwrap();

@@ -28,7 +28,7 @@ use std::time::Instant;
 use codec_core::{KvCache, Profile};
 use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
-use codec_cuda::Gpu;
+use codec_cuda::{Gpu, DEFAULT_LANE_SHARED_TABLES};
 use pq_core::{pack, Codebook, PqParams};
 
 fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -47,7 +47,7 @@ fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let copies: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
     let t = Instant::now();
-    let gpu = match support::open_gpu() {
+    let mut gpu = match support::open_gpu() {
         Ok(g) => g,
         Err(why) => {
             println!("skipped: {why}");
@@ -65,7 +65,7 @@ fn main() {
 
     // Decode.
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
-        bench_decode(&gpu, &d.kv, &profile, level, (rounds, copies));
+        bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
     }
 
     // Encode: every block of the middle level's stream, `copies` times, re-quantized (with
@@ -161,7 +161,7 @@ fn main() {
 
 /// The decode figures of the fixture at `level`, `copies` times in one plan, best of `rounds`.
 fn bench_decode(
-    gpu: &Gpu,
+    gpu: &mut Gpu,
     kv: &KvCache,
     profile: &Profile,
     level: u8,
@@ -185,7 +185,8 @@ fn bench_decode(
         .unwrap();
     println!(
         "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole decode_into {:.3} ms = \
-         {:.2} GB/s (of which upload_plan: chain built, packed, one pinned copy {:.3} ms); plan \
+         {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
+         pinned memory {:.3}, outputs allocated {:.3} ms); plan \
          uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's five kernels \
          alone {:.3} ms = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, \
          values {:.3}, dequantization {:.3} ms = {:.1} GB/s)",
@@ -193,7 +194,10 @@ fn bench_decode(
         out_bytes / 1e6,
         whole * 1e3,
         gbs(whole),
-        upload * 1e3,
+        upload[0] * 1e3,
+        upload[1] * 1e3,
+        upload[2] * 1e3,
+        upload[3] * 1e3,
         reused * 1e3,
         gbs(reused),
         k_chain * 1e3,
@@ -235,5 +239,24 @@ fn bench_decode(
         n_sym / k32 / 1e9,
         gbs(k32),
         k64 / k32,
+    );
+    // Tables staged in shared memory per lane-decode block (the default is 2): fewer tables
+    // let more blocks share an SM; blocks with more tables read them through the cache.
+    let mut sweep = Vec::new();
+    for t in [0u32, 1, 2, 4, 8] {
+        gpu.set_lane_shared_tables(t).unwrap();
+        let v2 = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
+        let v3 = gpu.time_lane32_decode_experiment(&b32, rounds).unwrap();
+        sweep.push(format!(
+            "{t}: v2 {:.3} ms, 32-bit {:.3} ms",
+            v2 * 1e3,
+            v3 * 1e3
+        ));
+    }
+    gpu.set_lane_shared_tables(DEFAULT_LANE_SHARED_TABLES)
+        .unwrap();
+    println!(
+        "lane decode level {level} by tables in shared memory: {}",
+        sweep.join("; ")
     );
 }

@@ -1571,6 +1571,10 @@ impl<'a> Addrs<'a> {
     }
 }
 
+/// Bytes of a packed upload queued to the device at a time: the host fills the staging buffer
+/// with the next step while the device copies the last.
+const PACK_STEP: usize = 4 << 20;
+
 /// Alignment of every part of a packed upload (the driver's allocations are at least this
 /// aligned, so every part is aligned for its type).
 pub(crate) const PACK_ALIGN: usize = 256;
@@ -1608,6 +1612,23 @@ impl<'a> Packer<'a> {
     /// Adds an array; where it will lie.
     pub(crate) fn add<T: DeviceRepr>(&mut self, data: &'a [T]) -> PackSlot<T> {
         self.add_gather(std::slice::from_ref(&data))
+    }
+
+    /// Room for `len` elements that nothing is copied into (a launch's output, in a
+    /// [`Packer::total`]-byte scratch allocation); where it lies.
+    pub(crate) fn reserve<T: DeviceRepr>(&mut self, len: usize) -> PackSlot<T> {
+        let offset = self.total;
+        self.total = offset + (len * size_of::<T>()).max(1).next_multiple_of(PACK_ALIGN);
+        PackSlot {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Bytes the parts take, gaps included.
+    pub(crate) fn total(&self) -> usize {
+        self.total
     }
 
     /// Adds the arrays `parts` joined into one.
@@ -1659,20 +1680,33 @@ impl<'a> Packer<'a> {
         let dst = pinned
             .as_mut_slice()
             .map_err(driver_err("cuEventSynchronize"))?;
+        let mut dev = stream
+            .alloc_zeros::<u8>(need)
+            .map_err(driver_err("cuMemAllocAsync"))?;
+        // Bytes [0, sent) are queued to the device; they are not written again before the
+        // stream is synchronized below. Copying the next step into the staging buffer overlaps
+        // the device's copy of the last.
+        let mut sent = 0usize;
+        let mut send = |upto: usize, sent: &mut usize, dst: &[u8]| -> Result<(), CudaError> {
+            if upto > *sent {
+                stream
+                    .memcpy_htod(&dst[*sent..upto], &mut dev.slice_mut(*sent..upto))
+                    .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+                *sent = upto;
+            }
+            Ok(())
+        };
         for (sources, offset) in &self.parts {
             let mut at = *offset;
             for src in sources {
                 dst[at..at + src.len()].copy_from_slice(src);
                 at += src.len();
+                if at >= sent + PACK_STEP {
+                    send(at, &mut sent, dst)?;
+                }
             }
         }
-        let mut dev = stream
-            .alloc_zeros::<u8>(need)
-            .map_err(driver_err("cuMemAllocAsync"))?;
-        let src = &dst[..need];
-        stream
-            .memcpy_htod(src, &mut dev)
-            .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        send(need, &mut sent, dst)?;
         stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;

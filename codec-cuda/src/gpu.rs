@@ -55,6 +55,9 @@ pub struct Gpu {
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
     /// short).
     staging: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// The device scratch of the decode chains (symbols, their tables, values), kept for the
+    /// next upload (grown when short): every chain writes all of it that it reads.
+    scratch: Mutex<Option<Arc<CudaSlice<u8>>>>,
 }
 
 /// A [`DecodePlan`]'s chain uploaded to one device ([`Gpu::upload_plan`]): every input of its
@@ -100,6 +103,7 @@ impl Gpu {
             kernels: Mutex::new(None),
             lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
             staging: Mutex::new(None),
+            scratch: Mutex::new(None),
         })
     }
 
@@ -393,13 +397,29 @@ impl Gpu {
     /// staging buffer), to be decoded by [`decode_uploaded_into`](Self::decode_uploaded_into)
     /// once or many times.
     pub fn upload_plan(&self, plan: &DecodePlan<'_>) -> Result<UploadedPlan, CudaError> {
+        self.upload_plan_timed(plan, None)
+    }
+
+    /// [`upload_plan`](Self::upload_plan); with `times`, the seconds of building the chain, of
+    /// its packed upload and of its outputs' allocation.
+    fn upload_plan_timed(
+        &self,
+        plan: &DecodePlan<'_>,
+        times: Option<&mut [f64; 3]>,
+    ) -> Result<UploadedPlan, CudaError> {
         if plan.output().layout == (OutLayout::Paged { page_size: 0 }) {
             return Err(CudaError::Input {
                 what: "a page size of 0",
             });
         }
+        let t = std::time::Instant::now();
         let chain = plan.chain()?;
-        let dev = self.upload_chain(&chain)?;
+        let built = t.elapsed().as_secs_f64();
+        let mut parts = [0.0; 2];
+        let dev = self.upload_chain(&chain, times.is_some().then_some(&mut parts))?;
+        if let Some(times) = times {
+            *times = [built, parts[0], parts[1]];
+        }
         Ok(UploadedPlan {
             dev,
             chunk_of: chain.chunk_of,
@@ -437,11 +457,26 @@ impl Gpu {
         )
     }
 
-    /// For benches: the best time in seconds of `reps` runs of [`upload_plan`](Self::upload_plan)
-    /// (the chain built from the plan, packed, copied from pinned memory to the device).
-    pub fn time_upload_plan(&self, plan: &DecodePlan<'_>, reps: usize) -> Result<f64, CudaError> {
+    /// For benches: the best time in seconds over `reps` runs of [`upload_plan`](Self::upload_plan)
+    /// (the chain built from the plan, packed, copied from pinned memory to the device, its
+    /// outputs allocated), and of each of those three steps (each synchronized).
+    pub fn time_upload_plan(
+        &self,
+        plan: &DecodePlan<'_>,
+        reps: usize,
+    ) -> Result<[f64; 4], CudaError> {
         self.kernels(None)?;
-        best_time(reps, || self.upload_plan(plan).map(drop))
+        let mut best = [f64::INFINITY; 4];
+        for _ in 0..reps.max(1) {
+            let mut parts = [0.0; 3];
+            let t = std::time::Instant::now();
+            drop(self.upload_plan_timed(plan, Some(&mut parts))?);
+            best[0] = best[0].min(t.elapsed().as_secs_f64());
+            for (b, p) in best[1..].iter_mut().zip(parts) {
+                *b = b.min(p);
+            }
+        }
+        Ok(best)
     }
 
     /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of five launches,
@@ -455,7 +490,7 @@ impl Gpu {
         let chain = plan.chain()?;
         self.time_launches(
             reps,
-            |g| g.upload_chain(&chain),
+            |g| g.upload_chain(&chain, None),
             |g, k, d| g.launch_chain(k, d, plan.output(), out),
         )
     }
@@ -489,7 +524,7 @@ impl Gpu {
     ) -> Result<[f64; 5], CudaError> {
         let k = self.kernels(None)?;
         let chain = plan.chain()?;
-        let dev = self.upload_chain(&chain)?;
+        let dev = self.upload_chain(&chain, None)?;
         let kernels = chain_kernels(&k, plan.output());
         let n_out = plan.output().len;
         self.sync()?;
@@ -513,59 +548,90 @@ impl Gpu {
         Ok(best)
     }
 
-    /// Every input of `ch`'s launches in one packed upload (see [`ffi::Packer`]), and its
-    /// launches' outputs zeroed.
-    fn upload_chain(&self, ch: &Chain<'_>) -> Result<ffi::ChainDev, CudaError> {
+    /// Frees the pinned staging buffer and the decode scratch this `Gpu` keeps between calls
+    /// (the next decode allocates them again).
+    pub fn free_cached(&self) {
+        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The decode scratch, at least `bytes` long: the kept one, or a new one kept instead.
+    fn scratch(&self, bytes: usize) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = held.as_ref().filter(|s| s.len() >= bytes) {
+            return Ok(s.clone());
+        }
+        *held = None;
+        let new = Arc::new(
+            self.stream
+                .alloc_zeros::<u8>(bytes.max(1))
+                .map_err(ffi::driver_err("cuMemAllocAsync"))?,
+        );
+        *held = Some(new.clone());
+        Ok(new)
+    }
+
+    /// Every input of `ch`'s launches in one packed upload (see [`ffi::Packer`]); its
+    /// launches' large outputs in the kept scratch, the statuses (and the exponents' table
+    /// indices, which must be zero) zeroed. With `times`, the seconds of the packed upload and
+    /// of the outputs' allocation (each synchronized).
+    fn upload_chain(
+        &self,
+        ch: &Chain<'_>,
+        times: Option<&mut [f64; 2]>,
+    ) -> Result<ffi::ChainDev, CudaError> {
         let s = &self.stream;
+        let t0 = std::time::Instant::now();
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
         let words = p.add_gather(&ch.word_parts);
-        let tables = p.add(&ch.tables);
-        let table_list = p.add(&ch.table_list);
-        let exp_blocks = p.add(&ch.exp_blocks);
-        let sym_blocks = p.add(&ch.sym_blocks);
-        let map = p.add(&ch.map);
-        let resolve = p.add(&ch.resolve);
-        let radius = p.add(&ch.radius);
-        let escapes = p.add(&ch.escapes);
-        let values = p.add(&ch.values);
-        let sink = p.add(io.sink);
-        let consts = p.add(io.consts);
-        let pages = p.add(io.pages);
-        let dq_blocks = p.add(io.blocks);
+        let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
+        let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
+        let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
+        let (escapes, values) = (p.add(&ch.escapes), p.add(&ch.values));
+        let (sink, consts) = (p.add(io.sink), p.add(io.consts));
+        let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
         let base = {
             let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
             p.upload(s, &mut staging)?
         };
-        Ok(ffi::ChainDev {
+        let t1 = std::time::Instant::now();
+        let mut o = ffi::Packer::default();
+        let exps = o.reserve::<u8>(ch.n_exps);
+        let sym_table = o.reserve::<u16>(ch.n_symbols);
+        let symbols = o.reserve::<u8>(ch.n_symbols);
+        let q = o.reserve::<i32>(ch.n_q);
+        let scratch = self.scratch(o.total())?;
+        let (b, x) = (&base, &scratch);
+        let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
-                words: DevBuf::view(&base, words)?,
-                tables: DevBuf::view(&base, tables)?,
-                table_list: DevBuf::view(&base, table_list)?,
+                words: DevBuf::view(b, words)?,
+                tables: DevBuf::view(b, tables)?,
+                table_list: DevBuf::view(b, table_list)?,
                 symbol_table: DevBuf::zeros(s, ch.n_exps)?,
-                blocks: DevBuf::view(&base, exp_blocks)?,
-                symbols: DevBuf::zeros(s, ch.n_exps)?,
+                blocks: DevBuf::view(b, exp_blocks)?,
+                symbols: DevBuf::view(x, exps)?,
                 status: DevBuf::zeros(s, ch.exp_blocks.len() * LANES)?,
             },
-            sym_blocks: DevBuf::view(&base, sym_blocks)?,
-            sym_table: DevBuf::zeros(s, ch.n_symbols)?,
-            symbols: DevBuf::zeros(s, ch.n_symbols)?,
+            sym_blocks: DevBuf::view(b, sym_blocks)?,
+            sym_table: DevBuf::view(x, sym_table)?,
+            symbols: DevBuf::view(x, symbols)?,
             sym_status: DevBuf::zeros(s, ch.sym_blocks.len() * LANES)?,
-            map: DevBuf::view(&base, map)?,
-            resolve: DevBuf::view(&base, resolve)?,
+            map: DevBuf::view(b, map)?,
+            resolve: DevBuf::view(b, resolve)?,
             resolve_status: DevBuf::zeros(s, ch.resolve.len())?,
-            radius: DevBuf::view(&base, radius)?,
-            escapes: DevBuf::view(&base, escapes)?,
-            q: DevBuf::zeros(s, ch.n_q)?,
-            values: DevBuf::view(&base, values)?,
+            radius: DevBuf::view(b, radius)?,
+            escapes: DevBuf::view(b, escapes)?,
+            q: DevBuf::view(x, q)?,
+            values: DevBuf::view(b, values)?,
             value_status: DevBuf::zeros(s, ch.values.len())?,
             dequant: ffi::DequantDev {
                 q: DevBuf::zeros(s, 0)?,
                 exps: DevBuf::zeros(s, 0)?,
-                sink: DevBuf::view(&base, sink)?,
-                consts: DevBuf::view(&base, consts)?,
-                pages: DevBuf::view(&base, pages)?,
-                blocks: DevBuf::view(&base, dq_blocks)?,
+                sink: DevBuf::view(b, sink)?,
+                consts: DevBuf::view(b, consts)?,
+                pages: DevBuf::view(b, pages)?,
+                blocks: DevBuf::view(b, dq_blocks)?,
                 status: DevBuf::zeros(s, io.blocks.len())?,
                 heads: io.heads,
                 head_dim: io.head_dim,
@@ -573,7 +639,12 @@ impl Gpu {
             },
             heads: io.heads,
             head_dim: io.head_dim,
-        })
+        };
+        if let Some(t) = times {
+            self.sync()?;
+            *t = [(t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()];
+        }
+        Ok(dev)
     }
 
     /// The three-launch path with the host's steps between launches (table resolution and

@@ -43,5 +43,5 @@ pub mod rans;
 pub mod stream;
 
 pub use error::CudaError;
-pub use gpu::{Gpu, UploadedPlan};
+pub use gpu::{Gpu, UploadedPlan, DEFAULT_LANE_SHARED_TABLES};
 pub use nvrtc::{compile_report, KernelResources};
