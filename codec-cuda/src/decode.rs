@@ -306,20 +306,18 @@ impl<'p> Chain<'p> {
     }
 
     /// Appends one coded block of `lanes` (its chunk) to every launch of the chain: `level_ids`
-    /// are the chunk level's tables, `map_start` its (layer, K/V) table map, `dest` where the
-    /// chunk's output goes.
+    /// are the chunk level's tables, `map_start` and `consts_start` where its (layer, K/V)'s
+    /// table map and channel constants start, `dest` where the chunk's output goes.
     fn push_block(
         &mut self,
         lanes: &ChunkLanes<'_>,
         blk: &'p CodedBlock,
         level_ids: &[u32],
-        map_start: u64,
+        (map_start, consts_start): (u64, u64),
         dest: Destination,
     ) -> Result<(), CudaError> {
         let input = |what| CudaError::Input { what };
-        let profile = lanes.stream().profile();
         let h = lanes.stream().header();
-        let mult = profile.level_multipliers()[usize::from(lanes.level())];
         let token_start = h.chunks[lanes.chunk()].token_start;
         let group = u32::from(h.group);
         // The list: the exponent table (or a stand-in) at 0, then the level's tables.
@@ -382,8 +380,6 @@ impl<'p> Chain<'p> {
             reserved: 0,
         });
         self.escapes.extend_from_slice(&blk.escapes);
-        let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
-        let consts_start = self.dequant.add_consts(&consts);
         let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
         let out_start = tensor
             .checked_mul(dest.tensor_stride)
@@ -414,6 +410,9 @@ impl<'p> Chain<'p> {
     }
 }
 
+/// A table map's key: (stream, level, layer, K/V).
+type MapKey = (usize, u8, u32, usize);
+
 impl DecodePlan<'_> {
     /// The plan's chain of launches ([`Chain`]).
     pub(crate) fn chain(&self) -> Result<Chain<'_>, CudaError> {
@@ -442,7 +441,7 @@ impl DecodePlan<'_> {
         let c = self.heads as usize * self.head_dim as usize;
         // Per (stream, level): the level's table ids; per (stream, level, layer, kv): the map.
         let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();
-        let mut maps: Vec<((usize, u8, u32, usize), u64)> = Vec::new();
+        let mut maps: Vec<(MapKey, (u64, u64))> = Vec::new();
         for pc in &self.chunks {
             let lanes = &pc.lanes;
             let profile = lanes.stream().profile();
@@ -469,7 +468,8 @@ impl DecodePlan<'_> {
             }
             for blk in &lanes.blocks {
                 let map_key = (pc.stream, level, blk.layer, blk.kv);
-                let map_start = match maps.iter().find(|(k, _)| *k == map_key) {
+                // The map and the channel constants, once per (stream, level, layer, K/V).
+                let starts = match maps.iter().find(|(k, _)| *k == map_key) {
                     Some(&(_, s)) => s,
                     None => {
                         let s = ch.map.len() as u64;
@@ -483,11 +483,15 @@ impl DecodePlan<'_> {
                                 );
                             }
                         }
-                        maps.push((map_key, s));
-                        s
+                        let mult = profile.level_multipliers()[usize::from(level)];
+                        let params = profile.channel_params(blk.layer, blk.kv);
+                        let consts = ChannelConsts::of_block(params, mult);
+                        let starts = (s, ch.dequant.add_consts(&consts));
+                        maps.push((map_key, starts));
+                        starts
                     }
                 };
-                ch.push_block(lanes, blk, &level_ids, map_start, pc.dest)?;
+                ch.push_block(lanes, blk, &level_ids, starts, pc.dest)?;
             }
         }
         if c == 0 {
