@@ -56,8 +56,12 @@ pub struct Gpu {
     /// short).
     staging: Mutex<Option<PinnedHostSlice<u8>>>,
     /// The device scratch of the decode chains (symbols, their tables, values), kept for the
-    /// next upload (grown when short): every chain writes all of it that it reads.
+    /// next upload (grown when short): every chain writes all of it that it reads, and chains
+    /// run one at a time (`chain_lock`).
     scratch: Mutex<Option<Arc<CudaSlice<u8>>>>,
+    /// Held from a chain's first launch until its statuses are read: the chains of several
+    /// threads share the scratch, so one chain runs at a time.
+    chain_lock: Mutex<()>,
 }
 
 /// A [`DecodePlan`]'s chain uploaded to one device ([`Gpu::upload_plan`]): every input of its
@@ -107,6 +111,7 @@ impl Gpu {
             lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
             staging: Mutex::new(None),
             scratch: Mutex::new(None),
+            chain_lock: Mutex::new(()),
         })
     }
 
@@ -444,6 +449,7 @@ impl Gpu {
             });
         }
         let k = self.kernels(None)?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.launch_chain(&k, &up.dev, up.output, out)?;
         self.sync()?;
         let s = &self.stream;
@@ -491,6 +497,7 @@ impl Gpu {
         reps: usize,
     ) -> Result<f64, CudaError> {
         let chain = plan.chain()?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.time_launches(
             reps,
             |g| g.upload_chain(&chain, None),
@@ -527,6 +534,7 @@ impl Gpu {
     ) -> Result<[f64; 5], CudaError> {
         let k = self.kernels(None)?;
         let chain = plan.chain()?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let dev = self.upload_chain(&chain, None)?;
         let kernels = chain_kernels(&k, plan.output());
         let n_out = plan.output().len;
