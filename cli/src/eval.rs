@@ -2,23 +2,38 @@
 
 use std::path::Path;
 
-use kvc_io::eval::{evaluate, Row};
+use kvc_io::eval::{evaluate_with, Row, SecondDecoder};
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::Output;
 
+use crate::gpu::GpuCodec;
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;
 
+/// Where `kvc eval` prints: JSON instead of a table, and a chart into an SVG file.
+pub struct Out<'a> {
+    /// Print JSON instead of a table.
+    pub json: bool,
+    /// Also draw bits per element against attention error into this file.
+    pub plot: Option<&'a Output>,
+}
+
 /// Measures every level of a profile (`profile`, or self-contained: learned from the input and
-/// embedded) on the dump at `input`, and prints the table or JSON; with `plot`, also draws bits
-/// per element against attention error into that SVG file.
+/// embedded) on the dump at `input`, and prints the table or JSON; with a plot, also draws bits
+/// per element against attention error. With `gpu`, every level's stream is also decoded on GPU
+/// 0 (opened first: without one, an error before any work) and must equal the CPU decode.
 pub fn cmd_eval(
     input: &Path,
     profile: Option<&Path>,
-    (json, threads): (bool, usize),
-    plot: Option<&Output>,
+    out: Out<'_>,
+    gpu: bool,
+    threads: usize,
 ) -> Result<()> {
+    let mut gpu = match gpu {
+        true => Some(GpuCodec::open().map_err(|e| e.to_string())?),
+        false => None,
+    };
     let d = kvc_io::load_dump(input).map_err(|e| e.to_string())?;
     let mut bars = Bars::on_stderr();
     let (full, mode) = match profile {
@@ -35,9 +50,17 @@ pub fn cmd_eval(
         Some(_) => ProfileUse::Referenced(&full),
         None => ProfileUse::SelfContained(&full),
     };
-    let rows = evaluate(&d, how, threads, &mut bars).map_err(|e| e.to_string())?;
-    print(input, &d, &mode, full.as_bytes().len(), &rows, json)?;
-    match plot {
+    let second = gpu.as_mut().map(|g| g as &mut dyn SecondDecoder);
+    let rows = evaluate_with(&d, how, threads, &mut bars, second).map_err(|e| e.to_string())?;
+    let mode = match &gpu {
+        Some(g) => format!(
+            "{mode}; every level also decoded on {}, bit for bit the CPU decode",
+            g.name()
+        ),
+        None => mode,
+    };
+    print(input, &d, &mode, full.as_bytes().len(), &rows, out.json)?;
+    match out.plot {
         Some(p) => plot::write(p, &chart(input, &rows)),
         None => Ok(()),
     }
@@ -75,8 +98,14 @@ fn print(
         shape.channels(),
         d.kv.dtype().name()
     );
+    let gpu = rows.iter().any(|r| r.second_decode_mb_s.is_some());
+    let gpu_head = if gpu {
+        format!(" {:>12}", "GPU dec MB/s")
+    } else {
+        String::new()
+    };
     println!(
-        "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}",
+        "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}{gpu_head}",
         "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s"
     );
     for r in rows {
@@ -86,8 +115,13 @@ fn print(
         } else {
             format!("{:.4}", r.attn)
         };
+        let gpu_col = if gpu {
+            format!(" {:>12}", f(r.second_decode_mb_s))
+        } else {
+            String::new()
+        };
         println!(
-            "{:<28} {:>8.3} {attn:>9} {:>8.4} {:>8.4} {:>10} {:>10}",
+            "{:<28} {:>8.3} {attn:>9} {:>8.4} {:>8.4} {:>10} {:>10}{gpu_col}",
             r.name,
             r.bits_per_element,
             r.k_rel,
@@ -102,6 +136,9 @@ fn print(
         );
     }
     println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
+    if gpu {
+        println!("(GPU dec: codec-cuda's whole decode call, plan to output downloaded, best of two, each bit for bit the CPU decode)");
+    }
     Ok(())
 }
 
@@ -148,5 +185,6 @@ fn row_json(r: &Row) -> serde_json::Value {
         "k_rel": r.k_rel, "v_rel": r.v_rel, "attn": r.attn,
         "k_rel_layers": r.k_rel_layers, "v_rel_layers": r.v_rel_layers, "attn_layers": r.attn_layers,
         "encode_mb_s": r.encode_mb_s, "decode_mb_s": r.decode_mb_s,
+        "gpu_decode_mb_s": r.second_decode_mb_s,
     })
 }

@@ -6,6 +6,7 @@
 
 mod blend;
 mod eval;
+mod gpu;
 mod judge;
 mod net;
 mod plot;
@@ -16,6 +17,7 @@ mod sim;
 use clap::{Parser, Subcommand};
 use codec_core::profile::hex;
 use codec_core::{EncodeParams, Limits, Stream};
+use gpu::decode_on_gpu;
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::pq::{Rerank, Selector, Windows};
 use kvc_io::{write_dump, Dump, Output};
@@ -142,6 +144,10 @@ enum Cmd {
         /// Also draw bits per element against attention error into this SVG file.
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
+        /// Also decode every level on GPU 0 with codec-cuda's kernels: its speed next to the
+        /// CPU's, and an error unless its bytes are the CPU decode's.
+        #[arg(long)]
+        gpu: bool,
     },
     /// PQCache-style token selection on a dump's real queries (q.{i}).
     Pq {
@@ -237,6 +243,10 @@ enum PqCmd {
         /// Also draw code bits per key against the miss rate (1 - recall@T/5) into this SVG file.
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
+        /// Also select every query head's tokens on GPU 0 with codec-cuda's PQ search kernel:
+        /// its token-scores per second, and an error unless its selections are pq-core's.
+        #[arg(long)]
+        gpu: bool,
     },
     /// Write the selected token indices: per layer `sel.{i}` int32 [n_q, q_heads, K] (token
     /// indices up to each query's position, ascending, -1 padding).
@@ -361,6 +371,7 @@ fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
             opts,
             json,
             plot,
+            gpu,
         } => {
             let plot = plot_file(plot.as_deref(), &[&input], force)?;
             let d = load_with_queries(&input)?;
@@ -381,7 +392,11 @@ fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
             if opts.rerank > 0.0 {
                 sels.push(opts.selector(true)?);
             }
-            pq::cmd_eval(&input, &d, &sels, opts.windows(), json, plot.as_ref())
+            let out = pq::Out {
+                json,
+                plot: plot.as_ref(),
+            };
+            pq::cmd_eval(&input, &d, (&sels, opts.windows()), out, gpu)
         }
         PqCmd::Select {
             input,
@@ -483,16 +498,16 @@ fn main() -> ExitCode {
             profile,
             json,
             plot,
+            gpu,
         } => {
             let mut inputs = vec![input.as_path()];
             inputs.extend(profile.as_deref());
             plot_file(plot.as_deref(), &inputs, force).and_then(|plot| {
-                eval::cmd_eval(
-                    &input,
-                    profile.as_deref(),
-                    (json, cli.threads),
-                    plot.as_ref(),
-                )
+                let out = eval::Out {
+                    json,
+                    plot: plot.as_ref(),
+                };
+                eval::cmd_eval(&input, profile.as_deref(), out, gpu, cli.threads)
             })
         }
         Cmd::Pq { cmd } => cmd_pq(cmd, force),
@@ -543,8 +558,13 @@ fn main() -> ExitCode {
         Cmd::Fetch(args) => net::cmd_fetch(args, force),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
-            plot_file(plot.as_deref(), &[&sample], force)
-                .and_then(|plot| eval::cmd_eval(&sample, None, (json, cli.threads), plot.as_ref()))
+            plot_file(plot.as_deref(), &[&sample], force).and_then(|plot| {
+                let out = eval::Out {
+                    json,
+                    plot: plot.as_ref(),
+                };
+                eval::cmd_eval(&sample, None, out, false, cli.threads)
+            })
         }
     };
     match r {
@@ -670,47 +690,6 @@ fn cmd_encode_store(
         }
     );
     Ok(())
-}
-
-/// Decodes `s` on GPU 0 with codec-cuda's kernels: the cache `Stream::decode` gives, bit for bit
-/// (the kernels are checked against codec-core). Streams of f16 or bf16 only.
-fn decode_on_gpu(s: &Stream<'_>) -> Result<codec_core::KvCache> {
-    use codec_cuda::decode::DecodePlan;
-    use codec_cuda::quant::{OutDtype, OutLayout, Output};
-    use codec_cuda::stream::Destination;
-    use half::vec::HalfBitsVecExt;
-    let h = s.header();
-    let dtype = match h.dtype {
-        codec_core::Dtype::F16 => OutDtype::F16,
-        codec_core::Dtype::Bf16 => OutDtype::Bf16,
-        codec_core::Dtype::F32 => return Err("--gpu decodes f16 and bf16 streams, not f32".into()),
-    };
-    let (tokens, channels) = (h.shape.tokens, h.shape.channels());
-    let per_tensor = tokens as usize * channels;
-    let output = Output {
-        dtype,
-        layout: OutLayout::Dense,
-        len: 2 * h.shape.layers as usize * per_tensor,
-    };
-    let gpu_err = |e: codec_cuda::CudaError| format!("--gpu: {e}");
-    let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-    plan.add_stream(s, Destination::dense(tokens, channels))
-        .map_err(gpu_err)?;
-    let gpu = codec_cuda::Gpu::new(0).map_err(gpu_err)?;
-    gpu.load_kernels(None).map_err(gpu_err)?;
-    let bits = gpu.decode(&plan).map_err(gpu_err)?;
-    // Per layer K then V, each [T, H, D].
-    let mut tensors = bits.chunks_exact(per_tensor.max(1)).map(|t| match h.dtype {
-        codec_core::Dtype::Bf16 => codec_core::Tensor::Bf16(t.to_vec().reinterpret_into()),
-        _ => codec_core::Tensor::F16(t.to_vec().reinterpret_into()),
-    });
-    let mut cache = codec_core::KvCache::zeros(h.shape, h.dtype, h.meta.clone());
-    for layer in 0..h.shape.layers as usize {
-        if let (Some(k), Some(v)) = (tensors.next(), tensors.next()) {
-            (cache.k[layer], cache.v[layer]) = (k, v);
-        }
-    }
-    Ok(cache)
 }
 
 /// The metadata of a dump of a cache with `m`: its model and rotary settings, as `kvc dump`

@@ -2,26 +2,49 @@
 
 use std::path::Path;
 
-use kvc_io::pq::{self, Figures, Report, Selector, Windows};
+use kvc_io::pq::{self, Figures, Report, SecondSearch, Selector, Windows};
 use kvc_io::{Dump, Output};
 
+use crate::gpu::GpuCodec;
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;
 
-/// `kvc pq eval`: every selector in `sels` on the dump, printed as a table or JSON; with `plot`,
-/// also drawn (code bits per key against the miss rate) into that SVG file.
+/// Where `kvc pq eval` prints: JSON instead of a table, and a chart into an SVG file.
+pub struct Out<'a> {
+    /// Print JSON instead of a table.
+    pub json: bool,
+    /// Also draw code bits per key against the miss rate into this file.
+    pub plot: Option<&'a Output>,
+}
+
+/// `kvc pq eval`: every selector in `sels` on the dump with windows `w`, printed as a table or
+/// JSON; with a plot, also drawn (code bits per key against the miss rate). With `gpu`, every
+/// stored query head's selection is also made on GPU 0 (opened first: without one, an error
+/// before any work) and must equal pq-core's.
 pub fn cmd_eval(
     input: &Path,
     dump: &Dump,
-    sels: &[Selector],
-    w: Windows,
-    json: bool,
-    plot: Option<&Output>,
+    (sels, w): (&[Selector], Windows),
+    out: Out<'_>,
+    gpu: bool,
 ) -> Result<()> {
-    let report = pq::evaluate(dump, sels, w, &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
-    print(input, dump, &report, w, json)?;
-    match plot {
+    let mut gpu = match gpu {
+        true => Some(GpuCodec::open().map_err(|e| e.to_string())?),
+        false => None,
+    };
+    let second = gpu.as_mut().map(|g| g as &mut dyn SecondSearch);
+    let report = pq::evaluate_with(dump, sels, w, &mut Bars::on_stderr(), second)
+        .map_err(|e| e.to_string())?;
+    print(input, dump, &report, w, out.json)?;
+    if let (Some(g), false) = (&gpu, out.json) {
+        println!(
+            "{}: every selector's PQ selections (top-T/5 with the windows, no re-ranking) of \
+             every stored query head, one launch: the same tokens as pq-core's",
+            g.name()
+        );
+    }
+    match out.plot {
         Some(p) => plot::write(p, &chart(input, &report)),
         None => Ok(()),
     }
@@ -100,6 +123,16 @@ fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> 
             .collect();
         println!("  {:<44} {}", f.name, parts.join(", "));
     }
+    for f in figures {
+        if let Some((whole, kernel)) = f.second_scores_per_s {
+            let kernel = kernel.map_or_else(|| "-".into(), |k| format!("{:.2}", k / 1e9));
+            println!(
+                "  {:<44} GPU: {:.2} G token-scores/s (uploads included), kernel alone {kernel} G/s",
+                f.name,
+                whole / 1e9
+            );
+        }
+    }
     Ok(())
 }
 
@@ -139,6 +172,8 @@ fn figures_json(f: &Figures, tokens: usize) -> serde_json::Value {
         "search_ns_per_query_head": f.search_ns_per_query_head,
         "token_scores_per_s": tokens as f64 / (f.search_ns_per_query_head * 1e-9),
         "rerank_stream_bits_per_element": f.rerank_bpe,
+        "gpu_token_scores_per_s": f.second_scores_per_s.map(|s| s.0),
+        "gpu_kernel_token_scores_per_s": f.second_scores_per_s.and_then(|s| s.1),
         "block_cache": f.cache.iter().map(|c| serde_json::json!({
             "policy": format!("{:?}", c.policy), "capacity_blocks": c.capacity_blocks,
             "block_tokens": pq::BLOCK_TOKENS, "hit_rate": c.hit_rate})).collect::<Vec<_>>(),

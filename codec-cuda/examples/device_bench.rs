@@ -9,10 +9,12 @@
 //! The decode input is the real 512-token fixture (all 30 layers, 3 KV heads of 64), encoded
 //! at one level in 128-token chunks, decoded `copies` times over (each copy a sequence of its
 //! own in one dense output) per round. Reported per round's best: the whole `Gpu::decode_into`
-//! (every upload, the chain of five launches, the statuses), the chain's kernels alone, the
-//! stepwise path (three launches with the host's steps between them), each of its launches
-//! with uploads and downloads, and those kernels alone. Encode: the middle level's blocks re-quantized and
-//! re-encoded. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
+//! (the chain built, packed into pinned memory and uploaded in one copy, five launches, the
+//! statuses), its upload alone (`Gpu::upload_plan`), the decode of a plan uploaded once
+//! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
+//! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
+//! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone.
+//! Encode: the middle level's blocks re-quantized and re-encoded. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
 //! (causal), and a synthetic 32768-token head with 256 queries.
 //!
 //! Without a GPU or NVRTC it says why and exits 0. NVRTC: `KVC_NVRTC_LIB`, else
@@ -23,7 +25,10 @@ mod support;
 
 use std::time::Instant;
 
+use codec_core::{KvCache, Profile};
+use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
+use codec_cuda::{Gpu, DEFAULT_LANE_SHARED_TABLES};
 use pq_core::{pack, Codebook, PqParams};
 
 fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -42,7 +47,7 @@ fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let copies: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
     let t = Instant::now();
-    let gpu = match support::open_gpu() {
+    let mut gpu = match support::open_gpu() {
         Ok(g) => g,
         Err(why) => {
             println!("skipped: {why}");
@@ -60,61 +65,7 @@ fn main() {
 
     // Decode.
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
-        let bytes = support::stream_bytes(&d.kv, &profile, level);
-        let stream = support::open(&bytes);
-        let plan = support::decode_plan(&stream, copies);
-        let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
-        let out_bytes = (plan.output().len * 2) as f64;
-        let (full, r) = best_of(rounds, || gpu.decode_into(&plan, &mut out));
-        r.unwrap();
-        let exp_batch = plan.exponent_batch().unwrap();
-        let (t_exp, exp) = best_of(rounds, || gpu.lane_decode(&exp_batch).unwrap());
-        let exps = plan.exponents(&exp).unwrap();
-        let sym_batch = plan.symbol_batch(&exps).unwrap();
-        let (t_sym, sym) = best_of(rounds, || gpu.lane_decode(&sym_batch).unwrap());
-        let dq = plan.dequant_batch(&sym, &exps).unwrap();
-        let (t_dq, _) = best_of(rounds, || gpu.dequant_into(&dq, &mut out).unwrap());
-        let k_exp = gpu.time_lane_decode(&exp_batch, rounds).unwrap();
-        let k_sym = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
-        let k_dq = gpu.time_dequant(&dq, &mut out, rounds).unwrap();
-        let kernels = k_exp + k_sym + k_dq;
-        let k_chain = gpu.time_decode_chain(&plan, &mut out, rounds).unwrap();
-        let stages = gpu
-            .time_decode_chain_stages(&plan, &mut out, rounds)
-            .unwrap();
-        let (stepwise, r) = best_of(rounds.min(2), || gpu.decode_into_stepwise(&plan, &mut out));
-        r.unwrap();
-        println!(
-            "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole (chain, uploads \
-             and statuses included) {:.3} ms = {:.2} GB/s; the chain's five kernels alone {:.3} ms \
-             = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, values \
-             {:.3}, dequantization {:.3} ms); stepwise (host steps between launches) {:.3} ms = {:.3} GB/s; \
-             stepwise launches with uploads and downloads: exponent launch {:.3} ms, symbol \
-             launch {:.3} ms, dequantization {:.3} ms; alone: {:.3} + {:.3} + {:.3} ms = {:.2} \
-             GB/s (lane decode {:.2} GB/s, dequantization {:.2} GB/s of f16)",
-            bytes.len(),
-            out_bytes / 1e6,
-            full * 1e3,
-            out_bytes / full / 1e9,
-            k_chain * 1e3,
-            out_bytes / k_chain / 1e9,
-            stages[0] * 1e3,
-            stages[1] * 1e3,
-            stages[2] * 1e3,
-            stages[3] * 1e3,
-            stages[4] * 1e3,
-            stepwise * 1e3,
-            out_bytes / stepwise / 1e9,
-            t_exp * 1e3,
-            t_sym * 1e3,
-            t_dq * 1e3,
-            k_exp * 1e3,
-            k_sym * 1e3,
-            k_dq * 1e3,
-            out_bytes / kernels / 1e9,
-            out_bytes / (k_exp + k_sym) / 1e9,
-            out_bytes / k_dq / 1e9,
-        );
+        bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
     }
 
     // Encode: every block of the middle level's stream, `copies` times, re-quantized (with
@@ -205,5 +156,107 @@ fn main() {
         n as f64 / tl / 1e9,
         kl * 1e3,
         n as f64 / kl / 1e9
+    );
+}
+
+/// The decode figures of the fixture at `level`, `copies` times in one plan, best of `rounds`.
+fn bench_decode(
+    gpu: &mut Gpu,
+    kv: &KvCache,
+    profile: &Profile,
+    level: u8,
+    (rounds, copies): (usize, usize),
+) {
+    let bytes = support::stream_bytes(kv, profile, level);
+    let stream = support::open(&bytes);
+    let plan = support::decode_plan(&stream, copies);
+    let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+    let out_bytes = (plan.output().len * 2) as f64;
+    let gbs = |t: f64| out_bytes / t / 1e9;
+    let (whole, r) = best_of(rounds, || gpu.decode_into(&plan, &mut out));
+    r.unwrap();
+    let upload = gpu.time_upload_plan(&plan, rounds).unwrap();
+    let up = gpu.upload_plan(&plan).unwrap();
+    let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, &mut out));
+    r.unwrap();
+    let k_chain = gpu.time_decode_chain(&plan, &mut out, rounds).unwrap();
+    let st = gpu
+        .time_decode_chain_stages(&plan, &mut out, rounds)
+        .unwrap();
+    println!(
+        "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole decode_into {:.3} ms = \
+         {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
+         pinned memory {:.3}, outputs allocated {:.3} ms); plan \
+         uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's five kernels \
+         alone {:.3} ms = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, \
+         values {:.3}, dequantization {:.3} ms = {:.1} GB/s)",
+        bytes.len(),
+        out_bytes / 1e6,
+        whole * 1e3,
+        gbs(whole),
+        upload[0] * 1e3,
+        upload[1] * 1e3,
+        upload[2] * 1e3,
+        upload[3] * 1e3,
+        reused * 1e3,
+        gbs(reused),
+        k_chain * 1e3,
+        gbs(k_chain),
+        st[0] * 1e3,
+        st[1] * 1e3,
+        st[2] * 1e3,
+        st[3] * 1e3,
+        st[4] * 1e3,
+        gbs(st[4]),
+    );
+    // The symbol launch of format v2 against the 32-bit-state experiment, same symbols/tables.
+    let exp = gpu.lane_decode(&plan.exponent_batch().unwrap()).unwrap();
+    let exps = plan.exponents(&exp).unwrap();
+    let sym_batch = plan.symbol_batch(&exps).unwrap();
+    let sym = gpu.lane_decode(&sym_batch).unwrap();
+    let b32 = Lane32Batch::encode(&sym_batch, &sym).unwrap();
+    let dec32 = gpu.lane32_decode_experiment(&b32).unwrap();
+    let blocks = sym_batch.blocks();
+    let same =
+        (0..blocks.len()).all(|b| dec32.outcome(b).is_ok() && dec32.symbols(b) == sym.symbols(b));
+    let n_sym: f64 = blocks.iter().map(|b| f64::from(b.n_symbols)).sum();
+    let k64 = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
+    let k32 = gpu.time_lane32_decode_experiment(&b32, rounds).unwrap();
+    println!(
+        "lane decode level {level}, {:.1} M symbols in {} blocks: v2 (64-bit state, 32-bit words, \
+         {} payload bytes) {:.3} ms = {:.2} G symbols/s = {:.2} GB/s of f16; 32-bit-state \
+         experiment (16-bit words, {} payload bytes, {:+.3}%) {:.3} ms = {:.2} G symbols/s = \
+         {:.2} GB/s of f16 ({:.2}x); same symbols, every lane OK: {same}",
+        n_sym / 1e6,
+        blocks.len(),
+        sym_batch.payload_bytes(),
+        k64 * 1e3,
+        n_sym / k64 / 1e9,
+        gbs(k64),
+        b32.payload_bytes(),
+        (b32.payload_bytes() as f64 / sym_batch.payload_bytes() as f64 - 1.0) * 100.0,
+        k32 * 1e3,
+        n_sym / k32 / 1e9,
+        gbs(k32),
+        k64 / k32,
+    );
+    // Tables staged in shared memory per lane-decode block (the default is 2): fewer tables
+    // let more blocks share an SM; blocks with more tables read them through the cache.
+    let mut sweep = Vec::new();
+    for t in [0u32, 1, 2, 4, 8] {
+        gpu.set_lane_shared_tables(t).unwrap();
+        let v2 = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
+        let v3 = gpu.time_lane32_decode_experiment(&b32, rounds).unwrap();
+        sweep.push(format!(
+            "{t}: v2 {:.3} ms, 32-bit {:.3} ms",
+            v2 * 1e3,
+            v3 * 1e3
+        ));
+    }
+    gpu.set_lane_shared_tables(DEFAULT_LANE_SHARED_TABLES)
+        .unwrap();
+    println!(
+        "lane decode level {level} by tables in shared memory: {}",
+        sweep.join("; ")
     );
 }

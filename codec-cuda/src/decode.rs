@@ -268,8 +268,12 @@ fn crc32c(bytes: &[u8]) -> u32 {
 /// (`kvc_map_values`) and dequantization, each reading the previous launches' outputs where they
 /// are (on the device, no host round trip).
 #[derive(Debug)]
-pub(crate) struct Chain {
-    pub words: Vec<u32>,
+pub(crate) struct Chain<'p> {
+    /// Every block's lane words, in order: borrowed from the plan's blocks, so that an upload
+    /// copies them once, straight into its staging buffer ([`Chain::words`] joins them).
+    pub word_parts: Vec<&'p [u32]>,
+    /// Words in `word_parts`.
+    pub n_words: usize,
     pub tables: Vec<u32>,
     pub table_list: Vec<u32>,
     pub exp_blocks: Vec<LaneBlock>,
@@ -287,7 +291,12 @@ pub(crate) struct Chain {
     pub chunk_of: Vec<usize>,
 }
 
-impl Chain {
+impl<'p> Chain<'p> {
+    /// Every block's words in one buffer (for the host-run chain).
+    pub fn words(&self) -> Vec<u32> {
+        self.word_parts.concat()
+    }
+
     /// Adds a table with its radius; returns its id.
     fn add_table(&mut self, t: &codec_core::rans::FreqTable, radius: u8) -> u32 {
         let id = self.radius.len() as u32;
@@ -297,20 +306,18 @@ impl Chain {
     }
 
     /// Appends one coded block of `lanes` (its chunk) to every launch of the chain: `level_ids`
-    /// are the chunk level's tables, `map_start` its (layer, K/V) table map, `dest` where the
-    /// chunk's output goes.
+    /// are the chunk level's tables, `map_start` and `consts_start` where its (layer, K/V)'s
+    /// table map and channel constants start, `dest` where the chunk's output goes.
     fn push_block(
         &mut self,
         lanes: &ChunkLanes<'_>,
-        blk: &CodedBlock,
+        blk: &'p CodedBlock,
         level_ids: &[u32],
-        map_start: u64,
+        (map_start, consts_start): (u64, u64),
         dest: Destination,
     ) -> Result<(), CudaError> {
         let input = |what| CudaError::Input { what };
-        let profile = lanes.stream().profile();
         let h = lanes.stream().header();
-        let mult = profile.level_multipliers()[usize::from(lanes.level())];
         let token_start = h.chunks[lanes.chunk()].token_start;
         let group = u32::from(h.group);
         // The list: the exponent table (or a stand-in) at 0, then the level's tables.
@@ -329,8 +336,9 @@ impl Chain {
         let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
         let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
         let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
-        let word_start = self.words.len() as u64;
-        self.words.extend_from_slice(&blk.words);
+        let word_start = self.n_words as u64;
+        self.word_parts.push(&blk.words);
+        self.n_words += blk.words.len();
         let table_start =
             u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;
         self.exp_blocks.push(LaneBlock {
@@ -372,8 +380,6 @@ impl Chain {
             reserved: 0,
         });
         self.escapes.extend_from_slice(&blk.escapes);
-        let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
-        let consts_start = self.dequant.add_consts(&consts);
         let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
         let out_start = tensor
             .checked_mul(dest.tensor_stride)
@@ -404,12 +410,16 @@ impl Chain {
     }
 }
 
+/// A table map's key: (stream, level, layer, K/V).
+type MapKey = (usize, u8, u32, usize);
+
 impl DecodePlan<'_> {
     /// The plan's chain of launches ([`Chain`]).
-    pub(crate) fn chain(&self) -> Result<Chain, CudaError> {
+    pub(crate) fn chain(&self) -> Result<Chain<'_>, CudaError> {
         let input = |what| CudaError::Input { what };
         let mut ch = Chain {
-            words: Vec::new(),
+            word_parts: Vec::with_capacity(self.blocks),
+            n_words: 0,
             tables: Vec::new(),
             table_list: Vec::new(),
             exp_blocks: Vec::with_capacity(self.blocks),
@@ -431,7 +441,7 @@ impl DecodePlan<'_> {
         let c = self.heads as usize * self.head_dim as usize;
         // Per (stream, level): the level's table ids; per (stream, level, layer, kv): the map.
         let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();
-        let mut maps: Vec<((usize, u8, u32, usize), u64)> = Vec::new();
+        let mut maps: Vec<(MapKey, (u64, u64))> = Vec::new();
         for pc in &self.chunks {
             let lanes = &pc.lanes;
             let profile = lanes.stream().profile();
@@ -458,7 +468,8 @@ impl DecodePlan<'_> {
             }
             for blk in &lanes.blocks {
                 let map_key = (pc.stream, level, blk.layer, blk.kv);
-                let map_start = match maps.iter().find(|(k, _)| *k == map_key) {
+                // The map and the channel constants, once per (stream, level, layer, K/V).
+                let starts = match maps.iter().find(|(k, _)| *k == map_key) {
                     Some(&(_, s)) => s,
                     None => {
                         let s = ch.map.len() as u64;
@@ -472,11 +483,15 @@ impl DecodePlan<'_> {
                                 );
                             }
                         }
-                        maps.push((map_key, s));
-                        s
+                        let mult = profile.level_multipliers()[usize::from(level)];
+                        let params = profile.channel_params(blk.layer, blk.kv);
+                        let consts = ChannelConsts::of_block(params, mult);
+                        let starts = (s, ch.dequant.add_consts(&consts));
+                        maps.push((map_key, starts));
+                        starts
                     }
                 };
-                ch.push_block(lanes, blk, &level_ids, map_start, pc.dest)?;
+                ch.push_block(lanes, blk, &level_ids, starts, pc.dest)?;
             }
         }
         if c == 0 {
@@ -489,13 +504,14 @@ impl DecodePlan<'_> {
     /// device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
+        let words = ch.words();
         let heads = self.heads;
         let head_dim = self.head_dim;
         let shared_tables = LaneBatch::MAX_SHARED_TABLES;
         let mut exps = vec![0u8; ch.n_exps];
         let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &ch.words,
+            words: &words,
             tables: &ch.tables,
             table_list: &ch.table_list,
             symbol_table: &vec![0u16; ch.n_exps],
@@ -518,7 +534,7 @@ impl DecodePlan<'_> {
         let mut symbols = vec![0u8; ch.n_symbols];
         let mut sym_status = vec![0u32; ch.sym_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &ch.words,
+            words: &words,
             tables: &ch.tables,
             table_list: &ch.table_list,
             symbol_table: &sym_table,
@@ -558,7 +574,7 @@ impl DecodePlan<'_> {
     }
 }
 
-impl Chain {
+impl Chain<'_> {
     /// Every launch's statuses: the first failing block's chunk and what failed.
     pub(crate) fn check(
         &self,
@@ -568,25 +584,39 @@ impl Chain {
         value_status: &[u32],
         dq_status: &[u32],
     ) -> Result<(), CudaError> {
-        for b in 0..self.chunk_of.len() {
-            let chunk = self.chunk_of[b];
-            let bad = |what| Err(CudaError::Stream { chunk, what });
-            let lanes = |s: &[u32]| s.get(b * LANES..(b + 1) * LANES).map(|l| l.to_vec());
-            // A prefix does not end a lane: only range and table statuses fail the exponents.
-            if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= 4)) {
-                return bad("exponent lanes could not be decoded");
-            }
-            if resolve_status.get(b) != Some(&0) {
-                return bad("value tables could not be resolved");
-            }
-            if lanes(sym_status).is_none_or(|l| l.iter().any(|&s| s != 0)) {
-                return bad("a lane's end checks failed (B6/B8)");
-            }
-            if value_status.get(b) != Some(&0) {
-                return bad("escape values (B7/B9)");
-            }
-        }
-        let status: Vec<DequantStatus> = crate::quant::statuses(dq_status.to_vec());
-        check_dequant(&status)
+        let statuses = [
+            exp_status,
+            resolve_status,
+            sym_status,
+            value_status,
+            dq_status,
+        ];
+        check_chain(&self.chunk_of, statuses)
     }
+}
+
+/// A chain's statuses (exponent lanes, table resolution, symbol lanes, values,
+/// dequantization), its blocks' chunks `chunk_of`: the first failing block's chunk and what
+/// failed.
+pub(crate) fn check_chain(chunk_of: &[usize], statuses: [&[u32]; 5]) -> Result<(), CudaError> {
+    let [exp_status, resolve_status, sym_status, value_status, dq_status] = statuses;
+    for (b, &chunk) in chunk_of.iter().enumerate() {
+        let bad = |what| Err(CudaError::Stream { chunk, what });
+        let lanes = |s: &[u32]| s.get(b * LANES..(b + 1) * LANES).map(|l| l.to_vec());
+        // A prefix does not end a lane: only range and table statuses fail the exponents.
+        if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= 4)) {
+            return bad("exponent lanes could not be decoded");
+        }
+        if resolve_status.get(b) != Some(&0) {
+            return bad("value tables could not be resolved");
+        }
+        if lanes(sym_status).is_none_or(|l| l.iter().any(|&s| s != 0)) {
+            return bad("a lane's end checks failed (B6/B8)");
+        }
+        if value_status.get(b) != Some(&0) {
+            return bad("escape values (B7/B9)");
+        }
+    }
+    let status: Vec<DequantStatus> = crate::quant::statuses(dq_status.to_vec());
+    check_dequant(&status)
 }

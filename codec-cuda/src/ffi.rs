@@ -12,7 +12,9 @@
 //!    `pq.rs`) and [`PqArgsC`] those of `KvcPqQuery` and `KvcPqArgs` in `kernels/pq_search.cu`,
 //!    [`QuantBlock`], [`LaneEncodeBlock`] (in `encode.rs`), [`QuantArgsC`] and
 //!    [`LaneEncodeArgsC`] those of `kernels/encode.cu`, and [`ResolveBlock`], [`ValueBlock`],
-//!    [`ResolveArgsC`] and [`ValueArgsC`] those of `kernels/chain.cu` (`#[repr(C)]`, fields in
+//!    [`ResolveArgsC`] and [`ValueArgsC`] those of `kernels/chain.cu`, and [`LaneBlock`] and
+//!    [`LaneDecodeArgsC`] also those of `KvcLane32Block` and `KvcLane32Args` in
+//!    `kernels/rans32_experiment.cu` (words of the [`LaneWord`] type) (`#[repr(C)]`, fields in
 //!    the same order and of the same sizes). The unit tests
 //!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
 //!    reports.
@@ -40,7 +42,9 @@
 //!    in the loaded library (cudarc panics on a missing symbol).
 //! 5. **Program lifetime.** An NVRTC program is created, used and destroyed inside
 //!    [`nvrtc_compile`]; the source, name, header and option strings it points to outlive it.
-//! 6. **Device buffers.** A [`DevBuf`]'s count never exceeds its allocation, and every device
+//! 6. **Device buffers.** A [`DevBuf`]'s count never exceeds its allocation (for a view into a
+//!    packed upload, its part: [`Packer`] lays the parts out disjoint and [`PACK_ALIGN`]-aligned
+//!    within the one allocation, and [`DevBuf::view`] checks the part lies inside it), and every device
 //!    launch passes each buffer's address with that count (as invariant 2 on the host), so the
 //!    kernels' own range checks keep every access inside the buffers. The buffers outlive the
 //!    launch: the launch functions borrow them, and `Gpu` synchronizes the stream before it
@@ -55,6 +59,8 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, CStr, CString};
+use std::marker::PhantomData;
+use std::mem::size_of;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -62,7 +68,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
-    LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
+    LaunchConfig, PinnedHostSlice, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
 };
 use cudarc::nvrtc::sys as nvrtc;
 
@@ -77,11 +83,13 @@ pub(crate) const LANES: usize = 32;
 /// Entries of one packed decode table (`KVC_SLOTS`).
 pub(crate) const SLOTS: usize = 4096;
 
-/// `KvcLaneDecodeArgs` (invariant 1).
+/// `KvcLaneDecodeArgs` (invariant 1), and `KvcLane32Args` of the 32-bit-state experiment
+/// (`kernels/rans32_experiment.cu`), whose `words` are 16-bit.
 #[repr(C)]
 #[derive(Debug)]
-struct LaneDecodeArgsC {
-    words: *const u32,
+pub(crate) struct LaneDecodeArgsC {
+    /// The launch's words, `n_words` of its [`LaneWord`] type.
+    words: *const u8,
     n_words: u64,
     tables: *const u32,
     n_tables: u64,
@@ -105,6 +113,14 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_rans_lane_decode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_rans32_lane_decode_experiment_host(
+        args: *const LaneDecodeArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_rans32_lane_decode_experiment_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_dequant_f16_host(
         args: *const DequantArgsC,
         grid: u32,
@@ -676,10 +692,31 @@ pub(crate) fn kernel_f32_to_f16(x: f32) -> u16 {
     unsafe { kvc_f32_to_f16_host(x) }
 }
 
-/// The buffers of one lane-decode launch.
+/// The word of a lane-decode kernel: `u32` for format v2's `kvc_rans_lane_decode`, `u16` for
+/// the 32-bit-state experiment `kvc_rans32_lane_decode_experiment` (not part of any format).
+pub(crate) trait LaneWord: DeviceRepr + ValidAsZeroBits + Copy + 'static {
+    /// The kernel's entry point.
+    const ENTRY: &'static str;
+    /// Its host build (invariant 1: both take the same argument layout).
+    const HOST: unsafe extern "C" fn(*const LaneDecodeArgsC, u32, u32, u64) -> c_int;
+}
+
+impl LaneWord for u32 {
+    const ENTRY: &'static str = "kvc_rans_lane_decode";
+    const HOST: unsafe extern "C" fn(*const LaneDecodeArgsC, u32, u32, u64) -> c_int =
+        kvc_rans_lane_decode_host;
+}
+
+impl LaneWord for u16 {
+    const ENTRY: &'static str = "kvc_rans32_lane_decode_experiment";
+    const HOST: unsafe extern "C" fn(*const LaneDecodeArgsC, u32, u32, u64) -> c_int =
+        kvc_rans32_lane_decode_experiment_host;
+}
+
+/// The buffers of one lane-decode launch (words of `W`: see [`LaneWord`]).
 #[derive(Debug)]
-pub(crate) struct LaneDecodeIo<'a> {
-    pub words: &'a [u32],
+pub(crate) struct LaneDecodeIo<'a, W = u32> {
+    pub words: &'a [W],
     /// Packed tables, [`SLOTS`] entries each (a partial last table is ignored).
     pub tables: &'a [u32],
     pub table_list: &'a [u32],
@@ -691,8 +728,9 @@ pub(crate) struct LaneDecodeIo<'a> {
     pub shared_tables: u32,
 }
 
-/// Runs `kvc_rans_lane_decode` on the host: one block per entry of `io.blocks`.
-pub(crate) fn host_lane_decode(io: LaneDecodeIo<'_>) -> Result<(), CudaError> {
+/// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one block
+/// per entry of `io.blocks`.
+pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(), CudaError> {
     let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
         what: "more than 2^32 - 1 blocks in one launch",
     })?;
@@ -707,7 +745,7 @@ pub(crate) fn host_lane_decode(io: LaneDecodeIo<'_>) -> Result<(), CudaError> {
         });
     }
     let args = LaneDecodeArgsC {
-        words: io.words.as_ptr(),
+        words: io.words.as_ptr().cast(),
         n_words: io.words.len() as u64,
         tables: io.tables.as_ptr(),
         n_tables: (io.tables.len() / SLOTS) as u64,
@@ -722,14 +760,13 @@ pub(crate) fn host_lane_decode(io: LaneDecodeIo<'_>) -> Result<(), CudaError> {
         shared_tables: u64::from(io.shared_tables),
     };
     let shared_bytes = u64::from(io.shared_tables) * (SLOTS as u64) * 4;
-    // SAFETY: invariant 1 (layout), 2 (every pointer/count pair is a live slice and its length;
-    // `io` borrows them for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { kvc_rans_lane_decode_host(&args, grid, LANES as u32, shared_bytes) };
+    // SAFETY: invariant 1 (layout; `words` points to `n_words` words of the kernel's word
+    // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
+    // for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { W::HOST(&args, grid, LANES as u32, shared_bytes) };
     match rc {
         0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_rans_lane_decode",
-        }),
+        _ => Err(CudaError::HostRun { entry: W::ENTRY }),
     }
 }
 
@@ -738,6 +775,12 @@ pub(crate) fn host_lane_decode(io: LaneDecodeIo<'_>) -> Result<(), CudaError> {
 /// and `KVC_PRECISION` (see `kvc_rans_lane_decode_layout`).
 pub(crate) fn host_lane_decode_layout() -> Vec<u64> {
     host_layout(kvc_rans_lane_decode_layout)
+}
+
+#[cfg(test)]
+/// [`host_lane_decode_layout`] for the 32-bit-state experiment's kernel.
+pub(crate) fn host_lane32_decode_layout() -> Vec<u64> {
+    host_layout(kvc_rans32_lane_decode_experiment_layout)
 }
 
 #[cfg(test)]
@@ -1338,6 +1381,37 @@ mod tests {
         assert_eq!(host_layout(kvc_dequant_layout), rust_dequant_layout());
     }
 
+    /// Invariant 6 for views: every packed part starts aligned, after the previous part's
+    /// bytes, and an empty part still takes an aligned unit (its address is never shared).
+    #[test]
+    fn packed_parts_are_aligned_and_disjoint() {
+        let (a, b, c) = ([1u8; 3], [0u32; 0], [LaneBlock::default(); 2]);
+        let gather: [&[u16]; 2] = [&[1; 100], &[2; 29]];
+        let mut p = Packer::default();
+        let sa = p.add(&a[..]);
+        let sb = p.add(&b[..]);
+        let sc = p.add(&c[..]);
+        let sg = p.add_gather(&gather);
+        let slots = [
+            (sa.offset, sa.len),
+            (sb.offset, sb.len * 4),
+            (sc.offset, sc.len * size_of::<LaneBlock>()),
+            (sg.offset, sg.len * 2),
+        ];
+        assert_eq!((sa.len, sb.len, sc.len, sg.len), (3, 0, 2, 129));
+        for w in slots.windows(2) {
+            assert_eq!(w[0].0 % PACK_ALIGN, 0);
+            assert!(w[0].0 + w[0].1.max(1) <= w[1].0, "{slots:?}");
+        }
+        assert_eq!(
+            p.total,
+            sg.offset + (129 * 2usize).next_multiple_of(PACK_ALIGN)
+        );
+        let bytes: Vec<u8> = p.parts[3].0.concat();
+        assert_eq!(bytes.len(), 258);
+        assert_eq!(&bytes[198..202], &[1, 0, 2, 0]);
+    }
+
     /// Invariant 1: the Rust mirrors have the C++ layouts, and the kernel's constants are
     /// codec-core's.
     #[test]
@@ -1347,6 +1421,7 @@ mod tests {
         rust.push(codec_core::consts::LANES as u64);
         rust.push(u64::from(codec_core::consts::PRECISION));
         assert_eq!(host, rust);
+        assert_eq!(host_lane32_decode_layout(), rust);
         assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
         assert_eq!(codec_core::consts::LANES, LANES);
     }
@@ -1356,12 +1431,24 @@ mod tests {
 // Device launches
 
 /// A buffer on the device and the number of elements kernels may touch in it (invariant 6:
-/// `len <= slice.len()`; an empty buffer is one zeroed element, since the driver allocates no
-/// empty buffer).
+/// `len <= slice.len()`, or for a view `offset + len * size_of::<T>() <= base.len()`; an empty
+/// buffer is one zeroed element, since the driver allocates no empty buffer).
 #[derive(Debug)]
 pub(crate) struct DevBuf<T> {
-    slice: CudaSlice<T>,
+    mem: DevMem<T>,
     len: usize,
+}
+
+/// Where a [`DevBuf`] lies: its own allocation, or a part of a packed upload ([`Packer`]).
+#[derive(Debug)]
+enum DevMem<T> {
+    Own(CudaSlice<T>),
+    View {
+        base: Arc<CudaSlice<u8>>,
+        /// Bytes from the base's start: a multiple of [`PACK_ALIGN`].
+        offset: usize,
+        _t: PhantomData<T>,
+    },
 }
 
 /// A driver call's error as a [`CudaError`].
@@ -1382,7 +1469,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
         }
         .map_err(driver_err("cuMemcpyHtoDAsync"))?;
         Ok(DevBuf {
-            slice,
+            mem: DevMem::Own(slice),
             len: data.len(),
         })
     }
@@ -1392,13 +1479,43 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
         let slice = stream
             .alloc_zeros(len.max(1))
             .map_err(driver_err("cuMemAllocAsync"))?;
-        Ok(DevBuf { slice, len })
+        Ok(DevBuf {
+            mem: DevMem::Own(slice),
+            len,
+        })
     }
 
-    /// Copies the buffer's `len` elements back.
+    /// The part `slot` of the packed upload `base` (an input: never downloaded).
+    pub(crate) fn view(base: &Arc<CudaSlice<u8>>, slot: PackSlot<T>) -> Result<Self, CudaError> {
+        let end = slot
+            .len
+            .checked_mul(size_of::<T>())
+            .and_then(|b| b.checked_add(slot.offset));
+        if end.is_none_or(|e| e > base.len()) || !slot.offset.is_multiple_of(PACK_ALIGN) {
+            return Err(CudaError::Input {
+                what: "a packed part outside its upload",
+            });
+        }
+        Ok(DevBuf {
+            mem: DevMem::View {
+                base: base.clone(),
+                offset: slot.offset,
+                _t: PhantomData,
+            },
+            len: slot.len,
+        })
+    }
+
+    /// Copies the buffer's `len` elements back (buffers of their own only: the launches'
+    /// outputs).
     pub(crate) fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<T>, CudaError> {
+        let DevMem::Own(slice) = &self.mem else {
+            return Err(CudaError::Input {
+                what: "a packed input is not downloaded",
+            });
+        };
         let mut v = stream
-            .clone_dtoh(&self.slice)
+            .clone_dtoh(slice)
             .map_err(driver_err("cuMemcpyDtoHAsync"))?;
         v.truncate(self.len);
         Ok(v)
@@ -1410,6 +1527,30 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
     }
 }
 
+/// Queues `func` on `stream` with its one argument struct `args` and launch shape `cfg`, then
+/// drops the address guards `a` (which ordered the launch after the buffers' earlier writes):
+/// the one launch site of every kernel.
+///
+/// # Safety
+///
+/// `args` has the layout the kernel declares (invariants 1 and 7); every address in it is one
+/// of `a`'s buffers with its count, live until the caller synchronizes the stream (invariant
+/// 6); `cfg` gives the threads and shared memory the kernel assumes (invariants 3 and 8).
+unsafe fn launch_args<A: DeviceRepr>(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    args: &A,
+    cfg: LaunchConfig,
+    a: Addrs<'_>,
+) -> Result<(), CudaError> {
+    let mut launch = stream.launch_builder(func);
+    launch.arg(args);
+    // SAFETY: this function's contract, which its callers state at each call.
+    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
+    drop(a);
+    Ok(())
+}
+
 /// Device addresses of a launch's buffers, held with the guards that order the launch after
 /// the buffers' earlier writes (dropped once the launch is queued).
 struct Addrs<'a> {
@@ -1418,9 +1559,158 @@ struct Addrs<'a> {
 
 impl<'a> Addrs<'a> {
     fn of<T>(&mut self, b: &'a DevBuf<T>, stream: &'a CudaStream) -> (u64, u64) {
-        let (ptr, guard) = b.slice.device_ptr(stream);
+        let (ptr, guard) = match &b.mem {
+            DevMem::Own(slice) => slice.device_ptr(stream),
+            DevMem::View { base, offset, .. } => {
+                let (ptr, guard) = base.device_ptr(stream);
+                (ptr + *offset as u64, guard)
+            }
+        };
         self.guards.push(guard);
         (ptr, b.len as u64)
+    }
+}
+
+/// Bytes of a packed upload queued to the device at a time: the host fills the staging buffer
+/// with the next step while the device copies the last.
+const PACK_STEP: usize = 4 << 20;
+
+/// Alignment of every part of a packed upload (the driver's allocations are at least this
+/// aligned, so every part is aligned for its type).
+pub(crate) const PACK_ALIGN: usize = 256;
+
+/// Where [`Packer::add`] put an array: its byte offset and element count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackSlot<T> {
+    offset: usize,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+/// Host arrays laid out one after another ([`PACK_ALIGN`]-aligned) and uploaded to one device
+/// allocation by one copy from a pinned staging buffer, which the caller keeps for the next
+/// upload (one copy instead of one per array, at the speed of pinned memory, and no
+/// allocation of pinned memory per call).
+#[derive(Debug, Default)]
+pub(crate) struct Packer<'a> {
+    /// Per part: its sources in order (their bytes), and its offset.
+    parts: Vec<(Vec<&'a [u8]>, usize)>,
+    total: usize,
+}
+
+/// The bytes of a slice of a device type, padding included (invariant 7: plain `#[repr(C)]`
+/// values; the bytes are only copied, never read as numbers).
+fn raw_bytes<T: DeviceRepr>(data: &[T]) -> &[u8] {
+    // SAFETY: `data` is a live slice of `size_of_val(data)` bytes, borrowed for the result's
+    // lifetime; u8 has alignment 1. Padding bytes of `T` (e.g. the tail of `LaneBlock`) are
+    // only copied, by `copy_from_slice` (a memcpy, `ptr::copy_nonoverlapping`) in
+    // `Packer::upload` and by the driver's DMA, never read as values.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), size_of_val(data)) }
+}
+
+impl<'a> Packer<'a> {
+    /// Adds an array; where it will lie.
+    pub(crate) fn add<T: DeviceRepr>(&mut self, data: &'a [T]) -> PackSlot<T> {
+        self.add_gather(std::slice::from_ref(&data))
+    }
+
+    /// Room for `len` elements that nothing is copied into (a launch's output, in a
+    /// [`Packer::total`]-byte scratch allocation); where it lies.
+    pub(crate) fn reserve<T: DeviceRepr>(&mut self, len: usize) -> PackSlot<T> {
+        let offset = self.total;
+        self.total = offset + (len * size_of::<T>()).max(1).next_multiple_of(PACK_ALIGN);
+        PackSlot {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Bytes the parts take, gaps included.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Adds the arrays `parts` joined into one.
+    pub(crate) fn add_gather<T: DeviceRepr>(&mut self, parts: &[&'a [T]]) -> PackSlot<T> {
+        let offset = self.total;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let bytes = len * size_of::<T>();
+        self.parts
+            .push((parts.iter().map(|p| raw_bytes(p)).collect(), offset));
+        self.total = offset + bytes.max(1).next_multiple_of(PACK_ALIGN);
+        PackSlot {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Copies every part into `staging` (pinned memory, grown to a power of two when short)
+    /// and from there to a new device allocation in one copy on `stream`, then synchronizes
+    /// the stream (so that `staging` can be refilled): the allocation, for [`DevBuf::view`].
+    pub(crate) fn upload(
+        self,
+        stream: &Arc<CudaStream>,
+        staging: &mut Option<PinnedHostSlice<u8>>,
+    ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let need = self.total.max(1);
+        if need > isize::MAX as usize / 4 {
+            return Err(CudaError::Input {
+                what: "an upload over isize::MAX / 4 bytes",
+            });
+        }
+        if staging.as_ref().is_none_or(|p| p.len() < need) {
+            *staging = None;
+            let cap = need.next_power_of_two();
+            // SAFETY: alloc_pinned's contract (the memory is uninitialized): it is zeroed
+            // through the raw pointer below before any slice of it is formed. `cap` is far
+            // below isize::MAX (checked above), so cudarc's size assertions hold.
+            let mut p = unsafe { stream.context().alloc_pinned::<u8>(cap) }
+                .map_err(driver_err("cuMemHostAlloc"))?;
+            let ptr = p.as_mut_ptr().map_err(driver_err("cuEventSynchronize"))?;
+            // SAFETY: `ptr` points to `cap` bytes of pinned memory owned by `p`.
+            unsafe { ptr.write_bytes(0, cap) };
+            *staging = Some(p);
+        }
+        let pinned = staging.as_mut().ok_or(CudaError::Input {
+            what: "no staging buffer",
+        })?;
+        // Waits for any earlier copy from the staging buffer (its event).
+        let dst = pinned
+            .as_mut_slice()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        let mut dev = stream
+            .alloc_zeros::<u8>(need)
+            .map_err(driver_err("cuMemAllocAsync"))?;
+        // Bytes [0, sent) are queued to the device; they are not written again before the
+        // stream is synchronized below. Copying the next step into the staging buffer overlaps
+        // the device's copy of the last.
+        let mut sent = 0usize;
+        let mut send = |upto: usize, sent: &mut usize, dst: &[u8]| -> Result<(), CudaError> {
+            if upto > *sent {
+                stream
+                    .memcpy_htod(&dst[*sent..upto], &mut dev.slice_mut(*sent..upto))
+                    .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+                *sent = upto;
+            }
+            Ok(())
+        };
+        for (sources, offset) in &self.parts {
+            let mut at = *offset;
+            for src in sources {
+                dst[at..at + src.len()].copy_from_slice(src);
+                at += src.len();
+                if at >= sent + PACK_STEP {
+                    send(at, &mut sent, dst)?;
+                }
+            }
+        }
+        send(need, &mut sent, dst)?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(Arc::new(dev))
     }
 }
 
@@ -1556,8 +1846,8 @@ unsafe impl DeviceRepr for PqArgsDev {}
 /// A lane-decode launch's device buffers (invariant 2 on the device: built by
 /// `Gpu::lane_decode` from one [`crate::rans::LaneBatch`]).
 #[derive(Debug)]
-pub(crate) struct LaneDecodeDev {
-    pub words: DevBuf<u32>,
+pub(crate) struct LaneDecodeDev<W = u32> {
+    pub words: DevBuf<W>,
     pub tables: DevBuf<u32>,
     pub table_list: DevBuf<u32>,
     pub symbol_table: DevBuf<u16>,
@@ -1568,10 +1858,10 @@ pub(crate) struct LaneDecodeDev {
 
 /// Queues `kvc_rans_lane_decode` over `b` on `stream`, `shared_tables` tables per block in
 /// shared memory (the function's dynamic shared memory limit must allow it: invariant 8).
-pub(crate) fn launch_lane_decode(
+pub(crate) fn launch_lane_decode<W: LaneWord>(
     stream: &CudaStream,
     func: &CudaFunction,
-    b: &LaneDecodeDev,
+    b: &LaneDecodeDev<W>,
     shared_tables: u32,
 ) -> Result<(), CudaError> {
     let r = LaneDecodeRef {
@@ -1586,10 +1876,10 @@ pub(crate) fn launch_lane_decode(
     launch_lane_decode_ref(stream, func, &r, shared_tables)
 }
 
-fn launch_lane_decode_ref(
+fn launch_lane_decode_ref<W: LaneWord>(
     stream: &CudaStream,
     func: &CudaFunction,
-    b: &LaneDecodeRef<'_>,
+    b: &LaneDecodeRef<'_, W>,
     shared_tables: u32,
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
@@ -1628,13 +1918,10 @@ fn launch_lane_decode_ref(
         block_dim: (LANES as u32, 1, 1),
         shared_mem_bytes: shared_tables * (SLOTS as u32) * 4,
     };
-    let mut launch = stream.launch_builder(func);
-    launch.arg(&args);
     // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
     // live device buffer and a count within it, kept alive by `b` until the stream is
     // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).
-    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-    drop(a);
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
 
@@ -1724,12 +2011,9 @@ fn launch_dequant_with(
         block_dim: (DEQUANT_THREADS, 1, 1),
         shared_mem_bytes: DEQUANT_SHARED_BYTES,
     };
-    let mut launch = stream.launch_builder(func);
-    launch.arg(&args);
     // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
     // stream is synchronized), 7 and 3 (the host runs' launch shape).
-    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-    drop(a);
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
 
@@ -1806,12 +2090,9 @@ pub(crate) fn launch_pq(
         block_dim: (PQ_THREADS, 1, 1),
         shared_mem_bytes: (PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries)) as u32,
     };
-    let mut launch = stream.launch_builder(func);
-    launch.arg(&args);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (the host runs' launch shape and shared memory).
-    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-    drop(a);
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
 
@@ -1869,12 +2150,9 @@ pub(crate) fn launch_quantize(
         block_dim: (DEQUANT_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut launch = stream.launch_builder(func);
-    launch.arg(&args);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (the host runs' launch shape).
-    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-    drop(a);
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
 
@@ -1937,12 +2215,9 @@ pub(crate) fn launch_lane_encode(
         block_dim: (LANES as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut launch = stream.launch_builder(func);
-    launch.arg(&args);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (32 threads, no shared memory).
-    unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-    drop(a);
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
 
@@ -2088,12 +2363,9 @@ pub(crate) fn launch_chain_stage(
             block_dim: (CHAIN_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = stream.launch_builder(resolve);
-        launch.arg(&args);
         // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
         // synchronized), 7 and 3.
-        unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-        drop(a);
+        unsafe { launch_args(stream, resolve, &args, cfg, a) }?;
     }
     let sym = LaneDecodeRef {
         words: &l.words,
@@ -2139,11 +2411,8 @@ pub(crate) fn launch_chain_stage(
             block_dim: (CHAIN_THREADS, 1, 1),
             shared_mem_bytes: VALUE_SHARED_BYTES,
         };
-        let mut launch = stream.launch_builder(values);
-        launch.arg(&args);
         // SAFETY: invariants 1, 6, 7 and 3 (the shared memory KvcValueShared needs).
-        unsafe { launch.launch(cfg) }.map_err(driver_err("cuLaunchKernel"))?;
-        drop(a);
+        unsafe { launch_args(stream, values, &args, cfg, a) }?;
     }
     if stage == 4 {
         return launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out);
@@ -2153,8 +2422,8 @@ pub(crate) fn launch_chain_stage(
 
 /// A lane-decode launch's buffers, borrowed (the chain's symbol launch shares the exponent
 /// launch's words and tables).
-struct LaneDecodeRef<'a> {
-    words: &'a DevBuf<u32>,
+struct LaneDecodeRef<'a, W> {
+    words: &'a DevBuf<W>,
     tables: &'a DevBuf<u32>,
     table_list: &'a DevBuf<u32>,
     symbol_table: &'a DevBuf<u16>,

@@ -9,17 +9,18 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::Ptx;
 
-use crate::decode::{check_dequant, Chain, DecodePlan};
+use crate::decode::{check_chain, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::error::CudaError;
-use crate::ffi::{self, DevBuf, LANES, SLOTS};
+use crate::experiment::Lane32Batch;
+use crate::ffi::{self, DevBuf, LaneWord, LANES, SLOTS};
 use crate::nvrtc::{Nvrtc, KERNELS};
 use crate::pq::{PqBatch, PqSelected};
-use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout};
-use crate::rans::{LaneBatch, LaneDecoded};
+use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, Output};
+use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded};
 
 /// Every kernel file's CUBIN for one architecture.
 type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
@@ -38,6 +39,8 @@ struct Kernels {
     lane_encode: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
+    /// Not part of any format: the 32-bit-state experiment ([`crate::experiment`]).
+    lane32_experiment: CudaFunction,
 }
 
 /// A CUDA device's primary context, a stream on it, and the kernels once loaded.
@@ -49,11 +52,45 @@ pub struct Gpu {
     arch: String,
     kernels: Mutex<Option<Arc<Kernels>>>,
     lane_shared_tables: u32,
+    /// Pinned host memory every packed upload is staged in, kept for the next (grown when
+    /// short).
+    staging: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// The device scratch of the decode chains (symbols, their tables, values), kept for the
+    /// next upload (grown when short): every chain writes all of it that it reads, and chains
+    /// run one at a time (`chain_lock`).
+    scratch: Mutex<Option<Arc<CudaSlice<u8>>>>,
+    /// Held from a chain's first launch until its statuses are read: the chains of several
+    /// threads share the scratch, so one chain runs at a time.
+    chain_lock: Mutex<()>,
 }
 
-/// Tables a lane-decode block stages in shared memory by default (32 KiB, within every
-/// device's default limit; blocks with more tables read them through the cache).
-pub const DEFAULT_LANE_SHARED_TABLES: u32 = 2;
+/// A [`DecodePlan`]'s chain uploaded to one device ([`Gpu::upload_plan`]): every input of its
+/// five launches (words, tables, table maps, block headers, sink rows, constants, page tables)
+/// in one device allocation, decoded by [`Gpu::decode_uploaded_into`] any number of times with
+/// no host work but the launches and the statuses.
+#[derive(Debug)]
+pub struct UploadedPlan {
+    dev: ffi::ChainDev,
+    /// Per block, its chunk (for errors).
+    chunk_of: Vec<usize>,
+    output: Output,
+    /// The stream (so the device) it was uploaded to.
+    stream: Arc<CudaStream>,
+}
+
+impl UploadedPlan {
+    /// The output the plan writes.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+}
+
+/// Tables a lane-decode block stages in shared memory by default: none, every table is read
+/// through the L1/L2 cache. Measured on an H100 (codec-cuda/README.md), the fixture's 47 M
+/// symbols decode in 0.71 ms this way and in 2.23 ms with 2 tables staged per block (the 32 KiB
+/// of shared memory per 32-thread block left few blocks per SM, and staging reads 16 KiB per
+/// table and block).
+pub const DEFAULT_LANE_SHARED_TABLES: u32 = 0;
 
 impl Gpu {
     /// Opens device `ordinal`. Errors, never panics, where CUDA is missing:
@@ -72,6 +109,9 @@ impl Gpu {
             arch: format!("sm_{major}{minor}"),
             kernels: Mutex::new(None),
             lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
+            staging: Mutex::new(None),
+            scratch: Mutex::new(None),
+            chain_lock: Mutex::new(()),
         })
     }
 
@@ -151,18 +191,19 @@ impl Gpu {
             lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
+            lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
         };
         let shared = self.lane_shared_tables as usize * SLOTS * 4;
         if shared > 48 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
             // Invariant 8 of src/ffi.rs: the limit is raised before any launch asks for it.
-            kernels
-                .lane_decode
-                .set_attribute(
+            for f in [&kernels.lane_decode, &kernels.lane32_experiment] {
+                f.set_attribute(
                     A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     shared as i32,
                 )
                 .map_err(ffi::driver_err("cuFuncSetAttribute"))?;
+            }
         }
         let kernels = Arc::new(kernels);
         *held = Some(kernels.clone());
@@ -178,19 +219,20 @@ impl Gpu {
     /// Decodes every block of `batch` on the device (as [`LaneBatch::decode_host`] does on the
     /// host): words, tables and block headers uploaded, one launch, symbols and statuses back.
     pub fn lane_decode(&self, batch: &LaneBatch) -> Result<LaneDecoded, CudaError> {
-        let k = self.kernels(None)?;
+        let t = self.lane_shared_tables;
+        let dev = self.run_once(
+            |g| g.upload_lanes(batch.buffers()),
+            |g, k, d| ffi::launch_lane_decode(&g.stream, &k.lane_decode, d, t),
+        )?;
         let s = &self.stream;
-        let dev = self.upload_lanes(batch)?;
-        ffi::launch_lane_decode(s, &k.lane_decode, &dev, self.lane_shared_tables)?;
-        self.sync()?;
-        let symbols = dev.symbols.download(s)?;
-        let status = dev.status.download(s)?;
-        Ok(batch.decoded(symbols, status))
+        Ok(batch.decoded(dev.symbols.download(s)?, dev.status.download(s)?))
     }
 
-    fn upload_lanes(&self, batch: &LaneBatch) -> Result<ffi::LaneDecodeDev, CudaError> {
+    fn upload_lanes<W: LaneWord>(
+        &self,
+        b: LaneBuffers<'_, W>,
+    ) -> Result<ffi::LaneDecodeDev<W>, CudaError> {
         let s = &self.stream;
-        let b = batch.buffers();
         Ok(ffi::LaneDecodeDev {
             words: DevBuf::upload(s, b.words)?,
             tables: DevBuf::upload(s, b.tables)?,
@@ -205,11 +247,68 @@ impl Gpu {
     /// For benches: the best time in seconds of `reps` lane-decode launches over `batch`,
     /// uploaded once (the kernel alone: each launch queued, then the stream synchronized).
     pub fn time_lane_decode(&self, batch: &LaneBatch, reps: usize) -> Result<f64, CudaError> {
+        let t = self.lane_shared_tables;
+        self.time_launches(
+            reps,
+            |g| g.upload_lanes(batch.buffers()),
+            |g, k, d| ffi::launch_lane_decode(&g.stream, &k.lane_decode, d, t),
+        )
+    }
+
+    /// Not part of any format: decodes `batch` with the 32-bit-state experiment's kernel (as
+    /// [`Lane32Batch::decode_host`] does on the host).
+    pub fn lane32_decode_experiment(&self, batch: &Lane32Batch) -> Result<LaneDecoded, CudaError> {
+        let t = self.lane_shared_tables;
+        let dev = self.run_once(
+            |g| g.upload_lanes(batch.buffers()),
+            |g, k, d| ffi::launch_lane_decode(&g.stream, &k.lane32_experiment, d, t),
+        )?;
+        let s = &self.stream;
+        Ok(batch.decoded(dev.symbols.download(s)?, dev.status.download(s)?))
+    }
+
+    /// For benches: [`time_lane_decode`](Self::time_lane_decode) for the 32-bit-state
+    /// experiment's kernel.
+    pub fn time_lane32_decode_experiment(
+        &self,
+        batch: &Lane32Batch,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        let t = self.lane_shared_tables;
+        self.time_launches(
+            reps,
+            |g| g.upload_lanes(batch.buffers()),
+            |g, k, d| ffi::launch_lane_decode(&g.stream, &k.lane32_experiment, d, t),
+        )
+    }
+
+    /// Uploads a launch's buffers with `upload`, queues `launch` once and synchronizes: the
+    /// device buffers, for the caller's downloads.
+    fn run_once<D>(
+        &self,
+        upload: impl FnOnce(&Self) -> Result<D, CudaError>,
+        launch: impl FnOnce(&Self, &Kernels, &D) -> Result<(), CudaError>,
+    ) -> Result<D, CudaError> {
         let k = self.kernels(None)?;
-        let dev = self.upload_lanes(batch)?;
+        let dev = upload(self)?;
+        launch(self, &k, &dev)?;
+        self.sync()?;
+        Ok(dev)
+    }
+
+    /// Uploads a launch's buffers with `upload` once, then the best time in seconds of `reps`
+    /// runs of `launch`, each synchronized (the kernel alone, for benches).
+    fn time_launches<D>(
+        &self,
+        reps: usize,
+        upload: impl FnOnce(&Self) -> Result<D, CudaError>,
+        mut launch: impl FnMut(&Self, &Kernels, &D) -> Result<(), CudaError>,
+    ) -> Result<f64, CudaError> {
+        let k = self.kernels(None)?;
+        let dev = upload(self)?;
         self.sync()?;
         best_time(reps, || {
-            ffi::launch_lane_decode(&self.stream, &k.lane_decode, &dev, self.lane_shared_tables)?;
+            launch(self, &k, &dev)?;
             self.sync()
         })
     }
@@ -226,16 +325,12 @@ impl Gpu {
                 what: "a page size of 0",
             });
         }
-        let k = self.kernels(None)?;
-        let s = &self.stream;
-        let dev = self.upload_dequant(batch)?;
-        let func = match batch.output().dtype {
-            OutDtype::F16 => &k.dequant_f16,
-            OutDtype::Bf16 => &k.dequant_bf16,
-        };
-        ffi::launch_dequant(s, func, &dev, out, batch.output().len)?;
-        self.sync()?;
-        Ok(statuses(dev.status.download(s)?))
+        let o = batch.output();
+        let dev = self.run_once(
+            |g| g.upload_dequant(batch),
+            |g, k, d| ffi::launch_dequant(&g.stream, dequant_kernel(k, o), d, out, o.len),
+        )?;
+        Ok(statuses(dev.status.download(&self.stream)?))
     }
 
     fn upload_dequant(&self, batch: &DequantBatch) -> Result<ffi::DequantDev, CudaError> {
@@ -263,17 +358,12 @@ impl Gpu {
         out: &mut CudaSlice<u16>,
         reps: usize,
     ) -> Result<f64, CudaError> {
-        let k = self.kernels(None)?;
-        let dev = self.upload_dequant(batch)?;
-        let func = match batch.output().dtype {
-            OutDtype::F16 => &k.dequant_f16,
-            OutDtype::Bf16 => &k.dequant_bf16,
-        };
-        self.sync()?;
-        best_time(reps, || {
-            ffi::launch_dequant(&self.stream, func, &dev, out, batch.output().len)?;
-            self.sync()
-        })
+        let o = batch.output();
+        self.time_launches(
+            reps,
+            |g| g.upload_dequant(batch),
+            |g, k, d| ffi::launch_dequant(&g.stream, dequant_kernel(k, o), d, out, o.len),
+        )
     }
 
     /// [`dequant_into`](Self::dequant_into) a zeroed buffer, downloaded: as
@@ -298,31 +388,104 @@ impl Gpu {
 
     /// Decodes every chunk of `plan` into `out`, a device buffer of at least the plan's output
     /// length (e.g. a serving engine's KV pages) on [`stream`](Self::stream): every input
-    /// uploaded at once, then one chain of five launches (exponents, table resolution, symbols,
-    /// values with escapes, dequantization) with no host step between them, then the statuses.
+    /// uploaded at once ([`upload_plan`](Self::upload_plan)), then one chain of five launches
+    /// (exponents, table resolution, symbols, values with escapes, dequantization) with no host
+    /// step between them, then the statuses.
     pub fn decode_into(
         &self,
         plan: &DecodePlan<'_>,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
+        let up = self.upload_plan(plan)?;
+        self.decode_uploaded_into(&up, out)
+    }
+
+    /// Builds `plan`'s chain and uploads every input of its launches to this device in one
+    /// copy from pinned memory (each block's words copied once, from the plan into the
+    /// staging buffer), to be decoded by [`decode_uploaded_into`](Self::decode_uploaded_into)
+    /// once or many times.
+    pub fn upload_plan(&self, plan: &DecodePlan<'_>) -> Result<UploadedPlan, CudaError> {
+        self.upload_plan_timed(plan, None)
+    }
+
+    /// [`upload_plan`](Self::upload_plan); with `times`, the seconds of building the chain, of
+    /// its packed upload and of its outputs' allocation.
+    fn upload_plan_timed(
+        &self,
+        plan: &DecodePlan<'_>,
+        times: Option<&mut [f64; 3]>,
+    ) -> Result<UploadedPlan, CudaError> {
         if plan.output().layout == (OutLayout::Paged { page_size: 0 }) {
             return Err(CudaError::Input {
                 what: "a page size of 0",
             });
         }
-        let k = self.kernels(None)?;
+        let t = std::time::Instant::now();
         let chain = plan.chain()?;
-        let dev = self.upload_chain(&chain)?;
-        self.launch_chain(&k, &dev, plan.output(), out)?;
+        let built = t.elapsed().as_secs_f64();
+        let mut parts = [0.0; 2];
+        let dev = self.upload_chain(&chain, times.is_some().then_some(&mut parts))?;
+        if let Some(times) = times {
+            *times = [built, parts[0], parts[1]];
+        }
+        Ok(UploadedPlan {
+            dev,
+            chunk_of: chain.chunk_of,
+            output: plan.output(),
+            stream: self.stream.clone(),
+        })
+    }
+
+    /// Runs an uploaded plan's chain of five launches into `out` (as
+    /// [`decode_into`](Self::decode_into)), then reads and checks the statuses.
+    pub fn decode_uploaded_into(
+        &self,
+        up: &UploadedPlan,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        if !Arc::ptr_eq(&up.stream, &self.stream) {
+            return Err(CudaError::Input {
+                what: "a plan uploaded through another Gpu",
+            });
+        }
+        let k = self.kernels(None)?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.launch_chain(&k, &up.dev, up.output, out)?;
         self.sync()?;
         let s = &self.stream;
-        chain.check(
-            &dev.lanes_exp.status.download(s)?,
-            &dev.resolve_status.download(s)?,
-            &dev.sym_status.download(s)?,
-            &dev.value_status.download(s)?,
-            &dev.dequant.status.download(s)?,
+        let d = &up.dev;
+        check_chain(
+            &up.chunk_of,
+            [
+                &d.lanes_exp.status.download(s)?,
+                &d.resolve_status.download(s)?,
+                &d.sym_status.download(s)?,
+                &d.value_status.download(s)?,
+                &d.dequant.status.download(s)?,
+            ],
         )
+    }
+
+    /// For benches: the best time in seconds over `reps` runs of [`upload_plan`](Self::upload_plan)
+    /// (the chain built from the plan, packed, copied from pinned memory to the device, its
+    /// outputs allocated), and of each of those three steps (each synchronized).
+    pub fn time_upload_plan(
+        &self,
+        plan: &DecodePlan<'_>,
+        reps: usize,
+    ) -> Result<[f64; 4], CudaError> {
+        self.kernels(None)?;
+        let mut best = [f64::INFINITY; 4];
+        for _ in 0..reps.max(1) {
+            let mut parts = [0.0; 3];
+            let t = std::time::Instant::now();
+            drop(self.upload_plan_timed(plan, Some(&mut parts))?);
+            best[0] = best[0].min(t.elapsed().as_secs_f64());
+            for (b, p) in best[1..].iter_mut().zip(parts) {
+                *b = b.min(p);
+            }
+        }
+        Ok(best)
     }
 
     /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of five launches,
@@ -333,14 +496,13 @@ impl Gpu {
         out: &mut CudaSlice<u16>,
         reps: usize,
     ) -> Result<f64, CudaError> {
-        let k = self.kernels(None)?;
         let chain = plan.chain()?;
-        let dev = self.upload_chain(&chain)?;
-        self.sync()?;
-        best_time(reps, || {
-            self.launch_chain(&k, &dev, plan.output(), out)?;
-            self.sync()
-        })
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.time_launches(
+            reps,
+            |g| g.upload_chain(&chain, None),
+            |g, k, d| g.launch_chain(k, d, plan.output(), out),
+        )
     }
 
     fn launch_chain(
@@ -372,7 +534,8 @@ impl Gpu {
     ) -> Result<[f64; 5], CudaError> {
         let k = self.kernels(None)?;
         let chain = plan.chain()?;
-        let dev = self.upload_chain(&chain)?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let dev = self.upload_chain(&chain, None)?;
         let kernels = chain_kernels(&k, plan.output());
         let n_out = plan.output().len;
         self.sync()?;
@@ -396,38 +559,90 @@ impl Gpu {
         Ok(best)
     }
 
-    fn upload_chain(&self, ch: &Chain) -> Result<ffi::ChainDev, CudaError> {
+    /// Frees the pinned staging buffer and the decode scratch this `Gpu` keeps between calls
+    /// (the next decode allocates them again).
+    pub fn free_cached(&self) {
+        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The decode scratch, at least `bytes` long: the kept one, or a new one kept instead.
+    fn scratch(&self, bytes: usize) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = held.as_ref().filter(|s| s.len() >= bytes) {
+            return Ok(s.clone());
+        }
+        *held = None;
+        let new = Arc::new(
+            self.stream
+                .alloc_zeros::<u8>(bytes.max(1))
+                .map_err(ffi::driver_err("cuMemAllocAsync"))?,
+        );
+        *held = Some(new.clone());
+        Ok(new)
+    }
+
+    /// Every input of `ch`'s launches in one packed upload (see [`ffi::Packer`]); its
+    /// launches' large outputs in the kept scratch, the statuses (and the exponents' table
+    /// indices, which must be zero) zeroed. With `times`, the seconds of the packed upload and
+    /// of the outputs' allocation (each synchronized).
+    fn upload_chain(
+        &self,
+        ch: &Chain<'_>,
+        times: Option<&mut [f64; 2]>,
+    ) -> Result<ffi::ChainDev, CudaError> {
         let s = &self.stream;
+        let t0 = std::time::Instant::now();
         let io = ch.dequant.io(&mut [], &mut []);
-        Ok(ffi::ChainDev {
+        let mut p = ffi::Packer::default();
+        let words = p.add_gather(&ch.word_parts);
+        let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
+        let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
+        let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
+        let (escapes, values) = (p.add(&ch.escapes), p.add(&ch.values));
+        let (sink, consts) = (p.add(io.sink), p.add(io.consts));
+        let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
+        let base = {
+            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+            p.upload(s, &mut staging)?
+        };
+        let t1 = std::time::Instant::now();
+        let mut o = ffi::Packer::default();
+        let exps = o.reserve::<u8>(ch.n_exps);
+        let sym_table = o.reserve::<u16>(ch.n_symbols);
+        let symbols = o.reserve::<u8>(ch.n_symbols);
+        let q = o.reserve::<i32>(ch.n_q);
+        let scratch = self.scratch(o.total())?;
+        let (b, x) = (&base, &scratch);
+        let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
-                words: DevBuf::upload(s, &ch.words)?,
-                tables: DevBuf::upload(s, &ch.tables)?,
-                table_list: DevBuf::upload(s, &ch.table_list)?,
+                words: DevBuf::view(b, words)?,
+                tables: DevBuf::view(b, tables)?,
+                table_list: DevBuf::view(b, table_list)?,
                 symbol_table: DevBuf::zeros(s, ch.n_exps)?,
-                blocks: DevBuf::upload(s, &ch.exp_blocks)?,
-                symbols: DevBuf::zeros(s, ch.n_exps)?,
+                blocks: DevBuf::view(b, exp_blocks)?,
+                symbols: DevBuf::view(x, exps)?,
                 status: DevBuf::zeros(s, ch.exp_blocks.len() * LANES)?,
             },
-            sym_blocks: DevBuf::upload(s, &ch.sym_blocks)?,
-            sym_table: DevBuf::zeros(s, ch.n_symbols)?,
-            symbols: DevBuf::zeros(s, ch.n_symbols)?,
+            sym_blocks: DevBuf::view(b, sym_blocks)?,
+            sym_table: DevBuf::view(x, sym_table)?,
+            symbols: DevBuf::view(x, symbols)?,
             sym_status: DevBuf::zeros(s, ch.sym_blocks.len() * LANES)?,
-            map: DevBuf::upload(s, &ch.map)?,
-            resolve: DevBuf::upload(s, &ch.resolve)?,
+            map: DevBuf::view(b, map)?,
+            resolve: DevBuf::view(b, resolve)?,
             resolve_status: DevBuf::zeros(s, ch.resolve.len())?,
-            radius: DevBuf::upload(s, &ch.radius)?,
-            escapes: DevBuf::upload(s, &ch.escapes)?,
-            q: DevBuf::zeros(s, ch.n_q)?,
-            values: DevBuf::upload(s, &ch.values)?,
+            radius: DevBuf::view(b, radius)?,
+            escapes: DevBuf::view(b, escapes)?,
+            q: DevBuf::view(x, q)?,
+            values: DevBuf::view(b, values)?,
             value_status: DevBuf::zeros(s, ch.values.len())?,
             dequant: ffi::DequantDev {
                 q: DevBuf::zeros(s, 0)?,
                 exps: DevBuf::zeros(s, 0)?,
-                sink: DevBuf::upload(s, io.sink)?,
-                consts: DevBuf::upload(s, io.consts)?,
-                pages: DevBuf::upload(s, io.pages)?,
-                blocks: DevBuf::upload(s, io.blocks)?,
+                sink: DevBuf::view(b, sink)?,
+                consts: DevBuf::view(b, consts)?,
+                pages: DevBuf::view(b, pages)?,
+                blocks: DevBuf::view(b, dq_blocks)?,
                 status: DevBuf::zeros(s, io.blocks.len())?,
                 heads: io.heads,
                 head_dim: io.head_dim,
@@ -435,7 +650,12 @@ impl Gpu {
             },
             heads: io.heads,
             head_dim: io.head_dim,
-        })
+        };
+        if let Some(t) = times {
+            self.sync()?;
+            *t = [(t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()];
+        }
+        Ok(dev)
     }
 
     /// The three-launch path with the host's steps between launches (table resolution and
@@ -471,11 +691,11 @@ impl Gpu {
 
     /// Runs the PQ search over `batch` on the device: as [`PqBatch::search_host`] gives it.
     pub fn search(&self, batch: &PqBatch) -> Result<PqSelected, CudaError> {
-        let k = self.kernels(None)?;
+        let dev = self.run_once(
+            |g| g.upload_pq(batch),
+            |g, k, d| ffi::launch_pq(&g.stream, &k.pq_search, d),
+        )?;
         let s = &self.stream;
-        let dev = self.upload_pq(batch)?;
-        ffi::launch_pq(s, &k.pq_search, &dev)?;
-        self.sync()?;
         let out = dev.out.download(s)?;
         let status = dev.status.download(s)?;
         Ok(batch.selected(out, status))
@@ -484,13 +704,11 @@ impl Gpu {
     /// For benches: the best time in seconds of `reps` PQ search launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_search(&self, batch: &PqBatch, reps: usize) -> Result<f64, CudaError> {
-        let k = self.kernels(None)?;
-        let dev = self.upload_pq(batch)?;
-        self.sync()?;
-        best_time(reps, || {
-            ffi::launch_pq(&self.stream, &k.pq_search, &dev)?;
-            self.sync()
-        })
+        self.time_launches(
+            reps,
+            |g| g.upload_pq(batch),
+            |g, k, d| ffi::launch_pq(&g.stream, &k.pq_search, d),
+        )
     }
 
     fn upload_pq(&self, batch: &PqBatch) -> Result<ffi::PqDev, CudaError> {
@@ -532,24 +750,22 @@ impl Gpu {
     /// Quantizes every block of `batch` on the device: as [`QuantBatch::quantize_host`]
     /// gives it.
     pub fn quantize(&self, batch: &QuantBatch) -> Result<Vec<(Vec<i32>, EncodeStatus)>, CudaError> {
-        let k = self.kernels(None)?;
+        let dev = self.run_once(
+            |g| g.upload_quant(batch),
+            |g, k, d| ffi::launch_quantize(&g.stream, &k.quantize, d),
+        )?;
         let s = &self.stream;
-        let dev = self.upload_quant(batch)?;
-        ffi::launch_quantize(s, &k.quantize, &dev)?;
-        self.sync()?;
         Ok(batch.quantized(dev.q.download(s)?, dev.status.download(s)?))
     }
 
     /// For benches: the best time in seconds of `reps` quantization launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_quantize(&self, batch: &QuantBatch, reps: usize) -> Result<f64, CudaError> {
-        let k = self.kernels(None)?;
-        let dev = self.upload_quant(batch)?;
-        self.sync()?;
-        best_time(reps, || {
-            ffi::launch_quantize(&self.stream, &k.quantize, &dev)?;
-            self.sync()
-        })
+        self.time_launches(
+            reps,
+            |g| g.upload_quant(batch),
+            |g, k, d| ffi::launch_quantize(&g.stream, &k.quantize, d),
+        )
     }
 
     fn upload_lane_encode(&self, batch: &LaneEncodeBatch) -> Result<ffi::LaneEncodeDev, CudaError> {
@@ -570,11 +786,11 @@ impl Gpu {
     /// Encodes every block of `batch` on the device: as [`LaneEncodeBatch::encode_host`]
     /// gives it.
     pub fn lane_encode(&self, batch: &LaneEncodeBatch) -> Result<LaneEncoded, CudaError> {
-        let k = self.kernels(None)?;
+        let dev = self.run_once(
+            |g| g.upload_lane_encode(batch),
+            |g, k, d| ffi::launch_lane_encode(&g.stream, &k.lane_encode, d),
+        )?;
         let s = &self.stream;
-        let dev = self.upload_lane_encode(batch)?;
-        ffi::launch_lane_encode(s, &k.lane_encode, &dev)?;
-        self.sync()?;
         Ok(batch.encoded(
             dev.words.download(s)?,
             dev.lane_len.download(s)?,
@@ -585,13 +801,19 @@ impl Gpu {
     /// For benches: the best time in seconds of `reps` lane-encode launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_lane_encode(&self, batch: &LaneEncodeBatch, reps: usize) -> Result<f64, CudaError> {
-        let k = self.kernels(None)?;
-        let dev = self.upload_lane_encode(batch)?;
-        self.sync()?;
-        best_time(reps, || {
-            ffi::launch_lane_encode(&self.stream, &k.lane_encode, &dev)?;
-            self.sync()
-        })
+        self.time_launches(
+            reps,
+            |g| g.upload_lane_encode(batch),
+            |g, k, d| ffi::launch_lane_encode(&g.stream, &k.lane_encode, d),
+        )
+    }
+}
+
+/// The dequantization entry point for `output`'s dtype.
+fn dequant_kernel(k: &Kernels, output: crate::quant::Output) -> &CudaFunction {
+    match output.dtype {
+        OutDtype::F16 => &k.dequant_f16,
+        OutDtype::Bf16 => &k.dequant_bf16,
     }
 }
 
@@ -601,10 +823,7 @@ fn chain_kernels(k: &Kernels, output: crate::quant::Output) -> ffi::ChainKernels
         lane: &k.lane_decode,
         resolve: &k.resolve_tables,
         values: &k.map_values,
-        dequant: match output.dtype {
-            OutDtype::F16 => &k.dequant_f16,
-            OutDtype::Bf16 => &k.dequant_bf16,
-        },
+        dequant: dequant_kernel(k, output),
     }
 }
 

@@ -21,6 +21,8 @@
 //!   for many queries over pq-core's packed codes, as `pq_core::search` selects.
 //! - [`encode`]: the encode kernels' batches: quantization ([`encode::QuantBatch`]) and the
 //!   32-lane rANS encoder ([`encode::LaneEncodeBatch`]), as codec-core's encoder computes them.
+//! - [`experiment`]: not part of any format: a 32-bit-state lane coder (16-bit words) and its
+//!   decode kernel, measured against format v2's 64-bit state (spec/FORMAT.md's appendix).
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
 //!   once per process and loaded once, and every batch above uploaded, launched and downloaded
@@ -31,6 +33,7 @@
 pub mod decode;
 pub mod encode;
 mod error;
+pub mod experiment;
 mod ffi;
 mod gpu;
 pub mod nvrtc;
@@ -40,5 +43,5 @@ pub mod rans;
 pub mod stream;
 
 pub use error::CudaError;
-pub use gpu::Gpu;
+pub use gpu::{Gpu, UploadedPlan, DEFAULT_LANE_SHARED_TABLES};
 pub use nvrtc::{compile_report, KernelResources};

@@ -57,6 +57,12 @@ pub const KERNELS: &[KernelSource] = &[
         decode: false,
     },
     KernelSource {
+        file: "rans32_experiment.cu",
+        source: include_str!("../kernels/rans32_experiment.cu"),
+        entries: &["kvc_rans32_lane_decode_experiment"],
+        decode: true,
+    },
+    KernelSource {
         file: "rans_decode.cu",
         source: include_str!("../kernels/rans_decode.cu"),
         entries: &["kvc_rans_lane_decode"],

@@ -183,11 +183,12 @@ impl LaneBatch {
 
     /// A launch's output as [`LaneDecoded`].
     pub(crate) fn decoded(&self, symbols: Vec<u8>, status: Vec<u32>) -> LaneDecoded {
-        LaneDecoded {
-            symbols,
-            status: status.into_iter().map(LaneStatus::from_code).collect(),
-            blocks: self.blocks.clone(),
-        }
+        LaneDecoded::new(symbols, status, self.blocks.clone())
+    }
+
+    /// Bytes of every block's lane words (4 per word): the coded payload of the batch.
+    pub fn payload_bytes(&self) -> usize {
+        self.words.len() * 4
     }
 
     /// Tables the kernel stages in shared memory for the `shared_tables` of a launch: blocks
@@ -220,8 +221,8 @@ impl LaneBatch {
 
 /// A [`LaneBatch`]'s buffers, as a device upload reads them.
 #[derive(Debug)]
-pub(crate) struct LaneBuffers<'a> {
-    pub words: &'a [u32],
+pub(crate) struct LaneBuffers<'a, W = u32> {
+    pub words: &'a [W],
     pub tables: &'a [u32],
     pub table_list: &'a [u32],
     pub symbol_table: &'a [u16],
@@ -237,6 +238,15 @@ pub struct LaneDecoded {
 }
 
 impl LaneDecoded {
+    /// A launch's symbols and status codes over `blocks`.
+    pub(crate) fn new(symbols: Vec<u8>, status: Vec<u32>, blocks: Vec<LaneBlock>) -> Self {
+        LaneDecoded {
+            symbols,
+            status: status.into_iter().map(LaneStatus::from_code).collect(),
+            blocks,
+        }
+    }
+
     /// Block `b`'s decoded symbols (empty for a block whose range was out of the batch). A lane
     /// that stopped early leaves its remaining symbols 0.
     pub fn symbols(&self, b: usize) -> &[u8] {

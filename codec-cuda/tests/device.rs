@@ -305,3 +305,96 @@ fn device_encode_reproduces_codec_cores_blocks() {
     }
     println!("{} blocks re-encoded on the device", case.values.len());
 }
+
+/// A plan uploaded once (`Gpu::upload_plan`: one packed copy from pinned memory) decodes to
+/// codec-core's bits every time it is run, into a fresh buffer or over the last output; a plan
+/// uploaded through another `Gpu` is refused.
+#[test]
+fn device_uploaded_plan_decodes_again_and_again() {
+    let Some(gpu) = gpu("device_uploaded_plan_decodes_again_and_again") else {
+        return;
+    };
+    for (name, bytes, profile) in golden() {
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let h = stream.header();
+        let (tokens, c) = (h.shape.tokens as usize, h.shape.channels());
+        let want = codec_core_tensors(&stream, OutDtype::Bf16).concat();
+        let output = Output {
+            dtype: OutDtype::Bf16,
+            layout: OutLayout::Dense,
+            len: want.len(),
+        };
+        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+        plan.add_stream(&stream, Destination::dense(tokens as u32, c))
+            .unwrap();
+        let up = gpu.upload_plan(&plan).unwrap();
+        let mut out = gpu.stream().alloc_zeros::<u16>(want.len().max(1)).unwrap();
+        for round in 0..3 {
+            gpu.decode_uploaded_into(&up, &mut out).unwrap();
+            let mut got = gpu.stream().clone_dtoh(&out).unwrap();
+            got.truncate(want.len());
+            assert!(got == want, "{name} round {round}");
+        }
+    }
+    let other = Gpu::new(0).unwrap();
+    let (_, bytes, profile) = golden().swap_remove(0);
+    let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+    let h = stream.header();
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: 2 * h.shape.layers as usize * h.shape.tensor_len(),
+    };
+    let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+    plan.add_stream(
+        &stream,
+        Destination::dense(h.shape.tokens, h.shape.channels()),
+    )
+    .unwrap();
+    let up = gpu.upload_plan(&plan).unwrap();
+    let mut out = other.stream().alloc_zeros::<u16>(output.len).unwrap();
+    assert!(other.decode_uploaded_into(&up, &mut out).is_err());
+}
+
+/// The 32-bit-state experiment's kernel on the device: the host-run kernel's symbols and
+/// statuses on the fixture's blocks (3 layers, levels 0, 3 and 6), intact (all equal to the v2 symbols) and with
+/// words altered.
+#[test]
+fn device_lane32_experiment_matches_the_host_run_kernel() {
+    let Some(gpu) = gpu("device_lane32_experiment_matches_the_host_run_kernel") else {
+        return;
+    };
+    let (bytes, _) = common::fixture_stream(3);
+    let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let h = stream.header();
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: 2 * h.shape.layers as usize * h.shape.tensor_len(),
+    };
+    let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
+    plan.add_stream(
+        &stream,
+        Destination::dense(h.shape.tokens, h.shape.channels()),
+    )
+    .unwrap();
+    let exp = plan.exponent_batch().unwrap().decode_host(2).unwrap();
+    let exps = plan.exponents(&exp).unwrap();
+    let batch = plan.symbol_batch(&exps).unwrap();
+    let sym = batch.decode_host(2).unwrap();
+    let mut b32 = codec_cuda::experiment::Lane32Batch::encode(&batch, &sym).unwrap();
+    for edit in 0..3 {
+        let dev = gpu.lane32_decode_experiment(&b32).unwrap();
+        let host = b32.decode_host(2).unwrap();
+        for b in 0..batch.blocks().len() {
+            assert_eq!(dev.status(b), host.status(b), "edit {edit} block {b}");
+            assert_eq!(dev.symbols(b), host.symbols(b), "edit {edit} block {b}");
+            if edit == 0 {
+                assert_eq!(dev.symbols(b), sym.symbols(b), "block {b}");
+            }
+        }
+        let words = b32.words_mut();
+        let n = words.len();
+        words[(edit * 7919) % n] ^= 0x5A5A;
+    }
+}

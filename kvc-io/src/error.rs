@@ -126,6 +126,14 @@ pub enum Error {
         /// pq-core's error.
         source: PqError,
     },
+    /// A second implementation run beside the CPU's (`kvc eval --gpu`, `kvc pq eval --gpu`:
+    /// codec-cuda on a GPU) failed, or its output differs from the CPU's.
+    Companion {
+        /// Where, e.g. `level 3` or `selector rq m=2 b=6`.
+        at: String,
+        /// What the companion reported.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl fmt::Display for Error {
@@ -192,6 +200,7 @@ impl fmt::Display for Error {
             Error::Blend(e) => e.fmt(f),
             Error::Pq { at, source } if at.is_empty() => source.fmt(f),
             Error::Pq { at, source } => write!(f, "{at}: {source}"),
+            Error::Companion { at, source } => write!(f, "{at}: {source}"),
         }
     }
 }
@@ -208,6 +217,7 @@ impl std::error::Error for Error {
             Error::Read { source, .. } => Some(source),
             Error::Profile { source, .. } => Some(source),
             Error::Pq { source, .. } => Some(source),
+            Error::Companion { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

@@ -37,6 +37,9 @@ pub struct Row {
     pub encode_mb_s: Option<f64>,
     /// Decode speed in MB/s of f16 (levels only).
     pub decode_mb_s: Option<f64>,
+    /// Decode speed of the second decoder ([`SecondDecoder`]) in MB/s of f16 (levels of
+    /// [`evaluate_with`] given one only).
+    pub second_decode_mb_s: Option<f64>,
     /// Stream size in bytes (levels only).
     pub bytes: Option<usize>,
 }
@@ -73,6 +76,7 @@ fn errors(d: &Dump, orig_attn: &[Option<Vec<f64>>], rec: &KvCache, name: String,
         attn_layers: al,
         encode_mb_s: None,
         decode_mb_s: None,
+        second_decode_mb_s: None,
         bytes: None,
     }
 }
@@ -89,6 +93,18 @@ fn decode_threads(s: &Stream<'_>, threads: usize) -> Result<KvCache, Error> {
     Ok(cache)
 }
 
+/// A second decoder that [`evaluate_with`] runs on every level's stream beside codec-core's
+/// (`kvc eval --gpu`: codec-cuda's kernels on a GPU).
+pub trait SecondDecoder {
+    /// Decodes `stream` and checks that its output is `cpu` (codec-core's decode of the same
+    /// stream) bit for bit; the seconds the decode took, or why it failed or differed.
+    fn decode_and_compare(
+        &mut self,
+        stream: &Stream<'_>,
+        cpu: &KvCache,
+    ) -> Result<f64, Box<dyn std::error::Error + Send + Sync>>;
+}
+
 /// Encodes `d` at every level of `profile` (referenced, or self-contained: each stream embeds
 /// the profile cut down to its one level), decodes it, and measures; then the minmax baselines
 /// at [`BASELINE_BITS`]. The levels are reported to `progress`, one step each.
@@ -97,6 +113,19 @@ pub fn evaluate(
     profile: ProfileUse<'_>,
     threads: usize,
     progress: &mut dyn Progress,
+) -> Result<Vec<Row>, Error> {
+    evaluate_with(d, profile, threads, progress, None)
+}
+
+/// [`evaluate`], and with `second` also that decoder on every level's stream: its output
+/// must be codec-core's bit for bit (else [`Error::Companion`]), its speed goes into
+/// [`Row::second_decode_mb_s`].
+pub fn evaluate_with(
+    d: &Dump,
+    profile: ProfileUse<'_>,
+    threads: usize,
+    progress: &mut dyn Progress,
+    mut second: Option<&mut dyn SecondDecoder>,
 ) -> Result<Vec<Row>, Error> {
     let full = match profile {
         ProfileUse::Referenced(p) | ProfileUse::SelfContained(p) => p,
@@ -129,11 +158,19 @@ pub fn evaluate(
         let bytes = codec_core::encode_threads(&view, mode, &params, threads)?;
         let enc_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let rec = decode_threads(
-            &Stream::open(&bytes, Some(reader), &Limits::DEFAULT)?,
-            threads,
-        )?;
+        let stream = Stream::open(&bytes, Some(reader), &Limits::DEFAULT)?;
+        let rec = decode_threads(&stream, threads)?;
         let dec_s = t1.elapsed().as_secs_f64();
+        let second_s =
+            match second.as_deref_mut() {
+                Some(dec) => Some(dec.decode_and_compare(&stream, &rec).map_err(|source| {
+                    Error::Companion {
+                        at: format!("level {level}"),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         let bpe = bytes.len() as f64 * 8.0 / elements as f64;
         let name = format!(
             "kvc level {level} (x{})",
@@ -142,6 +179,7 @@ pub fn evaluate(
         let mut row = errors(d, &orig_attn, &rec, name, bpe);
         row.encode_mb_s = Some(f16_mb / enc_s);
         row.decode_mb_s = Some(f16_mb / dec_s);
+        row.second_decode_mb_s = second_s.map(|s| f16_mb / s);
         row.bytes = Some(bytes.len());
         rows.push(row);
         progress.step();
@@ -161,6 +199,7 @@ pub fn evaluate(
                 attn_layers: vec![],
                 encode_mb_s: None,
                 decode_mb_s: None,
+                second_decode_mb_s: None,
                 bytes: None,
             }),
     );

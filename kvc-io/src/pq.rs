@@ -121,6 +121,48 @@ pub struct Figures {
     pub rerank_bpe: Option<f64>,
     /// LRU and LFU block caches holding 1/4 and 1/2 of the blocks.
     pub cache: Vec<CacheFigure>,
+    /// The second search's ([`SecondSearch`]) token-scores per second, the call whole and its
+    /// kernel alone (with [`evaluate_with`] given one only).
+    pub second_scores_per_s: Option<(f64, Option<f64>)>,
+}
+
+/// One query of a [`SecondSearch`]: query head values `query` over the first `tokens` keys of
+/// `heads[head]` (index `layer * kv_heads + kv_head`), `k` tokens chosen outside `windows`.
+#[derive(Clone, Copy, Debug)]
+pub struct SearchQuery<'a> {
+    /// Index of the (layer, KV head) in the heads given.
+    pub head: usize,
+    /// The query head's values (`head_dim` of them).
+    pub query: &'a [f32],
+    /// Tokens the query sees (a causal prefix).
+    pub tokens: usize,
+    /// Tokens chosen by score outside the windows.
+    pub k: usize,
+    /// Tokens always chosen.
+    pub windows: Windows,
+}
+
+/// What a [`SecondSearch`] selected, and how long it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Searched {
+    /// Per query, its tokens, ascending.
+    pub selections: Vec<Vec<u32>>,
+    /// Seconds of the whole search (uploads included).
+    pub seconds: f64,
+    /// Seconds of the search alone (e.g. a GPU kernel without its uploads), where measured.
+    pub kernel_seconds: Option<f64>,
+}
+
+/// A second token selector that [`evaluate_with`] runs beside pq-core (`kvc pq eval --gpu`:
+/// codec-cuda's PQ search kernel); its selections must be `pq_core::search`'s.
+pub trait SecondSearch {
+    /// Selects tokens for every query over `heads` (codebook and codes `[T, m]` per (layer, KV
+    /// head)).
+    fn search(
+        &mut self,
+        heads: &[(Codebook, Vec<u16>)],
+        queries: &[SearchQuery<'_>],
+    ) -> Result<Searched, Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// What [`evaluate`] measured.
@@ -503,14 +545,71 @@ fn time_search(
     Ok(t0.elapsed().as_secs_f64() * 1e9 / searches.max(1) as f64)
 }
 
-/// Trains and measures one selector; `2 * layers` progress steps.
+/// Every stored query head's PQ selection (`k` tokens outside the windows `w`, no re-ranking)
+/// by `second`, checked against `pq_core::search`'s; token-scores per second, whole and kernel.
+fn second_search(
+    data: &Data,
+    tr: &Trained,
+    sel: &Selector,
+    (k, w): (usize, Windows),
+    second: &mut dyn SecondSearch,
+) -> Result<(f64, Option<f64>), Error> {
+    let mut queries = Vec::with_capacity(data.layers * data.n_q * data.q_heads);
+    for l in 0..data.layers {
+        for i in 0..data.n_q {
+            for qh in 0..data.q_heads {
+                queries.push(SearchQuery {
+                    head: l * data.kv_heads + data.kv_head(qh),
+                    query: data.query(l, i, qh),
+                    tokens: data.q_start + i + 1,
+                    k,
+                    windows: w,
+                });
+            }
+        }
+    }
+    let companion = |at: String, source| Error::Companion { at, source };
+    let got = second
+        .search(&tr.books, &queries)
+        .map_err(|e| companion(sel.name(), e))?;
+    if got.selections.len() != queries.len() {
+        let why = format!(
+            "{} selections for {} queries",
+            got.selections.len(),
+            queries.len()
+        );
+        return Err(companion(sel.name(), why.into()));
+    }
+    for (n, (q, sel_got)) in queries.iter().zip(&got.selections).enumerate() {
+        let (cb, codes) = &tr.books[q.head];
+        let table = score_table(q.query, cb)?;
+        let want = search(&codes[..q.tokens * cb.m()], &table, k, w.n_init, w.n_local)?;
+        if *sel_got != want {
+            let (l, i, qh) = (
+                n / (data.n_q * data.q_heads),
+                (n / data.q_heads) % data.n_q,
+                n % data.q_heads,
+            );
+            let why = format!("selected {sel_got:?}, pq-core {want:?}");
+            return Err(companion(
+                format!("{}: layer {l}, query {i}, head {qh}", sel.name()),
+                why.into(),
+            ));
+        }
+    }
+    let scores = queries.iter().map(|q| q.tokens as f64).sum::<f64>();
+    Ok((scores / got.seconds, got.kernel_seconds.map(|s| scores / s)))
+}
+
+/// Trains and measures one selector (and `second`'s selections, where given); `2 * layers`
+/// progress steps.
 fn evaluate_one(
     data: &Data,
     dump: &Dump,
     sel: &Selector,
-    ks: (usize, usize),
-    w: Windows,
+    (ks, w): ((usize, usize), Windows),
     progress: &mut dyn Progress,
+    second: Option<&mut dyn SecondSearch>,
 ) -> Result<Figures, Error> {
     progress.start(&sel.name(), data.layers as u64 * 2);
     let tr = train(data, dump, sel, progress)?;
@@ -522,6 +621,10 @@ fn evaluate_one(
     }
     progress.finish();
     let search_ns = time_search(data, &tr, sel, ks.0, w)?;
+    let second_scores_per_s = match second {
+        Some(s) => Some(second_search(data, &tr, sel, (ks.0, w), s)?),
+        None => None,
+    };
     let cb = &tr.books[0].0;
     let n = sums.n as f64;
     Ok(Figures {
@@ -536,6 +639,7 @@ fn evaluate_one(
         search_ns_per_query_head: search_ns,
         rerank_bpe: tr.rerank_bpe,
         cache: caches.figures(),
+        second_scores_per_s,
     })
 }
 
@@ -565,13 +669,32 @@ pub fn evaluate(
     w: Windows,
     progress: &mut dyn Progress,
 ) -> Result<Report, Error> {
+    evaluate_with(dump, sels, w, progress, None)
+}
+
+/// [`evaluate`], and with `second` also that selector's PQ selections of every stored query
+/// head (top-T/5 with the windows `w`, no re-ranking): they must be `pq_core::search`'s (else
+/// [`Error::Companion`]); its speed goes into [`Figures::second_scores_per_s`].
+pub fn evaluate_with(
+    dump: &Dump,
+    sels: &[Selector],
+    w: Windows,
+    progress: &mut dyn Progress,
+    mut second: Option<&mut dyn SecondSearch>,
+) -> Result<Report, Error> {
     let data = Data::new(dump)?;
     let k_t5 = k_for_fraction(data.t, 1, 5)?;
     let k_t10 = k_for_fraction(data.t, 1, 10)?;
-    let figures = sels
-        .iter()
-        .map(|s| evaluate_one(&data, dump, s, (k_t5, k_t10), w, progress))
-        .collect::<Result<_, _>>()?;
+    let mut figures = Vec::with_capacity(sels.len());
+    for s in sels {
+        let ks = ((k_t5, k_t10), w);
+        // A shorter-lived reborrow for each selector (a trait object's lifetime shrinks).
+        let again: Option<&mut dyn SecondSearch> = match &mut second {
+            Some(x) => Some(&mut **x),
+            None => None,
+        };
+        figures.push(evaluate_one(&data, dump, s, ks, progress, again)?);
+    }
     Ok(Report {
         k_t5,
         k_t10,

@@ -1,0 +1,78 @@
+//! `kvc eval --gpu` and `kvc pq eval --gpu`: on a machine with a GPU the GPU's figures next to
+//! the CPU's (its outputs checked equal inside the command); without one (CI) a clear error
+//! naming why, exit code != 0 and nothing printed on stdout. `KVC_REQUIRE_GPU=1` makes a
+//! failure on a GPU machine a test failure rather than "no GPU".
+
+mod common;
+use common::{kvc, SAMPLE};
+
+/// Whether this test must see the GPU path succeed.
+fn gpu_required() -> bool {
+    std::env::var("KVC_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// A failed `--gpu` run: one message saying why, on stderr only.
+fn assert_says_why_not(out: &str, err: &str) {
+    assert!(!gpu_required(), "KVC_REQUIRE_GPU=1 but: {err}");
+    assert!(err.contains("--gpu: no usable GPU 0: "), "{err}");
+    let reasons = ["CUDA driver", "no CUDA device", "NVRTC"];
+    assert!(reasons.iter().any(|w| err.contains(w)), "{err}");
+    assert!(out.is_empty(), "printed despite the error: {out}");
+}
+
+#[test]
+fn eval_on_the_gpu_reports_its_speed_or_says_why_not() {
+    let (ok, out, err) = kvc(&["eval", SAMPLE, "--gpu", "--json"]);
+    if !ok {
+        return assert_says_why_not(&out, &err);
+    }
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["mode"]
+        .as_str()
+        .unwrap()
+        .contains("bit for bit the CPU decode"));
+    let rows = j["rows"].as_array().unwrap();
+    let levels: Vec<_> = rows.iter().filter(|r| !r["bytes"].is_null()).collect();
+    assert_eq!(levels.len(), 12);
+    for r in levels {
+        let gpu = r["gpu_decode_mb_s"].as_f64().unwrap();
+        assert!(gpu > 0.0 && gpu.is_finite(), "{r}");
+    }
+    assert!(rows
+        .iter()
+        .filter(|r| r["bytes"].is_null())
+        .all(|r| r["gpu_decode_mb_s"].is_null()));
+}
+
+#[test]
+fn pq_eval_on_the_gpu_reports_token_scores_or_says_why_not() {
+    let (ok, out, err) = kvc(&["pq", "eval", SAMPLE, "--gpu", "--json"]);
+    if !ok {
+        return assert_says_why_not(&out, &err);
+    }
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = j["rows"].as_array().unwrap();
+    // The default selectors: the paper's pq, kvc's rq, and rq re-ranked by a kvc stream.
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in rows {
+        let whole = r["gpu_token_scores_per_s"].as_f64().unwrap();
+        let kernel = r["gpu_kernel_token_scores_per_s"].as_f64().unwrap();
+        assert!(whole > 0.0 && kernel >= whole, "{r}");
+    }
+}
+
+#[test]
+fn without_the_flag_there_is_no_gpu_figure() {
+    let (ok, out, err) = kvc(&["pq", "eval", SAMPLE, "--json"]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for r in j["rows"].as_array().unwrap() {
+        assert!(r["gpu_token_scores_per_s"].is_null(), "{r}");
+    }
+    let (ok, out, err) = kvc(&["eval", SAMPLE, "--json"]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for r in j["rows"].as_array().unwrap() {
+        assert!(r["gpu_decode_mb_s"].is_null(), "{r}");
+    }
+}
