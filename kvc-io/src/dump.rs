@@ -15,6 +15,7 @@ use codec_core::attention::Heads;
 use codec_core::{
     Dtype, KvCache, KvMeta, KvShape, Queries, Rope, RopeStyle, Sample, Tensor, TensorMut,
 };
+#[cfg(target_endian = "big")]
 use half::{bf16, f16};
 use safetensors::tensor::{SafeTensors, TensorView};
 use safetensors::Dtype as StDtype;
@@ -254,8 +255,16 @@ fn st_dtype(d: Dtype) -> StDtype {
     }
 }
 
-/// Decodes little-endian bytes (whose length the parser has checked) into a tensor.
+/// Decodes little-endian bytes (whose length the parser has checked) into a tensor: one copy
+/// of the bytes on a little-endian machine (no per-element conversion pass).
 fn tensor_from_le(dtype: Dtype, bytes: &[u8]) -> Tensor {
+    #[cfg(target_endian = "little")]
+    return match dtype {
+        Dtype::F16 => Tensor::F16(bytemuck::pod_collect_to_vec(bytes)),
+        Dtype::Bf16 => Tensor::Bf16(bytemuck::pod_collect_to_vec(bytes)),
+        Dtype::F32 => Tensor::F32(bytemuck::pod_collect_to_vec(bytes)),
+    };
+    #[cfg(target_endian = "big")]
     match dtype {
         Dtype::F16 => Tensor::F16(
             bytes

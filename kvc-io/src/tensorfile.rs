@@ -101,9 +101,11 @@ impl FileBuffer {
     /// order and turned little-endian first.
     pub(crate) fn write(#[allow(unused_mut)] mut self, out: &Output) -> Result<(), OutputError> {
         #[cfg(target_endian = "big")]
-        let sizes = self.sizes.clone();
-        for (place, size) in self.tensors_mut().into_iter().zip(sizes) {
-            place.chunks_exact_mut(size).for_each(|e| e.reverse());
+        {
+            let sizes = self.sizes.clone();
+            for (place, size) in self.tensors_mut().into_iter().zip(sizes) {
+                place.chunks_exact_mut(size).for_each(|e| e.reverse());
+            }
         }
         let bytes: &[u8] = bytemuck::cast_slice(&self.words);
         out.write(&bytes[..self.len])
