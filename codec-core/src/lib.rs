@@ -57,8 +57,9 @@
 //!
 //! # Features
 //!
-//! - `std` (default): `std::error::Error` for the errors, the hardware CRC-32C and the AVX-512
-//!   rANS decoder (picked at run time on x86-64).
+//! - `std` (default): `std::error::Error` for the errors, the hardware CRC-32C, the AVX-512
+//!   rANS decoder (picked at run time on x86-64), and the threads of [`encode_threads`] and
+//!   [`Stream::decode_range_into_threads`] (without `std` they run on the caller's thread).
 //! - `internals`: makes the layers public (`container`, `block`, `quant`, `rans`, `learn`, ...)
 //!   for the project's tests, benches and fuzz harnesses. Not a stable API.
 //! - `fuzzing`: the fuzz targets' bodies (the module `fuzzing`).
