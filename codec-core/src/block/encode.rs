@@ -18,7 +18,9 @@ impl<'p> ChunkContext<'p> {
     /// Encodes tokens `tokens` of `view` at `level` into a chunk (blocks and CRC), the unit a
     /// streamer sends. `view` must have this context's shape except for its token count.
     ///
-    /// To encode many chunks, [`ChunkEncoder::append_chunk`] reuses one set of buffers.
+    /// To encode many chunks, `ChunkEncoder::append_chunk` (public with the `internals`
+    /// feature) reuses one set of buffers; [`encode_threads`](crate::encode_threads) codes a
+    /// whole stream on several threads.
     pub fn encode_chunk(
         &self,
         view: &KvView<'_>,
