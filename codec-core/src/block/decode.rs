@@ -72,9 +72,12 @@ impl ChunkContext<'_> {
         out: &mut impl RowSink,
     ) -> Result<(), BlockError> {
         let blocks = self.chunk_blocks(chunk, at);
-        let mut dec = BlockDecoder::new(self, at);
-        for (b, parts) in blocks.parts.iter().enumerate() {
-            dec.block(parts, b, out)?;
+        // A block read means the chunk's checks passed, its level among them.
+        if !blocks.parts.is_empty() {
+            let mut dec = BlockDecoder::new(self, at);
+            for (b, parts) in blocks.parts.iter().enumerate() {
+                dec.block(parts, b, out)?;
+            }
         }
         blocks.error.map_or(Ok(()), Err)
     }
@@ -185,7 +188,8 @@ pub(crate) struct BlockDecoder<'c, 'p> {
 }
 
 impl<'c, 'p> BlockDecoder<'c, 'p> {
-    /// A decoder for the blocks of the chunk at `at`.
+    /// A decoder for the blocks of the chunk at `at`, whose level [`ChunkContext::chunk_blocks`]
+    /// has checked.
     pub(crate) fn new(ctx: &'c ChunkContext<'p>, at: &ChunkAt) -> Self {
         let shape = ctx.shape();
         let (c, rows) = (shape.channels(), at.rows as usize);
@@ -195,7 +199,12 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
             at: *at,
             rows,
             sink,
-            mult: ctx.profile().level_multipliers()[at.level as usize],
+            // The level was checked with the chunk (`chunk_blocks`) before any block is
+            // decoded; `get` keeps a wrong call from indexing out of bounds.
+            mult: (ctx.profile().level_multipliers())
+                .get(at.level as usize)
+                .copied()
+                .unwrap_or(1.0),
             recon: vec![0f32; ctx.group().min(rows) * c],
             indices: vec![0u8; c],
             exps: vec![0u8; (rows - sink) * shape.kv_heads as usize],
