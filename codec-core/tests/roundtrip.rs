@@ -818,16 +818,7 @@ fn chunk_contexts_are_built_consistent() {
 #[test]
 fn expected_coding_error_follows_the_real_error() {
     let (cache, q, q_heads, q_start) = common::load(common::SAMPLE, 4);
-    let queries = Queries {
-        q: q.iter().map(|l| l.as_slice()).collect(),
-        q_heads,
-        q_start,
-    };
-    let sample = Sample {
-        kv: cache.view(),
-        queries: Some(queries),
-    };
-    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let profile = common::learn_with_queries(&cache, &q, q_heads, q_start);
     let (heads, d) = (cache.shape.kv_heads as usize, cache.shape.head_dim as usize);
     for level in [1u8, 7, 10] {
         let params = EncodeParams {

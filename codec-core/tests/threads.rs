@@ -4,8 +4,8 @@
 mod common;
 
 use codec_core::{
-    encode, encode_threads, learn_profile, Dtype, EncodeParams, KvCache, LearnParams, Limits,
-    Profile, ProfileMode, Queries, Sample, Stream, Tensor, TensorMut,
+    encode, encode_threads, Dtype, EncodeParams, KvCache, Limits, Profile, ProfileMode, Stream,
+    Tensor, TensorMut,
 };
 use proptest::prelude::*;
 use std::sync::OnceLock;
@@ -23,16 +23,7 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let (cache, q, q_heads, q_start) = common::load(common::SAMPLE, 6);
-        let queries = Queries {
-            q: q.iter().map(Vec::as_slice).collect(),
-            q_heads,
-            q_start,
-        };
-        let sample = Sample {
-            kv: cache.view(),
-            queries: Some(queries),
-        };
-        let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+        let profile = common::learn_with_queries(&cache, &q, q_heads, q_start);
         let params = EncodeParams {
             chunk_tokens: 150,
             levels: vec![0, 7, 3, 11],

@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use crate::error::CudaError;
-use crate::ffi::{self, LANES, SLOTS};
-use crate::rans::{LaneBatch, LaneBlock, LaneBuffers, LaneDecoded};
+use crate::ffi::{LANES, SLOTS};
+use crate::rans::{decode_host_parts, LaneBatch, LaneBlock, LaneBuffers, LaneDecoded};
 
 /// The state's lower bound `L` (the interval is `[2^16, 2^32)`).
 const L: u32 = 1 << 16;
@@ -145,23 +145,12 @@ impl Lane32Batch {
 
     /// Decodes every block with the experiment's kernel compiled for the host.
     pub fn decode_host(&self, shared_tables: u32) -> Result<LaneDecoded, CudaError> {
-        if shared_tables > LaneBatch::MAX_SHARED_TABLES {
-            return Err(CudaError::Input {
-                what: "more shared tables than a device's shared memory holds",
-            });
-        }
-        let mut symbols = vec![0u8; self.symbol_table.len()];
-        let mut status = vec![0u32; self.blocks.len() * LANES];
-        ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &self.words,
-            tables: &self.tables,
-            table_list: &self.table_list,
-            symbol_table: &self.symbol_table,
-            blocks: &self.blocks,
-            symbols: &mut symbols,
-            status: &mut status,
+        let (symbols, status) = decode_host_parts(
+            &self.words,
+            (&self.tables, &self.table_list, &self.symbol_table),
+            &self.blocks,
             shared_tables,
-        })?;
+        )?;
         Ok(self.decoded(symbols, status))
     }
 }

@@ -198,25 +198,43 @@ impl LaneBatch {
     /// Decodes every block with the kernel compiled for the host, `shared_tables` (at most
     /// [`Self::MAX_SHARED_TABLES`]) tables per block staged in shared memory.
     pub fn decode_host(&self, shared_tables: u32) -> Result<LaneDecoded, CudaError> {
-        if shared_tables > Self::MAX_SHARED_TABLES {
-            return Err(CudaError::Input {
-                what: "more shared tables than a device's shared memory holds",
-            });
-        }
-        let mut symbols = vec![0u8; self.symbol_table.len()];
-        let mut status = vec![0u32; self.blocks.len() * LANES];
-        ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &self.words,
-            tables: &self.tables,
-            table_list: &self.table_list,
-            symbol_table: &self.symbol_table,
-            blocks: &self.blocks,
-            symbols: &mut symbols,
-            status: &mut status,
+        let (symbols, status) = decode_host_parts(
+            &self.words,
+            (&self.tables, &self.table_list, &self.symbol_table),
+            &self.blocks,
             shared_tables,
-        })?;
+        )?;
         Ok(self.decoded(symbols, status))
     }
+}
+
+/// A lane batch's buffers (words of either width; tables, table lists and per-symbol table
+/// indices; blocks) decoded by the host build of its kernel, `shared_tables` tables per block
+/// staged in shared memory: the symbols and every lane's status.
+pub(crate) fn decode_host_parts<W: ffi::LaneWord>(
+    words: &[W],
+    (tables, table_list, symbol_table): (&[u32], &[u32], &[u16]),
+    blocks: &[LaneBlock],
+    shared_tables: u32,
+) -> Result<(Vec<u8>, Vec<u32>), CudaError> {
+    if shared_tables > LaneBatch::MAX_SHARED_TABLES {
+        return Err(CudaError::Input {
+            what: "more shared tables than a device's shared memory holds",
+        });
+    }
+    let mut symbols = vec![0u8; symbol_table.len()];
+    let mut status = vec![0u32; blocks.len() * LANES];
+    ffi::host_lane_decode(ffi::LaneDecodeIo {
+        words,
+        tables,
+        table_list,
+        symbol_table,
+        blocks,
+        symbols: &mut symbols,
+        status: &mut status,
+        shared_tables,
+    })?;
+    Ok((symbols, status))
 }
 
 /// A [`LaneBatch`]'s buffers, as a device upload reads them.

@@ -21,6 +21,26 @@ pub fn load(path: &str, max_layers: usize) -> (KvCache, Vec<Vec<f32>>, usize, u6
     (d.kv, q, d.q_heads, d.q_start)
 }
 
+/// A profile learned with the default parameters from `cache` and its queries (as [`load`]
+/// returns them), so that streams coded with it carry step exponents.
+pub fn learn_with_queries(
+    cache: &KvCache,
+    q: &[Vec<f32>],
+    q_heads: usize,
+    q_start: u64,
+) -> codec_core::Profile {
+    let queries = codec_core::Queries {
+        q: q.iter().map(Vec::as_slice).collect(),
+        q_heads,
+        q_start,
+    };
+    let sample = codec_core::Sample {
+        kv: cache.view(),
+        queries: Some(queries),
+    };
+    codec_core::learn_profile(&[sample], &codec_core::LearnParams::default()).unwrap()
+}
+
 /// CRC-32C, bitwise, exactly as spec/FORMAT.md §3.4 writes it (an independent oracle for the
 /// crate's table-driven one).
 pub fn crc32c(data: &[u8]) -> u32 {
