@@ -59,7 +59,15 @@ pub(super) fn decode_range(
         let blocks = ctx.chunk_blocks(stream.chunk_bytes(i)?, &at);
         for (b, (parts, tensor)) in blocks.parts.into_iter().zip(&mut rest).enumerate() {
             let taken = core::mem::replace(tensor, empty(dtype));
-            let (piece, left) = taken.split_at((hi - lo) as usize * c);
+            // The header's chunks tile the tokens (check H28) and the caller's tensors hold the
+            // range: never short, but checked rather than trusted.
+            let need = (hi - lo) as usize * c;
+            if taken.len() < need {
+                return Err(DecodeError::OutputMismatch {
+                    what: "tensor length",
+                });
+            }
+            let (piece, left) = taken.split_at(need);
             *tensor = left;
             let out = PieceWriter::new(piece, lo as usize..hi as usize, c, dtype);
             let index = jobs.len();
