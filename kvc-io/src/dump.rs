@@ -17,11 +17,13 @@ use codec_core::{
 };
 #[cfg(target_endian = "big")]
 use half::{bf16, f16};
-use safetensors::tensor::{SafeTensors, TensorView};
+#[cfg(test)]
+use safetensors::tensor::TensorView;
 use safetensors::Dtype as StDtype;
 
 use crate::output::{Output, OutputError};
 use crate::tensorfile::{FileBuffer, Planned};
+use crate::tensorread::{Entry, TensorFile};
 
 /// A KV dump loaded from a safetensors file.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,38 +257,6 @@ fn st_dtype(d: Dtype) -> StDtype {
     }
 }
 
-/// Decodes little-endian bytes (whose length the parser has checked) into a tensor: one copy
-/// of the bytes on a little-endian machine (no per-element conversion pass).
-fn tensor_from_le(dtype: Dtype, bytes: &[u8]) -> Tensor {
-    #[cfg(target_endian = "little")]
-    return match dtype {
-        Dtype::F16 => Tensor::F16(bytemuck::pod_collect_to_vec(bytes)),
-        Dtype::Bf16 => Tensor::Bf16(bytemuck::pod_collect_to_vec(bytes)),
-        Dtype::F32 => Tensor::F32(bytemuck::pod_collect_to_vec(bytes)),
-    };
-    #[cfg(target_endian = "big")]
-    match dtype {
-        Dtype::F16 => Tensor::F16(
-            bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ),
-        Dtype::Bf16 => Tensor::Bf16(
-            bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ),
-        Dtype::F32 => Tensor::F32(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        ),
-    }
-}
-
 /// Parses metadata `key` as a `T`, if present.
 fn parse_meta<T: std::str::FromStr>(
     md: &BTreeMap<String, String>,
@@ -389,29 +359,22 @@ fn to_u32(dim: &'static str, value: usize) -> Result<u32, DumpError> {
 ///
 /// Every malformed input is a [`DumpError`]; nothing in the file can make it panic.
 pub fn load_dump(path: &Path) -> Result<Dump, DumpError> {
-    let bytes = fs::read(path).map_err(|e| io_err(path, "read", e))?;
-    parse_dump(path, &bytes)
+    let file = fs::File::open(path).map_err(|e| io_err(path, "open", e))?;
+    parse(&TensorFile::open(path, &file)?)
 }
 
 /// Parses a KV dump from the bytes of a safetensors file (`path` is used in errors only).
 pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
-    let not_st = |e: safetensors::SafeTensorError| DumpError::NotSafetensors {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    };
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(not_st)?;
-    let st = SafeTensors::deserialize(bytes).map_err(not_st)?;
-    let metadata: BTreeMap<String, String> = header
-        .metadata()
-        .as_ref()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default();
-    let views: HashMap<String, TensorView<'_>> = st.tensors().into_iter().collect();
-    let layers = count_layers(&views, &metadata)?;
-    let (kv_shape, k, v) = read_kv(&views, &metadata, layers)?;
-    let (q, q_heads, q_start) = read_queries(&views, &metadata, kv_shape)?;
-    let tokens = read_tokens(&views, kv_shape.tokens as usize)?;
-    let meta = kv_meta(&metadata)?;
+    parse(&TensorFile::from_bytes(path, bytes)?)
+}
+
+fn parse(tf: &TensorFile<'_>) -> Result<Dump, DumpError> {
+    let metadata = &tf.metadata;
+    let layers = count_layers(&tf.entries, metadata)?;
+    let (kv_shape, k, v) = read_kv(tf, layers)?;
+    let (q, q_heads, q_start) = read_queries(tf, kv_shape)?;
+    let tokens = read_tokens(tf, kv_shape.tokens as usize)?;
+    let meta = kv_meta(metadata)?;
     Ok(Dump {
         kv: KvCache {
             shape: kv_shape,
@@ -423,16 +386,22 @@ pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
         q_heads,
         q_start,
         tokens,
-        metadata,
+        metadata: metadata.clone(),
+    })
+}
+
+/// Reads `entry`, of the codec's `dtype`, as a tensor.
+fn read_tensor(tf: &TensorFile<'_>, dtype: Dtype, entry: &Entry) -> Result<Tensor, DumpError> {
+    Ok(match dtype {
+        Dtype::F16 => Tensor::F16(tf.read(entry)?),
+        Dtype::Bf16 => Tensor::Bf16(tf.read(entry)?),
+        Dtype::F32 => Tensor::F32(tf.read(entry)?),
     })
 }
 
 /// The `tokens` tensor: `[tokens]` U32 ids, one per cached token (absent: `None`).
-fn read_tokens(
-    views: &HashMap<String, TensorView<'_>>,
-    tokens: usize,
-) -> Result<Option<Vec<u32>>, DumpError> {
-    let Some(t) = views.get(TOKENS) else {
+fn read_tokens(tf: &TensorFile<'_>, tokens: usize) -> Result<Option<Vec<u32>>, DumpError> {
+    let Some(t) = tf.entries.get(TOKENS) else {
         return Ok(None);
     };
     if t.dtype() != StDtype::U32 {
@@ -449,22 +418,15 @@ fn read_tokens(
             expected: vec![tokens],
         });
     }
-    let ids = t.data().chunks_exact(4);
-    Ok(Some(
-        ids.map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-    ))
+    tf.read(t).map(Some)
 }
 
 /// Name of the token-id tensor.
 const TOKENS: &str = "tokens";
 
 /// The tensor `name`, or [`DumpError::MissingTensor`].
-fn tensor<'a, 'b>(
-    views: &'a HashMap<String, TensorView<'b>>,
-    name: &str,
-) -> Result<&'a TensorView<'b>, DumpError> {
-    views.get(name).ok_or_else(|| DumpError::MissingTensor {
+fn tensor<'a>(entries: &'a HashMap<String, Entry>, name: &str) -> Result<&'a Entry, DumpError> {
+    entries.get(name).ok_or_else(|| DumpError::MissingTensor {
         name: name.to_string(),
     })
 }
@@ -472,7 +434,7 @@ fn tensor<'a, 'b>(
 /// The number of layers: the run `k.0`, `k.1`, ... without a gap, agreeing with the `layers`
 /// metadata when present.
 fn count_layers(
-    views: &HashMap<String, TensorView<'_>>,
+    views: &HashMap<String, Entry>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<usize, DumpError> {
     let mut layers = 0usize;
@@ -513,10 +475,10 @@ fn count_layers(
 /// The K and V tensors of every layer: one float dtype and one `[tokens, kv_heads, head_dim]`
 /// shape (that of `k.0`), agreeing with the dimension metadata when present.
 fn read_kv(
-    views: &HashMap<String, TensorView<'_>>,
-    metadata: &BTreeMap<String, String>,
+    tf: &TensorFile<'_>,
     layers: usize,
 ) -> Result<(KvShape, Vec<Tensor>, Vec<Tensor>), DumpError> {
+    let (views, metadata) = (&tf.entries, &tf.metadata);
     let k0 = tensor(views, "k.0")?;
     let dtype = codec_dtype(k0.dtype()).ok_or_else(|| DumpError::WrongDtype {
         name: "k.0".into(),
@@ -576,7 +538,7 @@ fn read_kv(
                     expected: shape.clone(),
                 });
             }
-            out.push(tensor_from_le(dtype, t.data()));
+            out.push(read_tensor(tf, dtype, t)?);
         }
     }
     Ok((kv_shape, k, v))
@@ -586,10 +548,10 @@ fn read_kv(
 /// position.
 #[allow(clippy::type_complexity)]
 fn read_queries(
-    views: &HashMap<String, TensorView<'_>>,
-    metadata: &BTreeMap<String, String>,
+    tf: &TensorFile<'_>,
     kv_shape: KvShape,
 ) -> Result<(Option<Vec<Vec<f32>>>, usize, u64), DumpError> {
+    let (views, metadata) = (&tf.entries, &tf.metadata);
     let (layers, kv_heads, head_dim, tokens) = (
         kv_shape.layers as usize,
         kv_shape.kv_heads as usize,
@@ -633,7 +595,7 @@ fn read_queries(
                 expected: q_shape.clone(),
             });
         }
-        qs.push(tensor_from_le(qd, t.data()).to_f32_vec());
+        qs.push(read_tensor(tf, qd, t)?.to_f32_vec());
     }
     let (n_q, q_heads) = (q_shape[0], q_shape[1]);
     check_meta_usize(metadata, "q_heads", q_heads, "query heads in q.0")?;

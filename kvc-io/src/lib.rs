@@ -55,6 +55,7 @@ mod progress;
 pub mod sim;
 pub mod store;
 mod tensorfile;
+mod tensorread;
 
 pub use dump::{load_dump, parse_dump, write_dump, write_full_dump, Dump, DumpError};
 pub use error::Error;

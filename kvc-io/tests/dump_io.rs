@@ -486,3 +486,94 @@ fn token_ids_round_trip_and_are_checked() {
     raw.set("tokens", StDtype::I64, vec![512], vec![0; 512 * 8]);
     assert!(matches!(raw.load(), Err(DumpError::WrongDtype { name, .. }) if name == "tokens"));
 }
+
+/// The bytes of a small dump with every kind of tensor (K/V in `dtype`, queries, token ids) and
+/// metadata, written by `write_full_dump`.
+fn small_dump_bytes(dtype: Dtype) -> Vec<u8> {
+    let shape = codec_core::KvShape {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 4,
+        tokens: 3,
+    };
+    let mut kv = codec_core::KvCache::zeros(shape, dtype, Default::default());
+    for (i, t) in kv.k.iter_mut().chain(kv.v.iter_mut()).enumerate() {
+        let vals: Vec<f32> = (0..12).map(|j| (i * 12 + j) as f32 * 0.25 - 3.0).collect();
+        *t = Tensor::from_f32(dtype, &vals);
+    }
+    let dump = Dump {
+        kv,
+        q: Some(vec![vec![0.5; 2 * 4], vec![-1.5; 2 * 4]]),
+        q_heads: 2,
+        q_start: 1,
+        tokens: Some(vec![7, 8, 9]),
+        metadata: BTreeMap::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("small.safetensors");
+    kvc_io::write_full_dump(&Output::checked(&p, &[], false).unwrap(), &dump).unwrap();
+    let back = load_dump(&p).unwrap();
+    assert_eq!(
+        (back.kv, back.q, back.tokens),
+        (dump.kv, dump.q, dump.tokens)
+    );
+    fs::read(&p).unwrap()
+}
+
+/// `load_dump` reads a file's header first and each tensor straight from the file; parsing the
+/// whole file's bytes with the `safetensors` crate (`parse_dump`) is the reference. Cut, flipped,
+/// overwritten and extended files get the same dump or the same kind of error from both.
+#[test]
+fn reading_from_the_file_agrees_with_parsing_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize % n.max(1)
+    };
+    let (mut oks, mut errs) = (0, 0);
+    for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
+        let good = small_dump_bytes(dtype);
+        let header_end = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+        for case in 0..300 {
+            let mut b = good.clone();
+            match case % 5 {
+                0 => b.truncate(next(b.len())),
+                // A byte of the header (its length, its JSON) or just after it.
+                1 => b[next(header_end + 8)] ^= 1 << next(8),
+                2 => {
+                    let at = next(header_end);
+                    b[at] = b"0123456789,:[]{}\" "[next(18)];
+                }
+                3 => b.extend(std::iter::repeat_n(0u8, 1 + next(9))),
+                _ => {
+                    // A header length too large, or one that points inside the data.
+                    let n = [u64::MAX, 1 << 40, next(b.len()) as u64][next(3)];
+                    b[..8].copy_from_slice(&n.to_le_bytes());
+                }
+            }
+            fs::write(&p, &b).unwrap();
+            let from_file = load_dump(&p);
+            let from_bytes = parse_dump(&p, &b);
+            match (&from_file, &from_bytes) {
+                (Ok(a), Ok(r)) => {
+                    assert_eq!(a, r, "case {case}");
+                    oks += 1;
+                }
+                (Err(a), Err(r)) => {
+                    let same = std::mem::discriminant(a) == std::mem::discriminant(r);
+                    assert!(same, "case {case}: from the file {a}, from the bytes {r}");
+                    errs += 1;
+                }
+                _ => panic!(
+                    "case {case}: from the file {from_file:?}, from the bytes {from_bytes:?}"
+                ),
+            }
+        }
+    }
+    // Both outcomes were exercised.
+    assert!(oks > 20 && errs > 300, "{oks} read, {errs} refused");
+}
