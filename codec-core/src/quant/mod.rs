@@ -70,23 +70,17 @@ impl BlockConsts {
 /// (NaN gives 0).
 ///
 /// Identical to `libm::roundf(r / step)` followed by the clamp (a unit test checks it on
-/// every half-integer boundary and on random values), but without a libm call: for
-/// `|q| < 2^23`, `q - trunc(q)` is exact, so comparing it with `±0.5` rounds exactly.
+/// every half-integer boundary and on random values), but without a libm call and without a
+/// branch, so that the block's loops vectorize: the quotient is clamped first (NaN stays NaN and
+/// converts to 0); for `|q| < 2^23`, `q - trunc(q)` is exact, so comparing it with `±0.5` rounds
+/// exactly, and from `2^23` up `q` is an integer, its fraction 0.
 #[inline]
 fn quantize(r: f32, step: f32) -> i32 {
-    let q = r / step;
-    if q.abs() < 8_388_608.0 {
-        let t = q as i32;
-        let f = q - t as f32;
-        t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
-    } else if q >= MAX_SYMBOL as f32 {
-        MAX_SYMBOL
-    } else if q <= -(MAX_SYMBOL as f32) {
-        -MAX_SYMBOL
-    } else {
-        // 2^23 <= |q| < 2^24: already an integer; NaN gives 0.
-        q as i32
-    }
+    let max = MAX_SYMBOL as f32; // 2^24, exact
+    let q = (r / step).clamp(-max, max);
+    let t = q as i32;
+    let f = q - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
 }
 
 /// The reference form of [`quantize`] (libm's `roundf`), for tests.
