@@ -56,7 +56,8 @@
 //! so the 32 dependency chains overlap; symbol lookup is one load from a 4096-entry
 //! [`DecodeTable`]; the refill is branch-free (select). A round consumes at most one word per
 //! lane, so while every lane has `k` unread words the next `k` rounds skip the "words left?"
-//! test. [`encode_lanes`] uses the hardware `u64` division.
+//! test. [`encode_lanes`] divides by a symbol's frequency with a 128-bit reciprocal multiply
+//! (exact for every `u64`; a test checks every frequency), not the hardware division.
 //!
 //! On x86-64 with the `std` and `simd` features, a CPU with AVX-512 (F and DQ, detected at run
 //! time) decodes with the module `x86`: the same arithmetic on 8 lanes per register, one gather

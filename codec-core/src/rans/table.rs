@@ -12,6 +12,34 @@ pub(crate) struct EncSym {
     pub(crate) freq: u32,
     /// Left cumulative frequency `c_s`.
     pub(crate) cdf: u32,
+    /// `ceil(2^127 / f_s)`, high and low 64 bits: the encoder divides by `f_s` with it
+    /// ([`EncSym::div`]).
+    rcp: [u64; 2],
+}
+
+impl EncSym {
+    pub(crate) fn new(freq: u32, cdf: u32) -> Self {
+        // f >= 1, so the reciprocal is at most 2^127 and fits.
+        let f = u128::from(freq.max(1));
+        let m = (1u128 << 127).div_ceil(f);
+        EncSym {
+            freq,
+            cdf,
+            rcp: [(m >> 64) as u64, m as u64],
+        }
+    }
+
+    /// `a / f_s` for any `a`, without a division: `floor(a * ceil(2^127 / f) / 2^127)`, exact
+    /// since 127 bits are at least the dividend's 64 plus the divisor's 12 (Lemire, Kaser and
+    /// Kurz, "Faster remainder by direct computation", 2019, theorem 1).
+    #[inline(always)]
+    pub(crate) fn div(&self, a: u64) -> u64 {
+        let [hi, lo] = self.rcp;
+        let low = (u128::from(lo) * u128::from(a)) >> 64;
+        // hi <= 2^63: the sum stays below 2^127.
+        let mid = u128::from(hi) * u128::from(a) + low;
+        (mid >> 63) as u64
+    }
 }
 
 /// A validated frequency table: `n` symbols (`2 <= n <= 256`), every frequency `>= 1`, the
@@ -66,7 +94,7 @@ impl FreqTable {
             .iter()
             .map(|&f| {
                 let freq = u32::from(f);
-                let e = EncSym { freq, cdf };
+                let e = EncSym::new(freq, cdf);
                 cdf += freq;
                 e
             })

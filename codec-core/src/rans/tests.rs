@@ -797,3 +797,25 @@ proptest! {
         assert_paths_agree(refs, &per_pos, &cuts)?;
     }
 }
+
+/// The encoder's division by a reciprocal equals the hardware's for every frequency, on the
+/// dividends at and around multiples of it, the largest ones, and random ones of every size.
+#[test]
+fn reciprocal_division_is_exact() {
+    let mut rng = Rng(11);
+    for f in 1..TOTAL {
+        let e = table::EncSym::new(f, 0);
+        let f = u64::from(f);
+        let q_max = u64::MAX / f;
+        let mut check = |a: u64| assert_eq!(e.div(a), a / f, "{a} / {f}");
+        for a in [0, 1, f - 1, f, f + 1, u64::MAX, u64::MAX - 1, q_max * f, q_max * f - 1] {
+            check(a);
+        }
+        for _ in 0..200 {
+            let q = rng.below(q_max) + 1;
+            check(q * f);
+            check(q * f - 1);
+            check(rng.next() >> rng.below(64));
+        }
+    }
+}
