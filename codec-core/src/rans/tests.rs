@@ -807,7 +807,7 @@ fn reciprocal_division_is_exact() {
         let e = table::EncSym::new(f, 0);
         let f = u64::from(f);
         let q_max = u64::MAX / f;
-        let mut check = |a: u64| assert_eq!(e.div(a), a / f, "{a} / {f}");
+        let check = |a: u64| assert_eq!(e.div(a), a / f, "{a} / {f}");
         for a in [0, 1, f - 1, f, f + 1, u64::MAX, u64::MAX - 1, q_max * f, q_max * f - 1] {
             check(a);
         }
