@@ -15,8 +15,6 @@ use codec_core::attention::Heads;
 use codec_core::{
     Dtype, KvCache, KvMeta, KvShape, Queries, Rope, RopeStyle, Sample, Tensor, TensorMut,
 };
-#[cfg(target_endian = "big")]
-use half::{bf16, f16};
 #[cfg(test)]
 use safetensors::tensor::TensorView;
 use safetensors::Dtype as StDtype;
@@ -355,7 +353,8 @@ fn to_u32(dim: &'static str, value: usize) -> Result<u32, DumpError> {
     u32::try_from(value).map_err(|_| DumpError::TooLarge { dim, value })
 }
 
-/// Reads a KV dump from a safetensors file (see the module documentation for the layout).
+/// Reads a KV dump from a safetensors file (see the module documentation for the layout): the
+/// header first, then each tensor from the file straight into its own vector.
 ///
 /// Every malformed input is a [`DumpError`]; nothing in the file can make it panic.
 pub fn load_dump(path: &Path) -> Result<Dump, DumpError> {
