@@ -958,6 +958,61 @@ mod tests {
 
     /// `safetensors::serialize` of the same tensors, with the header's keys sorted: the file
     /// the writer must produce (an oracle independent of [`FileBuffer`]'s layout).
+    /// The file is little-endian whatever the machine (this test also runs on s390x): values
+    /// written as little-endian bytes by hand read back as those values, from a file and from
+    /// bytes, in every dtype and for the token ids.
+    #[test]
+    fn reads_little_endian_values_on_every_machine() {
+        let vals = [1.5f32, -2.0, 0.25, -0.75];
+        let cases: [(StDtype, Dtype, Vec<u8>); 3] = [
+            (
+                StDtype::F16,
+                Dtype::F16,
+                vec![0x00, 0x3E, 0x00, 0xC0, 0x00, 0x34, 0x00, 0xBA],
+            ),
+            (
+                StDtype::BF16,
+                Dtype::Bf16,
+                vec![0xC0, 0x3F, 0x00, 0xC0, 0x80, 0x3E, 0x40, 0xBF],
+            ),
+            (
+                StDtype::F32,
+                Dtype::F32,
+                vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        ];
+        let ids: Vec<u8> = [0x0102_0304u32, 7]
+            .iter()
+            .flat_map(|i| i.to_le_bytes())
+            .collect();
+        for (st, dtype, bytes) in cases {
+            let shape = vec![2, 1, 2];
+            let views = ["k.0", "v.0"]
+                .map(|n| {
+                    (
+                        n.to_string(),
+                        TensorView::new(st, shape.clone(), &bytes).unwrap(),
+                    )
+                })
+                .into_iter()
+                .chain([(
+                    TOKENS.to_string(),
+                    TensorView::new(StDtype::U32, vec![2], &ids).unwrap(),
+                )])
+                .collect();
+            let file = serialized(views, BTreeMap::new());
+            let dir = std::env::temp_dir().join(format!("kvc-le-{}-{dtype:?}", std::process::id()));
+            fs::write(&dir, &file).unwrap();
+            for d in [load_dump(&dir).unwrap(), parse_dump(&dir, &file).unwrap()] {
+                assert_eq!(d.kv.k[0].dtype(), dtype);
+                assert_eq!(d.kv.k[0].to_f32_vec(), vals, "{dtype:?}");
+                assert_eq!(d.kv.v[0].to_f32_vec(), vals, "{dtype:?}");
+                assert_eq!(d.tokens.as_deref(), Some(&[0x0102_0304, 7][..]));
+            }
+            fs::remove_file(&dir).unwrap();
+        }
+    }
+
     fn serialized(views: Vec<(String, TensorView<'_>)>, md: BTreeMap<String, String>) -> Vec<u8> {
         let raw = safetensors::serialize(views, Some(md.into_iter().collect())).unwrap();
         let n = u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
