@@ -36,7 +36,7 @@ impl EncSym {
     pub(crate) fn div(&self, a: u64) -> u64 {
         let [hi, lo] = self.rcp;
         let low = (u128::from(lo) * u128::from(a)) >> 64;
-        // hi <= 2^63: the sum stays below 2^127.
+        // hi <= 2^63, so the sum stays below 2^128; shifted, it is the quotient, at most `a`.
         let mid = u128::from(hi) * u128::from(a) + low;
         (mid >> 63) as u64
     }
