@@ -230,7 +230,7 @@ impl std::error::Error for DumpError {
     }
 }
 
-fn io_err(path: &Path, op: &'static str, source: io::Error) -> DumpError {
+pub(crate) fn io_err(path: &Path, op: &'static str, source: io::Error) -> DumpError {
     DumpError::Io {
         path: path.to_path_buf(),
         op,
@@ -359,21 +359,20 @@ fn to_u32(dim: &'static str, value: usize) -> Result<u32, DumpError> {
 /// Every malformed input is a [`DumpError`]; nothing in the file can make it panic.
 pub fn load_dump(path: &Path) -> Result<Dump, DumpError> {
     let file = fs::File::open(path).map_err(|e| io_err(path, "open", e))?;
-    parse(&TensorFile::open(path, &file)?)
+    parse(TensorFile::open(path, &file)?)
 }
 
 /// Parses a KV dump from the bytes of a safetensors file (`path` is used in errors only).
 pub fn parse_dump(path: &Path, bytes: &[u8]) -> Result<Dump, DumpError> {
-    parse(&TensorFile::from_bytes(path, bytes)?)
+    parse(TensorFile::from_bytes(path, bytes)?)
 }
 
-fn parse(tf: &TensorFile<'_>) -> Result<Dump, DumpError> {
-    let metadata = &tf.metadata;
-    let layers = count_layers(&tf.entries, metadata)?;
-    let (kv_shape, k, v) = read_kv(tf, layers)?;
-    let (q, q_heads, q_start) = read_queries(tf, kv_shape)?;
-    let tokens = read_tokens(tf, kv_shape.tokens as usize)?;
-    let meta = kv_meta(metadata)?;
+fn parse(tf: TensorFile<'_>) -> Result<Dump, DumpError> {
+    let layers = count_layers(&tf.entries, &tf.metadata)?;
+    let (kv_shape, k, v) = read_kv(&tf, layers)?;
+    let (q, q_heads, q_start) = read_queries(&tf, kv_shape)?;
+    let tokens = read_tokens(&tf, kv_shape.tokens as usize)?;
+    let meta = kv_meta(&tf.metadata)?;
     Ok(Dump {
         kv: KvCache {
             shape: kv_shape,
@@ -385,7 +384,7 @@ fn parse(tf: &TensorFile<'_>) -> Result<Dump, DumpError> {
         q_heads,
         q_start,
         tokens,
-        metadata: metadata.clone(),
+        metadata: tf.metadata,
     })
 }
 

@@ -14,7 +14,7 @@ use bytemuck::Pod;
 use safetensors::tensor::{Metadata, SafeTensorError, SafeTensors};
 use safetensors::Dtype as StDtype;
 
-use crate::dump::DumpError;
+use crate::dump::{io_err, DumpError};
 
 /// Largest header read from a file, as the `safetensors` crate allows.
 const MAX_HEADER: u64 = 100_000_000;
@@ -60,13 +60,7 @@ impl<'a> TensorFile<'a> {
 
     /// The header of the safetensors file `file` (at `path`), read from the file alone.
     pub fn open(path: &'a Path, file: &'a File) -> Result<Self, DumpError> {
-        let io = |op| {
-            move |e| DumpError::Io {
-                path: path.to_path_buf(),
-                op,
-                source: e,
-            }
-        };
+        let io = |op| move |e| io_err(path, op, e);
         let file_len = file.metadata().map_err(io("read metadata of"))?.len();
         let mut r = file;
         let mut len = [0u8; 8];
@@ -131,11 +125,7 @@ impl<'a> TensorFile<'a> {
         match self.src {
             Src::Bytes(b) => bytes.copy_from_slice(&b[at]),
             Src::File(f) => {
-                let io = |e| DumpError::Io {
-                    path: self.path.to_path_buf(),
-                    op: "read",
-                    source: e,
-                };
+                let io = |e| io_err(self.path, "read", e);
                 let mut r = f;
                 r.seek(SeekFrom::Start(at.start as u64)).map_err(io)?;
                 r.read_exact(bytes).map_err(io)?;
