@@ -1,9 +1,9 @@
 //! Best-of-N timing of the pq search on real keys and queries, for A/B comparisons on a noisy
 //! machine where criterion's means drift by 10-20%, and a loop to profile:
-//! `cargo run --release -p kvc-benches --example pq_best -- N [rq|pq]` prints, for layer 15 KV
-//! head 0 (2048 tokens, k = T/5, windows 4 + 64), the fastest mean over N rounds of one search
-//! per stored query head of the layer: the score table, the fused search from a ready table,
-//! and both together.
+//! `cargo run --profile bench -p kvc-benches --example pq_best -- N [rq|pq]` prints, for layer
+//! 15 KV head 0 (2048 tokens, k = T/5, windows 4 + 64), the fastest mean over N rounds of one
+//! search per stored query head of the layer: the score table, the fused search from a ready
+//! table, and both together.
 use kvc_benches::pq_keys_and_queries;
 use pq_core::{score_table, search, Codebook, PqParams};
 use std::hint::black_box;

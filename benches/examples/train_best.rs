@@ -2,7 +2,7 @@
 //! keys (layer 15, KV head 0 of `../shared/fixtures/smollm2-gpl3-2048.safetensors`, else the
 //! 512-token sample tiled), kvc's default (residual) and the paper's PQ, with a hash of the codes
 //! so that two builds can be checked to train the same codebooks:
-//! `cargo run --release -p kvc-benches --example train_best`.
+//! `cargo run --profile bench -p kvc-benches --example train_best`.
 use kvc_benches::pq_keys_and_queries;
 use pq_core::{Codebook, PqParams};
 use std::time::Instant;

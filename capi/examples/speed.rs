@@ -3,7 +3,7 @@
 //! as `benches/examples/decode_best.rs` does), the same with the stream opened on every call
 //! (what each binding call does), and encode of the decoded cache with the same profile.
 //!
-//! `cargo run --release -p kvc-capi --example speed -- STREAM.kvc PROFILE.kvcp [N]`
+//! `cargo run --profile bench -p kvc-capi --example speed -- STREAM.kvc PROFILE.kvcp [N]`
 use codec_core::{encode, EncodeParams, Limits, Profile, ProfileMode, Stream, TensorMut};
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 //! on device 0.
 //!
 //! ```sh
-//! cargo run --release -p kvc-codec-cuda --example device_bench -- [rounds] [copies]
+//! cargo run --profile bench -p kvc-codec-cuda --example device_bench -- [rounds] [copies]
 //! ```
 //!
 //! The decode input is the real 512-token fixture (all 30 layers, 3 KV heads of 64), encoded

@@ -1,6 +1,6 @@
 //! Prefill throughput of the reference model at several lengths, on a licence text repeated as
-//! needed: `cargo run --release -p kvc-llm --example prefill_speed [GGUF] [N...]` (defaults: the
-//! path `tools/fetch-model` prints, 512 2048 4096). Best of 3 runs per length.
+//! needed: `cargo run --profile bench -p kvc-llm --example prefill_speed [GGUF] [N...]`
+//! (defaults: the path `tools/fetch-model` prints, 512 2048 4096). Best of 3 runs per length.
 
 use std::path::PathBuf;
 use std::time::Instant;

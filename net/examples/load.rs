@@ -4,7 +4,7 @@
 //! client decodes what it gets, so the figure is the whole system's, not the link's.
 //!
 //! ```text
-//! cargo run --release -p kvc-net --example load -- ROOT CONTEXT [CLIENTS [LEVEL]]
+//! cargo run --profile bench -p kvc-net --example load -- ROOT CONTEXT [CLIENTS [LEVEL]]
 //! ```
 
 use std::time::{Duration, Instant};

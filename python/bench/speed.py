@@ -2,7 +2,7 @@
 arrays and encode of a KV dump, against the Rust example `capi/examples/speed.rs`, which this
 script runs on the same stream.
 
-    cargo build --release -p kvc-capi --example speed   # the Rust side, run by the script
+    cargo build --profile bench -p kvc-capi --example speed   # the Rust side, run by the script
     python python/bench/speed.py [DUMP.safetensors] [N]
 
 The dump defaults to ../shared/fixtures/smollm2-gpl3-2048.safetensors, else the 512-token
