@@ -53,19 +53,19 @@ pub struct EvalArgs {
     /// The methods run, comma separated [default: all].
     #[arg(long, value_delimiter = ',', value_parser = METHODS)]
     pub methods: Vec<String>,
-    /// CacheBlend: the tensor whose deviation ranks tokens [default: kv].
-    #[arg(long, value_parser = ["k", "v", "kv"])]
-    pub tensors: Option<String>,
-    /// CacheBlend: the norm of a token's deviation [default: l1].
-    #[arg(long, value_parser = ["l1", "l2", "max"])]
-    pub norm: Option<String>,
+    /// CacheBlend: the tensor whose deviation ranks tokens.
+    #[arg(long, value_parser = ["k", "v", "kv"], default_value = tensors_name(SelectParams::DEFAULT.tensors))]
+    pub tensors: String,
+    /// CacheBlend: the norm of a token's deviation.
+    #[arg(long, value_parser = ["l1", "l2", "max"], default_value = norm_name(SelectParams::DEFAULT.norm))]
+    pub norm: String,
     /// CacheBlend: the share the first check keeps, as a multiple of the ratio (capped at
-    /// 100%) [default: 1.333, i.e. 20% for 15%].
-    #[arg(long)]
-    pub first_share: Option<f32>,
-    /// CacheBlend: checks over which the share narrows to the ratio [default: 4].
-    #[arg(long)]
-    pub narrow: Option<u32>,
+    /// 100%; the default keeps 20% for 15%).
+    #[arg(long, default_value_t = SelectParams::DEFAULT.first_ratio / SelectParams::DEFAULT.ratio)]
+    pub first_share: f32,
+    /// CacheBlend: checks over which the share narrows to the ratio.
+    #[arg(long, default_value_t = SelectParams::DEFAULT.narrow_layers)]
+    pub narrow: u32,
     /// Run each method this many times and report the fastest (the other figures do not
     /// change).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -73,6 +73,24 @@ pub struct EvalArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--tensors`' name for `t`.
+fn tensors_name(t: Tensors) -> &'static str {
+    match t {
+        Tensors::K => "k",
+        Tensors::V => "v",
+        Tensors::KV => "kv",
+    }
+}
+
+/// `--norm`'s name for `n`.
+fn norm_name(n: Norm) -> &'static str {
+    match n {
+        Norm::L1 => "l1",
+        Norm::L2 => "l2",
+        Norm::Max => "max",
+    }
 }
 
 /// A `--level`: a kvc level, or none.
@@ -96,20 +114,17 @@ impl EvalArgs {
                 "--ratio {p}: ratios are percentages within 0..=100"
             ));
         }
-        let d = SelectParams::DEFAULT;
-        let tensors = match self.tensors.as_deref() {
-            Some("k") => Tensors::K,
-            Some("v") => Tensors::V,
-            Some(_) => Tensors::KV,
-            None => d.tensors,
+        let tensors = match self.tensors.as_str() {
+            "k" => Tensors::K,
+            "v" => Tensors::V,
+            _ => Tensors::KV,
         };
-        let norm = match self.norm.as_deref() {
-            Some("l1") => Norm::L1,
-            Some("l2") => Norm::L2,
-            Some(_) => Norm::Max,
-            None => d.norm,
+        let norm = match self.norm.as_str() {
+            "l1" => Norm::L1,
+            "l2" => Norm::L2,
+            _ => Norm::Max,
         };
-        let share = self.first_share.unwrap_or(d.first_ratio / d.ratio);
+        let share = self.first_share;
         if !(share.is_finite() && share >= 1.0) {
             return Err(format!(
                 "--first-share {share}: the first check keeps at least the ratio (1 or more)"
@@ -127,7 +142,7 @@ impl EvalArgs {
             select: SelectParams {
                 ratio: 1.0,
                 first_ratio: share,
-                narrow_layers: self.narrow.unwrap_or(d.narrow_layers),
+                narrow_layers: self.narrow,
                 tensors,
                 norm,
             },
