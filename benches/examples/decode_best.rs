@@ -2,8 +2,8 @@
 //! comparisons on a noisy machine where criterion's means drift by 10-20%:
 //! `cargo run --profile bench -p kvc-benches --example decode_best -- LEVEL N` prints the
 //! fastest of N decodes into reused buffers and to a fresh owned cache (`ONLY_INTO=1` skips the
-//! latter), and the time `KvCache::zeros` takes. The profile is learned from the dump itself. `THREADS=N`
-//! decodes into the reused buffers on N threads (0: all cores; default 1).
+//! latter), and the time `KvCache::zeros` takes. The profile is learned from the dump itself.
+//! `THREADS=N` decodes into the reused buffers on N threads (0: all cores; default 1).
 use codec_core::{decode, encode, EncodeParams, Limits, ProfileMode};
 use kvc_benches::{big_fixture_path, load, self_profile};
 use std::time::Instant;

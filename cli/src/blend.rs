@@ -54,10 +54,10 @@ pub struct EvalArgs {
     #[arg(long, value_delimiter = ',', value_parser = METHODS)]
     pub methods: Vec<String>,
     /// CacheBlend: the tensor whose deviation ranks tokens.
-    #[arg(long, value_parser = ["k", "v", "kv"], default_value = tensors_name(SelectParams::DEFAULT.tensors))]
+    #[arg(long, value_parser = TENSORS.map(tensors_name), default_value = tensors_name(SelectParams::DEFAULT.tensors))]
     pub tensors: String,
     /// CacheBlend: the norm of a token's deviation.
-    #[arg(long, value_parser = ["l1", "l2", "max"], default_value = norm_name(SelectParams::DEFAULT.norm))]
+    #[arg(long, value_parser = NORMS.map(norm_name), default_value = norm_name(SelectParams::DEFAULT.norm))]
     pub norm: String,
     /// CacheBlend: the share the first check keeps, as a multiple of the ratio (capped at
     /// 100%; the default keeps 20% for 15%).
@@ -74,6 +74,10 @@ pub struct EvalArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// Every `--tensors` and `--norm` choice; their names are [`tensors_name`] and [`norm_name`].
+const TENSORS: [Tensors; 3] = [Tensors::K, Tensors::V, Tensors::KV];
+const NORMS: [Norm; 3] = [Norm::L1, Norm::L2, Norm::Max];
 
 /// `--tensors`' name for `t`.
 fn tensors_name(t: Tensors) -> &'static str {
@@ -114,15 +118,16 @@ impl EvalArgs {
                 "--ratio {p}: ratios are percentages within 0..=100"
             ));
         }
-        let tensors = match self.tensors.as_str() {
-            "k" => Tensors::K,
-            "v" => Tensors::V,
-            _ => Tensors::KV,
-        };
-        let norm = match self.norm.as_str() {
-            "l1" => Norm::L1,
-            "l2" => Norm::L2,
-            _ => Norm::Max,
+        // clap accepts only the names of these choices.
+        let tensors = TENSORS
+            .into_iter()
+            .find(|&t| tensors_name(t) == self.tensors);
+        let norm = NORMS.into_iter().find(|&n| norm_name(n) == self.norm);
+        let (Some(tensors), Some(norm)) = (tensors, norm) else {
+            return Err(format!(
+                "--tensors {} --norm {}: unknown",
+                self.tensors, self.norm
+            ));
         };
         let share = self.first_share;
         if !(share.is_finite() && share >= 1.0) {
