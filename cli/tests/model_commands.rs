@@ -121,6 +121,7 @@ fn blend_eval_reports_every_method_as_json() {
         "cacheblend",
         "full-recompute",
         "full-reuse",
+        "oracle",
         "prefix-caching",
         "random",
         "single-layer-k",

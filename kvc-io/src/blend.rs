@@ -2,7 +2,8 @@
 //! alone (from position 0, no BOS token), stored (as computed, or through a kvc stream at a
 //! level), placed one after the other, and a question is run on top by each method: CacheBlend's
 //! gradual filtering, a single check layer by K or by V (as the public implementations select),
-//! random tokens at the same ratio, full reuse, full recompute and prefix caching. Each is
+//! random tokens at the same ratio, an oracle that knows the full prefill, full reuse, full
+//! recompute and prefix caching. Each is
 //! compared with a full prefill of chunks and question: KL and top-1 over the question's last
 //! tokens, compute time and operations, and the recall of the tokens whose reused K/V deviate
 //! most from the full prefill's, layer by layer.
@@ -21,11 +22,12 @@ use crate::policy::{self, ProfileUse};
 use crate::progress::Progress;
 
 /// The methods `kvc blend-eval` compares, by name.
-pub const METHODS: [&str; 7] = [
+pub const METHODS: [&str; 8] = [
     "cacheblend",
     "single-layer-k",
     "single-layer-v",
     "random",
+    "oracle",
     "full-reuse",
     "full-recompute",
     "prefix-caching",
@@ -79,7 +81,7 @@ impl Default for BlendParams {
 /// One method at one ratio.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlendRow {
-    /// `cacheblend`, `single-layer-k`, `single-layer-v`, `random`, `full-reuse`,
+    /// `cacheblend`, `single-layer-k`, `single-layer-v`, `random`, `oracle`, `full-reuse`,
     /// `full-recompute` or `prefix-caching`.
     pub method: &'static str,
     /// How the chunks were stored: `lossless` (as computed, f32) or `kvc level N`.
@@ -202,7 +204,15 @@ pub fn blend_eval(
         progress.step();
         let placed = llm::place_chunks(&caches)?;
         let truth = truth(&placed, &full)?;
-        for (method, ratio, how) in &runs {
+        for (method, ratio, pick) in &runs {
+            let oracle;
+            let how = match pick {
+                Pick::Recompute(how) => how,
+                Pick::Oracle(count) => {
+                    oracle = Recompute::Fixed(most_deviating(&truth, *count)?);
+                    &oracle
+                }
+            };
             let mut row = run.row(&placed, error.as_ref(), how, &truth)?;
             row.method = method;
             row.storage = store.storage.clone();
@@ -243,8 +253,17 @@ fn check_params(p: &BlendParams) -> Result<(), Error> {
     Ok(())
 }
 
-/// Every method asked for at every ratio, and the baselines once: (name, ratio, recompute).
-fn methods(p: &BlendParams, n: usize, first_chunk: usize) -> Vec<(&'static str, f64, Recompute)> {
+/// How a method picks the reused tokens it recomputes.
+enum Pick {
+    /// As the fusor is told.
+    Recompute(Recompute),
+    /// The oracle: this many tokens, those deviating most from the full prefill (known only
+    /// once it has run; see [`most_deviating`]), at every layer.
+    Oracle(usize),
+}
+
+/// Every method asked for at every ratio, and the baselines once: (name, ratio, pick).
+fn methods(p: &BlendParams, n: usize, first_chunk: usize) -> Vec<(&'static str, f64, Pick)> {
     let mut out = Vec::new();
     for &r in &p.ratios {
         let single = |tensors| SelectParams {
@@ -255,28 +274,20 @@ fn methods(p: &BlendParams, n: usize, first_chunk: usize) -> Vec<(&'static str, 
             norm: Norm::L2,
         };
         let count = (r * n as f64).ceil() as usize;
-        out.push((
-            "cacheblend",
-            r,
-            Recompute::Select(p.select.at_ratio(r as f32)),
-        ));
-        out.push(("single-layer-k", r, Recompute::Select(single(Tensors::K))));
-        out.push(("single-layer-v", r, Recompute::Select(single(Tensors::V))));
-        out.push((
-            "random",
-            r,
-            Recompute::Fixed(random_tokens(n, count, p.seed)),
-        ));
+        let select = |s| Pick::Recompute(Recompute::Select(s));
+        out.push(("cacheblend", r, select(p.select.at_ratio(r as f32))));
+        out.push(("single-layer-k", r, select(single(Tensors::K))));
+        out.push(("single-layer-v", r, select(single(Tensors::V))));
+        let random = Recompute::Fixed(random_tokens(n, count, p.seed));
+        out.push(("random", r, Pick::Recompute(random)));
+        out.push(("oracle", r, Pick::Oracle(count)));
     }
+    let fixed = |set| Pick::Recompute(Recompute::Fixed(set));
     let rest: Vec<u32> = (first_chunk as u32..n as u32).collect();
     let prefix_share = rest.len() as f64 / n as f64;
-    out.push(("full-reuse", 0.0, Recompute::Fixed(Vec::new())));
-    out.push((
-        "full-recompute",
-        1.0,
-        Recompute::Fixed((0..n as u32).collect()),
-    ));
-    out.push(("prefix-caching", prefix_share, Recompute::Fixed(rest)));
+    out.push(("full-reuse", 0.0, fixed(Vec::new())));
+    out.push(("full-recompute", 1.0, fixed((0..n as u32).collect())));
+    out.push(("prefix-caching", prefix_share, fixed(rest)));
     out.retain(|(m, _, _)| p.methods.iter().any(|x| x == m));
     out
 }
@@ -314,6 +325,22 @@ fn stored(
             round_trip(dump, level, importance, &learned, use_)
         }
     }
+}
+
+/// The oracle's tokens: the `count` reused tokens (ascending) whose deviation from the full
+/// prefill (`truth`, per layer and token), summed over the layers, is largest. It needs the full
+/// prefill, so no server can run it: it shows how much of full reuse's KL a fixed set of tokens
+/// can remove at a ratio, against which a selection's ranking is judged.
+fn most_deviating(truth: &[Vec<f32>], count: usize) -> Result<Vec<u32>, Error> {
+    let n = truth.first().map_or(0, Vec::len);
+    let mut sum = vec![0.0f32; n];
+    for layer in truth {
+        for (s, d) in sum.iter_mut().zip(layer) {
+            *s += d;
+        }
+    }
+    let all: Vec<u32> = (0..n as u32).collect();
+    Ok(top(&all, &sum, count.min(n))?)
 }
 
 /// Per layer, each reused token's deviation (K and V, L2) from the full prefill's.
@@ -504,4 +531,20 @@ pub fn parse_tiers(text: &str) -> Result<Vec<TierSpec>, Error> {
         }
     }
     Ok(tiers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::most_deviating;
+
+    #[test]
+    fn the_oracle_takes_the_largest_deviations_summed_over_layers() {
+        // Token 2 leads at no single layer but in sum; token 0 leads at layer 0 alone.
+        let truth = vec![vec![5.0, 0.0, 3.0, 1.0], vec![0.0, 4.0, 3.0, 0.5]];
+        assert_eq!(most_deviating(&truth, 1).unwrap(), [2]);
+        assert_eq!(most_deviating(&truth, 2).unwrap(), [0, 2]);
+        assert_eq!(most_deviating(&truth, 3).unwrap(), [0, 1, 2]);
+        assert_eq!(most_deviating(&truth, 9).unwrap(), [0, 1, 2, 3]);
+        assert!(most_deviating(&[], 3).unwrap().is_empty());
+    }
 }

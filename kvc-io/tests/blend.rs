@@ -39,8 +39,8 @@ fn baselines_and_cacheblend_on_short_chunks() {
     )
     .unwrap();
     assert_eq!(r.reused_tokens, 144);
-    // Per storage: 4 selecting methods x 3 ratios, and 3 baselines.
-    assert_eq!(r.rows.len(), 2 * (4 * 3 + 3));
+    // Per storage: 5 selecting methods x 3 ratios, and 3 baselines.
+    assert_eq!(r.rows.len(), 2 * (5 * 3 + 3));
     let get = |method: &str, storage: &str, ratio: f64| {
         r.rows
             .iter()
@@ -66,6 +66,15 @@ fn baselines_and_cacheblend_on_short_chunks() {
         let cb = get("cacheblend", storage, 0.5);
         assert!(cb.kl < reuse.kl && cb.flop_share < 1.0, "{cb:?}");
         assert!(cb.recall.is_some_and(|x| (0.0..=1.0).contains(&x)));
+        // The oracle spans the same range: nothing recomputed is full reuse, everything full
+        // recompute, half of the tokens (the most deviating) something between.
+        assert_eq!(get("oracle", storage, 0.0).kl, reuse.kl);
+        assert!(get("oracle", storage, 1.0).kl < 1e-6);
+        let oracle = get("oracle", storage, 0.5);
+        assert!(
+            oracle.kl < reuse.kl && oracle.flop_share < 1.0,
+            "{oracle:?}"
+        );
     }
     // The first chunk is a true prefix: reused as computed, it costs prefix caching nothing.
     let prefix = get("prefix-caching", "lossless", 96.0 / 144.0);
