@@ -3,10 +3,9 @@
 //! level), placed one after the other, and a question is run on top by each method: CacheBlend's
 //! gradual filtering, a single check layer by K or by V (as the public implementations select),
 //! random tokens at the same ratio, an oracle that knows the full prefill, full reuse, full
-//! recompute and prefix caching. Each is
-//! compared with a full prefill of chunks and question: KL and top-1 over the question's last
-//! tokens, compute time and operations, and the recall of the tokens whose reused K/V deviate
-//! most from the full prefill's, layer by layer.
+//! recompute and prefix caching. Each is compared with a full prefill of chunks and question:
+//! KL and top-1 over the question's last tokens, compute time and operations, and the recall of
+//! the tokens whose reused K/V deviate most from the full prefill's, layer by layer.
 
 use std::time::Instant;
 
