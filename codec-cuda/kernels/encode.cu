@@ -254,6 +254,462 @@ __device__ __forceinline__ void kvc_lane_encode(const KvcLaneEncodeArgs& a, unsi
 
 KVC_KERNEL(kvc_rans_lane_encode, KvcLaneEncodeArgs, kvc_lane_encode)
 
+// ----------------------------------------------------------------------------------------------
+// The encode chain: a chunk's blocks from K/V where a server keeps them, with no host step
+//
+// kvc_encode_blocks prepares every coded block of a batch for kvc_rans_lane_encode, as
+// codec_core's ChunkEncoder does (spec/FORMAT.md §6, §7, §9.2), from the tensors as they lie in
+// memory (f32, f16 or bf16, [T, H, D] per layer and K/V): the layer's step exponents from its K
+// (§9.2, post-rotary keys), their table (codec_core's FreqTable::from_counts), the quantized
+// values, each symbol's table and index with the escapes in order (§6.4), and the lane
+// encoder's block record. The host then only lays the blocks out (codec_core's write_block).
+// One CUDA block per coded block; the K and V blocks of a layer each compute its exponents.
+
+// Element type of the source tensors.
+enum KvcSourceDtype : kvc_u32 {
+    KVC_SOURCE_F32 = 0,
+    KVC_SOURCE_F16 = 1,
+    KVC_SOURCE_BF16 = 2,
+};
+
+// One coded block of an encode-chain launch.
+struct KvcEncBlock {
+    // Element index in `src` of the block's row 0 (sink rows first), channel 0.
+    kvc_u64 x_start;
+    // Element index in `src` of the same rows of the layer's K (for the exponents).
+    kvc_u64 k_start;
+    // Index in `qref` of the layer's reference queries (C values), if importance.
+    kvc_u64 qref_start;
+    // Index in `tau` of the layer's head 0 threshold (H values), if importance.
+    kvc_u64 tau_start;
+    // Index in `consts` of channel 0's constants.
+    kvc_u64 consts_start;
+    // Index in `map` of the (layer, K/V, level)'s map: entry (kind * 16 + e) * C + ch is the
+    // table-list index (>= 1) of a value symbol of row kind `kind`, exponent e, channel ch.
+    kvc_u64 map_start;
+    // Index in `symbols` and `symbol_table` of the block's symbol 0: room for (rows - sink_rows)
+    // * (H + C) symbols (the exponents, if any, then the values).
+    kvc_u64 sym_start;
+    // Index in `q` of the block's first value ((rows - sink_rows) * C, scratch).
+    kvc_u64 q_start;
+    // Index in `escapes` of the block's escape values (room for (rows - sink_rows) * C).
+    kvc_u64 escape_start;
+    // Index of lane 0's slot in the lane encoder's words (copied to its block record).
+    kvc_u64 word_start;
+    kvc_u32 rows;
+    kvc_u32 sink_rows;
+    kvc_u32 group;
+    // 1: step exponents from the importance policy; 0: none.
+    kvc_u32 importance;
+    // The block's table list: table_list[table_start] is the slot of `tables` the kernel
+    // writes the exponent table to, the entries after it the level's value tables.
+    kvc_u32 table_start;
+    kvc_u32 table_count;
+    // Words per lane slot (ceil((rows - sink_rows) * (H + C) / 32) + 2 at least).
+    kvc_u32 lane_cap;
+    kvc_u32 reserved;
+};
+
+// What the kernel found per block, for the host's layout.
+struct KvcEncResult {
+    kvc_u32 status;
+    // Exponent symbols coded before the values: (rows - sink_rows) * H, or 0.
+    kvc_u32 n_e;
+    kvc_u32 n_escapes;
+    // The exponent table's symbols (0: no exponent section) and frequencies.
+    kvc_u32 n_exp;
+    kvc_u16 exp_freqs[16];
+};
+
+struct KvcEncodeArgs {
+    // The source tensors, `n_src` elements of `dtype`.
+    const kvc_u8* src;
+    kvc_u64 n_src;
+    kvc_u32 dtype;
+    // Importance policy (§9.2): e = round(slope * (tau - score)) clamped to [0, max_exp].
+    kvc_u32 max_exp;
+    double slope;
+    // 1 / sqrt(head_dim), as the host computes it.
+    double inv_sqrt_d;
+    const double* qref;
+    kvc_u64 n_qref;
+    const float* tau;
+    kvc_u64 n_tau;
+    const KvcQuantConsts* consts;
+    kvc_u64 n_consts;
+    const kvc_u16* map;
+    kvc_u64 n_map;
+    const kvc_u32* table_list;
+    kvc_u64 n_table_list;
+    // Per global table id, its radius (escape index 2R + 1); the exponent slots' are unused.
+    const kvc_u8* radius;
+    kvc_u64 n_radius;
+    // Encode tables, 256 entries each (as kvc_rans_lane_encode reads them).
+    kvc_u32* tables;
+    kvc_u64 n_tables;
+    kvc_u8* symbols;
+    kvc_u16* symbol_table;
+    kvc_u64 n_symbols;
+    kvc_i32* q;
+    kvc_u64 n_q;
+    kvc_i32* escapes;
+    kvc_u64 n_escapes;
+    const KvcEncBlock* blocks;
+    // Outputs, one per block.
+    KvcEncResult* results;
+    KvcLaneEncodeBlock* lane_blocks;
+    kvc_u64 n_blocks;
+    kvc_u32 heads;
+    kvc_u32 head_dim;
+};
+
+// Escape ranks by tiles, as kvc_map_values decodes them (chain.cu).
+#define KVC_ENC_TILES 4096u
+
+struct KvcEncShared {
+    kvc_u32 status;
+    kvc_u32 tile_shift;
+    kvc_u32 bad;
+    kvc_u32 n_e;
+    kvc_u32 n_exp;
+    kvc_u32 n_escapes;
+    kvc_u32 hist[16];
+    kvc_u16 freqs[16];
+    kvc_u32 tile[KVC_ENC_TILES];
+};
+
+#ifdef KVC_HOST
+inline double kvc_round(double x) { return round(x); }
+#else
+__device__ __forceinline__ double kvc_round(double x) { return round(x); }
+#endif
+
+// Element i of the source, widened to f32 (exact).
+__device__ __forceinline__ float kvc_src_load(const KvcEncodeArgs& a, kvc_u64 i) {
+    if (a.dtype == KVC_SOURCE_F32) {
+        kvc_u32 u;
+#ifdef KVC_HOST
+        memcpy(&u, a.src + i * 4, 4);
+#else
+        u = ((const kvc_u32*)a.src)[i];
+#endif
+        return kvc_bits_f32(u);
+    }
+#ifdef KVC_HOST
+    kvc_u16 h;
+    memcpy(&h, a.src + i * 2, 2);
+#else
+    const kvc_u16 h = ((const kvc_u16*)a.src)[i];
+#endif
+    if (a.dtype == KVC_SOURCE_BF16) return kvc_bits_f32((kvc_u32)h << 16);
+    // f16: sign, exponent 5 bits, mantissa 10 bits.
+    const kvc_u32 sign = (kvc_u32)(h & 0x8000u) << 16;
+    const kvc_u32 e = (h >> 10) & 31u, m = h & 0x3FFu;
+    if (e == 31) return kvc_bits_f32(sign | 0x7F800000u | (m << 13));
+    if (e != 0) return kvc_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+    if (m == 0) return kvc_bits_f32(sign);
+    // Subnormal: m * 2^-24, exact in f32.
+    const float v = __fmul_rn((float)m, 5.9604644775390625e-8f);
+    return sign ? -v : v;
+}
+
+
+__device__ __forceinline__ bool kvc_enc_ok(const KvcEncodeArgs& a, const KvcEncBlock& b) {
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    if (a.dtype > KVC_SOURCE_BF16 || c == 0 || c > 0xFFFFFFFFull || b.group == 0 ||
+        b.sink_rows > b.rows)
+        return false;
+    const kvc_u64 coded = b.rows - b.sink_rows, rc = (kvc_u64)b.rows * c, n_sym = coded * c;
+    const kvc_u64 n_all = coded * a.heads + n_sym;
+    if (n_all > 0xFFFFFFFFull || a.n_src > ~0ull / 4) return false;
+    const kvc_u64 need = (n_all + KVC_LANES - 1) / KVC_LANES + 2;
+    bool ok = b.x_start <= a.n_src && rc <= a.n_src - b.x_start && b.lane_cap >= need &&
+              b.consts_start <= a.n_consts && c <= a.n_consts - b.consts_start &&
+              b.map_start <= a.n_map && 32 * c <= a.n_map - b.map_start &&
+              b.sym_start <= a.n_symbols && n_all <= a.n_symbols - b.sym_start &&
+              b.q_start <= a.n_q && n_sym <= a.n_q - b.q_start &&
+              b.escape_start <= a.n_escapes && n_sym <= a.n_escapes - b.escape_start &&
+              b.table_count >= 2 && (kvc_u64)b.table_start + b.table_count <= a.n_table_list;
+    if (ok && b.importance) {
+        ok = a.max_exp <= 15 && b.k_start <= a.n_src && rc <= a.n_src - b.k_start &&
+             b.qref_start <= a.n_qref && c <= a.n_qref - b.qref_start &&
+             b.tau_start <= a.n_tau && a.heads <= a.n_tau - b.tau_start;
+    }
+    for (kvc_u32 k = 0; ok && k < b.table_count; k++) {
+        const kvc_u32 t = a.table_list[b.table_start + k];
+        ok = k == 0 ? t < a.n_tables : t < a.n_radius && t < a.n_tables && a.radius[t] <= 127;
+    }
+    return ok;
+}
+
+// Phase 1: thread 0 checks the block and sizes the tiles; every thread clears the counts.
+__device__ __forceinline__ void kvc_enc_check(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    for (kvc_u32 i = threadIdx.x; i < KVC_ENC_TILES; i += blockDim.x) s->tile[i] = 0;
+    if (threadIdx.x < 16) s->hist[threadIdx.x] = 0;
+    if (threadIdx.x != 0) return;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    s->status = kvc_enc_ok(a, b) ? KVC_ENCODE_OK : KVC_ENCODE_BAD_RANGE;
+    const kvc_u64 n_sym = (kvc_u64)(b.rows - (b.sink_rows <= b.rows ? b.sink_rows : b.rows)) *
+                          a.heads * a.head_dim;
+    kvc_u32 shift = 5;
+    while (shift < 32 && ((kvc_u64)KVC_ENC_TILES << shift) < n_sym) shift++;
+    s->tile_shift = shift;
+    s->bad = 0;
+    s->n_escapes = 0;
+}
+
+// Phase 2: each (non-sink row, head)'s step exponent (codec_core's block_exponents, in f64
+// in its order), written as the block's first symbols and counted.
+__device__ __forceinline__ void kvc_enc_exponents(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    if (s->status != KVC_ENCODE_OK || !b.importance) return;
+    const kvc_u32 c = a.heads * a.head_dim, n = (b.rows - b.sink_rows) * a.heads;
+    for (kvc_u32 p = threadIdx.x; p < n; p += blockDim.x) {
+        const kvc_u32 i = p / a.heads, h = p - i * a.heads;
+        const kvc_u64 row = b.k_start + (kvc_u64)(b.sink_rows + i) * c + h * a.head_dim;
+        const double* q = a.qref + b.qref_start + h * a.head_dim;
+        double acc = 0.0;
+        for (kvc_u32 j = 0; j < a.head_dim; j++)
+            acc = __dadd_rn(acc, __dmul_rn(q[j], (double)kvc_src_load(a, row + j)));
+        const double score = __dmul_rn(acc, a.inv_sqrt_d);
+        const double t = (double)a.tau[b.tau_start + h];
+        const double e = kvc_round(__dmul_rn(a.slope, __dsub_rn(t, score)));
+        // Rust's `e.clamp(0, max) as u8`: NaN gives 0.
+        const kvc_u32 v = e > 0.0 ? (e < (double)a.max_exp ? (kvc_u32)e : a.max_exp) : 0u;
+        a.symbols[b.sym_start + p] = (kvc_u8)v;
+        atomicAdd(&s->hist[v], 1u);
+    }
+}
+
+// codec_core's FreqTable::from_counts for counts[0..n] (2 <= n <= 16, each below 2^32): the same
+// first guess, then the same seats added and exchanged (u64 products: counts < 2^32, seats
+// <= 4096).
+__device__ __forceinline__ void kvc_freqs_from_counts(const kvc_u32* counts, kvc_u32 n,
+                                                      kvc_u16* out) {
+    kvc_u64 c[16], total = 0;
+    bool all_zero = true;
+    for (kvc_u32 s = 0; s < n; s++) all_zero = all_zero && counts[s] == 0;
+    for (kvc_u32 s = 0; s < n; s++) {
+        c[s] = all_zero ? 1 : counts[s];
+        total += c[s];
+    }
+    const kvc_u64 budget = KVC_SLOTS - n;
+    kvc_u32 f[16], sum = 0;
+    for (kvc_u32 s = 0; s < n; s++) {
+        f[s] = 1 + (kvc_u32)(c[s] * budget / total);
+        sum += f[s];
+    }
+    // Seat (s, k) comes before seat (t, m): priority c / (2k - 1) descending, then s, then k.
+    auto before = [&](kvc_u32 s, kvc_u32 k, kvc_u32 t, kvc_u32 m) {
+        const kvc_u64 lhs = c[s] * (2ull * m - 1), rhs = c[t] * (2ull * k - 1);
+        return lhs > rhs || (lhs == rhs && (s < t || (s == t && k < m)));
+    };
+    for (;;) {
+        kvc_u32 add = 0;
+        for (kvc_u32 s = 1; s < n; s++)
+            if (before(s, f[s] + 1, add, f[add] + 1)) add = s;
+        if (sum < KVC_SLOTS) {
+            f[add]++;
+            sum++;
+            continue;
+        }
+        kvc_u32 worst = 16;
+        for (kvc_u32 s = 0; s < n; s++) {
+            if (f[s] > 1 && !(worst < 16 && before(s, f[s], worst, f[worst]))) worst = s;
+        }
+        if (worst < 16 && before(add, f[add] + 1, worst, f[worst])) {
+            f[add]++;
+            f[worst]--;
+        } else {
+            break;
+        }
+    }
+    for (kvc_u32 s = 0; s < n; s++) out[s] = (kvc_u16)f[s];
+}
+
+// Phase 3 (thread 0): the exponent alphabet and table (none if every exponent is 0, as
+// codec_core drops such exponents), written to the block's exponent slot in encode form.
+__device__ __forceinline__ void kvc_enc_exp_table(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    s->n_e = 0;
+    s->n_exp = 0;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    kvc_u32 n_exp = 0;
+    for (kvc_u32 e = 0; e < 16; e++)
+        if (s->hist[e] != 0) n_exp = e + 1;
+    if (!b.importance || n_exp < 2) return;
+    kvc_freqs_from_counts(s->hist, n_exp, s->freqs);
+    kvc_u32* t = a.tables + (kvc_u64)a.table_list[b.table_start] * 256u;
+    kvc_u32 cdf = 0;
+    for (kvc_u32 e = 0; e < 256; e++) {
+        t[e] = e < n_exp ? s->freqs[e] | cdf << 16 : 0u;
+        if (e < n_exp) cdf += s->freqs[e];
+    }
+    s->n_exp = n_exp;
+    s->n_e = (b.rows - b.sink_rows) * a.heads;
+}
+
+// Phase 4: each thread quantizes its channels down the rows (as kvc_quantize), with the
+// exponents phase 2 wrote.
+__device__ __forceinline__ void kvc_enc_quantize(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const KvcEncShared* s = (const KvcEncShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const kvc_u32 c = a.heads * a.head_dim;
+    for (kvc_u32 ch = threadIdx.x; ch < c; ch += blockDim.x) {
+        const KvcQuantConsts k = a.consts[b.consts_start + ch];
+        const kvc_u32 head = ch / a.head_dim;
+        float anchor = 0.0f;
+        for (kvc_u32 r = 0; r < b.rows; r++) {
+            const float x = kvc_src_load(a, b.x_start + (kvc_u64)r * c + ch);
+            float recon = x;
+            if (r >= b.sink_rows) {
+                const kvc_u32 i = r - b.sink_rows;
+                const float m =
+                    s->n_e ? kvc_enc_exp_mult(a.symbols[b.sym_start + (kvc_u64)i * a.heads + head])
+                           : 1.0f;
+                const bool is_anchor = r % b.group == 0;
+                const float step = __fmul_rn(is_anchor ? k.anchor_step : k.delta_step, m);
+                const float pred =
+                    is_anchor ? k.mean
+                              : __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
+                const kvc_i32 v = kvc_quantize_one(__fsub_rn(x, pred), step);
+                recon = __fadd_rn(pred, __fmul_rn((float)v, step));
+                a.q[b.q_start + (kvc_u64)i * c + ch] = v;
+            }
+            if (r % b.group == 0) anchor = recon;
+        }
+    }
+}
+
+// Value symbol g's table-list index (its kind, channel and head's exponent through the map).
+__device__ __forceinline__ kvc_u32 kvc_enc_list_index(const KvcEncodeArgs& a,
+                                                      const KvcEncBlock& b, kvc_u32 n_e,
+                                                      kvc_u32 g) {
+    const kvc_u32 c = a.heads * a.head_dim;
+    const kvc_u32 i = g / c, ch = g - i * c;
+    const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;
+    const kvc_u32 e = n_e ? a.symbols[b.sym_start + (kvc_u64)i * a.heads + ch / a.head_dim] : 0u;
+    return a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
+}
+
+// Value symbol g's table radius; -1 for a list index outside the block's list.
+__device__ __forceinline__ int kvc_enc_radius(const KvcEncodeArgs& a, const KvcEncBlock& b,
+                                              kvc_u32 li) {
+    if (li == 0 || li >= b.table_count) return -1;
+    return a.radius[a.table_list[b.table_start + li]];
+}
+
+__device__ __forceinline__ bool kvc_enc_escapes(kvc_i32 v, int r) {
+    const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
+    return m > (kvc_u32)r;
+}
+
+// Phase 5: every symbol's table-list index and table index (value + R, or the escape index
+// 2R + 1 with the escape counted in its tile), after the exponents' (list index 0).
+__device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
+    for (kvc_u32 p = threadIdx.x; p < n_e; p += blockDim.x) a.symbol_table[b.sym_start + p] = 0;
+    for (kvc_u32 g = threadIdx.x; g < n_sym; g += blockDim.x) {
+        const kvc_u32 li = kvc_enc_list_index(a, b, n_e, g);
+        const int r = kvc_enc_radius(a, b, li);
+        const kvc_u64 at = b.sym_start + n_e + g;
+        a.symbol_table[at] = (kvc_u16)li;
+        if (r < 0) {
+            s->bad = 1;
+            continue;
+        }
+        const kvc_i32 v = a.q[b.q_start + g];
+        if (kvc_enc_escapes(v, r)) {
+            a.symbols[at] = (kvc_u8)(2 * r + 1);
+            atomicAdd(&s->tile[g >> s->tile_shift], 1u);
+        } else {
+            a.symbols[at] = (kvc_u8)(v + r);
+        }
+    }
+}
+
+// Phase 6 (thread 0): each tile's first escape rank.
+__device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    if (s->bad) {
+        s->status = KVC_ENCODE_BAD_SYMBOL;
+        return;
+    }
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const kvc_u64 n_sym = (kvc_u64)(b.rows - b.sink_rows) * a.heads * a.head_dim;
+    const kvc_u32 tiles = (kvc_u32)((n_sym + (1ull << s->tile_shift) - 1) >> s->tile_shift);
+    kvc_u32 at = 0;
+    for (kvc_u32 t = 0; t < tiles && t < KVC_ENC_TILES; t++) {
+        const kvc_u32 n = s->tile[t];
+        s->tile[t] = at;
+        at += n;
+    }
+    s->n_escapes = at;
+}
+
+// Phase 7: each escape's value at its rank (its tile's first plus the escapes before it there).
+__device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
+                                                      unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const KvcEncShared* s = (const KvcEncShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
+    const kvc_u8* idx = a.symbols + b.sym_start + n_e;
+    const kvc_u16* li = a.symbol_table + b.sym_start + n_e;
+    for (kvc_u32 g = threadIdx.x; g < n_sym; g += blockDim.x) {
+        const int r = kvc_enc_radius(a, b, li[g]);
+        if (idx[g] != 2 * r + 1) continue;
+        const kvc_u32 tile = g >> s->tile_shift;
+        kvc_u32 rank = s->tile[tile];
+        for (kvc_u32 h = tile << s->tile_shift; h < g; h++)
+            rank += idx[h] == 2 * kvc_enc_radius(a, b, li[h]) + 1;
+        a.escapes[b.escape_start + rank] = a.q[b.q_start + g];
+    }
+}
+
+// Phase 8 (thread 0): the block's result and its lane-encode record (an empty record, which
+// the lane encoder reports as a bad range, for a failed block).
+__device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    const KvcEncShared* s = (const KvcEncShared*)shared;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    KvcEncResult r;
+    r.status = s->status;
+    r.n_e = s->n_e;
+    r.n_escapes = s->n_escapes;
+    r.n_exp = s->n_exp;
+    for (kvc_u32 e = 0; e < 16; e++) r.exp_freqs[e] = e < s->n_exp ? s->freqs[e] : 0;
+    a.results[blockIdx.x] = r;
+    KvcLaneEncodeBlock l;
+    const bool ok = s->status == KVC_ENCODE_OK;
+    l.symbol_start = b.sym_start;
+    l.word_start = b.word_start;
+    l.n_symbols = ok ? s->n_e + (b.rows - b.sink_rows) * a.heads * a.head_dim : 0;
+    l.lane_cap = ok ? b.lane_cap : 0;
+    l.table_start = b.table_start;
+    l.table_count = ok ? b.table_count : 0;
+    a.lane_blocks[blockIdx.x] = l;
+}
+
+// Dynamic shared memory: sizeof(KvcEncShared).
+KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, kvc_enc_exp_table,
+           kvc_enc_quantize, kvc_enc_map, kvc_enc_offsets, kvc_enc_escape_values, kvc_enc_finish)
+
 #ifdef KVC_HOST
 #include <stddef.h>
 // For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
@@ -305,6 +761,74 @@ extern "C" kvc_u64 kvc_encode_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcLaneEncodeArgs, status),
         offsetof(KvcLaneEncodeArgs, n_blocks),
         (kvc_u64)KVC_MAX_SYMBOL,
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+
+// The encode chain's structs, as kvc_encode_layout: then sizeof(KvcEncShared).
+extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcEncBlock),
+        offsetof(KvcEncBlock, x_start),
+        offsetof(KvcEncBlock, k_start),
+        offsetof(KvcEncBlock, qref_start),
+        offsetof(KvcEncBlock, tau_start),
+        offsetof(KvcEncBlock, consts_start),
+        offsetof(KvcEncBlock, map_start),
+        offsetof(KvcEncBlock, sym_start),
+        offsetof(KvcEncBlock, q_start),
+        offsetof(KvcEncBlock, escape_start),
+        offsetof(KvcEncBlock, word_start),
+        offsetof(KvcEncBlock, rows),
+        offsetof(KvcEncBlock, sink_rows),
+        offsetof(KvcEncBlock, group),
+        offsetof(KvcEncBlock, importance),
+        offsetof(KvcEncBlock, table_start),
+        offsetof(KvcEncBlock, table_count),
+        offsetof(KvcEncBlock, lane_cap),
+        sizeof(KvcEncResult),
+        offsetof(KvcEncResult, status),
+        offsetof(KvcEncResult, n_e),
+        offsetof(KvcEncResult, n_escapes),
+        offsetof(KvcEncResult, n_exp),
+        offsetof(KvcEncResult, exp_freqs),
+        sizeof(KvcEncodeArgs),
+        offsetof(KvcEncodeArgs, src),
+        offsetof(KvcEncodeArgs, n_src),
+        offsetof(KvcEncodeArgs, dtype),
+        offsetof(KvcEncodeArgs, max_exp),
+        offsetof(KvcEncodeArgs, slope),
+        offsetof(KvcEncodeArgs, inv_sqrt_d),
+        offsetof(KvcEncodeArgs, qref),
+        offsetof(KvcEncodeArgs, n_qref),
+        offsetof(KvcEncodeArgs, tau),
+        offsetof(KvcEncodeArgs, n_tau),
+        offsetof(KvcEncodeArgs, consts),
+        offsetof(KvcEncodeArgs, n_consts),
+        offsetof(KvcEncodeArgs, map),
+        offsetof(KvcEncodeArgs, n_map),
+        offsetof(KvcEncodeArgs, table_list),
+        offsetof(KvcEncodeArgs, n_table_list),
+        offsetof(KvcEncodeArgs, radius),
+        offsetof(KvcEncodeArgs, n_radius),
+        offsetof(KvcEncodeArgs, tables),
+        offsetof(KvcEncodeArgs, n_tables),
+        offsetof(KvcEncodeArgs, symbols),
+        offsetof(KvcEncodeArgs, symbol_table),
+        offsetof(KvcEncodeArgs, n_symbols),
+        offsetof(KvcEncodeArgs, q),
+        offsetof(KvcEncodeArgs, n_q),
+        offsetof(KvcEncodeArgs, escapes),
+        offsetof(KvcEncodeArgs, n_escapes),
+        offsetof(KvcEncodeArgs, blocks),
+        offsetof(KvcEncodeArgs, results),
+        offsetof(KvcEncodeArgs, lane_blocks),
+        offsetof(KvcEncodeArgs, n_blocks),
+        offsetof(KvcEncodeArgs, heads),
+        offsetof(KvcEncodeArgs, head_dim),
+        sizeof(KvcEncShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

@@ -9,6 +9,7 @@
 #pragma once
 #define KVC_HOST 1
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,9 @@ void kvc_barrier_outside_phase() = delete;
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 
 // Blocks run one thread at a time, so an atomic add is a plain one.
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {

@@ -17,7 +17,7 @@ use codec_core::Stream;
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
 use crate::quant::{ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutLayout, Output};
-use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, TableId};
+use crate::rans::{value_table_map, LaneBatch, LaneBlock, LaneDecoded, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
 /// A chunk of a plan: its blocks and where its rows go.
@@ -257,7 +257,8 @@ pub(crate) fn check_dequant(status: &[DequantStatus]) -> Result<(), CudaError> {
 }
 
 /// CRC-32C (Castagnoli), as codec-core checks chunks (spec/FORMAT.md §1.4).
-fn crc32c(bytes: &[u8]) -> u32 {
+/// CRC-32C (Castagnoli), as codec-core checks chunks (C1).
+pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
     const CRC: crc::Crc<u32, crc::Table<16>> =
         crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISCSI);
     CRC.checksum(bytes)
@@ -473,16 +474,8 @@ impl DecodePlan<'_> {
                     Some(&(_, s)) => s,
                     None => {
                         let s = ch.map.len() as u64;
-                        for kind in 0..2 {
-                            let bases = profile.table_map(level, blk.layer, blk.kv, kind);
-                            for e in 0..16u8 {
-                                ch.map.extend(
-                                    bases
-                                        .iter()
-                                        .map(|&b| 1 + u16::from(profile.table_at(level, b, e))),
-                                );
-                            }
-                        }
+                        ch.map
+                            .extend(value_table_map(profile, level, blk.layer, blk.kv));
                         let mult = profile.level_multipliers()[usize::from(level)];
                         let params = profile.channel_params(blk.layer, blk.kv);
                         let consts = ChannelConsts::of_block(params, mult);

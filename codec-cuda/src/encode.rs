@@ -215,6 +215,16 @@ pub struct LaneEncodeBatch {
 /// Entries of one encode table.
 const ENC_TABLE: usize = 256;
 
+/// `table` in the lane encoder's form: per symbol its frequency (bits 0..16) and cumulative
+/// frequency (bits 16..32), 0 beyond its symbols.
+pub(crate) fn encode_table(table: &FreqTable) -> [u32; ENC_TABLE] {
+    let mut entries = [0u32; ENC_TABLE];
+    for (s, e) in entries.iter_mut().enumerate().take(table.len()) {
+        *e = table.freq(s) | table.cdf(s) << 16;
+    }
+    entries
+}
+
 impl LaneEncodeBatch {
     /// An empty batch.
     pub fn new() -> Self {
@@ -225,11 +235,7 @@ impl LaneEncodeBatch {
     /// frequency, 1 KiB).
     pub fn add_table(&mut self, table: &FreqTable) -> EncTableId {
         let id = EncTableId((self.tables.len() / ENC_TABLE) as u32);
-        let mut entries = [0u32; ENC_TABLE];
-        for (s, e) in entries.iter_mut().enumerate().take(table.len()) {
-            *e = table.freq(s) | table.cdf(s) << 16;
-        }
-        self.tables.extend_from_slice(&entries);
+        self.tables.extend_from_slice(&encode_table(table));
         id
     }
 

@@ -75,6 +75,13 @@ pub enum CudaError {
         /// What is wrong, with the check it fails.
         what: &'static str,
     },
+    /// A chunk of an encode plan could not be encoded (a kernel reported a bad block).
+    Encode {
+        /// The chunk's index in the plan.
+        chunk: usize,
+        /// What failed.
+        what: &'static str,
+    },
     /// Input to a launch is inconsistent.
     Input {
         /// What is wrong.
@@ -118,6 +125,12 @@ impl fmt::Display for CudaError {
                 )
             }
             CudaError::Stream { chunk, what } => write!(f, "chunk {chunk}: {what}"),
+            CudaError::Encode { chunk, what } => {
+                write!(
+                    f,
+                    "chunk {chunk} of the encode plan could not be encoded: {what}"
+                )
+            }
             CudaError::Input { what } => write!(f, "inconsistent launch input: {what}"),
         }
     }

@@ -73,6 +73,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::encode::{LaneEncodeBlock, QuantBlock};
+use crate::encode_plan::{EncBlock, EncResult};
 use crate::error::CudaError;
 use crate::pq::PqQuery;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
@@ -154,6 +155,14 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_encode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_encode_blocks_host(
+        args: *const EncodeArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_encode_chain_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_quantize_one_host(r: f32, step: f32) -> i32;
     fn kvc_resolve_tables_host(
         args: *const ResolveArgsC,
@@ -481,6 +490,136 @@ pub(crate) fn host_lane_encode(io: LaneEncodeIo<'_>) -> Result<(), CudaError> {
     }
 }
 
+/// `KvcEncodeArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct EncodeArgsC {
+    src: *const u8,
+    n_src: u64,
+    dtype: u32,
+    max_exp: u32,
+    slope: f64,
+    inv_sqrt_d: f64,
+    qref: *const f64,
+    n_qref: u64,
+    tau: *const f32,
+    n_tau: u64,
+    consts: *const ChannelConsts,
+    n_consts: u64,
+    map: *const u16,
+    n_map: u64,
+    table_list: *const u32,
+    n_table_list: u64,
+    radius: *const u8,
+    n_radius: u64,
+    tables: *mut u32,
+    n_tables: u64,
+    symbols: *mut u8,
+    symbol_table: *mut u16,
+    n_symbols: u64,
+    q: *mut i32,
+    n_q: u64,
+    escapes: *mut i32,
+    n_escapes: u64,
+    blocks: *const EncBlock,
+    results: *mut EncResult,
+    lane_blocks: *mut LaneEncodeBlock,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// Bytes of `KvcEncShared` (6 counters, 16 counts, 16 frequencies, `KVC_ENC_TILES` tiles).
+pub(crate) const ENCODE_SHARED_BYTES: u32 = 6 * 4 + 16 * 4 + 16 * 2 + 4 * 4096;
+
+/// The buffers of one encode-chain launch (`kvc_encode_blocks`).
+#[derive(Debug)]
+pub(crate) struct EncodeIo<'a> {
+    /// The source tensors' bytes, `dtype` elements (0 f32, 1 f16, 2 bf16).
+    pub src: &'a [u8],
+    pub dtype: u32,
+    pub importance: Option<crate::encode_plan::ImportancePolicy>,
+    pub qref: &'a [f64],
+    pub tau: &'a [f32],
+    pub consts: &'a [ChannelConsts],
+    pub map: &'a [u16],
+    pub table_list: &'a [u32],
+    pub radius: &'a [u8],
+    /// Encode tables, 256 entries each.
+    pub tables: &'a mut [u32],
+    pub symbols: &'a mut [u8],
+    /// Same length as `symbols`.
+    pub symbol_table: &'a mut [u16],
+    pub q: &'a mut [i32],
+    pub escapes: &'a mut [i32],
+    pub blocks: &'a [EncBlock],
+    pub results: &'a mut [EncResult],
+    pub lane_blocks: &'a mut [LaneEncodeBlock],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_encode_blocks` on the host.
+pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.results.len() != io.blocks.len()
+        || io.lane_blocks.len() != io.blocks.len()
+        || io.symbols.len() != io.symbol_table.len()
+    {
+        return Err(input("encode-chain buffers of mismatched lengths"));
+    }
+    let size = if io.dtype == 0 { 4 } else { 2 };
+    let policy = io.importance.unwrap_or_default();
+    let args = EncodeArgsC {
+        src: io.src.as_ptr(),
+        n_src: (io.src.len() / size) as u64,
+        dtype: io.dtype,
+        max_exp: policy.max_exp,
+        slope: policy.slope,
+        inv_sqrt_d: policy.inv_sqrt_d,
+        qref: io.qref.as_ptr(),
+        n_qref: io.qref.len() as u64,
+        tau: io.tau.as_ptr(),
+        n_tau: io.tau.len() as u64,
+        consts: io.consts.as_ptr(),
+        n_consts: io.consts.len() as u64,
+        map: io.map.as_ptr(),
+        n_map: io.map.len() as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        radius: io.radius.as_ptr(),
+        n_radius: io.radius.len() as u64,
+        tables: io.tables.as_mut_ptr(),
+        n_tables: (io.tables.len() / 256) as u64,
+        symbols: io.symbols.as_mut_ptr(),
+        symbol_table: io.symbol_table.as_mut_ptr(),
+        n_symbols: io.symbols.len() as u64,
+        q: io.q.as_mut_ptr(),
+        n_q: io.q.len() as u64,
+        escapes: io.escapes.as_mut_ptr(),
+        n_escapes: io.escapes.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        results: io.results.as_mut_ptr(),
+        lane_blocks: io.lane_blocks.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    let shared = u64::from(ENCODE_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // `src` counted in whole elements of its dtype, `tables` in whole tables; `symbols` and
+    // `symbol_table` of one length, one result and lane record per block) and 3 (CHAIN_THREADS
+    // threads, the shared memory KvcEncShared needs).
+    let rc = unsafe { kvc_encode_blocks_host(&args, grid, CHAIN_THREADS, shared) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_encode_blocks",
+        }),
+    }
+}
+
 /// `KvcPqArgs` (invariant 1).
 #[repr(C)]
 #[derive(Debug)]
@@ -787,10 +926,10 @@ pub(crate) fn host_lane32_decode_layout() -> Vec<u64> {
 /// What one of the kernels' `*_layout` functions reports: the sizes and offsets the C++
 /// compiler gives their argument structs (at most 64 values).
 fn host_layout(layout: unsafe extern "C" fn(*mut u64, u64) -> u64) -> Vec<u64> {
-    let mut out = vec![0u64; 64];
+    let mut out = vec![0u64; 128];
     // SAFETY: every `*_layout` function writes at most `cap` (= out.len()) values to `out`.
     let n = unsafe { layout(out.as_mut_ptr(), out.len() as u64) };
-    out.truncate((n as usize).min(64));
+    out.truncate((n as usize).min(128));
     out
 }
 
@@ -1181,6 +1320,77 @@ fn rust_encode_layout() -> Vec<u64> {
 }
 
 #[cfg(test)]
+fn rust_encode_chain_layout() -> Vec<u64> {
+    use std::mem::{offset_of, size_of};
+    type B = EncBlock;
+    type R = EncResult;
+    type A = EncodeArgsC;
+    [
+        size_of::<B>(),
+        offset_of!(B, x_start),
+        offset_of!(B, k_start),
+        offset_of!(B, qref_start),
+        offset_of!(B, tau_start),
+        offset_of!(B, consts_start),
+        offset_of!(B, map_start),
+        offset_of!(B, sym_start),
+        offset_of!(B, q_start),
+        offset_of!(B, escape_start),
+        offset_of!(B, word_start),
+        offset_of!(B, rows),
+        offset_of!(B, sink_rows),
+        offset_of!(B, group),
+        offset_of!(B, importance),
+        offset_of!(B, table_start),
+        offset_of!(B, table_count),
+        offset_of!(B, lane_cap),
+        size_of::<R>(),
+        offset_of!(R, status),
+        offset_of!(R, n_e),
+        offset_of!(R, n_escapes),
+        offset_of!(R, n_exp),
+        offset_of!(R, exp_freqs),
+        size_of::<A>(),
+        offset_of!(A, src),
+        offset_of!(A, n_src),
+        offset_of!(A, dtype),
+        offset_of!(A, max_exp),
+        offset_of!(A, slope),
+        offset_of!(A, inv_sqrt_d),
+        offset_of!(A, qref),
+        offset_of!(A, n_qref),
+        offset_of!(A, tau),
+        offset_of!(A, n_tau),
+        offset_of!(A, consts),
+        offset_of!(A, n_consts),
+        offset_of!(A, map),
+        offset_of!(A, n_map),
+        offset_of!(A, table_list),
+        offset_of!(A, n_table_list),
+        offset_of!(A, radius),
+        offset_of!(A, n_radius),
+        offset_of!(A, tables),
+        offset_of!(A, n_tables),
+        offset_of!(A, symbols),
+        offset_of!(A, symbol_table),
+        offset_of!(A, n_symbols),
+        offset_of!(A, q),
+        offset_of!(A, n_q),
+        offset_of!(A, escapes),
+        offset_of!(A, n_escapes),
+        offset_of!(A, blocks),
+        offset_of!(A, results),
+        offset_of!(A, lane_blocks),
+        offset_of!(A, n_blocks),
+        offset_of!(A, heads),
+        offset_of!(A, head_dim),
+        ENCODE_SHARED_BYTES as usize,
+    ]
+    .map(|x| x as u64)
+    .to_vec()
+}
+
+#[cfg(test)]
 fn rust_chain_layout() -> Vec<u64> {
     use std::mem::{offset_of, size_of};
     type R = ResolveBlock;
@@ -1369,6 +1579,14 @@ mod tests {
     #[test]
     fn encode_layouts_match_the_kernel() {
         assert_eq!(host_layout(kvc_encode_layout), rust_encode_layout());
+    }
+
+    #[test]
+    fn encode_chain_layouts_match_the_kernel() {
+        assert_eq!(
+            host_layout(kvc_encode_chain_layout),
+            rust_encode_chain_layout()
+        );
     }
 
     #[test]

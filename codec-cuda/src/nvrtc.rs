@@ -47,7 +47,7 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "encode.cu",
         source: include_str!("../kernels/encode.cu"),
-        entries: &["kvc_quantize", "kvc_rans_lane_encode"],
+        entries: &["kvc_quantize", "kvc_rans_lane_encode", "kvc_encode_blocks"],
         decode: false,
     },
     KernelSource {

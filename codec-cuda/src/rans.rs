@@ -308,6 +308,30 @@ pub(crate) fn packed_table(table: &FreqTable) -> Vec<u32> {
     out
 }
 
+/// The value-table map of `(layer, kv)` at `level` as the chain kernels read it: entry
+/// `(kind * 16 + e) * C + ch` is the table-list index of a value symbol of row kind `kind` (0
+/// anchor, 1 delta), step exponent `e` and channel `ch` (§6.1), in a list whose entry 0 is the
+/// block's exponent table and entry `1 + t` the level's table `t`.
+pub(crate) fn value_table_map(
+    profile: &codec_core::Profile,
+    level: u8,
+    layer: u32,
+    kv: usize,
+) -> Vec<u16> {
+    let mut map = Vec::with_capacity(2 * 16 * profile.channels());
+    for kind in 0..2 {
+        let bases = profile.table_map(level, layer, kv, kind);
+        for e in 0..16u8 {
+            map.extend(
+                bases
+                    .iter()
+                    .map(|&b| 1 + u16::from(profile.table_at(level, b, e))),
+            );
+        }
+    }
+    map
+}
+
 /// A block's distinct tables in order of first use, and each symbol's index among them;
 /// `None` beyond 65536 distinct tables.
 fn block_tables(tables: &[TableId]) -> Option<(Vec<u32>, Vec<u16>)> {

@@ -84,24 +84,27 @@ impl<'p> ChunkContext<'p> {
     pub fn profile(&self) -> &'p Profile {
         self.profile
     }
-    pub(crate) fn group(&self) -> usize {
+    /// Token-group size.
+    pub fn group(&self) -> usize {
         self.group as usize
     }
-    pub(crate) fn rope(&self) -> &Rope {
+    /// The cache's rotary setting.
+    pub fn rope(&self) -> &Rope {
         &self.rope
     }
-    pub(crate) fn query_position(&self) -> Option<u64> {
+    /// The position of the queries the importance policy codes for, if it is on.
+    pub fn query_position(&self) -> Option<u64> {
         self.query_position
     }
 
     /// Absolute position of stream token `token`.
-    pub(crate) fn position(&self, token: u32) -> u64 {
+    pub fn position(&self, token: u32) -> u64 {
         self.first_position.saturating_add(u64::from(token))
     }
 
     /// Number of leading rows of a chunk of `rows` tokens starting at stream token
     /// `token_start` that are sink rows (§5.3).
-    pub(crate) fn sink_rows(&self, token_start: u32, rows: u32) -> usize {
+    pub fn sink_rows(&self, token_start: u32, rows: u32) -> usize {
         let pos = self.position(token_start);
         (u64::from(self.n_sink).saturating_sub(pos)).min(u64::from(rows)) as usize
     }

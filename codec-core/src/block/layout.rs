@@ -94,7 +94,8 @@ pub(crate) fn read_block<'a>(
 }
 
 /// What an encoded block holds besides its sink rows.
-pub(crate) struct BlockOut<'a> {
+#[derive(Debug)]
+pub struct BlockOut<'a> {
     /// Each lane's words.
     pub lanes: &'a [Vec<u32>; LANES],
     /// The exponent table, if the block has exponents.
@@ -111,6 +112,27 @@ pub(crate) fn write_block(
     tensor: TensorRef<'_>,
     sink: Range<usize>,
 ) {
+    write_fields(out, block);
+    match tensor {
+        TensorRef::F16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
+        TensorRef::Bf16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
+        TensorRef::F32(s) => s[sink].iter().for_each(|x| out.put_f32(*x)),
+    }
+    write_sections(out, block);
+}
+
+/// Appends a block to `out` as [`write_block`] does, its sink rows given as their stored bytes
+/// (little-endian elements of the stream dtype): for encoders whose rows are not a
+/// [`TensorRef`] (codec-cuda's device chain).
+#[cfg(feature = "internals")]
+pub fn write_block_raw(out: &mut Vec<u8>, block: &BlockOut<'_>, sink: &[u8]) {
+    write_fields(out, block);
+    out.extend_from_slice(sink);
+    write_sections(out, block);
+}
+
+/// The fields before the sink rows: escape count, lane lengths, exponent table.
+fn write_fields(out: &mut Vec<u8>, block: &BlockOut<'_>) {
     out.put_u32(block.escapes.len() as u32);
     for l in block.lanes {
         out.put_u32(l.len() as u32);
@@ -122,11 +144,10 @@ pub(crate) fn write_block(
         }
         None => out.put_u8(0),
     }
-    match tensor {
-        TensorRef::F16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
-        TensorRef::Bf16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
-        TensorRef::F32(s) => s[sink].iter().for_each(|x| out.put_f32(*x)),
-    }
+}
+
+/// The sections after the sink rows: escape values, lane words.
+fn write_sections(out: &mut Vec<u8>, block: &BlockOut<'_>) {
     let words: usize = block.lanes.iter().map(Vec::len).sum();
     out.reserve(4 * (block.escapes.len() + words));
     for e in block.escapes {

@@ -1,0 +1,524 @@
+//! Encoding chunks from K/V where a server keeps them, in two launches for a whole batch:
+//!
+//! 1. `kvc_encode_blocks` (`kernels/encode.cu`): per coded block, the layer's step exponents
+//!    from its K (spec/FORMAT.md §9.2), their table, the quantized values (§7), each symbol's
+//!    table and index with the escapes in order (§6.4), and the lane encoder's block record;
+//! 2. `kvc_rans_lane_encode` over those records (§6.3).
+//!
+//! The host then only lays each block out (codec-core's `write_block_raw`) and appends each
+//! chunk's CRC. The source is one buffer of f32, f16 or bf16 elements holding every layer's K
+//! and V as `[T, H, D]` ([`Source`]); the chunks are exactly [`ChunkContext::encode_chunk`]'s,
+//! byte for byte. [`EncodePlan::encode_host`] runs the kernels compiled for the CPU.
+//!
+//! ```
+//! use codec_core::{learn_profile, ChunkContext, Dtype, KvCache, KvMeta, KvShape};
+//! use codec_core::{LearnParams, Rope, Sample, Tensor};
+//! use codec_cuda::encode_plan::{EncodePlan, Source};
+//!
+//! // A tiny f32 cache: 2 layers, 1 KV head of 4 channels, 8 tokens.
+//! let shape = KvShape { layers: 2, kv_heads: 1, head_dim: 4, tokens: 8 };
+//! let t = |s: f32| Tensor::F32((0..32).map(|i| (i as f32 * s).sin()).collect());
+//! let cache = KvCache {
+//!     shape,
+//!     k: vec![t(0.3), t(0.5)],
+//!     v: vec![t(0.7), t(1.1)],
+//!     meta: KvMeta::default(),
+//! };
+//! let sample = Sample { kv: cache.view(), queries: None };
+//! let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+//! let ctx = ChunkContext::new(shape, Dtype::F32, 0, 4, 1, &profile, Rope::default()).unwrap();
+//! // The source buffer: layer 0 K, layer 0 V, layer 1 K, layer 1 V, each [T, C].
+//! let src: Vec<u8> = [0.3, 0.7, 0.5, 1.1]
+//!     .into_iter()
+//!     .flat_map(|s| t(s).to_f32_vec())
+//!     .flat_map(f32::to_le_bytes)
+//!     .collect();
+//! let source = Source { dtype: Dtype::F32, base: 0, tensor_stride: 32 };
+//! let mut plan = EncodePlan::new(&ctx, source).unwrap();
+//! plan.add_chunk(0..8, 0).unwrap();
+//! plan.add_chunk(3..8, 2).unwrap();
+//! let chunks = plan.encode_host(&src).unwrap();
+//! assert_eq!(chunks[0], ctx.encode_chunk(&cache.view(), 0..8, 0).unwrap());
+//! assert_eq!(chunks[1], ctx.encode_chunk(&cache.view(), 3..8, 2).unwrap());
+//! ```
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use codec_core::block::{write_block_raw, BlockOut};
+use codec_core::importance::reference_queries;
+use codec_core::rans::FreqTable;
+use codec_core::{ChunkContext, Dtype, Profile};
+
+use crate::encode::{encode_table, LaneEncodeBlock};
+use crate::error::CudaError;
+use crate::ffi::{self, LANES};
+use crate::quant::ChannelConsts;
+use crate::rans::value_table_map;
+
+/// Where the source tensors lie in one buffer of `dtype` elements: tensor `(layer, K/V)` starts
+/// at element `base + (2 * layer + kv) * tensor_stride`, its token `t` `t * C` elements later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The elements' type (the stream's dtype: its sink rows are stored in it).
+    pub dtype: Dtype,
+    /// Element index of layer 0's K, token 0.
+    pub base: u64,
+    /// Elements from one tensor to the next (at least `tokens * C`).
+    pub tensor_stride: u64,
+}
+
+impl Source {
+    fn code(&self) -> u32 {
+        match self.dtype {
+            Dtype::F32 => 0,
+            Dtype::F16 => 1,
+            Dtype::Bf16 => 2,
+        }
+    }
+
+    fn elem_bytes(&self) -> usize {
+        if self.dtype == Dtype::F32 {
+            4
+        } else {
+            2
+        }
+    }
+}
+
+/// A coded block of an encode-chain launch (`KvcEncBlock`, `src/ffi.rs` invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EncBlock {
+    pub x_start: u64,
+    pub k_start: u64,
+    pub qref_start: u64,
+    pub tau_start: u64,
+    pub consts_start: u64,
+    pub map_start: u64,
+    pub sym_start: u64,
+    pub q_start: u64,
+    pub escape_start: u64,
+    pub word_start: u64,
+    pub rows: u32,
+    pub sink_rows: u32,
+    pub group: u32,
+    pub importance: u32,
+    pub table_start: u32,
+    pub table_count: u32,
+    pub lane_cap: u32,
+    pub reserved: u32,
+}
+
+/// What the kernel found for a block (`KvcEncResult`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EncResult {
+    pub status: u32,
+    pub n_e: u32,
+    pub n_escapes: u32,
+    pub n_exp: u32,
+    pub exp_freqs: [u16; 16],
+}
+
+/// The importance policy's constants as the kernel takes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct ImportancePolicy {
+    pub slope: f64,
+    /// `1 / sqrt(head_dim)`.
+    pub inv_sqrt_d: f64,
+    pub max_exp: u32,
+}
+
+/// Chunks of one stream to encode in one chain, from one [`Source`].
+#[derive(Debug)]
+pub struct EncodePlan<'c, 'p> {
+    ctx: &'c ChunkContext<'p>,
+    source: Source,
+    chunks: Vec<(Range<u32>, u8)>,
+}
+
+impl<'c, 'p> EncodePlan<'c, 'p> {
+    /// An empty plan for chunks of `ctx`'s stream read from `source`, which must have the
+    /// context's dtype and room for its tokens.
+    pub fn new(ctx: &'c ChunkContext<'p>, source: Source) -> Result<Self, CudaError> {
+        let input = |what| CudaError::Input { what };
+        if source.dtype != ctx.dtype() {
+            return Err(input("the source's dtype is not the stream's"));
+        }
+        let shape = ctx.shape();
+        if (shape.tokens as u64).saturating_mul(shape.channels() as u64) > source.tensor_stride {
+            return Err(input(
+                "the source's tensor stride is below tokens * channels",
+            ));
+        }
+        Ok(EncodePlan {
+            ctx,
+            source,
+            chunks: Vec::new(),
+        })
+    }
+
+    /// Adds the chunk of tokens `tokens` at `level` (as [`ChunkContext::encode_chunk`]).
+    pub fn add_chunk(&mut self, tokens: Range<u32>, level: u8) -> Result<(), CudaError> {
+        let input = |what| CudaError::Input { what };
+        if level >= self.ctx.profile().levels() {
+            return Err(input("a level the profile does not have"));
+        }
+        if tokens.start >= tokens.end || tokens.end > self.ctx.shape().tokens {
+            return Err(input("a chunk's token range is empty or beyond the stream"));
+        }
+        self.chunks.push((tokens, level));
+        Ok(())
+    }
+
+    /// Chunks in the plan.
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Runs the chain on the kernels compiled for the host over `src` (the source buffer's
+    /// bytes, little-endian elements): every chunk's bytes, blocks and CRC, as
+    /// [`ChunkContext::encode_chunk`] returns them.
+    pub fn encode_host(&self, src: &[u8]) -> Result<Vec<Vec<u8>>, CudaError> {
+        let mut ch = self.chain()?;
+        let need = ch.src_elems.saturating_mul(self.source.elem_bytes() as u64);
+        if (src.len() as u64) < need {
+            return Err(CudaError::Input {
+                what: "the source buffer is shorter than the plan's tensors",
+            });
+        }
+        let n = ch.blocks.len();
+        let mut symbols = vec![0u8; ch.n_symbols];
+        let mut symbol_table = vec![0u16; ch.n_symbols];
+        let mut escapes = vec![0i32; ch.n_q];
+        let mut results = vec![EncResult::default(); n];
+        let mut lane_blocks = vec![LaneEncodeBlock::default(); n];
+        ffi::host_encode_blocks(ffi::EncodeIo {
+            src,
+            dtype: self.source.code(),
+            importance: ch.importance,
+            qref: &ch.qref,
+            tau: &ch.tau,
+            consts: &ch.consts,
+            map: &ch.map,
+            table_list: &ch.table_list,
+            radius: &ch.radius,
+            tables: &mut ch.tables,
+            symbols: &mut symbols,
+            symbol_table: &mut symbol_table,
+            q: &mut vec![0i32; ch.n_q],
+            escapes: &mut escapes,
+            blocks: &ch.blocks,
+            results: &mut results,
+            lane_blocks: &mut lane_blocks,
+            heads: self.ctx.shape().kv_heads,
+            head_dim: self.ctx.shape().head_dim,
+        })?;
+        let mut words = vec![0u32; ch.n_words];
+        let mut lane_len = vec![0u32; n * LANES];
+        let mut lane_status = vec![0u32; n * LANES];
+        ffi::host_lane_encode(ffi::LaneEncodeIo {
+            symbols: &symbols,
+            symbol_table: &symbol_table,
+            tables: &ch.tables,
+            table_list: &ch.table_list,
+            words: &mut words,
+            lane_len: &mut lane_len,
+            blocks: &lane_blocks,
+            status: &mut lane_status,
+        })?;
+        let size = self.source.elem_bytes();
+        let outputs = ChainOutputs {
+            results: &results,
+            escapes: &escapes,
+            words: &words,
+            lane_len: &lane_len,
+            lane_status: &lane_status,
+        };
+        ch.assemble(&outputs, |b| {
+            let start = b.x_start as usize * size;
+            let len = b.sink_rows as usize * self.ctx.shape().channels() * size;
+            src.get(start..start + len)
+        })
+    }
+
+    /// The plan's launches' inputs ([`EncodeChain`]).
+    pub(crate) fn chain(&self) -> Result<EncodeChain, CudaError> {
+        let ctx = self.ctx;
+        let profile = ctx.profile();
+        let shape = ctx.shape();
+        let (d, c) = (shape.head_dim as usize, shape.channels());
+        let mut ch = EncodeChain {
+            importance: self.importance()?,
+            ..EncodeChain::default()
+        };
+        if ch.importance.is_some() {
+            let imp = profile.importance().expect("importance() checked it");
+            let pos = ctx.query_position().expect("importance() checked it");
+            for l in 0..shape.layers as usize {
+                let mean = &imp.query_mean[l * c..(l + 1) * c];
+                ch.qref.extend(reference_queries(mean, d, pos, ctx.rope()));
+            }
+            ch.tau = imp.tau.clone();
+        }
+        // Per level its tables' ids; per (level, layer, K/V) its map and constants.
+        let mut level_ids: HashMap<u8, Vec<u32>> = HashMap::new();
+        let mut starts: HashMap<(u8, u32, usize), (u64, u64)> = HashMap::new();
+        for (chunk, (tokens, level)) in self.chunks.iter().enumerate() {
+            let ids = match level_ids.get(level) {
+                Some(ids) => ids.clone(),
+                None => {
+                    let ids = ch.add_level(profile, *level);
+                    level_ids.insert(*level, ids.clone());
+                    ids
+                }
+            };
+            for layer in 0..shape.layers {
+                for kv in 0..2 {
+                    let key = (*level, layer, kv);
+                    let (map_start, consts_start) = match starts.get(&key) {
+                        Some(&s) => s,
+                        None => {
+                            let s = ch.add_block_consts(profile, key);
+                            starts.insert(key, s);
+                            s
+                        }
+                    };
+                    let at = BlockAt {
+                        chunk,
+                        layer,
+                        kv,
+                        map_start,
+                        consts_start,
+                    };
+                    ch.push_block(self, tokens, &ids, at)?;
+                }
+            }
+        }
+        Ok(ch)
+    }
+
+    /// The importance policy's constants, if the context turns it on and it can change a step
+    /// (codec-core's `ChunkEncoder` codes no exponents otherwise).
+    fn importance(&self) -> Result<Option<ImportancePolicy>, CudaError> {
+        let ctx = self.ctx;
+        let (Some(_), Some(imp)) = (ctx.query_position(), ctx.profile().importance()) else {
+            return Ok(None);
+        };
+        let p = imp.params;
+        if p.slope == 0.0 || p.max_exp == 0 {
+            return Ok(None);
+        }
+        if ctx.rope().k_pre_rope {
+            return Err(CudaError::Input {
+                what:
+                    "step exponents from pre-rotary keys (the device chain scores post-rotary keys)",
+            });
+        }
+        let d = f64::from(ctx.shape().head_dim);
+        Ok(Some(ImportancePolicy {
+            slope: f64::from(p.slope),
+            inv_sqrt_d: 1.0 / d.sqrt(),
+            max_exp: u32::from(p.max_exp),
+        }))
+    }
+}
+
+/// Where a block sits: its chunk, layer, K/V and its (layer, K/V, level)'s map and constants.
+struct BlockAt {
+    chunk: usize,
+    layer: u32,
+    kv: usize,
+    map_start: u64,
+    consts_start: u64,
+}
+
+/// The inputs of a plan's two launches.
+#[derive(Debug, Default)]
+pub(crate) struct EncodeChain {
+    pub importance: Option<ImportancePolicy>,
+    /// Per layer its reference queries (C values).
+    pub qref: Vec<f64>,
+    /// Per (layer, head) its score threshold.
+    pub tau: Vec<f32>,
+    pub consts: Vec<ChannelConsts>,
+    pub map: Vec<u16>,
+    pub table_list: Vec<u32>,
+    /// Per table id its radius (0 for the exponent slots).
+    pub radius: Vec<u8>,
+    /// Encode tables, 256 entries each: the levels' and one slot per block for its
+    /// exponent table.
+    pub tables: Vec<u32>,
+    pub blocks: Vec<EncBlock>,
+    /// Per block its chunk.
+    pub chunk_of: Vec<usize>,
+    pub n_symbols: usize,
+    /// Value symbols (also the escape buffer's room).
+    pub n_q: usize,
+    pub n_words: usize,
+    /// Elements the source must hold.
+    pub src_elems: u64,
+}
+
+/// What the two launches wrote, as the host reads it back.
+pub(crate) struct ChainOutputs<'a> {
+    pub results: &'a [EncResult],
+    pub escapes: &'a [i32],
+    pub words: &'a [u32],
+    pub lane_len: &'a [u32],
+    pub lane_status: &'a [u32],
+}
+
+impl EncodeChain {
+    /// Adds `table` with its radius; returns its id.
+    fn add_table(&mut self, table: &FreqTable, radius: u8) -> u32 {
+        let id = self.radius.len() as u32;
+        self.tables.extend(encode_table(table));
+        self.radius.push(radius);
+        id
+    }
+
+    /// Adds the tables of `level`; returns their ids.
+    fn add_level(&mut self, profile: &Profile, level: u8) -> Vec<u32> {
+        let tables = &profile.level_tables(level).tables;
+        tables
+            .iter()
+            .map(|t| self.add_table(&t.freqs, t.radius))
+            .collect()
+    }
+
+    /// Adds the table map and channel constants of `(level, layer, kv)`; returns where they
+    /// start.
+    fn add_block_consts(
+        &mut self,
+        profile: &Profile,
+        (level, layer, kv): (u8, u32, usize),
+    ) -> (u64, u64) {
+        let starts = (self.map.len() as u64, self.consts.len() as u64);
+        self.map.extend(value_table_map(profile, level, layer, kv));
+        let mult = profile.level_multipliers()[usize::from(level)];
+        let params = profile.channel_params(layer, kv);
+        self.consts.extend(ChannelConsts::of_block(params, mult));
+        starts
+    }
+
+    /// Appends the block at `at` of chunk `tokens`: its table list (a fresh exponent slot, then
+    /// the level's tables `level_ids`) and its room in every buffer.
+    fn push_block(
+        &mut self,
+        plan: &EncodePlan<'_, '_>,
+        tokens: &Range<u32>,
+        level_ids: &[u32],
+        at: BlockAt,
+    ) -> Result<(), CudaError> {
+        let input = |what| CudaError::Input { what };
+        let ctx = plan.ctx;
+        let shape = ctx.shape();
+        let (heads, c) = (shape.kv_heads as usize, shape.channels());
+        let rows = tokens.end - tokens.start;
+        let sink = ctx.sink_rows(tokens.start, rows);
+        let coded = rows as usize - sink;
+        let n_all = coded * (heads + c);
+        let lane_cap = u32::try_from(n_all.div_ceil(LANES) + 2)
+            .map_err(|_| input("over 2^32 symbols in a block"))?;
+        let tensor = |kv: u64| {
+            let t = u64::from(at.layer) * 2 + kv;
+            t.checked_mul(plan.source.tensor_stride)
+                .and_then(|x| x.checked_add(plan.source.base))
+                .and_then(|x| x.checked_add(u64::from(tokens.start) * c as u64))
+                .ok_or(input("source offsets overflow"))
+        };
+        let (x_start, k_start) = (tensor(at.kv as u64)?, tensor(0)?);
+        self.src_elems = self.src_elems.max(x_start + u64::from(rows) * c as u64);
+        let table_start = u32::try_from(self.table_list.len())
+            .map_err(|_| input("over 2^32 table-list entries"))?;
+        let slot = self.add_table(&FreqTable::new(&[1, 4095]).expect("a valid table"), 0);
+        self.table_list.push(slot);
+        self.table_list.extend_from_slice(level_ids);
+        self.blocks.push(EncBlock {
+            x_start,
+            k_start,
+            qref_start: u64::from(at.layer) * c as u64,
+            tau_start: u64::from(at.layer) * heads as u64,
+            consts_start: at.consts_start,
+            map_start: at.map_start,
+            sym_start: self.n_symbols as u64,
+            q_start: self.n_q as u64,
+            escape_start: self.n_q as u64,
+            word_start: self.n_words as u64,
+            rows,
+            sink_rows: sink as u32,
+            group: ctx.group() as u32,
+            importance: u32::from(self.importance.is_some()),
+            table_start,
+            table_count: level_ids.len() as u32 + 1,
+            lane_cap,
+            reserved: 0,
+        });
+        self.chunk_of.push(at.chunk);
+        self.n_symbols += n_all;
+        self.n_q += coded * c;
+        self.n_words += lane_cap as usize * LANES;
+        Ok(())
+    }
+
+    /// Every chunk's bytes from the launches' outputs; `sink(b)` gives block `b`'s sink rows'
+    /// stored bytes.
+    pub(crate) fn assemble<'s>(
+        &self,
+        out: &ChainOutputs<'_>,
+        sink: impl Fn(&EncBlock) -> Option<&'s [u8]>,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
+        let chunks = self.chunk_of.last().map_or(0, |&c| c + 1);
+        let mut bytes: Vec<Vec<u8>> = vec![Vec::new(); chunks];
+        for (i, b) in self.blocks.iter().enumerate() {
+            let chunk = self.chunk_of[i];
+            let bad = |what| CudaError::Encode { chunk, what };
+            let r = out.results.get(i).ok_or(bad("no result"))?;
+            if r.status != 0 {
+                return Err(bad("the block's ranges or tables (kvc_encode_blocks)"));
+            }
+            let mut lanes: [Vec<u32>; LANES] = std::array::from_fn(|_| Vec::new());
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let s = out
+                    .lane_status
+                    .get(i * LANES + l)
+                    .copied()
+                    .unwrap_or(u32::MAX);
+                if s != 0 {
+                    return Err(bad("a lane (kvc_rans_lane_encode)"));
+                }
+                let start = b.word_start as usize + b.lane_cap as usize * l;
+                let len = out.lane_len[i * LANES + l] as usize;
+                *lane = out
+                    .words
+                    .get(start..start + len)
+                    .ok_or(bad("lane words"))?
+                    .to_vec();
+            }
+            let exp_table = match r.n_exp {
+                0 => None,
+                n => Some(
+                    FreqTable::new(&r.exp_freqs[..(n as usize).min(16)])
+                        .map_err(|_| bad("the exponent table"))?,
+                ),
+            };
+            let escapes = out
+                .escapes
+                .get(b.escape_start as usize..b.escape_start as usize + r.n_escapes as usize)
+                .ok_or(bad("escape count"))?;
+            let block = BlockOut {
+                lanes: &lanes,
+                exp_table: exp_table.as_ref(),
+                escapes,
+            };
+            write_block_raw(&mut bytes[chunk], &block, sink(b).ok_or(bad("sink rows"))?);
+        }
+        for chunk in &mut bytes {
+            let crc = crate::decode::crc32c(chunk);
+            chunk.extend_from_slice(&crc.to_le_bytes());
+        }
+        Ok(bytes)
+    }
+}

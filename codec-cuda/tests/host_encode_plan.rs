@@ -1,0 +1,367 @@
+//! The encode chain (`kvc_encode_blocks`, then `kvc_rans_lane_encode`), compiled for the host:
+//! every chunk of an [`EncodePlan`] byte for byte what codec-core's `ChunkContext::encode_chunk`
+//! writes, on the real fixture (f16, step exponents from its queries, three levels) and on
+//! proptest caches (f32, f16, bf16; groups, sink rows, positions, outliers that escape,
+//! non-finite values, with and without the importance policy).
+
+use codec_core::{
+    learn_profile, ChunkContext, Dtype, KvCache, KvMeta, KvShape, LearnParams, Profile, Queries,
+    Rope, Sample, Tensor,
+};
+use codec_cuda::encode_plan::{EncodePlan, Source};
+use codec_cuda::CudaError;
+use half::{bf16, f16};
+use proptest::prelude::*;
+use std::path::Path;
+
+/// The cache's tensors in one buffer (layer 0 K, layer 0 V, ...) as little-endian bytes, and
+/// their source description.
+fn source_of(cache: &KvCache) -> (Vec<u8>, Source) {
+    let mut bytes = Vec::new();
+    for l in 0..cache.k.len() {
+        for t in [&cache.k[l], &cache.v[l]] {
+            match t {
+                Tensor::F32(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                Tensor::F16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                Tensor::Bf16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+            }
+        }
+    }
+    let shape = cache.shape;
+    let source = Source {
+        dtype: cache.k[0].dtype(),
+        base: 0,
+        tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
+    };
+    (bytes, source)
+}
+
+/// Encodes `chunks` of `cache` with the host-run chain and with codec-core; asserts every chunk
+/// is the same bytes. Returns the chunks.
+fn assert_chunks_match(
+    ctx: &ChunkContext<'_>,
+    cache: &KvCache,
+    chunks: &[(u32, u32, u8)],
+) -> Vec<Vec<u8>> {
+    let (src, source) = source_of(cache);
+    let mut plan = EncodePlan::new(ctx, source).unwrap();
+    for &(start, end, level) in chunks {
+        plan.add_chunk(start..end, level).unwrap();
+    }
+    let got = plan.encode_host(&src).unwrap();
+    assert_eq!(got.len(), chunks.len());
+    for (i, &(start, end, level)) in chunks.iter().enumerate() {
+        let want = ctx.encode_chunk(&cache.view(), start..end, level).unwrap();
+        assert!(
+            got[i] == want,
+            "chunk {i} ({start}..{end}, level {level}) differs ({} vs {} bytes)",
+            got[i].len(),
+            want.len()
+        );
+    }
+    got
+}
+
+/// Per block of a chunk (layer 0 K, layer 0 V, ...): its escape count and exponent alphabet,
+/// read from the block's fixed fields (spec/FORMAT.md §5.2).
+fn block_fields(chunk: &[u8], layers: usize, sink_bytes: usize) -> Vec<(u32, u8)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    for _ in 0..2 * layers {
+        let u32_at = |i: usize| u32::from_le_bytes(chunk[i..i + 4].try_into().unwrap());
+        let n_esc = u32_at(at);
+        let words: u32 = (0..32).map(|l| u32_at(at + 4 + 4 * l)).sum();
+        let n_exp = chunk[at + 132];
+        out.push((n_esc, n_exp));
+        at += 133 + 2 * n_exp as usize + sink_bytes + 4 * n_esc as usize + 4 * words as usize;
+    }
+    assert_eq!(at + 4, chunk.len(), "the blocks and the CRC fill the chunk");
+    out
+}
+
+/// The real 512-token fixture (SmolLM2, 3 layers, f16, post-rotary keys), a profile learned
+/// from it with its queries, the importance policy on: chunks of 96 tokens (the first with
+/// sink rows) at three levels, and odd ranges.
+#[test]
+fn real_fixture_chunks_are_codec_cores() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let mut d = kvc_io::load_dump(&path).expect("fixture present");
+    let layers = 3usize;
+    d.kv.shape.layers = layers as u32;
+    d.kv.k.truncate(layers);
+    d.kv.v.truncate(layers);
+    let q = d.q.as_ref().expect("the fixture has queries");
+    let queries = Queries {
+        q: q.iter().take(layers).map(Vec::as_slice).collect(),
+        q_heads: d.q_heads,
+        q_start: d.q_start,
+    };
+    let sample = Sample {
+        kv: d.kv.view(),
+        queries: Some(queries),
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    assert!(profile.importance().is_some());
+    let shape = d.kv.shape;
+    let meta = &d.kv.meta;
+    assert!(!meta.rope.k_pre_rope);
+    let ctx = ChunkContext::new(
+        shape,
+        Dtype::F16,
+        meta.first_position,
+        8,
+        4,
+        &profile,
+        meta.rope,
+    )
+    .unwrap()
+    .with_query_position(Some(meta.first_position + u64::from(shape.tokens)));
+    let levels: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
+    let mut chunks: Vec<(u32, u32, u8)> = (0..shape.tokens.div_ceil(96))
+        .map(|i| {
+            (
+                i * 96,
+                ((i + 1) * 96).min(shape.tokens),
+                levels[i as usize % levels.len()],
+            )
+        })
+        .collect();
+    chunks.extend([(1, 2, 0), (3, 50, levels[1]), (500, 512, levels[2])]);
+    let got = assert_chunks_match(&ctx, &d.kv, &chunks);
+    // The paths that matter were taken: exponent sections and escapes.
+    let c = shape.channels();
+    let fields: Vec<(u32, u8)> = got
+        .iter()
+        .zip(&chunks)
+        .flat_map(|(bytes, &(start, end, _))| {
+            let sink = ctx.sink_rows(start, end - start);
+            block_fields(bytes, layers, sink * c * 2)
+        })
+        .collect();
+    assert!(
+        fields.iter().filter(|f| f.1 > 0).count() >= 10,
+        "{fields:?}"
+    );
+    assert!(fields.iter().map(|f| f.0).sum::<u32>() > 100, "{fields:?}");
+    // Without the policy: no exponent sections, still codec-core's chunks.
+    let plain = ctx.clone().with_query_position(None);
+    let got = assert_chunks_match(&plain, &d.kv, &chunks[..3]);
+    assert!(block_fields(&got[1], layers, 0).iter().all(|f| f.1 == 0));
+}
+
+/// A small random cache and how to code it.
+#[derive(Clone, Debug)]
+struct Case {
+    shape: KvShape,
+    dtype: Dtype,
+    values: Vec<f32>,
+    queries: Vec<f32>,
+    group: u32,
+    n_sink: u16,
+    first_position: u64,
+    importance: bool,
+    chunks: Vec<(u32, u32)>,
+}
+
+fn value() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        8 => -3.0f32..3.0,
+        1 => prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(-f32::INFINITY), Just(6.0e4f32)],
+        2 => -200.0f32..200.0,
+        1 => (-40i32..40).prop_map(|k| k as f32 / 8.0),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        1u32..3,
+        1u32..3,
+        prop_oneof![Just(2u32), Just(4), Just(8)],
+        1u32..40,
+    )
+        .prop_flat_map(|(layers, kv_heads, head_dim, tokens)| {
+            let shape = KvShape {
+                layers,
+                kv_heads,
+                head_dim,
+                tokens,
+            };
+            let n = 2 * (layers * tokens) as usize * shape.channels();
+            let nq = (layers * tokens) as usize * shape.channels();
+            (
+                Just(shape),
+                prop_oneof![Just(Dtype::F32), Just(Dtype::F16), Just(Dtype::Bf16)],
+                proptest::collection::vec(value(), n),
+                proptest::collection::vec(-2.0f32..2.0, nq),
+                1u32..6,
+                0u16..4,
+                0u64..6,
+                any::<bool>(),
+                proptest::collection::vec((0..tokens, 1..=tokens), 1..4),
+            )
+        })
+        .prop_map(
+            |(shape, dtype, values, queries, group, n_sink, first_position, importance, ranges)| {
+                let chunks = ranges
+                    .into_iter()
+                    .map(|(a, b)| (a.min(b - 1), b.max(a + 1)))
+                    .collect();
+                Case {
+                    shape,
+                    dtype,
+                    values,
+                    queries,
+                    group,
+                    n_sink,
+                    first_position,
+                    importance,
+                    chunks,
+                }
+            },
+        )
+}
+
+/// The case's cache in its dtype (values rounded to it).
+fn cache_of(c: &Case) -> KvCache {
+    let per = (c.shape.tokens as usize) * c.shape.channels();
+    let tensor = |i: usize| {
+        let x = &c.values[i * per..(i + 1) * per];
+        match c.dtype {
+            Dtype::F32 => Tensor::F32(x.to_vec()),
+            Dtype::F16 => Tensor::F16(x.iter().map(|&v| f16::from_f32(v)).collect()),
+            Dtype::Bf16 => Tensor::Bf16(x.iter().map(|&v| bf16::from_f32(v)).collect()),
+        }
+    };
+    let layers = c.shape.layers as usize;
+    KvCache {
+        shape: c.shape,
+        k: (0..layers).map(|l| tensor(2 * l)).collect(),
+        v: (0..layers).map(|l| tensor(2 * l + 1)).collect(),
+        meta: KvMeta {
+            first_position: c.first_position,
+            ..KvMeta::default()
+        },
+    }
+}
+
+/// A profile learned from the case's finite values (and its queries: the importance hints).
+fn profile_of(c: &Case, cache: &KvCache) -> Profile {
+    let clean = |t: &Tensor| {
+        Tensor::F32(
+            t.to_f32_vec()
+                .iter()
+                .map(|&v| if v.is_finite() { v } else { 0.0 })
+                .collect(),
+        )
+    };
+    let learn_cache = KvCache {
+        shape: cache.shape,
+        k: cache.k.iter().map(clean).collect(),
+        v: cache.v.iter().map(clean).collect(),
+        meta: cache.meta.clone(),
+    };
+    let per = (c.shape.tokens as usize) * c.shape.channels();
+    let q: Vec<&[f32]> = c.queries.chunks(per).collect();
+    let queries = Queries {
+        q,
+        q_heads: c.shape.kv_heads as usize,
+        q_start: 0,
+    };
+    let sample = Sample {
+        kv: learn_cache.view(),
+        queries: Some(queries),
+    };
+    learn_profile(&[sample], &LearnParams::default()).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn chunks_are_codec_cores(c in case()) {
+        let cache = cache_of(&c);
+        let profile = profile_of(&c, &cache);
+        let rope = Rope::default();
+        let end = c.first_position + u64::from(c.shape.tokens);
+        let ctx = ChunkContext::new(c.shape, c.dtype, c.first_position, c.group, c.n_sink, &profile, rope)
+            .unwrap()
+            .with_query_position(c.importance.then_some(end));
+        let levels = profile.levels();
+        let chunks: Vec<(u32, u32, u8)> = c
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, b))| (a, b, (i as u8 * 5) % levels))
+            .collect();
+        assert_chunks_match(&ctx, &cache, &chunks);
+    }
+}
+
+/// Plans that cannot be run are typed errors, not panics: another dtype, a short stride or
+/// buffer, a level or token range outside the stream, pre-rotary keys under the policy.
+#[test]
+fn bad_plans_are_errors() {
+    let c = Case {
+        shape: KvShape {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            tokens: 6,
+        },
+        dtype: Dtype::F32,
+        values: (0..48).map(|i| (i as f32 * 0.37).sin()).collect(),
+        queries: (0..24).map(|i| (i as f32 * 0.11).cos()).collect(),
+        group: 2,
+        n_sink: 1,
+        first_position: 0,
+        importance: true,
+        chunks: vec![],
+    };
+    let cache = cache_of(&c);
+    let profile = profile_of(&c, &cache);
+    let ctx = ChunkContext::new(c.shape, Dtype::F32, 0, 2, 1, &profile, Rope::default())
+        .unwrap()
+        .with_query_position(Some(6));
+    let (src, source) = source_of(&cache);
+    let is_input = |r: Result<_, CudaError>| matches!(r, Err(CudaError::Input { .. }));
+    assert!(is_input(
+        EncodePlan::new(
+            &ctx,
+            Source {
+                dtype: Dtype::F16,
+                ..source
+            }
+        )
+        .map(|_| ())
+    ));
+    assert!(is_input(
+        EncodePlan::new(
+            &ctx,
+            Source {
+                tensor_stride: 23,
+                ..source
+            }
+        )
+        .map(|_| ())
+    ));
+    let mut plan = EncodePlan::new(&ctx, source).unwrap();
+    assert!(is_input(plan.add_chunk(0..7, 0)));
+    assert!(is_input(plan.add_chunk(3..3, 0)));
+    assert!(is_input(plan.add_chunk(0..6, profile.levels())));
+    plan.add_chunk(0..6, 0).unwrap();
+    assert!(is_input(
+        plan.encode_host(&src[..src.len() - 1]).map(|_| ())
+    ));
+    assert_eq!(plan.encode_host(&src).unwrap().len(), 1);
+    let pre = Rope {
+        k_pre_rope: true,
+        ..Rope::default()
+    };
+    let ctx = ChunkContext::new(c.shape, Dtype::F32, 0, 2, 1, &profile, pre)
+        .unwrap()
+        .with_query_position(Some(6));
+    let mut plan = EncodePlan::new(&ctx, source).unwrap();
+    plan.add_chunk(0..6, 0).unwrap();
+    assert!(is_input(plan.encode_host(&src).map(|_| ())));
+}
