@@ -1,7 +1,8 @@
 //! Criterion benches of the kernels on device 0 (`cargo bench -p kvc-codec-cuda --bench
 //! device`): decode (the whole `Gpu::decode_into` of the real fixture, every upload included,
 //! and the three kernels alone) in bytes of f16 output, encode (quantization and lane encode
-//! kernels alone) in bytes of f16 input, PQ search (with uploads and alone) in token-scores.
+//! kernels alone; the encode chain from device memory, whole and its launches alone) in bytes
+//! of f16 input, PQ search (with uploads and alone) in token-scores.
 //! Without a GPU or NVRTC they print why and measure nothing.
 
 #[path = "support/mod.rs"]
@@ -76,6 +77,26 @@ fn main() {
                 s += gpu.time_quantize(&quant, 1).unwrap();
                 s += gpu.time_lane_encode(&enc, 1).unwrap();
             }
+            Duration::from_secs_f64(s)
+        })
+    });
+    g.finish();
+
+    let profile_q = support::profile_with_queries(&d);
+    let ctx = support::encode_context(&d, &profile_q);
+    let (src, source) = support::encode_source(&d);
+    let (plan, _) = support::encode_plan(&ctx, source, profile_q.levels() / 2, copies);
+    let dev_src = gpu.stream().clone_htod(&src).expect("upload");
+    let mut g = c.benchmark_group("encode chain from device memory");
+    g.throughput(Throughput::Bytes((copies * src.len()) as u64));
+    g.bench_function("whole Gpu::encode", |b| {
+        b.iter(|| gpu.encode(&plan, &dev_src).unwrap())
+    });
+    g.bench_function("three launches alone", |b| {
+        b.iter_custom(|iters| {
+            let s: f64 = (0..iters)
+                .map(|_| gpu.time_encode(&plan, &dev_src, 1).unwrap().1)
+                .sum();
             Duration::from_secs_f64(s)
         })
     });

@@ -14,7 +14,10 @@
 //! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
 //! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone.
-//! Encode: the middle level's blocks re-quantized and re-encoded. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
+//! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
+//! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
+//! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
+//! the fixture's queries), checked once against codec-core's chunks. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
 //! (causal), and a synthetic 32768-token head with 256 queries.
 //!
 //! Without a GPU or NVRTC it says why and exits 0. NVRTC: `KVC_NVRTC_LIB`, else
@@ -97,6 +100,8 @@ fn main() {
         in_bytes / kq / 1e9,
         in_bytes / ke / 1e9,
     );
+
+    bench_encode_chain(&gpu, &d, profile.levels() / 2, (rounds, copies));
 
     // PQ: the fixture's layer 0, causal, all stored query heads, `copies` times.
     let (kv_heads, dim, t) = (
@@ -258,5 +263,37 @@ fn bench_decode(
     println!(
         "lane decode level {level} by tables in shared memory: {}",
         sweep.join("; ")
+    );
+}
+
+/// The encode chain from device memory: the fixture's K/V (f16, every layer) uploaded once,
+/// `copies` times its four 128-token chunks at `level` per plan; the whole `Gpu::encode` (inputs
+/// packed and uploaded, three launches, chunks copied back, CRCs) and its launches alone.
+fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): (usize, usize)) {
+    let profile = support::profile_with_queries(d);
+    let ctx = support::encode_context(d, &profile);
+    let (src, source) = support::encode_source(d);
+    let (plan, chunks) = support::encode_plan(&ctx, source, level, copies);
+    let dev_src = gpu.stream().clone_htod(&src).expect("upload");
+    let got = gpu.encode(&plan, &dev_src).expect("encode");
+    for (i, r) in chunks.iter().enumerate() {
+        let want = ctx
+            .encode_chunk(&d.kv.view(), r.clone(), level)
+            .expect("codec-core");
+        assert!(got[i] == want, "chunk {i}: not codec-core's bytes");
+    }
+    let (whole, launches) = gpu.time_encode(&plan, &dev_src, rounds).expect("timed");
+    let in_bytes = (copies * src.len()) as f64;
+    let out_bytes: usize = got.iter().map(Vec::len).sum();
+    println!(
+        "encode chain level {level}: {:.1} MB of f16 input from device memory to {:.1} MB of \
+         chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s; three launches \
+         alone {:.3} ms = {:.2} GB/s",
+        in_bytes / 1e6,
+        out_bytes as f64 / 1e6,
+        whole * 1e3,
+        in_bytes / whole / 1e9,
+        launches * 1e3,
+        in_bytes / launches / 1e9,
     );
 }

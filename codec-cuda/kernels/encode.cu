@@ -596,7 +596,9 @@ __device__ __forceinline__ kvc_u32 kvc_enc_list_index(const KvcEncodeArgs& a,
     const kvc_u32 c = a.heads * a.head_dim;
     const kvc_u32 i = g / c, ch = g - i * c;
     const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;
-    const kvc_u32 e = n_e ? a.symbols[b.sym_start + (kvc_u64)i * a.heads + ch / a.head_dim] : 0u;
+    // Masked: on the device another (malformed) block may overwrite these bytes meanwhile.
+    const kvc_u32 e =
+        n_e ? a.symbols[b.sym_start + (kvc_u64)i * a.heads + ch / a.head_dim] & 15u : 0u;
     return a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
 }
 
@@ -678,7 +680,8 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
         kvc_u32 rank = s->tile[tile];
         for (kvc_u32 h = tile << s->tile_shift; h < g; h++)
             rank += idx[h] == 2 * kvc_enc_radius(a, b, li[h]) + 1;
-        a.escapes[b.escape_start + rank] = a.q[b.q_start + g];
+        // rank < n_sym unless another (malformed) block rewrote this one's symbols meanwhile.
+        if (rank < n_sym) a.escapes[b.escape_start + rank] = a.q[b.q_start + g];
     }
 }
 
@@ -709,6 +712,203 @@ __device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned 
 // Dynamic shared memory: sizeof(KvcEncShared).
 KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, kvc_enc_exp_table,
            kvc_enc_quantize, kvc_enc_map, kvc_enc_offsets, kvc_enc_escape_values, kvc_enc_finish)
+
+// ----------------------------------------------------------------------------------------------
+// The chunks' bytes (spec/FORMAT.md §5.2), after the two launches above
+//
+// kvc_write_chunks lays every block of a chunk out in order, as codec_core's write_block does:
+// n_escapes, the 32 lane lengths, n_exp and the exponent table, the sink rows' stored bytes,
+// the escape values, the lane words. One CUDA block per chunk; the CRC is the host's.
+
+// Blocks of one chunk at most (2 * codec_core's max_layers).
+#define KVC_CHUNK_BLOCKS 2048u
+
+struct KvcChunkOut {
+    // Index in the encode-chain launch's blocks of the chunk's first block.
+    kvc_u64 first_block;
+    // Index in `out` of the chunk's first byte, and the bytes it may take.
+    kvc_u64 out_start;
+    kvc_u64 out_cap;
+    kvc_u32 n_blocks;
+    kvc_u32 reserved;
+};
+
+// Per chunk: its status and the bytes written (the body, without the CRC).
+struct KvcChunkResult {
+    kvc_u64 len;
+    kvc_u32 status;
+    kvc_u32 reserved;
+};
+
+struct KvcWriteArgs {
+    const kvc_u8* src;
+    kvc_u64 n_src_bytes;
+    // Bytes per source element (4 or 2).
+    kvc_u32 elem_bytes;
+    kvc_u32 heads;
+    kvc_u32 head_dim;
+    kvc_u32 reserved;
+    // The encode chain's blocks and results, the lane encoder's outputs.
+    const KvcEncBlock* blocks;
+    const KvcEncResult* results;
+    kvc_u64 n_blocks;
+    const kvc_i32* escapes;
+    kvc_u64 n_escapes;
+    const kvc_u32* words;
+    kvc_u64 n_words;
+    // Per (block, lane): words written and status.
+    const kvc_u32* lane_len;
+    const kvc_u32* lane_status;
+    const KvcChunkOut* chunks;
+    KvcChunkResult* chunk_results;
+    kvc_u64 n_chunks;
+    kvc_u8* out;
+    kvc_u64 n_out;
+};
+
+struct KvcWriteShared {
+    kvc_u32 status;
+    kvc_u32 reserved;
+    kvc_u64 len;
+    // Per block of the chunk, its first byte (relative to the chunk).
+    kvc_u64 offset[KVC_CHUNK_BLOCKS];
+};
+
+__device__ __forceinline__ void kvc_put_u32(kvc_u8* p, kvc_u32 v) {
+    p[0] = (kvc_u8)v;
+    p[1] = (kvc_u8)(v >> 8);
+    p[2] = (kvc_u8)(v >> 16);
+    p[3] = (kvc_u8)(v >> 24);
+}
+
+// Block i's sink bytes.
+__device__ __forceinline__ kvc_u64 kvc_sink_bytes(const KvcWriteArgs& a, const KvcEncBlock& b) {
+    return (kvc_u64)b.sink_rows * a.heads * a.head_dim * a.elem_bytes;
+}
+
+// Whether block i's parts lie inside the buffers and every stage ended well; its size if so.
+__device__ __forceinline__ bool kvc_block_size(const KvcWriteArgs& a, kvc_u64 i, kvc_u64* size) {
+    const KvcEncBlock& b = a.blocks[i];
+    const KvcEncResult& r = a.results[i];
+    if (r.status != KVC_ENCODE_OK || r.n_exp > 16 || r.n_exp == 1) return false;
+    kvc_u64 words = 0;
+    for (kvc_u32 l = 0; l < KVC_LANES; l++) {
+        const kvc_u32 n = a.lane_len[i * KVC_LANES + l];
+        if (a.lane_status[i * KVC_LANES + l] != KVC_ENCODE_OK || n > b.lane_cap) return false;
+        words += n;
+    }
+    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
+    if (c > 0xFFFFFFFFull || (b.sink_rows != 0 && c > (~0ull / 4) / b.sink_rows)) return false;
+    const kvc_u64 sink = kvc_sink_bytes(a, b);
+    const kvc_u64 x = b.x_start * a.elem_bytes;
+    const kvc_u64 slots = (kvc_u64)b.lane_cap * KVC_LANES;
+    if (b.x_start > a.n_src_bytes / a.elem_bytes || sink > a.n_src_bytes - x) return false;
+    if (b.escape_start > a.n_escapes || r.n_escapes > a.n_escapes - b.escape_start) return false;
+    if (b.word_start > a.n_words || slots > a.n_words - b.word_start) return false;
+    *size = 4 + 4 * KVC_LANES + 1 + 2 * (kvc_u64)r.n_exp + sink + 4 * (kvc_u64)r.n_escapes + 4 * words;
+    return true;
+}
+
+// Phase 1 (thread 0): every block's offset in the chunk, and the chunk's status.
+__device__ __forceinline__ void kvc_write_offsets(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
+    KvcWriteShared* s = (KvcWriteShared*)shared;
+    const KvcChunkOut& c = a.chunks[blockIdx.x];
+    s->status = KVC_ENCODE_BAD_RANGE;
+    s->len = 0;
+    if (a.elem_bytes != 2 && a.elem_bytes != 4) return;
+    if (c.n_blocks > KVC_CHUNK_BLOCKS || c.first_block > a.n_blocks ||
+        c.n_blocks > a.n_blocks - c.first_block)
+        return;
+    if (c.out_start > a.n_out || c.out_cap > a.n_out - c.out_start) return;
+    kvc_u64 at = 0;
+    for (kvc_u32 k = 0; k < c.n_blocks; k++) {
+        kvc_u64 size;
+        if (!kvc_block_size(a, c.first_block + k, &size)) return;
+        s->offset[k] = at;
+        at += size;
+    }
+    if (at > c.out_cap) return;
+    s->len = at;
+    s->status = KVC_ENCODE_OK;
+}
+
+// Phase 2: each block's fields (a thread per block): escape count, lane lengths, exponent table.
+__device__ __forceinline__ void kvc_write_fields(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks) return;
+    const KvcWriteShared* s = (const KvcWriteShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcChunkOut& c = a.chunks[blockIdx.x];
+    for (kvc_u32 k = threadIdx.x; k < c.n_blocks; k += blockDim.x) {
+        const kvc_u64 i = c.first_block + k;
+        const KvcEncResult& r = a.results[i];
+        kvc_u8* o = a.out + c.out_start + s->offset[k];
+        kvc_put_u32(o, r.n_escapes);
+        for (kvc_u32 l = 0; l < KVC_LANES; l++) kvc_put_u32(o + 4 + 4 * l, a.lane_len[i * KVC_LANES + l]);
+        o[4 + 4 * KVC_LANES] = (kvc_u8)r.n_exp;
+        for (kvc_u32 e = 0; e < r.n_exp; e++) {
+            o[4 + 4 * KVC_LANES + 1 + 2 * e] = (kvc_u8)r.exp_freqs[e];
+            o[4 + 4 * KVC_LANES + 2 + 2 * e] = (kvc_u8)(r.exp_freqs[e] >> 8);
+        }
+    }
+}
+
+// Phase 3: each block's sink rows and escape values, the chunk's threads over each block's.
+__device__ __forceinline__ void kvc_write_sinks_escapes(const KvcWriteArgs& a,
+                                                        unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks) return;
+    const KvcWriteShared* s = (const KvcWriteShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcChunkOut& c = a.chunks[blockIdx.x];
+    for (kvc_u32 k = 0; k < c.n_blocks; k++) {
+        const kvc_u64 i = c.first_block + k;
+        const KvcEncBlock& b = a.blocks[i];
+        const KvcEncResult& r = a.results[i];
+        kvc_u8* o = a.out + c.out_start + s->offset[k] + 4 + 4 * KVC_LANES + 1 + 2 * r.n_exp;
+        const kvc_u64 sink = kvc_sink_bytes(a, b);
+        const kvc_u8* from = a.src + b.x_start * a.elem_bytes;
+        for (kvc_u64 j = threadIdx.x; j < sink; j += blockDim.x) o[j] = from[j];
+        o += sink;
+        for (kvc_u32 j = threadIdx.x; j < r.n_escapes; j += blockDim.x)
+            kvc_put_u32(o + 4 * (kvc_u64)j, (kvc_u32)a.escapes[b.escape_start + j]);
+    }
+}
+
+// Phase 4: the lane words, a thread per (block, lane): lane l's after lanes 0..l-1's.
+__device__ __forceinline__ void kvc_write_lanes(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks) return;
+    const KvcWriteShared* s = (const KvcWriteShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcChunkOut& c = a.chunks[blockIdx.x];
+    for (kvc_u32 p = threadIdx.x; p < c.n_blocks * KVC_LANES; p += blockDim.x) {
+        const kvc_u32 k = p / KVC_LANES, l = p % KVC_LANES;
+        const kvc_u64 i = c.first_block + k;
+        const KvcEncBlock& b = a.blocks[i];
+        const KvcEncResult& r = a.results[i];
+        kvc_u64 before = 0;
+        for (kvc_u32 m = 0; m < l; m++) before += a.lane_len[i * KVC_LANES + m];
+        kvc_u8* o = a.out + c.out_start + s->offset[k] + 4 + 4 * KVC_LANES + 1 + 2 * r.n_exp +
+                    kvc_sink_bytes(a, b) + 4 * ((kvc_u64)r.n_escapes + before);
+        const kvc_u32* w = a.words + b.word_start + (kvc_u64)b.lane_cap * l;
+        const kvc_u32 n = a.lane_len[i * KVC_LANES + l];
+        for (kvc_u32 j = 0; j < n; j++) kvc_put_u32(o + 4 * (kvc_u64)j, w[j]);
+    }
+}
+
+// Phase 5 (thread 0): the chunk's result.
+__device__ __forceinline__ void kvc_write_result(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
+    const KvcWriteShared* s = (const KvcWriteShared*)shared;
+    KvcChunkResult r;
+    r.len = s->len;
+    r.status = s->status;
+    r.reserved = 0;
+    a.chunk_results[blockIdx.x] = r;
+}
+
+// Dynamic shared memory: sizeof(KvcWriteShared).
+KVC_KERNEL(kvc_write_chunks, KvcWriteArgs, kvc_write_offsets, kvc_write_fields,
+           kvc_write_sinks_escapes, kvc_write_lanes, kvc_write_result)
 
 #ifdef KVC_HOST
 #include <stddef.h>
@@ -767,7 +967,8 @@ extern "C" kvc_u64 kvc_encode_layout(kvc_u64* out, kvc_u64 cap) {
     return n;
 }
 
-// The encode chain's structs, as kvc_encode_layout: then sizeof(KvcEncShared).
+// The encode chain's structs, as kvc_encode_layout (with sizeof(KvcEncShared) after the
+// first kernel's and sizeof(KvcWriteShared) at the end).
 extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
         sizeof(KvcEncBlock),
@@ -829,6 +1030,35 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcEncodeArgs, heads),
         offsetof(KvcEncodeArgs, head_dim),
         sizeof(KvcEncShared),
+        sizeof(KvcChunkOut),
+        offsetof(KvcChunkOut, first_block),
+        offsetof(KvcChunkOut, out_start),
+        offsetof(KvcChunkOut, out_cap),
+        offsetof(KvcChunkOut, n_blocks),
+        sizeof(KvcChunkResult),
+        offsetof(KvcChunkResult, len),
+        offsetof(KvcChunkResult, status),
+        sizeof(KvcWriteArgs),
+        offsetof(KvcWriteArgs, src),
+        offsetof(KvcWriteArgs, n_src_bytes),
+        offsetof(KvcWriteArgs, elem_bytes),
+        offsetof(KvcWriteArgs, heads),
+        offsetof(KvcWriteArgs, head_dim),
+        offsetof(KvcWriteArgs, blocks),
+        offsetof(KvcWriteArgs, results),
+        offsetof(KvcWriteArgs, n_blocks),
+        offsetof(KvcWriteArgs, escapes),
+        offsetof(KvcWriteArgs, n_escapes),
+        offsetof(KvcWriteArgs, words),
+        offsetof(KvcWriteArgs, n_words),
+        offsetof(KvcWriteArgs, lane_len),
+        offsetof(KvcWriteArgs, lane_status),
+        offsetof(KvcWriteArgs, chunks),
+        offsetof(KvcWriteArgs, chunk_results),
+        offsetof(KvcWriteArgs, n_chunks),
+        offsetof(KvcWriteArgs, out),
+        offsetof(KvcWriteArgs, n_out),
+        sizeof(KvcWriteShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

@@ -3,10 +3,11 @@
 //! 1. `kvc_encode_blocks` (`kernels/encode.cu`): per coded block, the layer's step exponents
 //!    from its K (spec/FORMAT.md §9.2), their table, the quantized values (§7), each symbol's
 //!    table and index with the escapes in order (§6.4), and the lane encoder's block record;
-//! 2. `kvc_rans_lane_encode` over those records (§6.3).
+//! 2. `kvc_rans_lane_encode` over those records (§6.3);
+//! 3. `kvc_write_chunks`: every chunk's blocks laid out (§5.2), one chunk after another in one
+//!    buffer.
 //!
-//! The host then only lays each block out (codec-core's `write_block_raw`) and appends each
-//! chunk's CRC. The source is one buffer of f32, f16 or bf16 elements holding every layer's K
+//! The host then only appends each chunk's CRC-32C. The source is one buffer of f32, f16 or bf16 elements holding every layer's K
 //! and V as `[T, H, D]` ([`Source`]); the chunks are exactly [`ChunkContext::encode_chunk`]'s,
 //! byte for byte. [`EncodePlan::encode_host`] runs the kernels compiled for the CPU.
 //!
@@ -45,7 +46,6 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use codec_core::block::{write_block_raw, BlockOut};
 use codec_core::importance::reference_queries;
 use codec_core::rans::FreqTable;
 use codec_core::{ChunkContext, Dtype, Profile};
@@ -121,6 +121,26 @@ pub(crate) struct EncResult {
     pub exp_freqs: [u16; 16],
 }
 
+/// A chunk of a chunk-writing launch (`KvcChunkOut`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ChunkOut {
+    pub first_block: u64,
+    pub out_start: u64,
+    pub out_cap: u64,
+    pub n_blocks: u32,
+    pub reserved: u32,
+}
+
+/// What the chunk-writing launch wrote for a chunk (`KvcChunkResult`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ChunkResult {
+    pub len: u64,
+    pub status: u32,
+    pub reserved: u32,
+}
+
 /// The importance policy's constants as the kernel takes them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct ImportancePolicy {
@@ -177,6 +197,23 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         self.chunks.len()
     }
 
+    /// The stream's shape.
+    pub(crate) fn shape(&self) -> codec_core::KvShape {
+        self.ctx.shape()
+    }
+
+    /// `src` as the plan's source on a device.
+    pub(crate) fn dev_source<'s, T>(
+        &self,
+        src: &'s cudarc::driver::CudaSlice<T>,
+    ) -> ffi::DevSource<'s, T> {
+        ffi::DevSource {
+            slice: src,
+            dtype: self.source.code(),
+            elem_bytes: self.source.elem_bytes() as u32,
+        }
+    }
+
     /// Runs the chain on the kernels compiled for the host over `src` (the source buffer's
     /// bytes, little-endian elements): every chunk's bytes, blocks and CRC, as
     /// [`ChunkContext::encode_chunk`] returns them.
@@ -188,12 +225,25 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
                 what: "the source buffer is shorter than the plan's tensors",
             });
         }
-        let n = ch.blocks.len();
-        let mut symbols = vec![0u8; ch.n_symbols];
-        let mut symbol_table = vec![0u16; ch.n_symbols];
-        let mut escapes = vec![0i32; ch.n_q];
-        let mut results = vec![EncResult::default(); n];
-        let mut lane_blocks = vec![LaneEncodeBlock::default(); n];
+        let mut run = HostRun::new(&ch);
+        self.blocks_host(&mut ch, src, &mut run)?;
+        run.lanes_host(&ch)?;
+        self.write_host(&ch, src, &mut run)?;
+        ch.finish(&run.chunk_results, |c, len| {
+            run.out
+                .get(c.out_start as usize..)
+                .and_then(|o| o.get(..len))
+                .map(<[u8]>::to_vec)
+        })
+    }
+
+    /// The first launch on the host: `kvc_encode_blocks`.
+    fn blocks_host(
+        &self,
+        ch: &mut EncodeChain,
+        src: &[u8],
+        run: &mut HostRun,
+    ) -> Result<(), CudaError> {
         ffi::host_encode_blocks(ffi::EncodeIo {
             src,
             dtype: self.source.code(),
@@ -205,41 +255,34 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             table_list: &ch.table_list,
             radius: &ch.radius,
             tables: &mut ch.tables,
-            symbols: &mut symbols,
-            symbol_table: &mut symbol_table,
+            symbols: &mut run.symbols,
+            symbol_table: &mut run.symbol_table,
             q: &mut vec![0i32; ch.n_q],
-            escapes: &mut escapes,
+            escapes: &mut run.escapes,
             blocks: &ch.blocks,
-            results: &mut results,
-            lane_blocks: &mut lane_blocks,
+            results: &mut run.results,
+            lane_blocks: &mut run.lane_blocks,
             heads: self.ctx.shape().kv_heads,
             head_dim: self.ctx.shape().head_dim,
-        })?;
-        let mut words = vec![0u32; ch.n_words];
-        let mut lane_len = vec![0u32; n * LANES];
-        let mut lane_status = vec![0u32; n * LANES];
-        ffi::host_lane_encode(ffi::LaneEncodeIo {
-            symbols: &symbols,
-            symbol_table: &symbol_table,
-            tables: &ch.tables,
-            table_list: &ch.table_list,
-            words: &mut words,
-            lane_len: &mut lane_len,
-            blocks: &lane_blocks,
-            status: &mut lane_status,
-        })?;
-        let size = self.source.elem_bytes();
-        let outputs = ChainOutputs {
-            results: &results,
-            escapes: &escapes,
-            words: &words,
-            lane_len: &lane_len,
-            lane_status: &lane_status,
-        };
-        ch.assemble(&outputs, |b| {
-            let start = b.x_start as usize * size;
-            let len = b.sink_rows as usize * self.ctx.shape().channels() * size;
-            src.get(start..start + len)
+        })
+    }
+
+    /// The third launch on the host: `kvc_write_chunks`.
+    fn write_host(&self, ch: &EncodeChain, src: &[u8], run: &mut HostRun) -> Result<(), CudaError> {
+        ffi::host_write_chunks(ffi::WriteIo {
+            src,
+            elem_bytes: self.source.elem_bytes() as u32,
+            heads: self.ctx.shape().kv_heads,
+            head_dim: self.ctx.shape().head_dim,
+            blocks: &ch.blocks,
+            results: &run.results,
+            escapes: &run.escapes,
+            words: &run.words,
+            lane_len: &run.lane_len,
+            lane_status: &run.lane_status,
+            chunks: &ch.chunks,
+            chunk_results: &mut run.chunk_results,
+            out: &mut run.out,
         })
     }
 
@@ -265,7 +308,8 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         // Per level its tables' ids; per (level, layer, K/V) its map and constants.
         let mut level_ids: HashMap<u8, Vec<u32>> = HashMap::new();
         let mut starts: HashMap<(u8, u32, usize), (u64, u64)> = HashMap::new();
-        for (chunk, (tokens, level)) in self.chunks.iter().enumerate() {
+        for (tokens, level) in &self.chunks {
+            let (first_block, out_start) = (ch.blocks.len(), ch.n_out);
             let ids = match level_ids.get(level) {
                 Some(ids) => ids.clone(),
                 None => {
@@ -286,7 +330,6 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
                         }
                     };
                     let at = BlockAt {
-                        chunk,
                         layer,
                         kv,
                         map_start,
@@ -295,6 +338,13 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
                     ch.push_block(self, tokens, &ids, at)?;
                 }
             }
+            ch.chunks.push(ChunkOut {
+                first_block: first_block as u64,
+                out_start: out_start as u64,
+                out_cap: (ch.n_out - out_start) as u64,
+                n_blocks: (ch.blocks.len() - first_block) as u32,
+                reserved: 0,
+            });
         }
         Ok(ch)
     }
@@ -325,9 +375,8 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     }
 }
 
-/// Where a block sits: its chunk, layer, K/V and its (layer, K/V, level)'s map and constants.
+/// Where a block sits: its layer, K/V and its (layer, K/V, level)'s map and constants.
 struct BlockAt {
-    chunk: usize,
     layer: u32,
     kv: usize,
     map_start: u64,
@@ -351,23 +400,64 @@ pub(crate) struct EncodeChain {
     /// exponent table.
     pub tables: Vec<u32>,
     pub blocks: Vec<EncBlock>,
-    /// Per block its chunk.
-    pub chunk_of: Vec<usize>,
+    /// Per chunk its blocks and room in the output.
+    pub chunks: Vec<ChunkOut>,
     pub n_symbols: usize,
     /// Value symbols (also the escape buffer's room).
     pub n_q: usize,
     pub n_words: usize,
+    /// Bytes of the chunks' output (each chunk's room for its largest blocks).
+    pub n_out: usize,
     /// Elements the source must hold.
     pub src_elems: u64,
 }
 
-/// What the two launches wrote, as the host reads it back.
-pub(crate) struct ChainOutputs<'a> {
-    pub results: &'a [EncResult],
-    pub escapes: &'a [i32],
-    pub words: &'a [u32],
-    pub lane_len: &'a [u32],
-    pub lane_status: &'a [u32],
+/// The launches' outputs of a host run.
+#[derive(Debug)]
+struct HostRun {
+    symbols: Vec<u8>,
+    symbol_table: Vec<u16>,
+    escapes: Vec<i32>,
+    results: Vec<EncResult>,
+    lane_blocks: Vec<LaneEncodeBlock>,
+    words: Vec<u32>,
+    lane_len: Vec<u32>,
+    lane_status: Vec<u32>,
+    chunk_results: Vec<ChunkResult>,
+    out: Vec<u8>,
+}
+
+impl HostRun {
+    /// Zeroed outputs for `ch`'s launches.
+    fn new(ch: &EncodeChain) -> Self {
+        let n = ch.blocks.len();
+        HostRun {
+            symbols: vec![0; ch.n_symbols],
+            symbol_table: vec![0; ch.n_symbols],
+            escapes: vec![0; ch.n_q],
+            results: vec![EncResult::default(); n],
+            lane_blocks: vec![LaneEncodeBlock::default(); n],
+            words: vec![0; ch.n_words],
+            lane_len: vec![0; n * LANES],
+            lane_status: vec![0; n * LANES],
+            chunk_results: vec![ChunkResult::default(); ch.chunks.len()],
+            out: vec![0; ch.n_out],
+        }
+    }
+
+    /// The second launch on the host: `kvc_rans_lane_encode` over the first's records.
+    fn lanes_host(&mut self, ch: &EncodeChain) -> Result<(), CudaError> {
+        ffi::host_lane_encode(ffi::LaneEncodeIo {
+            symbols: &self.symbols,
+            symbol_table: &self.symbol_table,
+            tables: &ch.tables,
+            table_list: &ch.table_list,
+            words: &mut self.words,
+            lane_len: &mut self.lane_len,
+            blocks: &self.lane_blocks,
+            status: &mut self.lane_status,
+        })
+    }
 }
 
 impl EncodeChain {
@@ -456,69 +546,208 @@ impl EncodeChain {
             lane_cap,
             reserved: 0,
         });
-        self.chunk_of.push(at.chunk);
+        // The block's largest size: fields, sink rows, an escape per value, full lane slots.
+        let sink_bytes = sink * c * plan.source.elem_bytes();
+        self.n_out +=
+            4 + 4 * LANES + 1 + 2 * 16 + sink_bytes + 4 * coded * c + 4 * LANES * lane_cap as usize;
         self.n_symbols += n_all;
         self.n_q += coded * c;
         self.n_words += lane_cap as usize * LANES;
         Ok(())
     }
 
-    /// Every chunk's bytes from the launches' outputs; `sink(b)` gives block `b`'s sink rows'
-    /// stored bytes.
-    pub(crate) fn assemble<'s>(
+    /// Every chunk's bytes with its CRC, from the chunk-writing launch's results; `body(c,
+    /// len)` reads chunk `c`'s first `len` bytes of output.
+    pub(crate) fn finish(
         &self,
-        out: &ChainOutputs<'_>,
-        sink: impl Fn(&EncBlock) -> Option<&'s [u8]>,
+        results: &[ChunkResult],
+        body: impl Fn(&ChunkOut, usize) -> Option<Vec<u8>>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        let chunks = self.chunk_of.last().map_or(0, |&c| c + 1);
-        let mut bytes: Vec<Vec<u8>> = vec![Vec::new(); chunks];
-        for (i, b) in self.blocks.iter().enumerate() {
-            let chunk = self.chunk_of[i];
+        let mut out = Vec::with_capacity(self.chunks.len());
+        for (chunk, c) in self.chunks.iter().enumerate() {
             let bad = |what| CudaError::Encode { chunk, what };
-            let r = out.results.get(i).ok_or(bad("no result"))?;
+            let r = results.get(chunk).ok_or(bad("no result"))?;
             if r.status != 0 {
-                return Err(bad("the block's ranges or tables (kvc_encode_blocks)"));
+                return Err(bad("a block's ranges, tables or lanes (a kernel's status)"));
             }
-            let mut lanes: [Vec<u32>; LANES] = std::array::from_fn(|_| Vec::new());
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                let s = out
-                    .lane_status
-                    .get(i * LANES + l)
-                    .copied()
-                    .unwrap_or(u32::MAX);
-                if s != 0 {
-                    return Err(bad("a lane (kvc_rans_lane_encode)"));
-                }
-                let start = b.word_start as usize + b.lane_cap as usize * l;
-                let len = out.lane_len[i * LANES + l] as usize;
-                *lane = out
-                    .words
-                    .get(start..start + len)
-                    .ok_or(bad("lane words"))?
-                    .to_vec();
+            let len = usize::try_from(r.len)
+                .ok()
+                .filter(|&l| l as u64 <= c.out_cap);
+            let mut bytes = len
+                .and_then(|l| body(c, l))
+                .ok_or(bad("the chunk's length"))?;
+            let crc = crate::decode::crc32c(&bytes);
+            bytes.extend_from_slice(&crc.to_le_bytes());
+            out.push(bytes);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Malformed launch records: the kernels (run on the host) give defined statuses and touch
+    //! nothing outside their buffers, whatever a block's, a chunk's or a result's fields hold.
+    use super::*;
+    use codec_core::{learn_profile, KvCache, KvMeta, KvShape, LearnParams, Queries, Rope};
+    use codec_core::{Sample, Tensor};
+    use proptest::prelude::*;
+
+    /// A 2-layer f32 cache of 12 tokens (2 heads of 4) with outliers, its profile (learned
+    /// with queries: the importance policy is on) and its source bytes.
+    fn setup() -> (KvCache, Profile, Vec<u8>) {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 4,
+            tokens: 12,
+        };
+        let t = |s: f32| {
+            let x = (0..96).map(|i| (i as f32 * s).sin() * if i % 17 == 0 { 90.0 } else { 1.0 });
+            Tensor::F32(x.collect())
+        };
+        let cache = KvCache {
+            shape,
+            k: vec![t(0.3), t(0.5)],
+            v: vec![t(0.7), t(1.1)],
+            meta: KvMeta::default(),
+        };
+        let q: Vec<f32> = (0..96).map(|i| (i as f32 * 0.9).cos()).collect();
+        let queries = Queries {
+            q: vec![&q, &q],
+            q_heads: 2,
+            q_start: 0,
+        };
+        let sample = Sample {
+            kv: cache.view(),
+            queries: Some(queries),
+        };
+        let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+        let src = [0.3f32, 0.7, 0.5, 1.1]
+            .into_iter()
+            .flat_map(|s| t(s).to_f32_vec())
+            .flat_map(f32::to_le_bytes)
+            .collect();
+        (cache, profile, src)
+    }
+
+    /// Edge values for a field.
+    fn wild() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(u64::from(u32::MAX)),
+            Just(u64::MAX),
+            Just(u64::MAX / 4 + 1),
+            0u64..4096,
+        ]
+    }
+
+    /// Sets field `f` (of 17) of `b` to `v` (truncated for 32-bit fields).
+    fn set_block_field(b: &mut EncBlock, f: usize, v: u64) {
+        let w = v as u32;
+        match f {
+            0 => b.x_start = v,
+            1 => b.k_start = v,
+            2 => b.qref_start = v,
+            3 => b.tau_start = v,
+            4 => b.consts_start = v,
+            5 => b.map_start = v,
+            6 => b.sym_start = v,
+            7 => b.q_start = v,
+            8 => b.escape_start = v,
+            9 => b.word_start = v,
+            10 => b.rows = w,
+            11 => b.sink_rows = w,
+            12 => b.group = w,
+            13 => b.importance = w,
+            14 => b.table_start = w,
+            15 => b.table_count = w,
+            _ => b.lane_cap = w,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn malformed_records_give_defined_statuses(
+            block in 0usize..8,
+            field in 0usize..17,
+            value in wild(),
+            chunk_field in 0usize..5,
+            chunk_value in wild(),
+            result_field in 0usize..5,
+            result_value in wild(),
+            lane in 0usize..32,
+        ) {
+            let (_, profile, src) = setup();
+            let shape = profile_shape(&profile);
+            let ctx = ChunkContext::new(shape, Dtype::F32, 0, 3, 2, &profile, Rope::default())
+                .unwrap()
+                .with_query_position(Some(12));
+            let source = Source { dtype: Dtype::F32, base: 0, tensor_stride: 96 };
+            let mut plan = EncodePlan::new(&ctx, source).unwrap();
+            plan.add_chunk(0..7, 0).unwrap();
+            plan.add_chunk(5..12, 1).unwrap();
+            let mut ch = plan.chain().unwrap();
+            set_block_field(&mut ch.blocks[block], field, value);
+            let mut run = HostRun::new(&ch);
+            plan.blocks_host(&mut ch, &src, &mut run).unwrap();
+            prop_assert!(run.results.iter().all(|r| r.status <= 2));
+            run.lanes_host(&ch).unwrap();
+            prop_assert!(run.lane_status.iter().all(|&s| s <= 2));
+            // Results and lane lengths as a malformed launch might leave them.
+            let r = &mut run.results[block];
+            let w = result_value as u32;
+            match result_field {
+                0 => r.status = w,
+                1 => r.n_escapes = w,
+                2 => r.n_exp = w,
+                3 => run.lane_len[block * LANES + lane] = w,
+                _ => {}
             }
-            let exp_table = match r.n_exp {
-                0 => None,
-                n => Some(
-                    FreqTable::new(&r.exp_freqs[..(n as usize).min(16)])
-                        .map_err(|_| bad("the exponent table"))?,
-                ),
-            };
-            let escapes = out
-                .escapes
-                .get(b.escape_start as usize..b.escape_start as usize + r.n_escapes as usize)
-                .ok_or(bad("escape count"))?;
-            let block = BlockOut {
-                lanes: &lanes,
-                exp_table: exp_table.as_ref(),
-                escapes,
-            };
-            write_block_raw(&mut bytes[chunk], &block, sink(b).ok_or(bad("sink rows"))?);
+            let c = &mut ch.chunks[block / 4];
+            match chunk_field {
+                0 => c.first_block = chunk_value,
+                1 => c.out_start = chunk_value,
+                2 => c.out_cap = chunk_value,
+                3 => c.n_blocks = chunk_value as u32,
+                _ => {}
+            }
+            plan.write_host(&ch, &src, &mut run).unwrap();
+            for (c, r) in ch.chunks.iter().zip(&run.chunk_results) {
+                prop_assert!(r.status <= 1);
+                prop_assert!(r.status != 0 || r.len <= c.out_cap);
+            }
         }
-        for chunk in &mut bytes {
-            let crc = crate::decode::crc32c(chunk);
-            chunk.extend_from_slice(&crc.to_le_bytes());
+    }
+
+    fn profile_shape(p: &Profile) -> KvShape {
+        KvShape {
+            layers: p.layers(),
+            kv_heads: p.kv_heads(),
+            head_dim: p.head_dim(),
+            tokens: 12,
         }
-        Ok(bytes)
+    }
+
+    /// Unaltered records: every block and chunk ends well (the test above alters one of each).
+    #[test]
+    fn intact_records_end_well() {
+        let (cache, profile, src) = setup();
+        let ctx = ChunkContext::new(cache.shape, Dtype::F32, 0, 3, 2, &profile, Rope::default())
+            .unwrap()
+            .with_query_position(Some(12));
+        let source = Source {
+            dtype: Dtype::F32,
+            base: 0,
+            tensor_stride: 96,
+        };
+        let mut plan = EncodePlan::new(&ctx, source).unwrap();
+        plan.add_chunk(0..7, 0).unwrap();
+        plan.add_chunk(5..12, 1).unwrap();
+        let got = plan.encode_host(&src).unwrap();
+        assert_eq!(got[1], ctx.encode_chunk(&cache.view(), 5..12, 1).unwrap());
     }
 }

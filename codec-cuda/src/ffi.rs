@@ -73,7 +73,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::encode::{LaneEncodeBlock, QuantBlock};
-use crate::encode_plan::{EncBlock, EncResult};
+use crate::encode_plan::{ChunkOut, ChunkResult, EncBlock, EncResult, ImportancePolicy};
 use crate::error::CudaError;
 use crate::pq::PqQuery;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
@@ -163,6 +163,12 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_encode_chain_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_write_chunks_host(
+        args: *const WriteArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     fn kvc_quantize_one_host(r: f32, step: f32) -> i32;
     fn kvc_resolve_tables_host(
         args: *const ResolveArgsC,
@@ -538,7 +544,7 @@ pub(crate) struct EncodeIo<'a> {
     /// The source tensors' bytes, `dtype` elements (0 f32, 1 f16, 2 bf16).
     pub src: &'a [u8],
     pub dtype: u32,
-    pub importance: Option<crate::encode_plan::ImportancePolicy>,
+    pub importance: Option<ImportancePolicy>,
     pub qref: &'a [f64],
     pub tau: &'a [f32],
     pub consts: &'a [ChannelConsts],
@@ -616,6 +622,103 @@ pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
         0 => Ok(()),
         _ => Err(CudaError::HostRun {
             entry: "kvc_encode_blocks",
+        }),
+    }
+}
+
+/// `KvcWriteArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct WriteArgsC {
+    src: *const u8,
+    n_src_bytes: u64,
+    elem_bytes: u32,
+    heads: u32,
+    head_dim: u32,
+    reserved: u32,
+    blocks: *const EncBlock,
+    results: *const EncResult,
+    n_blocks: u64,
+    escapes: *const i32,
+    n_escapes: u64,
+    words: *const u32,
+    n_words: u64,
+    lane_len: *const u32,
+    lane_status: *const u32,
+    chunks: *const ChunkOut,
+    chunk_results: *mut ChunkResult,
+    n_chunks: u64,
+    out: *mut u8,
+    n_out: u64,
+}
+
+/// Bytes of `KvcWriteShared` (two counters, the length, `KVC_CHUNK_BLOCKS` offsets).
+pub(crate) const WRITE_SHARED_BYTES: u32 = 16 + 8 * 2048;
+
+/// The buffers of one chunk-writing launch (`kvc_write_chunks`).
+#[derive(Debug)]
+pub(crate) struct WriteIo<'a> {
+    pub src: &'a [u8],
+    pub elem_bytes: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub blocks: &'a [EncBlock],
+    /// One per block.
+    pub results: &'a [EncResult],
+    pub escapes: &'a [i32],
+    pub words: &'a [u32],
+    /// 32 per block each.
+    pub lane_len: &'a [u32],
+    pub lane_status: &'a [u32],
+    pub chunks: &'a [ChunkOut],
+    /// One per chunk.
+    pub chunk_results: &'a mut [ChunkResult],
+    pub out: &'a mut [u8],
+}
+
+/// Runs `kvc_write_chunks` on the host.
+pub(crate) fn host_write_chunks(io: WriteIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.chunks.len()).map_err(|_| input("over 2^32 - 1 chunks"))?;
+    let n = io.blocks.len();
+    if io.results.len() != n
+        || io.lane_len.len() != n * LANES
+        || io.lane_status.len() != n * LANES
+        || io.chunk_results.len() != io.chunks.len()
+    {
+        return Err(input("chunk-writing buffers of mismatched lengths"));
+    }
+    let args = WriteArgsC {
+        src: io.src.as_ptr(),
+        n_src_bytes: io.src.len() as u64,
+        elem_bytes: io.elem_bytes,
+        heads: io.heads,
+        head_dim: io.head_dim,
+        reserved: 0,
+        blocks: io.blocks.as_ptr(),
+        results: io.results.as_ptr(),
+        n_blocks: n as u64,
+        escapes: io.escapes.as_ptr(),
+        n_escapes: io.escapes.len() as u64,
+        words: io.words.as_ptr(),
+        n_words: io.words.len() as u64,
+        lane_len: io.lane_len.as_ptr(),
+        lane_status: io.lane_status.as_ptr(),
+        chunks: io.chunks.as_ptr(),
+        chunk_results: io.chunk_results.as_mut_ptr(),
+        n_chunks: io.chunks.len() as u64,
+        out: io.out.as_mut_ptr(),
+        n_out: io.out.len() as u64,
+    };
+    let shared = u64::from(WRITE_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // one result per block, 32 lane entries per block, one chunk result per chunk) and 3
+    // (CHAIN_THREADS threads, the shared memory KvcWriteShared needs).
+    let rc = unsafe { kvc_write_chunks_host(&args, grid, CHAIN_THREADS, shared) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun {
+            entry: "kvc_write_chunks",
         }),
     }
 }
@@ -1385,6 +1488,35 @@ fn rust_encode_chain_layout() -> Vec<u64> {
         offset_of!(A, heads),
         offset_of!(A, head_dim),
         ENCODE_SHARED_BYTES as usize,
+        size_of::<ChunkOut>(),
+        offset_of!(ChunkOut, first_block),
+        offset_of!(ChunkOut, out_start),
+        offset_of!(ChunkOut, out_cap),
+        offset_of!(ChunkOut, n_blocks),
+        size_of::<ChunkResult>(),
+        offset_of!(ChunkResult, len),
+        offset_of!(ChunkResult, status),
+        size_of::<WriteArgsC>(),
+        offset_of!(WriteArgsC, src),
+        offset_of!(WriteArgsC, n_src_bytes),
+        offset_of!(WriteArgsC, elem_bytes),
+        offset_of!(WriteArgsC, heads),
+        offset_of!(WriteArgsC, head_dim),
+        offset_of!(WriteArgsC, blocks),
+        offset_of!(WriteArgsC, results),
+        offset_of!(WriteArgsC, n_blocks),
+        offset_of!(WriteArgsC, escapes),
+        offset_of!(WriteArgsC, n_escapes),
+        offset_of!(WriteArgsC, words),
+        offset_of!(WriteArgsC, n_words),
+        offset_of!(WriteArgsC, lane_len),
+        offset_of!(WriteArgsC, lane_status),
+        offset_of!(WriteArgsC, chunks),
+        offset_of!(WriteArgsC, chunk_results),
+        offset_of!(WriteArgsC, n_chunks),
+        offset_of!(WriteArgsC, out),
+        offset_of!(WriteArgsC, n_out),
+        WRITE_SHARED_BYTES as usize,
     ]
     .map(|x| x as u64)
     .to_vec()
@@ -1737,6 +1869,31 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
             .map_err(driver_err("cuMemcpyDtoHAsync"))?;
         v.truncate(self.len);
         Ok(v)
+    }
+
+    /// Copies elements `start..start + len` back (buffers of their own only).
+    pub(crate) fn download_range(
+        &self,
+        stream: &Arc<CudaStream>,
+        start: usize,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        let outside = CudaError::Input {
+            what: "a download outside its buffer",
+        };
+        let DevMem::Own(slice) = &self.mem else {
+            return Err(outside);
+        };
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= self.len)
+            .ok_or(outside)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        stream
+            .clone_dtoh(&slice.slice(start..end))
+            .map_err(driver_err("cuMemcpyDtoHAsync"))
     }
 
     /// Elements kernels may touch.
@@ -2648,4 +2805,261 @@ struct LaneDecodeRef<'a, W> {
     blocks: &'a DevBuf<LaneBlock>,
     symbols: &'a DevBuf<u8>,
     status: &'a DevBuf<u32>,
+}
+
+/// `KvcEncodeArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct EncodeArgsDev {
+    src: u64,
+    n_src: u64,
+    dtype: u32,
+    max_exp: u32,
+    slope: f64,
+    inv_sqrt_d: f64,
+    qref: u64,
+    n_qref: u64,
+    tau: u64,
+    n_tau: u64,
+    consts: u64,
+    n_consts: u64,
+    map: u64,
+    n_map: u64,
+    table_list: u64,
+    n_table_list: u64,
+    radius: u64,
+    n_radius: u64,
+    tables: u64,
+    n_tables: u64,
+    symbols: u64,
+    symbol_table: u64,
+    n_symbols: u64,
+    q: u64,
+    n_q: u64,
+    escapes: u64,
+    n_escapes: u64,
+    blocks: u64,
+    results: u64,
+    lane_blocks: u64,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcWriteArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct WriteArgsDev {
+    src: u64,
+    n_src_bytes: u64,
+    elem_bytes: u32,
+    heads: u32,
+    head_dim: u32,
+    reserved: u32,
+    blocks: u64,
+    results: u64,
+    n_blocks: u64,
+    escapes: u64,
+    n_escapes: u64,
+    words: u64,
+    n_words: u64,
+    lane_len: u64,
+    lane_status: u64,
+    chunks: u64,
+    chunk_results: u64,
+    n_chunks: u64,
+    out: u64,
+    n_out: u64,
+}
+
+// SAFETY (invariant 7): plain `#[repr(C)]` integers and floats passed by value or mirrored
+// from the kernels.
+unsafe impl DeviceRepr for EncodeArgsDev {}
+unsafe impl DeviceRepr for WriteArgsDev {}
+unsafe impl DeviceRepr for EncBlock {}
+unsafe impl ValidAsZeroBits for EncBlock {}
+unsafe impl DeviceRepr for EncResult {}
+unsafe impl ValidAsZeroBits for EncResult {}
+unsafe impl DeviceRepr for ChunkOut {}
+unsafe impl ValidAsZeroBits for ChunkOut {}
+unsafe impl DeviceRepr for ChunkResult {}
+unsafe impl ValidAsZeroBits for ChunkResult {}
+
+/// The source tensors of an encode chain on the device: the caller's buffer, its length in
+/// bytes, and its elements' type code and size.
+pub(crate) struct DevSource<'a, T> {
+    pub slice: &'a CudaSlice<T>,
+    pub dtype: u32,
+    pub elem_bytes: u32,
+}
+
+impl<T> DevSource<'_, T> {
+    /// The buffer's address (guarded in `a`) and its length in bytes.
+    fn addr<'s>(&'s self, a: &mut Addrs<'s>, stream: &'s CudaStream) -> (u64, u64) {
+        let (ptr, guard) = self.slice.device_ptr(stream);
+        a.guards.push(guard);
+        let bytes = (self.slice.len() * size_of::<T>()) as u64;
+        (ptr, bytes)
+    }
+}
+
+/// An encode chain's device buffers (built by `Gpu::encode` from one
+/// [`crate::encode_plan::EncodePlan`]); the three launches share them.
+#[derive(Debug)]
+pub(crate) struct EncodeDev {
+    pub importance: Option<ImportancePolicy>,
+    pub qref: DevBuf<f64>,
+    pub tau: DevBuf<f32>,
+    pub consts: DevBuf<ChannelConsts>,
+    pub map: DevBuf<u16>,
+    pub radius: DevBuf<u8>,
+    pub blocks: DevBuf<EncBlock>,
+    pub chunks: DevBuf<ChunkOut>,
+    pub q: DevBuf<i32>,
+    pub escapes: DevBuf<i32>,
+    pub results: DevBuf<EncResult>,
+    /// The lane encoder's buffers; its symbols, tables and block records the first launch's.
+    pub lanes: LaneEncodeDev,
+    pub chunk_results: DevBuf<ChunkResult>,
+    pub out: DevBuf<u8>,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// The encode chain's three entry points.
+pub(crate) struct EncodeKernels<'k> {
+    pub blocks: &'k CudaFunction,
+    pub lanes: &'k CudaFunction,
+    pub write: &'k CudaFunction,
+}
+
+/// Queues the encode chain over `d` on `stream`: `kvc_encode_blocks`, `kvc_rans_lane_encode`,
+/// `kvc_write_chunks`, reading the source tensors `src`.
+pub(crate) fn launch_encode_chain<T>(
+    stream: &CudaStream,
+    k: &EncodeKernels<'_>,
+    d: &EncodeDev,
+    src: &DevSource<'_, T>,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let n = d.blocks.len();
+    if d.results.len() != n
+        || d.lanes.blocks.len() != n
+        || d.lanes.status.len() != n * LANES
+        || d.lanes.lane_len.len() != n * LANES
+        || d.lanes.symbols.len() != d.lanes.symbol_table.len()
+        || d.chunk_results.len() != d.chunks.len()
+        || !(src.elem_bytes == 2 || src.elem_bytes == 4)
+    {
+        return Err(input("encode-chain buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    let chunk_grid = u32::try_from(d.chunks.len()).map_err(|_| input("over 2^31 - 1 chunks"))?;
+    if grid == 0 || chunk_grid == 0 {
+        return Ok(());
+    }
+    let policy = d.importance.unwrap_or_default();
+    let mut a = Addrs { guards: Vec::new() };
+    let (src_ptr, src_bytes) = src.addr(&mut a, stream);
+    let (qref, n_qref) = a.of(&d.qref, stream);
+    let (tau, n_tau) = a.of(&d.tau, stream);
+    let (consts, n_consts) = a.of(&d.consts, stream);
+    let (map, n_map) = a.of(&d.map, stream);
+    let (table_list, n_table_list) = a.of(&d.lanes.table_list, stream);
+    let (radius, n_radius) = a.of(&d.radius, stream);
+    let (tables, n_table_words) = a.of(&d.lanes.tables, stream);
+    let (symbols, n_symbols) = a.of(&d.lanes.symbols, stream);
+    let (symbol_table, _) = a.of(&d.lanes.symbol_table, stream);
+    let (q, n_q) = a.of(&d.q, stream);
+    let (escapes, n_escapes) = a.of(&d.escapes, stream);
+    let (blocks, n_blocks) = a.of(&d.blocks, stream);
+    let (results, _) = a.of(&d.results, stream);
+    let (lane_blocks, _) = a.of(&d.lanes.blocks, stream);
+    let args = EncodeArgsDev {
+        src: src_ptr,
+        n_src: src_bytes / u64::from(src.elem_bytes),
+        dtype: src.dtype,
+        max_exp: policy.max_exp,
+        slope: policy.slope,
+        inv_sqrt_d: policy.inv_sqrt_d,
+        qref,
+        n_qref,
+        tau,
+        n_tau,
+        consts,
+        n_consts,
+        map,
+        n_map,
+        table_list,
+        n_table_list,
+        radius,
+        n_radius,
+        tables,
+        n_tables: n_table_words / 256,
+        symbols,
+        symbol_table,
+        n_symbols,
+        q,
+        n_q,
+        escapes,
+        n_escapes,
+        blocks,
+        results,
+        lane_blocks,
+        n_blocks,
+        heads: d.heads,
+        head_dim: d.head_dim,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (CHAIN_THREADS, 1, 1),
+        shared_mem_bytes: ENCODE_SHARED_BYTES,
+    };
+    // SAFETY: invariants 1, 6 (buffers live in `d` and `src`, held by the caller until the
+    // stream is synchronized; `src` counted in whole elements), 7 and 3 (the host runs'
+    // launch shape and shared memory, within the default 48 KiB).
+    unsafe { launch_args(stream, k.blocks, &args, cfg, a) }?;
+    launch_lane_encode(stream, k.lanes, &d.lanes)?;
+    let mut a = Addrs { guards: Vec::new() };
+    let (src_ptr, src_bytes) = src.addr(&mut a, stream);
+    let (blocks, n_blocks) = a.of(&d.blocks, stream);
+    let (results, _) = a.of(&d.results, stream);
+    let (escapes, n_escapes) = a.of(&d.escapes, stream);
+    let (words, n_words) = a.of(&d.lanes.words, stream);
+    let (lane_len, _) = a.of(&d.lanes.lane_len, stream);
+    let (lane_status, _) = a.of(&d.lanes.status, stream);
+    let (chunks, n_chunks) = a.of(&d.chunks, stream);
+    let (chunk_results, _) = a.of(&d.chunk_results, stream);
+    let (out, n_out) = a.of(&d.out, stream);
+    let args = WriteArgsDev {
+        src: src_ptr,
+        n_src_bytes: src_bytes,
+        elem_bytes: src.elem_bytes,
+        heads: d.heads,
+        head_dim: d.head_dim,
+        reserved: 0,
+        blocks,
+        results,
+        n_blocks,
+        escapes,
+        n_escapes,
+        words,
+        n_words,
+        lane_len,
+        lane_status,
+        chunks,
+        chunk_results,
+        n_chunks,
+        out,
+        n_out,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (chunk_grid, 1, 1),
+        block_dim: (CHAIN_THREADS, 1, 1),
+        shared_mem_bytes: WRITE_SHARED_BYTES,
+    };
+    // SAFETY: as the first launch's (one result per block, 32 lane entries per block, one
+    // chunk result per chunk, checked above).
+    unsafe { launch_args(stream, k.write, &args, cfg, a) }?;
+    Ok(())
 }

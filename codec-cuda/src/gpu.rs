@@ -14,6 +14,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::decode::{check_chain, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
+use crate::encode_plan::{EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::experiment::Lane32Batch;
 use crate::ffi::{self, DevBuf, LaneWord, LANES, SLOTS};
@@ -37,6 +38,8 @@ struct Kernels {
     pq_search: CudaFunction,
     quantize: CudaFunction,
     lane_encode: CudaFunction,
+    encode_blocks: CudaFunction,
+    write_chunks: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
     /// Not part of any format: the 32-bit-state experiment ([`crate::experiment`]).
@@ -189,6 +192,8 @@ impl Gpu {
             pq_search: load("pq_search.cu", "kvc_pq_search")?,
             quantize: load("encode.cu", "kvc_quantize")?,
             lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
+            encode_blocks: load("encode.cu", "kvc_encode_blocks")?,
+            write_chunks: load("encode.cu", "kvc_write_chunks")?,
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
@@ -806,6 +811,138 @@ impl Gpu {
             |g| g.upload_lane_encode(batch),
             |g, k, d| ffi::launch_lane_encode(&g.stream, &k.lane_encode, d),
         )
+    }
+}
+
+impl Gpu {
+    /// Encodes every chunk of `plan` from `src`, a buffer on this device holding the plan's
+    /// [`Source`](crate::encode_plan::Source) (e.g. a serving engine's K/V; `T` any type whose
+    /// bytes are the source dtype's elements): the plan's inputs uploaded at once, three
+    /// launches (blocks, lanes, chunk layout) with no host step between them, then each
+    /// chunk's bytes copied back and its CRC appended: what
+    /// [`EncodePlan::encode_host`] returns.
+    pub fn encode<T>(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+        src: &CudaSlice<T>,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
+        let (ch, dev) = self.encode_launched(plan, src)?;
+        let s = &self.stream;
+        let results = dev.chunk_results.download(s)?;
+        ch.finish(&results, |c, len| {
+            dev.out.download_range(s, c.out_start as usize, len).ok()
+        })
+    }
+
+    /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode), and
+    /// of its three launches alone (inputs uploaded once).
+    pub fn time_encode<T>(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+        src: &CudaSlice<T>,
+        reps: usize,
+    ) -> Result<(f64, f64), CudaError> {
+        let whole = best_time(reps, || self.encode(plan, src).map(drop))?;
+        let (_, dev) = self.encode_launched(plan, src)?;
+        self.sync()?;
+        let k = self.kernels(None)?;
+        let source = plan.dev_source(src);
+        let launches = best_time(reps, || {
+            ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &dev, &source)?;
+            self.sync()
+        })?;
+        Ok((whole, launches))
+    }
+
+    /// Builds `plan`'s chain, uploads its inputs and queues its three launches over `src`.
+    fn encode_launched<T>(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+        src: &CudaSlice<T>,
+    ) -> Result<(EncodeChain, ffi::EncodeDev), CudaError> {
+        let source = plan.dev_source(src);
+        let ch = plan.chain()?;
+        if ch.src_elems.saturating_mul(u64::from(source.elem_bytes))
+            > (src.len() * std::mem::size_of::<T>()) as u64
+        {
+            return Err(CudaError::Input {
+                what: "the source buffer is shorter than the plan's tensors",
+            });
+        }
+        let k = self.kernels(None)?;
+        let dev = self.upload_encode(&ch, plan)?;
+        ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &dev, &source)?;
+        Ok((ch, dev))
+    }
+
+    /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
+    /// written by the first launch), its intermediate outputs in one fresh scratch, the
+    /// chunk results and output of their own (downloaded).
+    fn upload_encode(
+        &self,
+        ch: &EncodeChain,
+        plan: &EncodePlan<'_, '_>,
+    ) -> Result<ffi::EncodeDev, CudaError> {
+        let s = &self.stream;
+        let n = ch.blocks.len();
+        let mut p = ffi::Packer::default();
+        let (qref, tau, consts) = (p.add(&ch.qref), p.add(&ch.tau), p.add(&ch.consts));
+        let (map, table_list, radius) = (p.add(&ch.map), p.add(&ch.table_list), p.add(&ch.radius));
+        let (tables, blocks, chunks) = (p.add(&ch.tables), p.add(&ch.blocks), p.add(&ch.chunks));
+        let base = {
+            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+            p.upload(s, &mut staging)?
+        };
+        let mut o = ffi::Packer::default();
+        let symbols = o.reserve::<u8>(ch.n_symbols);
+        let symbol_table = o.reserve::<u16>(ch.n_symbols);
+        let (q, escapes) = (o.reserve::<i32>(ch.n_q), o.reserve::<i32>(ch.n_q));
+        let results = o.reserve(n);
+        let lane_blocks = o.reserve(n);
+        let words = o.reserve::<u32>(ch.n_words);
+        let (lane_len, lane_status) = (o.reserve::<u32>(n * LANES), o.reserve::<u32>(n * LANES));
+        let scratch = Arc::new(
+            s.alloc_zeros::<u8>(o.total().max(1))
+                .map_err(ffi::driver_err("cuMemAllocAsync"))?,
+        );
+        let (b, x) = (&base, &scratch);
+        let shape = plan.shape();
+        Ok(ffi::EncodeDev {
+            importance: ch.importance,
+            qref: DevBuf::view(b, qref)?,
+            tau: DevBuf::view(b, tau)?,
+            consts: DevBuf::view(b, consts)?,
+            map: DevBuf::view(b, map)?,
+            radius: DevBuf::view(b, radius)?,
+            blocks: DevBuf::view(b, blocks)?,
+            chunks: DevBuf::view(b, chunks)?,
+            q: DevBuf::view(x, q)?,
+            escapes: DevBuf::view(x, escapes)?,
+            results: DevBuf::view(x, results)?,
+            lanes: ffi::LaneEncodeDev {
+                symbols: DevBuf::view(x, symbols)?,
+                symbol_table: DevBuf::view(x, symbol_table)?,
+                tables: DevBuf::view(b, tables)?,
+                table_list: DevBuf::view(b, table_list)?,
+                words: DevBuf::view(x, words)?,
+                lane_len: DevBuf::view(x, lane_len)?,
+                blocks: DevBuf::view(x, lane_blocks)?,
+                status: DevBuf::view(x, lane_status)?,
+            },
+            chunk_results: DevBuf::zeros(s, ch.chunks.len())?,
+            out: DevBuf::zeros(s, ch.n_out)?,
+            heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+        })
+    }
+}
+
+/// The encode chain's entry points.
+fn encode_kernels(k: &Kernels) -> ffi::EncodeKernels<'_> {
+    ffi::EncodeKernels {
+        blocks: &k.encode_blocks,
+        lanes: &k.lane_encode,
+        write: &k.write_chunks,
     }
 }
 

@@ -47,7 +47,12 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "encode.cu",
         source: include_str!("../kernels/encode.cu"),
-        entries: &["kvc_quantize", "kvc_rans_lane_encode", "kvc_encode_blocks"],
+        entries: &[
+            "kvc_quantize",
+            "kvc_rans_lane_encode",
+            "kvc_encode_blocks",
+            "kvc_write_chunks",
+        ],
         decode: false,
     },
     KernelSource {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use codec_core::{Limits, Stream};
 use codec_cuda::decode::DecodePlan;
+use codec_cuda::encode_plan::EncodePlan;
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
@@ -304,6 +305,41 @@ fn device_encode_reproduces_codec_cores_blocks() {
         );
     }
     println!("{} blocks re-encoded on the device", case.values.len());
+}
+
+/// The encode chain on the device (`Gpu::encode`: three launches from K/V in device memory):
+/// the real fixture (3 layers, f16, step exponents) in 96-token chunks at three levels and odd
+/// ranges, every chunk byte for byte codec-core's and the host-run chain's; a source buffer
+/// shorter than the plan's tensors is refused.
+#[test]
+fn device_encode_plan_writes_codec_cores_chunks() {
+    let Some(gpu) = gpu("device_encode_plan_writes_codec_cores_chunks") else {
+        return;
+    };
+    let (cache, profile) = common::fixture_cache(3);
+    let ctx = common::fixture_context(&cache, &profile);
+    let (src, source) = common::source_of(&cache);
+    let mut plan = EncodePlan::new(&ctx, source).unwrap();
+    let chunks = common::fixture_chunks(&profile, cache.shape.tokens);
+    for &(start, end, level) in &chunks {
+        plan.add_chunk(start..end, level).unwrap();
+    }
+    let dev_src = gpu.stream().clone_htod(&src).unwrap();
+    let got = gpu.encode(&plan, &dev_src).unwrap();
+    assert!(
+        got == plan.encode_host(&src).unwrap(),
+        "the host-run chain differs"
+    );
+    for (i, &(start, end, level)) in chunks.iter().enumerate() {
+        let want = ctx.encode_chunk(&cache.view(), start..end, level).unwrap();
+        assert!(got[i] == want, "chunk {i} ({start}..{end}, level {level})");
+    }
+    let short = gpu.stream().clone_htod(&src[..src.len() - 2]).unwrap();
+    assert!(matches!(
+        gpu.encode(&plan, &short),
+        Err(codec_cuda::CudaError::Input { .. })
+    ));
+    println!("{} chunks encoded on the device", got.len());
 }
 
 /// A plan uploaded once (`Gpu::upload_plan`: one packed copy from pinned memory) decodes to

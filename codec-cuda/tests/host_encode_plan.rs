@@ -12,29 +12,8 @@ use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::CudaError;
 use half::{bf16, f16};
 use proptest::prelude::*;
-use std::path::Path;
 
-/// The cache's tensors in one buffer (layer 0 K, layer 0 V, ...) as little-endian bytes, and
-/// their source description.
-fn source_of(cache: &KvCache) -> (Vec<u8>, Source) {
-    let mut bytes = Vec::new();
-    for l in 0..cache.k.len() {
-        for t in [&cache.k[l], &cache.v[l]] {
-            match t {
-                Tensor::F32(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
-                Tensor::F16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
-                Tensor::Bf16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
-            }
-        }
-    }
-    let shape = cache.shape;
-    let source = Source {
-        dtype: cache.k[0].dtype(),
-        base: 0,
-        tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
-    };
-    (bytes, source)
-}
+mod common;
 
 /// Encodes `chunks` of `cache` with the host-run chain and with codec-core; asserts every chunk
 /// is the same bytes. Returns the chunks.
@@ -43,7 +22,7 @@ fn assert_chunks_match(
     cache: &KvCache,
     chunks: &[(u32, u32, u8)],
 ) -> Vec<Vec<u8>> {
-    let (src, source) = source_of(cache);
+    let (src, source) = common::source_of(cache);
     let mut plan = EncodePlan::new(ctx, source).unwrap();
     for &(start, end, level) in chunks {
         plan.add_chunk(start..end, level).unwrap();
@@ -84,51 +63,13 @@ fn block_fields(chunk: &[u8], layers: usize, sink_bytes: usize) -> Vec<(u32, u8)
 /// sink rows) at three levels, and odd ranges.
 #[test]
 fn real_fixture_chunks_are_codec_cores() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let mut d = kvc_io::load_dump(&path).expect("fixture present");
     let layers = 3usize;
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
-    let q = d.q.as_ref().expect("the fixture has queries");
-    let queries = Queries {
-        q: q.iter().take(layers).map(Vec::as_slice).collect(),
-        q_heads: d.q_heads,
-        q_start: d.q_start,
-    };
-    let sample = Sample {
-        kv: d.kv.view(),
-        queries: Some(queries),
-    };
-    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let (cache, profile) = common::fixture_cache(layers);
     assert!(profile.importance().is_some());
-    let shape = d.kv.shape;
-    let meta = &d.kv.meta;
-    assert!(!meta.rope.k_pre_rope);
-    let ctx = ChunkContext::new(
-        shape,
-        Dtype::F16,
-        meta.first_position,
-        8,
-        4,
-        &profile,
-        meta.rope,
-    )
-    .unwrap()
-    .with_query_position(Some(meta.first_position + u64::from(shape.tokens)));
-    let levels: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
-    let mut chunks: Vec<(u32, u32, u8)> = (0..shape.tokens.div_ceil(96))
-        .map(|i| {
-            (
-                i * 96,
-                ((i + 1) * 96).min(shape.tokens),
-                levels[i as usize % levels.len()],
-            )
-        })
-        .collect();
-    chunks.extend([(1, 2, 0), (3, 50, levels[1]), (500, 512, levels[2])]);
-    let got = assert_chunks_match(&ctx, &d.kv, &chunks);
+    let ctx = common::fixture_context(&cache, &profile);
+    let shape = cache.shape;
+    let chunks = common::fixture_chunks(&profile, shape.tokens);
+    let got = assert_chunks_match(&ctx, &cache, &chunks);
     // The paths that matter were taken: exponent sections and escapes.
     let c = shape.channels();
     let fields: Vec<(u32, u8)> = got
@@ -146,7 +87,7 @@ fn real_fixture_chunks_are_codec_cores() {
     assert!(fields.iter().map(|f| f.0).sum::<u32>() > 100, "{fields:?}");
     // Without the policy: no exponent sections, still codec-core's chunks.
     let plain = ctx.clone().with_query_position(None);
-    let got = assert_chunks_match(&plain, &d.kv, &chunks[..3]);
+    let got = assert_chunks_match(&plain, &cache, &chunks[..3]);
     assert!(block_fields(&got[1], layers, 0).iter().all(|f| f.1 == 0));
 }
 
@@ -323,7 +264,7 @@ fn bad_plans_are_errors() {
     let ctx = ChunkContext::new(c.shape, Dtype::F32, 0, 2, 1, &profile, Rope::default())
         .unwrap()
         .with_query_position(Some(6));
-    let (src, source) = source_of(&cache);
+    let (src, source) = common::source_of(&cache);
     let is_input = |r: Result<_, CudaError>| matches!(r, Err(CudaError::Input { .. }));
     assert!(is_input(
         EncodePlan::new(

@@ -94,8 +94,7 @@ pub(crate) fn read_block<'a>(
 }
 
 /// What an encoded block holds besides its sink rows.
-#[derive(Debug)]
-pub struct BlockOut<'a> {
+pub(crate) struct BlockOut<'a> {
     /// Each lane's words.
     pub lanes: &'a [Vec<u32>; LANES],
     /// The exponent table, if the block has exponents.
@@ -112,27 +111,6 @@ pub(crate) fn write_block(
     tensor: TensorRef<'_>,
     sink: Range<usize>,
 ) {
-    write_fields(out, block);
-    match tensor {
-        TensorRef::F16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
-        TensorRef::Bf16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
-        TensorRef::F32(s) => s[sink].iter().for_each(|x| out.put_f32(*x)),
-    }
-    write_sections(out, block);
-}
-
-/// Appends a block to `out` as [`write_block`] does, its sink rows given as their stored bytes
-/// (little-endian elements of the stream dtype): for encoders whose rows are not a
-/// [`TensorRef`] (codec-cuda's device chain).
-#[cfg(feature = "internals")]
-pub fn write_block_raw(out: &mut Vec<u8>, block: &BlockOut<'_>, sink: &[u8]) {
-    write_fields(out, block);
-    out.extend_from_slice(sink);
-    write_sections(out, block);
-}
-
-/// The fields before the sink rows: escape count, lane lengths, exponent table.
-fn write_fields(out: &mut Vec<u8>, block: &BlockOut<'_>) {
     out.put_u32(block.escapes.len() as u32);
     for l in block.lanes {
         out.put_u32(l.len() as u32);
@@ -144,10 +122,11 @@ fn write_fields(out: &mut Vec<u8>, block: &BlockOut<'_>) {
         }
         None => out.put_u8(0),
     }
-}
-
-/// The sections after the sink rows: escape values, lane words.
-fn write_sections(out: &mut Vec<u8>, block: &BlockOut<'_>) {
+    match tensor {
+        TensorRef::F16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
+        TensorRef::Bf16(s) => s[sink].iter().for_each(|x| out.put_u16(x.to_bits())),
+        TensorRef::F32(s) => s[sink].iter().for_each(|x| out.put_f32(*x)),
+    }
     let words: usize = block.lanes.iter().map(Vec::len).sum();
     out.reserve(4 * (block.escapes.len() + words));
     for e in block.escapes {

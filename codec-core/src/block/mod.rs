@@ -20,7 +20,5 @@ mod tables;
 pub use context::ChunkContext;
 pub(crate) use decode::{BlockDecoder, ChunkAt, RowSink};
 pub(crate) use layout::BlockParts;
-#[cfg(feature = "internals")]
-pub use layout::{write_block_raw, BlockOut};
 pub use encode::ChunkEncoder;
 pub use error::BlockError;

@@ -1,17 +1,19 @@
 //! What the device benches (`benches/device.rs`) and the best-of-N harness
 //! (`examples/device_bench.rs`) share: opening device 0 with the kernels loaded, the real
-//! fixture's streams, decode plans and encode batches, and a long PQ head.
+//! fixture's streams, decode plans and encode batches, the encode chain's context and source,
+//! and a long PQ head.
 #![allow(dead_code)] // each user takes a part
 
 use std::path::{Path, PathBuf};
 
 use codec_core::rans::FreqTable;
 use codec_core::{
-    encode, learn_profile, EncodeParams, KvCache, LearnParams, Limits, Profile, ProfileMode,
-    Sample, Stream,
+    encode, learn_profile, ChunkContext, Dtype, EncodeParams, KvCache, LearnParams, Limits,
+    Profile, ProfileMode, Sample, Stream,
 };
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode::{EncTableId, LaneEncodeBatch, QuantBatch};
+use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::PqBatch;
 use codec_cuda::quant::{ChannelConsts, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
@@ -168,4 +170,73 @@ pub fn pq_long_batch(tokens: usize, queries: usize, dim: usize) -> (PqBatch, usi
 /// Opens a stream of `bytes` (profile embedded).
 pub fn open(bytes: &[u8]) -> Stream<'_> {
     Stream::open(bytes, None, &Limits::DEFAULT).expect("stream")
+}
+
+/// A profile learned from the fixture with its queries (the importance policy's hints).
+pub fn profile_with_queries(d: &kvc_io::Dump) -> Profile {
+    let q = d.q.as_ref().expect("the fixture has queries");
+    let queries = codec_core::Queries {
+        q: q.iter().map(Vec::as_slice).collect(),
+        q_heads: d.q_heads,
+        q_start: d.q_start,
+    };
+    let sample = Sample {
+        kv: d.kv.view(),
+        queries: Some(queries),
+    };
+    learn_profile(&[sample], &LearnParams::default()).expect("profile")
+}
+
+/// The fixture's coding context as `kvc encode` codes it (default group and sink tokens, the
+/// importance policy on).
+pub fn encode_context<'p>(d: &kvc_io::Dump, profile: &'p Profile) -> ChunkContext<'p> {
+    let (shape, meta, p) = (d.kv.shape, &d.kv.meta, EncodeParams::default());
+    let first = meta.first_position;
+    ChunkContext::new(
+        shape,
+        Dtype::F16,
+        first,
+        p.group,
+        p.n_sink,
+        profile,
+        meta.rope,
+    )
+    .expect("context")
+    .with_query_position(Some(first + u64::from(shape.tokens)))
+}
+
+/// The fixture's K/V as one f16 source buffer (layer 0 K, layer 0 V, ...), its bytes.
+pub fn encode_source(d: &kvc_io::Dump) -> (Vec<u8>, Source) {
+    let shape = d.kv.shape;
+    let bytes = (0..shape.layers as usize)
+        .flat_map(|l| [&d.kv.k[l], &d.kv.v[l]])
+        .flat_map(|t| t.to_f32_vec())
+        .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
+        .collect();
+    let source = Source {
+        dtype: Dtype::F16,
+        base: 0,
+        tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
+    };
+    (bytes, source)
+}
+
+/// A plan of `copies` times the fixture's 128-token chunks at `level`; the chunks' ranges.
+pub fn encode_plan<'c, 'p>(
+    ctx: &'c ChunkContext<'p>,
+    source: Source,
+    level: u8,
+    copies: usize,
+) -> (EncodePlan<'c, 'p>, Vec<std::ops::Range<u32>>) {
+    let tokens = ctx.shape().tokens;
+    let chunks: Vec<_> = (0..tokens.div_ceil(128))
+        .map(|c| c * 128..((c + 1) * 128).min(tokens))
+        .collect();
+    let mut plan = EncodePlan::new(ctx, source).expect("plan");
+    for _ in 0..copies {
+        for r in &chunks {
+            plan.add_chunk(r.clone(), level).expect("chunk");
+        }
+    }
+    (plan, chunks)
 }

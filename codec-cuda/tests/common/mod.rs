@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
-use codec_core::{Limits, Profile, Stream, TensorMut};
+use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, Tensor, TensorMut};
+use codec_cuda::encode_plan::Source;
 use codec_cuda::quant::OutDtype;
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
 use half::{bf16, f16};
@@ -281,4 +282,74 @@ pub fn fixture_stream(layers: usize) -> (Vec<u8>, Vec<Vec<f32>>) {
         .flat_map(|l| [d.kv.k[l].to_f32_vec(), d.kv.v[l].to_f32_vec()])
         .collect();
     (bytes, tensors)
+}
+
+/// The cache's tensors in one buffer (layer 0 K, layer 0 V, ...) as little-endian bytes, and
+/// their source description.
+pub fn source_of(cache: &KvCache) -> (Vec<u8>, Source) {
+    let mut bytes = Vec::new();
+    for l in 0..cache.k.len() {
+        for t in [&cache.k[l], &cache.v[l]] {
+            match t {
+                Tensor::F32(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                Tensor::F16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                Tensor::Bf16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+            }
+        }
+    }
+    let shape = cache.shape;
+    let source = Source {
+        dtype: cache.k[0].dtype(),
+        base: 0,
+        tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
+    };
+    (bytes, source)
+}
+
+/// The real 512-token fixture's first `layers` layers (f16, post-rotary keys) and a profile
+/// learned from them with their queries (the importance hints).
+pub fn fixture_cache(layers: usize) -> (KvCache, Profile) {
+    use codec_core::{learn_profile, LearnParams, Queries, Sample};
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
+    let mut d = kvc_io::load_dump(&path).expect("fixture present");
+    let layers = layers.min(d.kv.shape.layers as usize);
+    d.kv.shape.layers = layers as u32;
+    d.kv.k.truncate(layers);
+    d.kv.v.truncate(layers);
+    let q = d.q.as_ref().expect("the fixture has queries");
+    let queries = Queries {
+        q: q.iter().take(layers).map(Vec::as_slice).collect(),
+        q_heads: d.q_heads,
+        q_start: d.q_start,
+    };
+    let sample = Sample {
+        kv: d.kv.view(),
+        queries: Some(queries),
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    (d.kv, profile)
+}
+
+/// The fixture's coding context: groups of 8, 4 sink tokens, the importance policy on (the
+/// queries after the last token).
+pub fn fixture_context<'p>(cache: &KvCache, profile: &'p Profile) -> ChunkContext<'p> {
+    let (shape, meta) = (cache.shape, &cache.meta);
+    assert!(!meta.rope.k_pre_rope);
+    let first = meta.first_position;
+    ChunkContext::new(shape, Dtype::F16, first, 8, 4, profile, meta.rope)
+        .unwrap()
+        .with_query_position(Some(first + u64::from(shape.tokens)))
+}
+
+/// Chunks of 96 of `tokens` tokens (the first with sink rows) at three of the profile's levels,
+/// and odd ranges: `(start, end, level)`.
+pub fn fixture_chunks(profile: &Profile, tokens: u32) -> Vec<(u32, u32, u8)> {
+    let levels: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
+    let level = |i: u32| levels[i as usize % levels.len()];
+    let mut chunks: Vec<(u32, u32, u8)> = (0..tokens.div_ceil(96))
+        .map(|i| (i * 96, ((i + 1) * 96).min(tokens), level(i)))
+        .collect();
+    chunks.extend([(1, 2, 0), (3, 50, levels[1]), (500, 512, levels[2])]);
+    chunks
 }
