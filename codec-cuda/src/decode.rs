@@ -256,12 +256,9 @@ pub(crate) fn check_dequant(status: &[DequantStatus]) -> Result<(), CudaError> {
     }
 }
 
-/// CRC-32C (Castagnoli), as codec-core checks chunks (spec/FORMAT.md §1.4).
-/// CRC-32C (Castagnoli), as codec-core checks chunks (C1).
+/// CRC-32C (Castagnoli), as codec-core checks chunks (spec/FORMAT.md §1.4, check C1).
 pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
-    const CRC: crc::Crc<u32, crc::Table<16>> =
-        crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISCSI);
-    CRC.checksum(bytes)
+    crc32c::crc32c(bytes)
 }
 
 /// A plan as one chain of five launches whose inputs are all uploaded at once: the exponent
