@@ -260,7 +260,7 @@ KVC_KERNEL(kvc_rans_lane_encode, KvcLaneEncodeArgs, kvc_lane_encode)
 // kvc_encode_blocks prepares every coded block of a batch for kvc_rans_lane_encode, as
 // codec_core's ChunkEncoder does (spec/FORMAT.md §6, §7, §9.2), from the tensors as they lie in
 // memory (f32, f16 or bf16, [T, H, D] per layer and K/V): the layer's step exponents from its K
-// (§9.2, post-rotary keys), their table (codec_core's FreqTable::from_counts), the quantized
+// (§9.2; keys stored before the rotary embedding rotated first), their table (codec_core's FreqTable::from_counts), the quantized
 // values, each symbol's table and index with the escapes in order (§6.4), and the lane
 // encoder's block record. The host then only lays the blocks out (codec_core's write_block).
 // One CUDA block per coded block; the K and V blocks of a layer each compute its exponents.
@@ -296,6 +296,8 @@ struct KvcEncBlock {
     kvc_u64 escape_start;
     // Index of lane 0's slot in the lane encoder's words (copied to its block record).
     kvc_u64 word_start;
+    // Index in `rot` of non-sink row 0's rotary pair 0 (sine, cosine), if rotate.
+    kvc_u64 rot_start;
     kvc_u32 rows;
     kvc_u32 sink_rows;
     kvc_u32 group;
@@ -307,7 +309,9 @@ struct KvcEncBlock {
     kvc_u32 table_count;
     // Words per lane slot (ceil((rows - sink_rows) * (H + C) / 32) + 2 at least).
     kvc_u32 lane_cap;
-    kvc_u32 reserved;
+    // 1: K is stored before the rotary embedding; the exponents score it rotated to each row's
+    // position, by the sines and cosines in `rot` (codec_core::rope::rotate's).
+    kvc_u32 rotate;
 };
 
 // What the kernel found per block, for the host's layout.
@@ -335,6 +339,9 @@ struct KvcEncodeArgs {
     kvc_u64 n_qref;
     const float* tau;
     kvc_u64 n_tau;
+    // Per row of a rotated block, per rotary pair: its sine and cosine (head_dim values a row).
+    const double* rot;
+    kvc_u64 n_rot;
     const KvcQuantConsts* consts;
     kvc_u64 n_consts;
     const kvc_u16* map;
@@ -361,6 +368,9 @@ struct KvcEncodeArgs {
     kvc_u64 n_blocks;
     kvc_u32 heads;
     kvc_u32 head_dim;
+    // Rotary pairing of rotated blocks: 1 NeoX (j, j + D/2), 2 GPT-J (2j, 2j + 1).
+    kvc_u32 rope_style;
+    kvc_u32 reserved;
 };
 
 // Escape ranks by tiles, as kvc_map_values decodes them (chain.cu).
@@ -435,6 +445,10 @@ __device__ __forceinline__ bool kvc_enc_ok(const KvcEncodeArgs& a, const KvcEncB
              b.qref_start <= a.n_qref && c <= a.n_qref - b.qref_start &&
              b.tau_start <= a.n_tau && a.heads <= a.n_tau - b.tau_start;
     }
+    if (ok && b.importance && b.rotate) {
+        ok = (a.rope_style == 1 || a.rope_style == 2) && a.head_dim % 2 == 0 &&
+             b.rot_start <= a.n_rot && coded * a.head_dim <= a.n_rot - b.rot_start;
+    }
     for (kvc_u32 k = 0; ok && k < b.table_count; k++) {
         const kvc_u32 t = a.table_list[b.table_start + k];
         ok = k == 0 ? t < a.n_tables : t < a.n_radius && t < a.n_tables && a.radius[t] <= 127;
@@ -460,6 +474,31 @@ __device__ __forceinline__ void kvc_enc_check(const KvcEncodeArgs& a, unsigned c
     s->n_escapes = 0;
 }
 
+// Channel j of row i's head at `row`, widened to f64 and, if the block is rotated, rotated as
+// codec_core::rope::rotate does: channel a of pair (a, b) becomes x_a c - x_b s, channel b
+// x_b c + x_a s.
+__device__ __forceinline__ double kvc_enc_key(const KvcEncodeArgs& a, const KvcEncBlock& b,
+                                              kvc_u64 row, kvc_u32 i, kvc_u32 j) {
+    const double x = (double)kvc_src_load(a, row + j);
+    if (!b.rotate) return x;
+    const kvc_u32 half = a.head_dim / 2;
+    bool first;
+    kvc_u32 pair, other;
+    if (a.rope_style == 1) {
+        first = j < half;
+        pair = first ? j : j - half;
+        other = first ? j + half : j - half;
+    } else {
+        first = (j & 1u) == 0;
+        pair = j >> 1;
+        other = first ? j + 1 : j - 1;
+    }
+    const double* sc = a.rot + b.rot_start + ((kvc_u64)i * half + pair) * 2;
+    const double y = (double)kvc_src_load(a, row + other);
+    return first ? __dsub_rn(__dmul_rn(x, sc[1]), __dmul_rn(y, sc[0]))
+                 : __dadd_rn(__dmul_rn(x, sc[1]), __dmul_rn(y, sc[0]));
+}
+
 // Phase 2: each (non-sink row, head)'s step exponent (codec_core's block_exponents, in f64
 // in its order), written as the block's first symbols and counted.
 __device__ __forceinline__ void kvc_enc_exponents(const KvcEncodeArgs& a, unsigned char* shared) {
@@ -474,7 +513,7 @@ __device__ __forceinline__ void kvc_enc_exponents(const KvcEncodeArgs& a, unsign
         const double* q = a.qref + b.qref_start + h * a.head_dim;
         double acc = 0.0;
         for (kvc_u32 j = 0; j < a.head_dim; j++)
-            acc = __dadd_rn(acc, __dmul_rn(q[j], (double)kvc_src_load(a, row + j)));
+            acc = __dadd_rn(acc, __dmul_rn(q[j], kvc_enc_key(a, b, row, i, j)));
         const double score = __dmul_rn(acc, a.inv_sqrt_d);
         const double t = (double)a.tau[b.tau_start + h];
         const double e = kvc_round(__dmul_rn(a.slope, __dsub_rn(t, score)));
@@ -989,6 +1028,8 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcEncBlock, table_start),
         offsetof(KvcEncBlock, table_count),
         offsetof(KvcEncBlock, lane_cap),
+        offsetof(KvcEncBlock, rot_start),
+        offsetof(KvcEncBlock, rotate),
         sizeof(KvcEncResult),
         offsetof(KvcEncResult, status),
         offsetof(KvcEncResult, n_e),
@@ -1006,6 +1047,8 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcEncodeArgs, n_qref),
         offsetof(KvcEncodeArgs, tau),
         offsetof(KvcEncodeArgs, n_tau),
+        offsetof(KvcEncodeArgs, rot),
+        offsetof(KvcEncodeArgs, n_rot),
         offsetof(KvcEncodeArgs, consts),
         offsetof(KvcEncodeArgs, n_consts),
         offsetof(KvcEncodeArgs, map),
@@ -1029,6 +1072,7 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcEncodeArgs, n_blocks),
         offsetof(KvcEncodeArgs, heads),
         offsetof(KvcEncodeArgs, head_dim),
+        offsetof(KvcEncodeArgs, rope_style),
         sizeof(KvcEncShared),
         sizeof(KvcChunkOut),
         offsetof(KvcChunkOut, first_block),

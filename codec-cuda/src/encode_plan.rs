@@ -48,7 +48,8 @@ use std::ops::Range;
 
 use codec_core::importance::reference_queries;
 use codec_core::rans::FreqTable;
-use codec_core::{ChunkContext, Dtype, Profile};
+use codec_core::rope::pair_sin_cos;
+use codec_core::{ChunkContext, Dtype, Profile, RopeStyle};
 
 use crate::encode::{encode_table, LaneEncodeBlock};
 use crate::error::CudaError;
@@ -100,6 +101,7 @@ pub(crate) struct EncBlock {
     pub q_start: u64,
     pub escape_start: u64,
     pub word_start: u64,
+    pub rot_start: u64,
     pub rows: u32,
     pub sink_rows: u32,
     pub group: u32,
@@ -107,7 +109,7 @@ pub(crate) struct EncBlock {
     pub table_start: u32,
     pub table_count: u32,
     pub lane_cap: u32,
-    pub reserved: u32,
+    pub rotate: u32,
 }
 
 /// What the kernel found for a block (`KvcEncResult`).
@@ -148,6 +150,9 @@ pub(crate) struct ImportancePolicy {
     /// `1 / sqrt(head_dim)`.
     pub inv_sqrt_d: f64,
     pub max_exp: u32,
+    /// The pairing keys stored before the rotary embedding are rotated with: 1 NeoX, 2 GPT-J;
+    /// 0 when they are not rotated (post-rotary keys, no pairing or an odd head size).
+    pub rope_style: u32,
 }
 
 /// Chunks of one stream to encode in one chain, from one [`Source`].
@@ -250,6 +255,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             importance: ch.importance,
             qref: &ch.qref,
             tau: &ch.tau,
+            rot: &ch.rot,
             consts: &ch.consts,
             map: &ch.map,
             table_list: &ch.table_list,
@@ -310,6 +316,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         let mut starts: HashMap<(u8, u32, usize), (u64, u64)> = HashMap::new();
         for (tokens, level) in &self.chunks {
             let (first_block, out_start) = (ch.blocks.len(), ch.n_out);
+            let rot_start = ch.add_rotations(ctx, tokens);
             let ids = match level_ids.get(level) {
                 Some(ids) => ids.clone(),
                 None => {
@@ -330,6 +337,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
                         }
                     };
                     let at = BlockAt {
+                        rot_start,
                         layer,
                         kv,
                         map_start,
@@ -360,23 +368,26 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         if p.slope == 0.0 || p.max_exp == 0 {
             return Ok(None);
         }
-        if ctx.rope().k_pre_rope {
-            return Err(CudaError::Input {
-                what:
-                    "step exponents from pre-rotary keys (the device chain scores post-rotary keys)",
-            });
-        }
-        let d = f64::from(ctx.shape().head_dim);
+        let (rope, d) = (ctx.rope(), ctx.shape().head_dim);
+        let rope_style = match rope.style {
+            _ if !rope.k_pre_rope || d % 2 != 0 => 0,
+            RopeStyle::NeoX => 1,
+            RopeStyle::GptJ => 2,
+            RopeStyle::None => 0,
+        };
         Ok(Some(ImportancePolicy {
             slope: f64::from(p.slope),
-            inv_sqrt_d: 1.0 / d.sqrt(),
+            inv_sqrt_d: 1.0 / f64::from(d).sqrt(),
             max_exp: u32::from(p.max_exp),
+            rope_style,
         }))
     }
 }
 
 /// Where a block sits: its layer, K/V and its (layer, K/V, level)'s map and constants.
 struct BlockAt {
+    /// Where its chunk's rotations start (if its keys are rotated).
+    rot_start: u64,
     layer: u32,
     kv: usize,
     map_start: u64,
@@ -391,6 +402,8 @@ pub(crate) struct EncodeChain {
     pub qref: Vec<f64>,
     /// Per (layer, head) its score threshold.
     pub tau: Vec<f32>,
+    /// Per chunk with rotated keys, per non-sink row and rotary pair: its sine and cosine.
+    pub rot: Vec<f64>,
     pub consts: Vec<ChannelConsts>,
     pub map: Vec<u16>,
     pub table_list: Vec<u32>,
@@ -469,6 +482,27 @@ impl EncodeChain {
         id
     }
 
+    /// Adds the rotations of chunk `tokens`' non-sink rows (per row, per rotary pair its sine
+    /// and cosine at the row's position, as codec-core's importance policy rotates them) if the
+    /// policy rotates keys; returns where they start.
+    fn add_rotations(&mut self, ctx: &ChunkContext<'_>, tokens: &Range<u32>) -> u64 {
+        let start = self.rot.len() as u64;
+        if self.importance.is_none_or(|p| p.rope_style == 0) {
+            return start;
+        }
+        let d = ctx.shape().head_dim as usize;
+        let sink = ctx.sink_rows(tokens.start, tokens.end - tokens.start);
+        let first = ctx.position(tokens.start);
+        for row in sink..(tokens.end - tokens.start) as usize {
+            let pos = first.saturating_add(row as u64) as f64;
+            for j in 0..d / 2 {
+                let (s, c) = pair_sin_cos(ctx.rope(), d, j, pos);
+                self.rot.extend([s, c]);
+            }
+        }
+        start
+    }
+
     /// Adds the tables of `level`; returns their ids.
     fn add_level(&mut self, profile: &Profile, level: u8) -> Vec<u32> {
         let tables = &profile.level_tables(level).tables;
@@ -537,6 +571,7 @@ impl EncodeChain {
             q_start: self.n_q as u64,
             escape_start: self.n_q as u64,
             word_start: self.n_words as u64,
+            rot_start: at.rot_start,
             rows,
             sink_rows: sink as u32,
             group: ctx.group() as u32,
@@ -544,7 +579,7 @@ impl EncodeChain {
             table_start,
             table_count: level_ids.len() as u32 + 1,
             lane_cap,
-            reserved: 0,
+            rotate: u32::from(self.importance.is_some_and(|p| p.rope_style != 0)),
         });
         // The block's largest size: fields, sink rows, an escape per value, full lane slots.
         let sink_bytes = sink * c * plan.source.elem_bytes();

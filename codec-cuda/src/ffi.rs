@@ -510,6 +510,8 @@ struct EncodeArgsC {
     n_qref: u64,
     tau: *const f32,
     n_tau: u64,
+    rot: *const f64,
+    n_rot: u64,
     consts: *const ChannelConsts,
     n_consts: u64,
     map: *const u16,
@@ -533,6 +535,8 @@ struct EncodeArgsC {
     n_blocks: u64,
     heads: u32,
     head_dim: u32,
+    rope_style: u32,
+    reserved: u32,
 }
 
 /// Bytes of `KvcEncShared` (6 counters, 16 counts, 16 frequencies, `KVC_ENC_TILES` tiles).
@@ -547,6 +551,7 @@ pub(crate) struct EncodeIo<'a> {
     pub importance: Option<ImportancePolicy>,
     pub qref: &'a [f64],
     pub tau: &'a [f32],
+    pub rot: &'a [f64],
     pub consts: &'a [ChannelConsts],
     pub map: &'a [u16],
     pub table_list: &'a [u32],
@@ -588,6 +593,8 @@ pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
         n_qref: io.qref.len() as u64,
         tau: io.tau.as_ptr(),
         n_tau: io.tau.len() as u64,
+        rot: io.rot.as_ptr(),
+        n_rot: io.rot.len() as u64,
         consts: io.consts.as_ptr(),
         n_consts: io.consts.len() as u64,
         map: io.map.as_ptr(),
@@ -611,6 +618,8 @@ pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
         n_blocks: io.blocks.len() as u64,
         heads: io.heads,
         head_dim: io.head_dim,
+        rope_style: policy.rope_style,
+        reserved: 0,
     };
     let shared = u64::from(ENCODE_SHARED_BYTES);
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
@@ -1447,6 +1456,8 @@ fn rust_encode_chain_layout() -> Vec<u64> {
         offset_of!(B, table_start),
         offset_of!(B, table_count),
         offset_of!(B, lane_cap),
+        offset_of!(B, rot_start),
+        offset_of!(B, rotate),
         size_of::<R>(),
         offset_of!(R, status),
         offset_of!(R, n_e),
@@ -1464,6 +1475,8 @@ fn rust_encode_chain_layout() -> Vec<u64> {
         offset_of!(A, n_qref),
         offset_of!(A, tau),
         offset_of!(A, n_tau),
+        offset_of!(A, rot),
+        offset_of!(A, n_rot),
         offset_of!(A, consts),
         offset_of!(A, n_consts),
         offset_of!(A, map),
@@ -1487,6 +1500,7 @@ fn rust_encode_chain_layout() -> Vec<u64> {
         offset_of!(A, n_blocks),
         offset_of!(A, heads),
         offset_of!(A, head_dim),
+        offset_of!(A, rope_style),
         ENCODE_SHARED_BYTES as usize,
         size_of::<ChunkOut>(),
         offset_of!(ChunkOut, first_block),
@@ -2821,6 +2835,8 @@ struct EncodeArgsDev {
     n_qref: u64,
     tau: u64,
     n_tau: u64,
+    rot: u64,
+    n_rot: u64,
     consts: u64,
     n_consts: u64,
     map: u64,
@@ -2844,6 +2860,8 @@ struct EncodeArgsDev {
     n_blocks: u64,
     heads: u32,
     head_dim: u32,
+    rope_style: u32,
+    reserved: u32,
 }
 
 /// `KvcWriteArgs` with device addresses.
@@ -2910,6 +2928,7 @@ pub(crate) struct EncodeDev {
     pub importance: Option<ImportancePolicy>,
     pub qref: DevBuf<f64>,
     pub tau: DevBuf<f32>,
+    pub rot: DevBuf<f64>,
     pub consts: DevBuf<ChannelConsts>,
     pub map: DevBuf<u16>,
     pub radius: DevBuf<u8>,
@@ -2963,6 +2982,7 @@ pub(crate) fn launch_encode_chain<T>(
     let (src_ptr, src_bytes) = src.addr(&mut a, stream);
     let (qref, n_qref) = a.of(&d.qref, stream);
     let (tau, n_tau) = a.of(&d.tau, stream);
+    let (rot, n_rot) = a.of(&d.rot, stream);
     let (consts, n_consts) = a.of(&d.consts, stream);
     let (map, n_map) = a.of(&d.map, stream);
     let (table_list, n_table_list) = a.of(&d.lanes.table_list, stream);
@@ -2986,6 +3006,8 @@ pub(crate) fn launch_encode_chain<T>(
         n_qref,
         tau,
         n_tau,
+        rot,
+        n_rot,
         consts,
         n_consts,
         map,
@@ -3009,6 +3031,8 @@ pub(crate) fn launch_encode_chain<T>(
         n_blocks,
         heads: d.heads,
         head_dim: d.head_dim,
+        rope_style: policy.rope_style,
+        reserved: 0,
     };
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),

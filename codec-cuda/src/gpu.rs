@@ -887,6 +887,7 @@ impl Gpu {
         let n = ch.blocks.len();
         let mut p = ffi::Packer::default();
         let (qref, tau, consts) = (p.add(&ch.qref), p.add(&ch.tau), p.add(&ch.consts));
+        let rot = p.add(&ch.rot);
         let (map, table_list, radius) = (p.add(&ch.map), p.add(&ch.table_list), p.add(&ch.radius));
         let (tables, blocks, chunks) = (p.add(&ch.tables), p.add(&ch.blocks), p.add(&ch.chunks));
         let base = {
@@ -911,6 +912,7 @@ impl Gpu {
             importance: ch.importance,
             qref: DevBuf::view(b, qref)?,
             tau: DevBuf::view(b, tau)?,
+            rot: DevBuf::view(b, rot)?,
             consts: DevBuf::view(b, consts)?,
             map: DevBuf::view(b, map)?,
             radius: DevBuf::view(b, radius)?,

@@ -1,12 +1,14 @@
-//! The encode chain (`kvc_encode_blocks`, then `kvc_rans_lane_encode`), compiled for the host:
+//! The encode chain (`kvc_encode_blocks`, `kvc_rans_lane_encode`, `kvc_write_chunks`), compiled
+//! for the host:
 //! every chunk of an [`EncodePlan`] byte for byte what codec-core's `ChunkContext::encode_chunk`
 //! writes, on the real fixture (f16, step exponents from its queries, three levels) and on
 //! proptest caches (f32, f16, bf16; groups, sink rows, positions, outliers that escape,
-//! non-finite values, with and without the importance policy).
+//! non-finite values, with and without the importance policy, keys stored before or after the
+//! rotary embedding).
 
 use codec_core::{
     learn_profile, ChunkContext, Dtype, KvCache, KvMeta, KvShape, LearnParams, Profile, Queries,
-    Rope, Sample, Tensor,
+    Rope, RopeStyle, Sample, Tensor,
 };
 use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::CudaError;
@@ -85,6 +87,20 @@ fn real_fixture_chunks_are_codec_cores() {
         "{fields:?}"
     );
     assert!(fields.iter().map(|f| f.0).sum::<u32>() > 100, "{fields:?}");
+    // Its keys taken as stored before the rotary embedding: the policy rotates them to each
+    // row's position first (NeoX and GPT-J pairings), still codec-core's chunks.
+    for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+        let rope = Rope {
+            k_pre_rope: true,
+            style,
+            ..cache.meta.rope
+        };
+        let pre = ChunkContext::new(shape, Dtype::F16, 0, 8, 4, &profile, rope)
+            .unwrap()
+            .with_query_position(Some(u64::from(shape.tokens)));
+        let got = assert_chunks_match(&pre, &cache, &chunks[..3]);
+        assert!(block_fields(&got[1], layers, 0).iter().any(|f| f.1 > 0));
+    }
     // Without the policy: no exponent sections, still codec-core's chunks.
     let plain = ctx.clone().with_query_position(None);
     let got = assert_chunks_match(&plain, &cache, &chunks[..3]);
@@ -103,6 +119,28 @@ struct Case {
     first_position: u64,
     importance: bool,
     chunks: Vec<(u32, u32)>,
+    rope: Rope,
+}
+
+/// Rotary settings: keys stored before or after it, either pairing or none, bases and
+/// position scalings.
+fn rope() -> impl Strategy<Value = Rope> {
+    (
+        prop_oneof![
+            Just(RopeStyle::NeoX),
+            Just(RopeStyle::GptJ),
+            Just(RopeStyle::None)
+        ],
+        prop_oneof![Just(10000.0f32), Just(500.0), Just(1.0e6)],
+        prop_oneof![Just(1.0f32), Just(0.5), Just(4.0)],
+        any::<bool>(),
+    )
+        .prop_map(|(style, theta, scaling, k_pre_rope)| Rope {
+            theta,
+            style,
+            scaling,
+            k_pre_rope,
+        })
 }
 
 fn value() -> impl Strategy<Value = f32> {
@@ -140,10 +178,22 @@ fn case() -> impl Strategy<Value = Case> {
                 0u64..6,
                 any::<bool>(),
                 proptest::collection::vec((0..tokens, 1..=tokens), 1..4),
+                rope(),
             )
         })
         .prop_map(
-            |(shape, dtype, values, queries, group, n_sink, first_position, importance, ranges)| {
+            |(
+                shape,
+                dtype,
+                values,
+                queries,
+                group,
+                n_sink,
+                first_position,
+                importance,
+                ranges,
+                rope,
+            )| {
                 let chunks = ranges
                     .into_iter()
                     .map(|(a, b)| (a.min(b - 1), b.max(a + 1)))
@@ -158,6 +208,7 @@ fn case() -> impl Strategy<Value = Case> {
                     first_position,
                     importance,
                     chunks,
+                    rope,
                 }
             },
         )
@@ -223,9 +274,8 @@ proptest! {
     fn chunks_are_codec_cores(c in case()) {
         let cache = cache_of(&c);
         let profile = profile_of(&c, &cache);
-        let rope = Rope::default();
         let end = c.first_position + u64::from(c.shape.tokens);
-        let ctx = ChunkContext::new(c.shape, c.dtype, c.first_position, c.group, c.n_sink, &profile, rope)
+        let ctx = ChunkContext::new(c.shape, c.dtype, c.first_position, c.group, c.n_sink, &profile, c.rope)
             .unwrap()
             .with_query_position(c.importance.then_some(end));
         let levels = profile.levels();
@@ -240,7 +290,7 @@ proptest! {
 }
 
 /// Plans that cannot be run are typed errors, not panics: another dtype, a short stride or
-/// buffer, a level or token range outside the stream, pre-rotary keys under the policy.
+/// buffer, a level or token range outside the stream.
 #[test]
 fn bad_plans_are_errors() {
     let c = Case {
@@ -258,6 +308,7 @@ fn bad_plans_are_errors() {
         first_position: 0,
         importance: true,
         chunks: vec![],
+        rope: Rope::default(),
     };
     let cache = cache_of(&c);
     let profile = profile_of(&c, &cache);
@@ -295,14 +346,4 @@ fn bad_plans_are_errors() {
         plan.encode_host(&src[..src.len() - 1]).map(|_| ())
     ));
     assert_eq!(plan.encode_host(&src).unwrap().len(), 1);
-    let pre = Rope {
-        k_pre_rope: true,
-        ..Rope::default()
-    };
-    let ctx = ChunkContext::new(c.shape, Dtype::F32, 0, 2, 1, &profile, pre)
-        .unwrap()
-        .with_query_position(Some(6));
-    let mut plan = EncodePlan::new(&ctx, source).unwrap();
-    plan.add_chunk(0..6, 0).unwrap();
-    assert!(is_input(plan.encode_host(&src).map(|_| ())));
 }

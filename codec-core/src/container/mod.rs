@@ -22,4 +22,6 @@ pub use bound::{max_block_words, max_lane_words, BLOCK_FIXED_MAX};
 pub use error::{DecodeError, HeaderError, OpenError};
 pub use header::{ChunkEntry, Header};
 pub use stream::{decode, Stream};
-pub use write::{assemble, encode, encode_threads, EncodeParams, ProfileMode};
+pub use write::{
+    assemble, encode, encode_threads, stream_frame, EncodeParams, ProfileMode, StreamFrame,
+};

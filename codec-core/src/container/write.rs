@@ -103,6 +103,60 @@ pub fn encode_threads(
     params: &EncodeParams,
     threads: usize,
 ) -> Result<Vec<u8>, EncodeError> {
+    let StreamFrame {
+        mut header,
+        profile: embedded,
+        context: ctx,
+    } = stream_frame(view, profile, params)?;
+    let mut out = header.to_bytes();
+    let header_len = out.len();
+    out.extend_from_slice(&embedded);
+    append_chunks(&ctx, view, &mut header.chunks, threads, &mut out)?;
+    let bytes = header.to_bytes();
+    debug_assert_eq!(bytes.len(), header_len);
+    out[..header_len].copy_from_slice(&bytes);
+    Ok(out)
+}
+
+/// What [`encode`] writes around a stream's chunks, and what they are coded against: for
+/// encoders that code the chunks elsewhere (codec-cuda's device chain) and then [`assemble`]
+/// the stream.
+#[derive(Debug)]
+pub struct StreamFrame<'p> {
+    /// The header, every chunk's entry filled but its length (0 until [`assemble`]).
+    pub header: Header,
+    /// The profile bytes the stream embeds (empty if it references its profile).
+    pub profile: Vec<u8>,
+    /// The context every chunk is coded against (`ChunkContext::encode_chunk`).
+    pub context: ChunkContext<'p>,
+}
+
+/// The frame of the stream [`encode`] writes for `view` with `profile` and `params`: its
+/// header, embedded profile and chunk context, after the same checks.
+///
+/// ```
+/// # use codec_core::*;
+/// # let shape = KvShape { layers: 2, tokens: 40, kv_heads: 1, head_dim: 8 };
+/// # let t = |s: usize| Tensor::F32((0..shape.tensor_len()).map(|i| ((i * 7 + s) % 23) as f32 / 9.0).collect());
+/// # let cache = KvCache { shape, k: vec![t(0), t(1)], v: vec![t(3), t(4)], meta: KvMeta::default() };
+/// let profile = learn_profile(&[Sample { kv: cache.view(), queries: None }], &LearnParams::default())?;
+/// let params = EncodeParams { chunk_tokens: 16, ..EncodeParams::default() };
+/// let mode = ProfileMode::Embedded(&profile);
+/// let frame = stream_frame(&cache.view(), mode, &params)?;
+/// let chunks: Vec<(u8, Vec<u8>)> = frame.header.chunks.iter().map(|e| {
+///     let tokens = e.token_start..e.token_start + e.tokens;
+///     (e.level, frame.context.encode_chunk(&cache.view(), tokens, e.level).unwrap())
+/// }).collect();
+/// let parts: Vec<(u8, &[u8])> = chunks.iter().map(|(l, b)| (*l, b.as_slice())).collect();
+/// let stream = assemble(&frame.header, &parts, &frame.profile)?;
+/// assert_eq!(stream, encode(&cache.view(), mode, &params)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn stream_frame<'p>(
+    view: &KvView<'_>,
+    profile: ProfileMode<'p>,
+    params: &EncodeParams,
+) -> Result<StreamFrame<'p>, EncodeError> {
     view.check()?;
     let p = profile.profile();
     if params.chunk_tokens == 0 {
@@ -138,7 +192,7 @@ pub fn encode_threads(
         });
     }
     let meta = &view.meta;
-    let ctx = ChunkContext::new(
+    let context = ChunkContext::new(
         view.shape,
         view.k[0].dtype(),
         meta.first_position,
@@ -152,12 +206,10 @@ pub fn encode_threads(
             .token_importance
             .then(|| meta.first_position.saturating_add(u64::from(tokens))),
     );
-    // The stream is written in place: the header with every chunk length 0 (its size does not
-    // depend on them), the profile, the chunks; then the header again with their lengths.
     let mut header = Header {
         version: STREAM_VERSION,
         shape: view.shape,
-        dtype: ctx.dtype(),
+        dtype: context.dtype(),
         meta: view.meta.clone(),
         chunk_tokens: params.chunk_tokens,
         group: params.group as u16,
@@ -190,16 +242,12 @@ pub fn encode_threads(
             level,
         });
     }
-    let mut out = header.to_bytes();
-    let header_len = out.len();
-    if let Some(e) = &embedded {
-        out.extend_from_slice(e.as_bytes());
-    }
-    append_chunks(&ctx, view, &mut header.chunks, threads, &mut out)?;
-    let bytes = header.to_bytes();
-    debug_assert_eq!(bytes.len(), header_len);
-    out[..header_len].copy_from_slice(&bytes);
-    Ok(out)
+    let profile = embedded.map_or_else(Vec::new, |e| e.as_bytes().to_vec());
+    Ok(StreamFrame {
+        header,
+        profile,
+        context,
+    })
 }
 
 /// Appends every chunk of `chunks` to `out` and records its length, the layers of all chunks

@@ -80,12 +80,20 @@ pub fn pair_angle(rope: &Rope, d: usize, j: usize, pos: f64) -> f64 {
 }
 
 /// The channels of rotary pair `j` of a head of `d` channels (`None` without pairing).
-fn pair(style: RopeStyle, d: usize, j: usize) -> Option<(usize, usize)> {
+pub fn pair(style: RopeStyle, d: usize, j: usize) -> Option<(usize, usize)> {
     match style {
         RopeStyle::NeoX => Some((j, j + d / 2)),
         RopeStyle::GptJ => Some((2 * j, 2 * j + 1)),
         RopeStyle::None => None,
     }
+}
+
+/// The sine and cosine of rotary pair `j`'s angle at position `pos` ([`pair_angle`]), as
+/// [`rotate`] applies them: `v[a] = x1 * c - x2 * s`, `v[b] = x2 * c + x1 * s` for the pair's
+/// channels `(a, b)` ([`pair`]) holding `(x1, x2)`.
+pub fn pair_sin_cos(rope: &Rope, d: usize, j: usize, pos: f64) -> (f64, f64) {
+    let ang = pair_angle(rope, d, j, pos);
+    (libm::sin(ang), libm::cos(ang))
 }
 
 /// Rotates one head vector `v` (`d` values) to position `pos` (negative: un-rotates), in f64.
@@ -98,8 +106,7 @@ pub fn rotate(v: &mut [f64], pos: f64, rope: &Rope) {
         let Some((a, b)) = pair(rope.style, d, j) else {
             return;
         };
-        let ang = pair_angle(rope, d, j, pos);
-        let (s, c) = (libm::sin(ang), libm::cos(ang));
+        let (s, c) = pair_sin_cos(rope, d, j, pos);
         let (x1, x2) = (v[a], v[b]);
         v[a] = x1 * c - x2 * s;
         v[b] = x2 * c + x1 * s;
