@@ -1,16 +1,18 @@
-//! `--gpu`: GPU 0 through codec-cuda's kernels, for `kvc decode`, `kvc eval` and `kvc pq eval`.
+//! `--gpu`: GPU 0 through codec-cuda's kernels, for `kvc encode`, `kvc decode`, `kvc eval` and
+//! `kvc pq eval`.
 //!
 //! [`GpuCodec::open`] opens the device and loads the kernels once (the typed [`GpuError`] says
-//! why not, e.g. on a machine without a CUDA driver); it then decodes streams as codec-core
-//! does ([`GpuCodec::decode`]) and selects tokens as pq-core does ([`GpuCodec::select`]). The
+//! why not, e.g. on a machine without a CUDA driver); it then encodes caches and decodes streams
+//! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`]) and selects tokens as pq-core does ([`GpuCodec::select`]). The
 //! eval hooks ([`kvc_io::eval::SecondDecoder`], [`kvc_io::pq::SecondSearch`]) compare every
 //! output with the CPU's and fail loudly on any difference.
 
 use std::fmt;
 use std::time::Instant;
 
-use codec_core::{Dtype, KvCache, Stream, Tensor};
+use codec_core::{Dtype, EncodeParams, KvCache, KvView, ProfileMode, Stream, Tensor};
 use codec_cuda::decode::DecodePlan;
+use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{OutDtype, OutLayout, Output};
 use codec_cuda::stream::Destination;
@@ -28,6 +30,9 @@ pub enum GpuError {
     Dtype(Dtype),
     /// A kernel run (upload, launch, statuses) failed.
     Run(CudaError),
+    /// The stream could not be framed or assembled (codec-core's checks), or its profile
+    /// chosen.
+    Encode(String),
     /// The GPU's output differs from the CPU's.
     Mismatch {
         /// What differs, where first.
@@ -43,10 +48,17 @@ impl fmt::Display for GpuError {
                 write!(f, "--gpu decodes f16 and bf16 streams, not {}", d.name())
             }
             GpuError::Run(e) => write!(f, "--gpu: {e}"),
+            GpuError::Encode(e) => write!(f, "--gpu: {e}"),
             GpuError::Mismatch { what } => {
                 write!(f, "--gpu: the GPU's output differs from the CPU's: {what}")
             }
         }
+    }
+}
+
+impl From<kvc_io::Error> for GpuError {
+    fn from(e: kvc_io::Error) -> Self {
+        GpuError::Encode(e.to_string())
     }
 }
 
@@ -76,6 +88,31 @@ impl GpuCodec {
     /// The device, e.g. `GPU 0 (sm_90)`.
     pub fn name(&self) -> String {
         format!("GPU {} ({})", self.gpu.ordinal(), self.gpu.arch())
+    }
+
+    /// Encodes `kv` on the GPU into the stream `codec_core::encode` writes with `mode` and
+    /// `params`, byte for byte: the cache uploaded once, every chunk coded by codec-cuda's
+    /// encode chain, the stream assembled around them.
+    pub fn encode_stream(
+        &self,
+        kv: &KvView<'_>,
+        mode: ProfileMode<'_>,
+        params: &EncodeParams,
+    ) -> Result<Vec<u8>, GpuError> {
+        let refused = |e: codec_core::EncodeError| GpuError::Encode(e.to_string());
+        let frame = codec_core::stream_frame(kv, mode, params).map_err(refused)?;
+        let (bytes, source) = Source::of_view(kv);
+        let src = self.gpu.upload(&bytes).map_err(GpuError::Run)?;
+        let mut plan = EncodePlan::new(&frame.context, source).map_err(GpuError::Run)?;
+        for e in &frame.header.chunks {
+            let tokens = e.token_start..e.token_start + e.tokens;
+            plan.add_chunk(tokens, e.level).map_err(GpuError::Run)?;
+        }
+        let chunks = self.gpu.encode(&plan, &src).map_err(GpuError::Run)?;
+        let parts: Vec<(u8, &[u8])> = (frame.header.chunks.iter().zip(&chunks))
+            .map(|(e, c)| (e.level, c.as_slice()))
+            .collect();
+        codec_core::assemble(&frame.header, &parts, &frame.profile).map_err(refused)
     }
 
     /// Decodes `s` on the GPU: the cache `Stream::decode` gives, bit for bit (the kernels are

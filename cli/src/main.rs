@@ -17,7 +17,7 @@ mod sim;
 use clap::{Parser, Subcommand};
 use codec_core::profile::hex;
 use codec_core::{EncodeParams, Limits, Stream};
-use gpu::decode_on_gpu;
+use gpu::{decode_on_gpu, GpuCodec};
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::pq::{Rerank, Selector, Windows};
 use kvc_io::{write_dump, Dump, Output};
@@ -79,6 +79,9 @@ enum Cmd {
         /// barely read (use this if the cache will be read by queries at unusual positions).
         #[arg(long)]
         uniform_steps: bool,
+        /// Code the chunks on GPU 0 (codec-cuda's encode chain; the same bytes as on the CPU).
+        #[arg(long, conflicts_with = "store")]
+        gpu: bool,
     },
     /// Decode a .kvc stream into a safetensors dump in the original dtype.
     Decode {
@@ -437,6 +440,7 @@ fn main() -> ExitCode {
             group,
             sink,
             uniform_steps,
+            gpu,
         } => {
             let params = EncodeParams {
                 chunk_tokens,
@@ -458,7 +462,7 @@ fn main() -> ExitCode {
                     &out,
                     profile.as_deref(),
                     params,
-                    (force, cli.threads),
+                    (force, cli.threads, gpu),
                 ),
                 (None, None) => Err("give an output file, or --store DIR".into()),
             }
@@ -613,38 +617,43 @@ fn cmd_encode(
     output: &Path,
     profile: Option<&Path>,
     params: EncodeParams,
-    (force, threads): (bool, usize),
+    (force, threads, gpu): (bool, usize, bool),
 ) -> Result<()> {
     let mut inputs = vec![input];
     inputs.extend(profile);
     let out = output_file(output, &inputs, force)?;
+    let codec = gpu
+        .then(GpuCodec::open)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let d = load(input)?;
-    let (bytes, mode) = match profile {
+    let (full, mode) = match profile {
         Some(pp) => {
             let p = policy::load_profile(pp).map_err(|e| e.to_string())?;
-            let enc = policy::encode(&d.kv.view(), ProfileUse::Referenced(&p), &params, threads)
-                .map_err(|e| e.to_string())?;
-            (
-                enc.bytes,
-                format!("referencing profile {}", &p.hash_hex()[..16]),
-            )
+            let mode = format!("referencing profile {}", &p.hash_hex()[..16]);
+            (p, mode)
         }
         None => {
-            let full = policy::learn(&[&d], &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
-            let enc = policy::encode(
-                &d.kv.view(),
-                ProfileUse::SelfContained(&full),
-                &params,
-                threads,
-            )
-            .map_err(|e| e.to_string())?;
-            (enc.bytes, "self-contained".to_string())
+            let p = policy::learn(&[&d], &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
+            (p, "self-contained".to_string())
         }
     };
+    let use_ = match profile {
+        Some(_) => ProfileUse::Referenced(&full),
+        None => ProfileUse::SelfContained(&full),
+    };
+    let view = d.kv.view();
+    let encoded = match &codec {
+        None => policy::encode(&view, use_, &params, threads).map_err(|e| e.to_string()),
+        Some(c) => policy::encode_with(&view, use_, &params, |kv, m, p| c.encode_stream(kv, m, p))
+            .map_err(|e| e.to_string()),
+    };
+    let bytes = encoded?.bytes;
     out.write(&bytes).map_err(|e| e.to_string())?;
     let bpe = bytes.len() as f64 * 8.0 / d.kv.shape.total_elements() as f64;
+    let on = codec.map_or(String::new(), |c| format!(", chunks coded on {}", c.name()));
     eprintln!(
-        "{}: {} bytes, {bpe:.3} bits/element, {mode}",
+        "{}: {} bytes, {bpe:.3} bits/element, {mode}{on}",
         output.display(),
         bytes.len()
     );

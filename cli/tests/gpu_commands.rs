@@ -1,6 +1,7 @@
-//! `kvc eval --gpu` and `kvc pq eval --gpu`: on a machine with a GPU the GPU's figures next to
-//! the CPU's (its outputs checked equal inside the command); without one (CI) a clear error
-//! naming why, exit code != 0 and nothing printed on stdout. `KVC_REQUIRE_GPU=1` makes a
+//! `kvc eval --gpu`, `kvc pq eval --gpu` and `kvc encode --gpu`: on a machine with a GPU the
+//! GPU's figures next to the CPU's (its outputs checked equal inside the command) and the
+//! CPU's stream byte for byte; without one (CI) a clear error naming why, exit code != 0,
+//! nothing printed on stdout and no output file. `KVC_REQUIRE_GPU=1` makes a
 //! failure on a GPU machine a test failure rather than "no GPU".
 
 mod common;
@@ -59,6 +60,25 @@ fn pq_eval_on_the_gpu_reports_token_scores_or_says_why_not() {
         let kernel = r["gpu_kernel_token_scores_per_s"].as_f64().unwrap();
         assert!(whole > 0.0 && kernel >= whole, "{r}");
     }
+}
+
+#[test]
+fn encode_on_the_gpu_writes_the_cpu_stream_or_says_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gpu, cpu) = (dir.path().join("gpu.kvc"), dir.path().join("cpu.kvc"));
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_owned();
+    // Three chunks at two levels, the importance policy on (the default).
+    let args = ["--chunk-tokens", "200", "--levels", "3,7,7"];
+    let (ok, out, err) = kvc(&[&["encode", SAMPLE, &p(&gpu), "--gpu"][..], &args].concat());
+    if !ok {
+        assert!(!gpu.exists(), "an output after a failed --gpu encode");
+        return assert_says_why_not(&out, &err);
+    }
+    assert!(err.contains("chunks coded on GPU 0"), "{err}");
+    let (ok, _, err) = kvc(&[&["encode", SAMPLE, &p(&cpu)][..], &args].concat());
+    assert!(ok, "{err}");
+    let (g, c) = (std::fs::read(&gpu).unwrap(), std::fs::read(&cpu).unwrap());
+    assert!(g == c, "the GPU's stream differs from the CPU's");
 }
 
 #[test]

@@ -10,6 +10,7 @@ mod support;
 
 use std::time::Duration;
 
+use codec_cuda::encode_plan::Source;
 use criterion::{Criterion, Throughput};
 
 fn main() {
@@ -84,9 +85,9 @@ fn main() {
 
     let profile_q = support::profile_with_queries(&d);
     let ctx = support::encode_context(&d, &profile_q);
-    let (src, source) = support::encode_source(&d);
+    let (src, source) = Source::of_view(&d.kv.view());
     let (plan, _) = support::encode_plan(&ctx, source, profile_q.levels() / 2, copies);
-    let dev_src = gpu.stream().clone_htod(&src).expect("upload");
+    let dev_src = gpu.upload(&src).expect("upload");
     let mut g = c.benchmark_group("encode chain from device memory");
     g.throughput(Throughput::Bytes((copies * src.len()) as u64));
     g.bench_function("whole Gpu::encode", |b| {

@@ -29,6 +29,7 @@ mod support;
 use std::time::Instant;
 
 use codec_core::{KvCache, Profile};
+use codec_cuda::encode_plan::Source;
 use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
 use codec_cuda::{Gpu, DEFAULT_LANE_SHARED_TABLES};
@@ -272,9 +273,9 @@ fn bench_decode(
 fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): (usize, usize)) {
     let profile = support::profile_with_queries(d);
     let ctx = support::encode_context(d, &profile);
-    let (src, source) = support::encode_source(d);
+    let (src, source) = Source::of_view(&d.kv.view());
     let (plan, chunks) = support::encode_plan(&ctx, source, level, copies);
-    let dev_src = gpu.stream().clone_htod(&src).expect("upload");
+    let dev_src = gpu.upload(&src).expect("upload");
     let got = gpu.encode(&plan, &dev_src).expect("encode");
     for (i, r) in chunks.iter().enumerate() {
         let want = ctx

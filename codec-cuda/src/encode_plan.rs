@@ -49,7 +49,7 @@ use std::ops::Range;
 use codec_core::importance::reference_queries;
 use codec_core::rans::FreqTable;
 use codec_core::rope::pair_sin_cos;
-use codec_core::{ChunkContext, Dtype, Profile, RopeStyle};
+use codec_core::{ChunkContext, Dtype, KvView, Profile, RopeStyle, TensorRef};
 
 use crate::encode::{encode_table, LaneEncodeBlock};
 use crate::error::CudaError;
@@ -70,6 +70,29 @@ pub struct Source {
 }
 
 impl Source {
+    /// `view`'s tensors copied into one buffer (layer 0 K, layer 0 V, layer 1 K, ...), as
+    /// little-endian bytes, and its description: for a cache that is not on the device yet
+    /// (upload the bytes with [`Gpu::upload`](crate::Gpu::upload)).
+    pub fn of_view(view: &KvView<'_>) -> (Vec<u8>, Source) {
+        let mut bytes = Vec::new();
+        for (k, v) in view.k.iter().zip(&view.v) {
+            for t in [k, v] {
+                match t {
+                    TensorRef::F32(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                    TensorRef::F16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                    TensorRef::Bf16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
+                }
+            }
+        }
+        let shape = view.shape;
+        let source = Source {
+            dtype: view.k.first().map_or(Dtype::F32, TensorRef::dtype),
+            base: 0,
+            tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
+        };
+        (bytes, source)
+    }
+
     fn code(&self) -> u32 {
         match self.dtype {
             Dtype::F32 => 0,

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice,
+};
 use cudarc::nvrtc::Ptx;
 
 use crate::decode::{check_chain, check_dequant, Chain, DecodePlan};
@@ -815,6 +817,14 @@ impl Gpu {
 }
 
 impl Gpu {
+    /// Copies `data` to a new buffer on this device (e.g. a cache's
+    /// [`Source::of_view`](crate::encode_plan::Source::of_view) bytes for [`encode`](Self::encode)).
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        self.stream
+            .clone_htod(data)
+            .map_err(ffi::driver_err("cuMemcpyHtoDAsync"))
+    }
+
     /// Encodes every chunk of `plan` from `src`, a buffer on this device holding the plan's
     /// [`Source`](crate::encode_plan::Source) (e.g. a serving engine's K/V; `T` any type whose
     /// bytes are the source dtype's elements): the plan's inputs uploaded at once, three

@@ -324,7 +324,7 @@ fn device_encode_plan_writes_codec_cores_chunks() {
     for &(start, end, level) in &chunks {
         plan.add_chunk(start..end, level).unwrap();
     }
-    let dev_src = gpu.stream().clone_htod(&src).unwrap();
+    let dev_src = gpu.upload(&src).unwrap();
     let got = gpu.encode(&plan, &dev_src).unwrap();
     assert!(
         got == plan.encode_host(&src).unwrap(),
@@ -334,7 +334,7 @@ fn device_encode_plan_writes_codec_cores_chunks() {
         let want = ctx.encode_chunk(&cache.view(), start..end, level).unwrap();
         assert!(got[i] == want, "chunk {i} ({start}..{end}, level {level})");
     }
-    let short = gpu.stream().clone_htod(&src[..src.len() - 2]).unwrap();
+    let short = gpu.upload(&src[..src.len() - 2]).unwrap();
     assert!(matches!(
         gpu.encode(&plan, &short),
         Err(codec_cuda::CudaError::Input { .. })

@@ -347,3 +347,35 @@ fn bad_plans_are_errors() {
     ));
     assert_eq!(plan.encode_host(&src).unwrap().len(), 1);
 }
+
+/// A whole stream: its frame (`codec_core::stream_frame`), every chunk coded by the chain,
+/// assembled: `codec_core::encode`'s bytes, self-contained and referencing its profile (what
+/// `kvc encode --gpu` does with `Gpu::encode`).
+#[test]
+fn streams_assembled_from_the_chain_are_codec_cores() {
+    use codec_core::{assemble, encode, stream_frame, EncodeParams, ProfileMode};
+    let (cache, profile) = common::fixture_cache(2);
+    let params = EncodeParams {
+        chunk_tokens: 200,
+        levels: vec![0, 5, 9],
+        ..EncodeParams::default()
+    };
+    for mode in [
+        ProfileMode::Embedded(&profile),
+        ProfileMode::Referenced(&profile),
+    ] {
+        let frame = stream_frame(&cache.view(), mode, &params).unwrap();
+        let (src, source) = common::source_of(&cache);
+        let mut plan = EncodePlan::new(&frame.context, source).unwrap();
+        for e in &frame.header.chunks {
+            plan.add_chunk(e.token_start..e.token_start + e.tokens, e.level)
+                .unwrap();
+        }
+        let chunks = plan.encode_host(&src).unwrap();
+        let parts: Vec<(u8, &[u8])> = (frame.header.chunks.iter().zip(&chunks))
+            .map(|(e, c)| (e.level, c.as_slice()))
+            .collect();
+        let stream = assemble(&frame.header, &parts, &frame.profile).unwrap();
+        assert!(stream == encode(&cache.view(), mode, &params).unwrap());
+    }
+}

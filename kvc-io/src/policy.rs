@@ -101,9 +101,24 @@ pub fn encode(
     params: &EncodeParams,
     threads: usize,
 ) -> Result<Encoded, Error> {
+    encode_with(kv, profile, params, |kv, mode, params| {
+        Ok(codec_core::encode_threads(kv, mode, params, threads)?)
+    })
+}
+
+/// [`encode`] with the stream written by `code` (given the cache, the profile as the stream
+/// carries it and the parameters, its chunk levels renumbered for a self-contained stream):
+/// for encoders other than codec-core's on the CPU, e.g. codec-cuda's device chain, which must
+/// write the same bytes.
+pub fn encode_with<E: From<Error>>(
+    kv: &KvView<'_>,
+    profile: ProfileUse<'_>,
+    params: &EncodeParams,
+    code: impl FnOnce(&KvView<'_>, ProfileMode<'_>, &EncodeParams) -> Result<Vec<u8>, E>,
+) -> Result<Encoded, E> {
     match profile {
         ProfileUse::Referenced(p) => Ok(Encoded {
-            bytes: codec_core::encode_threads(kv, ProfileMode::Referenced(p), params, threads)?,
+            bytes: code(kv, ProfileMode::Referenced(p), params)?,
             embedded: None,
         }),
         ProfileUse::SelfContained(full) => {
@@ -113,7 +128,7 @@ pub fn encode(
                 ..params.clone()
             };
             Ok(Encoded {
-                bytes: codec_core::encode_threads(kv, ProfileMode::Embedded(&p), &params, threads)?,
+                bytes: code(kv, ProfileMode::Embedded(&p), &params)?,
                 embedded: Some(p),
             })
         }

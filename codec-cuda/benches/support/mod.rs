@@ -205,22 +205,6 @@ pub fn encode_context<'p>(d: &kvc_io::Dump, profile: &'p Profile) -> ChunkContex
     .with_query_position(Some(first + u64::from(shape.tokens)))
 }
 
-/// The fixture's K/V as one f16 source buffer (layer 0 K, layer 0 V, ...), its bytes.
-pub fn encode_source(d: &kvc_io::Dump) -> (Vec<u8>, Source) {
-    let shape = d.kv.shape;
-    let bytes = (0..shape.layers as usize)
-        .flat_map(|l| [&d.kv.k[l], &d.kv.v[l]])
-        .flat_map(|t| t.to_f32_vec())
-        .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
-        .collect();
-    let source = Source {
-        dtype: Dtype::F16,
-        base: 0,
-        tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
-    };
-    (bytes, source)
-}
-
 /// A plan of `copies` times the fixture's 128-token chunks at `level`; the chunks' ranges.
 pub fn encode_plan<'c, 'p>(
     ctx: &'c ChunkContext<'p>,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
-use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, Tensor, TensorMut};
+use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, TensorMut};
 use codec_cuda::encode_plan::Source;
 use codec_cuda::quant::OutDtype;
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
@@ -287,23 +287,7 @@ pub fn fixture_stream(layers: usize) -> (Vec<u8>, Vec<Vec<f32>>) {
 /// The cache's tensors in one buffer (layer 0 K, layer 0 V, ...) as little-endian bytes, and
 /// their source description.
 pub fn source_of(cache: &KvCache) -> (Vec<u8>, Source) {
-    let mut bytes = Vec::new();
-    for l in 0..cache.k.len() {
-        for t in [&cache.k[l], &cache.v[l]] {
-            match t {
-                Tensor::F32(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
-                Tensor::F16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
-                Tensor::Bf16(x) => x.iter().for_each(|e| bytes.extend(e.to_le_bytes())),
-            }
-        }
-    }
-    let shape = cache.shape;
-    let source = Source {
-        dtype: cache.k[0].dtype(),
-        base: 0,
-        tensor_stride: u64::from(shape.tokens) * shape.channels() as u64,
-    };
-    (bytes, source)
+    Source::of_view(&cache.view())
 }
 
 /// The real 512-token fixture's first `layers` layers (f16, post-rotary keys) and a profile
