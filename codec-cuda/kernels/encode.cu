@@ -11,6 +11,8 @@
 //   renormalisation of format v2, then flushes the low and (if nonzero) the high word. Each lane
 //   writes into its own slot of capacity ceil(n / 32) + 2 words and reports how many it wrote;
 //   the host concatenates the lanes.
+// - kvc_encode_blocks and kvc_write_chunks: with kvc_rans_lane_encode between them, the encode
+//   chain from K/V in memory to chunk bytes (see their section below).
 
 #include "kvc_kernel.cuh"
 
@@ -111,6 +113,40 @@ __device__ __forceinline__ bool kvc_quant_block_ok(const KvcQuantArgs& a, const 
     return x_ok && e_ok && q_ok && k_ok;
 }
 
+// Quantizes one channel down a block's rows (codec_core's closed loop, §7), keeping the
+// group's reconstructed anchor (as the decoder rebuilds it) in a register: `x(r)` is row r's
+// value (sink rows first, kept as they are), `mult(i)` non-sink row i's step multiplier, and
+// `out(i, v)` receives its symbol value. Every f32 operation is one rounded operation in
+// codec-core's order.
+template <class X, class M, class O>
+__device__ __forceinline__ void kvc_quantize_channel(const KvcQuantConsts& k, kvc_u32 rows,
+                                                     kvc_u32 sink_rows, kvc_u32 group, X x,
+                                                     M mult, O out) {
+    float anchor = 0.0f;
+    for (kvc_u32 r = 0; r < rows; r++) {
+        const float v = x(r);
+        float recon = v;
+        if (r >= sink_rows) {
+            const kvc_u32 i = r - sink_rows;
+            const float m = mult(i);
+            kvc_i32 s;
+            if (r % group == 0) {
+                const float step = __fmul_rn(k.anchor_step, m);
+                s = kvc_quantize_one(__fsub_rn(v, k.mean), step);
+                recon = __fadd_rn(k.mean, __fmul_rn((float)s, step));
+            } else {
+                const float step = __fmul_rn(k.delta_step, m);
+                const float pred =
+                    __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
+                s = kvc_quantize_one(__fsub_rn(v, pred), step);
+                recon = __fadd_rn(pred, __fmul_rn((float)s, step));
+            }
+            out(i, s);
+        }
+        if (r % group == 0) anchor = recon;
+    }
+}
+
 // The only phase: check the block, then each thread quantizes its channels.
 __device__ __forceinline__ void kvc_quantize_rows(const KvcQuantArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_blocks) return;
@@ -120,35 +156,15 @@ __device__ __forceinline__ void kvc_quantize_rows(const KvcQuantArgs& a, unsigne
     if (!ok) return;
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
     for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) {
-        const KvcQuantConsts k = a.consts[b.consts_start + ch];
         const kvc_u64 head = ch / a.head_dim;
-        float anchor = 0.0f;
-        for (kvc_u32 r = 0; r < b.rows; r++) {
-            const float x = a.x[b.x_start + (kvc_u64)r * c + ch];
-            float recon;
-            if (r < b.sink_rows) {
-                recon = x;
-            } else {
-                const kvc_u64 i = r - b.sink_rows;
-                const float m = b.has_exps
-                                    ? kvc_enc_exp_mult(a.exps[b.exp_start + i * a.heads + head])
-                                    : 1.0f;
-                kvc_i32 s;
-                if (r % b.group == 0) {
-                    const float step = __fmul_rn(k.anchor_step, m);
-                    s = kvc_quantize_one(__fsub_rn(x, k.mean), step);
-                    recon = __fadd_rn(k.mean, __fmul_rn((float)s, step));
-                } else {
-                    const float step = __fmul_rn(k.delta_step, m);
-                    const float pred =
-                        __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
-                    s = kvc_quantize_one(__fsub_rn(x, pred), step);
-                    recon = __fadd_rn(pred, __fmul_rn((float)s, step));
-                }
-                a.q[b.q_start + i * c + ch] = s;
-            }
-            if (r % b.group == 0) anchor = recon;
-        }
+        kvc_quantize_channel(
+            a.consts[b.consts_start + ch], b.rows, b.sink_rows, b.group,
+            [&](kvc_u32 r) { return a.x[b.x_start + (kvc_u64)r * c + ch]; },
+            [&](kvc_u32 i) {
+                return b.has_exps ? kvc_enc_exp_mult(a.exps[b.exp_start + (kvc_u64)i * a.heads + head])
+                                  : 1.0f;
+            },
+            [&](kvc_u32 i, kvc_i32 v) { a.q[b.q_start + (kvc_u64)i * c + ch] = v; });
     }
 }
 
@@ -260,10 +276,11 @@ KVC_KERNEL(kvc_rans_lane_encode, KvcLaneEncodeArgs, kvc_lane_encode)
 // kvc_encode_blocks prepares every coded block of a batch for kvc_rans_lane_encode, as
 // codec_core's ChunkEncoder does (spec/FORMAT.md §6, §7, §9.2), from the tensors as they lie in
 // memory (f32, f16 or bf16, [T, H, D] per layer and K/V): the layer's step exponents from its K
-// (§9.2; keys stored before the rotary embedding rotated first), their table (codec_core's FreqTable::from_counts), the quantized
-// values, each symbol's table and index with the escapes in order (§6.4), and the lane
-// encoder's block record. The host then only lays the blocks out (codec_core's write_block).
-// One CUDA block per coded block; the K and V blocks of a layer each compute its exponents.
+// (§9.2; keys stored before the rotary embedding rotated first), their table (codec_core's
+// FreqTable::from_counts), the quantized values, each symbol's table and index with the
+// escapes in order (§6.4), and the lane encoder's block record. kvc_write_chunks (below) then
+// lays the blocks out. One CUDA block per coded block; the K and V blocks of a layer each
+// compute its exponents.
 
 // Element type of the source tensors.
 enum KvcSourceDtype : kvc_u32 {
@@ -422,7 +439,6 @@ __device__ __forceinline__ float kvc_src_load(const KvcEncodeArgs& a, kvc_u64 i)
     const float v = __fmul_rn((float)m, 5.9604644775390625e-8f);
     return sign ? -v : v;
 }
-
 
 __device__ __forceinline__ bool kvc_enc_ok(const KvcEncodeArgs& a, const KvcEncBlock& b) {
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
@@ -602,29 +618,16 @@ __device__ __forceinline__ void kvc_enc_quantize(const KvcEncodeArgs& a, unsigne
     if (s->status != KVC_ENCODE_OK) return;
     const KvcEncBlock& b = a.blocks[blockIdx.x];
     const kvc_u32 c = a.heads * a.head_dim;
+    const kvc_u8* exps = a.symbols + b.sym_start;
     for (kvc_u32 ch = threadIdx.x; ch < c; ch += blockDim.x) {
-        const KvcQuantConsts k = a.consts[b.consts_start + ch];
         const kvc_u32 head = ch / a.head_dim;
-        float anchor = 0.0f;
-        for (kvc_u32 r = 0; r < b.rows; r++) {
-            const float x = kvc_src_load(a, b.x_start + (kvc_u64)r * c + ch);
-            float recon = x;
-            if (r >= b.sink_rows) {
-                const kvc_u32 i = r - b.sink_rows;
-                const float m =
-                    s->n_e ? kvc_enc_exp_mult(a.symbols[b.sym_start + (kvc_u64)i * a.heads + head])
-                           : 1.0f;
-                const bool is_anchor = r % b.group == 0;
-                const float step = __fmul_rn(is_anchor ? k.anchor_step : k.delta_step, m);
-                const float pred =
-                    is_anchor ? k.mean
-                              : __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
-                const kvc_i32 v = kvc_quantize_one(__fsub_rn(x, pred), step);
-                recon = __fadd_rn(pred, __fmul_rn((float)v, step));
-                a.q[b.q_start + (kvc_u64)i * c + ch] = v;
-            }
-            if (r % b.group == 0) anchor = recon;
-        }
+        kvc_quantize_channel(
+            a.consts[b.consts_start + ch], b.rows, b.sink_rows, b.group,
+            [&](kvc_u32 r) { return kvc_src_load(a, b.x_start + (kvc_u64)r * c + ch); },
+            [&](kvc_u32 i) {
+                return s->n_e ? kvc_enc_exp_mult(exps[(kvc_u64)i * a.heads + head]) : 1.0f;
+            },
+            [&](kvc_u32 i, kvc_i32 v) { a.q[b.q_start + (kvc_u64)i * c + ch] = v; });
     }
 }
 

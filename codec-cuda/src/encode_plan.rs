@@ -1,4 +1,4 @@
-//! Encoding chunks from K/V where a server keeps them, in two launches for a whole batch:
+//! Encoding chunks from K/V where a server keeps them, in three launches for a whole batch:
 //!
 //! 1. `kvc_encode_blocks` (`kernels/encode.cu`): per coded block, the layer's step exponents
 //!    from its K (spec/FORMAT.md §9.2), their table, the quantized values (§7), each symbol's
@@ -7,9 +7,10 @@
 //! 3. `kvc_write_chunks`: every chunk's blocks laid out (§5.2), one chunk after another in one
 //!    buffer.
 //!
-//! The host then only appends each chunk's CRC-32C. The source is one buffer of f32, f16 or bf16 elements holding every layer's K
-//! and V as `[T, H, D]` ([`Source`]); the chunks are exactly [`ChunkContext::encode_chunk`]'s,
-//! byte for byte. [`EncodePlan::encode_host`] runs the kernels compiled for the CPU.
+//! The host then only appends each chunk's CRC-32C. The source is one buffer of f32, f16 or bf16
+//! elements holding every layer's K and V as `[T, H, D]` ([`Source`]); the chunks are exactly
+//! [`ChunkContext::encode_chunk`]'s, byte for byte. `Gpu::encode` runs the chain on a device,
+//! [`EncodePlan::encode_host`] on the kernels compiled for the CPU.
 //!
 //! ```
 //! use codec_core::{learn_profile, ChunkContext, Dtype, KvCache, KvMeta, KvShape};
@@ -29,12 +30,8 @@
 //! let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
 //! let ctx = ChunkContext::new(shape, Dtype::F32, 0, 4, 1, &profile, Rope::default()).unwrap();
 //! // The source buffer: layer 0 K, layer 0 V, layer 1 K, layer 1 V, each [T, C].
-//! let src: Vec<u8> = [0.3, 0.7, 0.5, 1.1]
-//!     .into_iter()
-//!     .flat_map(|s| t(s).to_f32_vec())
-//!     .flat_map(f32::to_le_bytes)
-//!     .collect();
-//! let source = Source { dtype: Dtype::F32, base: 0, tensor_stride: 32 };
+//! let (src, source) = Source::of_view(&cache.view());
+//! assert_eq!(source, Source { dtype: Dtype::F32, base: 0, tensor_stride: 32 });
 //! let mut plan = EncodePlan::new(&ctx, source).unwrap();
 //! plan.add_chunk(0..8, 0).unwrap();
 //! plan.add_chunk(3..8, 2).unwrap();
@@ -230,6 +227,21 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         self.ctx.shape()
     }
 
+    /// Whether a source buffer of `bytes` holds every tensor row `ch` reads.
+    pub(crate) fn check_source_bytes(
+        &self,
+        ch: &EncodeChain,
+        bytes: usize,
+    ) -> Result<(), CudaError> {
+        let need = ch.src_elems.saturating_mul(self.source.elem_bytes() as u64);
+        if (bytes as u64) < need {
+            return Err(CudaError::Input {
+                what: "the source buffer is shorter than the plan's tensors",
+            });
+        }
+        Ok(())
+    }
+
     /// `src` as the plan's source on a device.
     pub(crate) fn dev_source<'s, T>(
         &self,
@@ -247,12 +259,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// [`ChunkContext::encode_chunk`] returns them.
     pub fn encode_host(&self, src: &[u8]) -> Result<Vec<Vec<u8>>, CudaError> {
         let mut ch = self.chain()?;
-        let need = ch.src_elems.saturating_mul(self.source.elem_bytes() as u64);
-        if (src.len() as u64) < need {
-            return Err(CudaError::Input {
-                what: "the source buffer is shorter than the plan's tensors",
-            });
-        }
+        self.check_source_bytes(&ch, src.len())?;
         let mut run = HostRun::new(&ch);
         self.blocks_host(&mut ch, src, &mut run)?;
         run.lanes_host(&ch)?;

@@ -14,7 +14,9 @@
 //!    [`LaneEncodeArgsC`] those of `kernels/encode.cu`, and [`ResolveBlock`], [`ValueBlock`],
 //!    [`ResolveArgsC`] and [`ValueArgsC`] those of `kernels/chain.cu`, and [`LaneBlock`] and
 //!    [`LaneDecodeArgsC`] also those of `KvcLane32Block` and `KvcLane32Args` in
-//!    `kernels/rans32_experiment.cu` (words of the [`LaneWord`] type) (`#[repr(C)]`, fields in
+//!    `kernels/rans32_experiment.cu` (words of the [`LaneWord`] type), and [`EncBlock`],
+//!    [`EncResult`], [`ChunkOut`], [`ChunkResult`] (in `encode_plan.rs`), [`EncodeArgsC`] and
+//!    [`WriteArgsC`] those of the encode chain in `kernels/encode.cu` (`#[repr(C)]`, fields in
 //!    the same order and of the same sizes). The unit tests
 //!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
 //!    reports.
@@ -29,13 +31,21 @@
 //!    `symbol_table` have the same length and `status` holds 32 entries per block; in the
 //!    dequantization, `status` holds one entry per block; in the PQ search, one per query (the
 //!    kernel checks each query's ranges, `kvc_pq_range_ok`, and the launch's shape,
-//!    `kvc_pq_shape_ok`, before any read).
+//!    `kvc_pq_shape_ok`, before any read). In the encode chain the source is counted in whole
+//!    elements of its dtype (`kvc_encode_blocks`) or in bytes (`kvc_write_chunks`), `symbols`
+//!    and `symbol_table` have the same length, and results, lane statuses and lengths, chunk
+//!    results are one (32 per block for the lanes) per block or chunk; the kernels check every
+//!    block's and chunk's ranges (`kvc_enc_ok`, `kvc_block_size`, `kvc_write_offsets`), and
+//!    mask or bound what another block may rewrite meanwhile on a device (a symbol's exponent,
+//!    an escape's rank).
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
 //!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
 //!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search [`PQ_THREADS`]
 //!    threads and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per table entry, the `table_capacity`
-//!    it is told (the kernel checks that the table fits it).
+//!    it is told (the kernel checks that the table fits it); the encode chain [`CHAIN_THREADS`]
+//!    threads and [`ENCODE_SHARED_BYTES`] (`kvc_encode_blocks`, one CUDA block per coded block)
+//!    or [`WRITE_SHARED_BYTES`] (`kvc_write_chunks`, one per chunk) of shared memory.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
 //!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
@@ -1714,6 +1724,71 @@ mod tests {
             residual,
             table_capacity,
             reserved
+        );
+        same!(
+            EncodeArgsC,
+            EncodeArgsDev,
+            src,
+            n_src,
+            dtype,
+            max_exp,
+            slope,
+            inv_sqrt_d,
+            qref,
+            n_qref,
+            tau,
+            n_tau,
+            rot,
+            n_rot,
+            consts,
+            n_consts,
+            map,
+            n_map,
+            table_list,
+            n_table_list,
+            radius,
+            n_radius,
+            tables,
+            n_tables,
+            symbols,
+            symbol_table,
+            n_symbols,
+            q,
+            n_q,
+            escapes,
+            n_escapes,
+            blocks,
+            results,
+            lane_blocks,
+            n_blocks,
+            heads,
+            head_dim,
+            rope_style,
+            reserved
+        );
+        same!(
+            WriteArgsC,
+            WriteArgsDev,
+            src,
+            n_src_bytes,
+            elem_bytes,
+            heads,
+            head_dim,
+            reserved,
+            blocks,
+            results,
+            n_blocks,
+            escapes,
+            n_escapes,
+            words,
+            n_words,
+            lane_len,
+            lane_status,
+            chunks,
+            chunk_results,
+            n_chunks,
+            out,
+            n_out
         );
     }
 

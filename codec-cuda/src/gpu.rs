@@ -872,13 +872,7 @@ impl Gpu {
     ) -> Result<(EncodeChain, ffi::EncodeDev), CudaError> {
         let source = plan.dev_source(src);
         let ch = plan.chain()?;
-        if ch.src_elems.saturating_mul(u64::from(source.elem_bytes))
-            > (src.len() * std::mem::size_of::<T>()) as u64
-        {
-            return Err(CudaError::Input {
-                what: "the source buffer is shorter than the plan's tensors",
-            });
-        }
+        plan.check_source_bytes(&ch, src.len() * std::mem::size_of::<T>())?;
         let k = self.kernels(None)?;
         let dev = self.upload_encode(&ch, plan)?;
         ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &dev, &source)?;
