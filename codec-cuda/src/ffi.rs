@@ -94,6 +94,15 @@ pub(crate) const LANES: usize = 32;
 /// Entries of one packed decode table (`KVC_SLOTS`).
 pub(crate) const SLOTS: usize = 4096;
 
+/// A host run's return code as a result: 0, or the shared memory could not be allocated or the
+/// launch shape is one the device would reject.
+fn host_ran(rc: c_int, entry: &'static str) -> Result<(), CudaError> {
+    match rc {
+        0 => Ok(()),
+        _ => Err(CudaError::HostRun { entry }),
+    }
+}
+
 /// `KvcLaneDecodeArgs` (invariant 1), and `KvcLane32Args` of the 32-bit-state experiment
 /// (`kernels/rans32_experiment.cu`), whose `words` are 16-bit.
 #[repr(C)]
@@ -302,12 +311,7 @@ pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
     // 3 (CHAIN_THREADS threads, no shared memory).
     let rc = unsafe { kvc_resolve_tables_host(&args, grid, CHAIN_THREADS, 0) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_resolve_tables",
-        }),
-    }
+    host_ran(rc, "kvc_resolve_tables")
 }
 
 /// The buffers of one value-mapping launch.
@@ -352,12 +356,7 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     // `indices` and `symbol_table` of one length) and 3 (CHAIN_THREADS threads, the shared
     // memory KvcValueShared needs).
     let rc = unsafe { kvc_map_values_host(&args, grid, CHAIN_THREADS, shared) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_map_values",
-        }),
-    }
+    host_ran(rc, "kvc_map_values")
 }
 
 /// `KvcQuantArgs` (invariant 1).
@@ -421,12 +420,7 @@ pub(crate) fn host_quantize(io: QuantIo<'_>) -> Result<(), CudaError> {
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
     // 3 (launch shape: no shared memory).
     let rc = unsafe { kvc_quantize_host(&args, grid, DEQUANT_THREADS, 0) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_quantize",
-        }),
-    }
+    host_ran(rc, "kvc_quantize")
 }
 
 /// The quantizer's rounding of `r / step`.
@@ -498,12 +492,7 @@ pub(crate) fn host_lane_encode(io: LaneEncodeIo<'_>) -> Result<(), CudaError> {
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
     // `lane_len` and `status` hold 32 entries per block) and 3 (32 threads, no shared memory).
     let rc = unsafe { kvc_rans_lane_encode_host(&args, grid, LANES as u32, 0) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_rans_lane_encode",
-        }),
-    }
+    host_ran(rc, "kvc_rans_lane_encode")
 }
 
 /// `KvcEncodeArgs` (invariant 1).
@@ -637,12 +626,7 @@ pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
     // `symbol_table` of one length, one result and lane record per block) and 3 (CHAIN_THREADS
     // threads, the shared memory KvcEncShared needs).
     let rc = unsafe { kvc_encode_blocks_host(&args, grid, CHAIN_THREADS, shared) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_encode_blocks",
-        }),
-    }
+    host_ran(rc, "kvc_encode_blocks")
 }
 
 /// `KvcWriteArgs` (invariant 1).
@@ -734,12 +718,7 @@ pub(crate) fn host_write_chunks(io: WriteIo<'_>) -> Result<(), CudaError> {
     // one result per block, 32 lane entries per block, one chunk result per chunk) and 3
     // (CHAIN_THREADS threads, the shared memory KvcWriteShared needs).
     let rc = unsafe { kvc_write_chunks_host(&args, grid, CHAIN_THREADS, shared) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_write_chunks",
-        }),
-    }
+    host_ran(rc, "kvc_write_chunks")
 }
 
 /// `KvcPqArgs` (invariant 1).
@@ -838,12 +817,7 @@ pub(crate) fn host_pq_search(io: PqIo<'_>) -> Result<(), CudaError> {
     // length, borrowed for the call, mutably for the outputs) and 3 (launch shape: the shared
     // memory holds KvcPqShared and `table_capacity` table entries).
     let rc = unsafe { kvc_pq_search_host(&args, grid, PQ_THREADS, shared) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: "kvc_pq_search",
-        }),
-    }
+    host_ran(rc, "kvc_pq_search")
 }
 
 /// `KvcDequantArgs` (invariant 1).
@@ -933,12 +907,7 @@ pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
     // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
     let rc = unsafe { run(&args, grid, DEQUANT_THREADS, shared) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun {
-            entry: io.dtype.entry(),
-        }),
-    }
+    host_ran(rc, io.dtype.entry())
 }
 
 /// The dequantization kernel's f32 to bf16 narrowing.
@@ -1025,10 +994,7 @@ pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(
     // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
     // for the call, mutably for the outputs) and 3 (launch shape).
     let rc = unsafe { W::HOST(&args, grid, LANES as u32, shared_bytes) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(CudaError::HostRun { entry: W::ENTRY }),
-    }
+    host_ran(rc, W::ENTRY)
 }
 
 #[cfg(test)]

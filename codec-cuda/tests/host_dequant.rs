@@ -3,11 +3,12 @@
 //! golden outputs (`spec/vectors/*.out`), with codec-core's decode, and on a stream encoded from
 //! the real 512-token fixture with step exponents.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use codec_core::{
-    decode, encode, learn_profile, Dtype, EncodeParams, KvCache, LearnParams, Limits, Profile,
-    ProfileMode, Queries, Sample, Stream, Tensor, TensorMut,
+    decode, encode, Dtype, EncodeParams, Limits, Profile, ProfileMode, Stream, Tensor, TensorMut,
 };
 use codec_cuda::quant::{
     f32_to_f16_bits, ChannelConsts, DequantBatch, DequantInput, DequantStatus,
@@ -109,25 +110,8 @@ fn golden_streams_dequantize_as_codec_core() {
 /// exponent sections (checked), so the per-token steps are exercised on real data.
 #[test]
 fn real_fixture_stream_dequantizes_as_codec_core() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let mut d = kvc_io::load_dump(&path).expect("fixture present");
-    let layers = 3usize.min(d.kv.shape.layers as usize);
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
-    let q = d.q.as_ref().expect("the fixture has queries");
-    let queries = Queries {
-        q: q.iter().take(layers).map(Vec::as_slice).collect(),
-        q_heads: d.q_heads,
-        q_start: d.q_start,
-    };
-    let cache: &KvCache = &d.kv;
-    let sample = Sample {
-        kv: cache.view(),
-        queries: Some(queries),
-    };
-    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let (cache, profile) = common::fixture_cache(3);
+    let cache = &cache;
     // One level per chunk, cycling through three of the profile's levels.
     let some: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
     let chunks = cache.shape.tokens.div_ceil(96) as usize;

@@ -6,12 +6,7 @@
 
 mod common;
 
-use std::path::Path;
-
-use codec_core::{
-    encode, learn_profile, EncodeParams, KvCache, LearnParams, Limits, ProfileMode, Queries,
-    Sample, Stream,
-};
+use codec_core::{encode, EncodeParams, Limits, ProfileMode, Stream};
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::quant::{f32_to_bf16_bits, OutDtype, OutLayout, Output};
 use codec_cuda::stream::Destination;
@@ -95,25 +90,8 @@ fn golden_streams_decode_into_pages_as_codec_core() {
 /// the same three launches).
 #[test]
 fn real_fixture_two_sequences_share_a_paged_cache() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let mut d = kvc_io::load_dump(&path).expect("fixture present");
-    let layers = 3usize.min(d.kv.shape.layers as usize);
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
-    let q = d.q.as_ref().expect("the fixture has queries");
-    let queries = Queries {
-        q: q.iter().take(layers).map(Vec::as_slice).collect(),
-        q_heads: d.q_heads,
-        q_start: d.q_start,
-    };
-    let cache: &KvCache = &d.kv;
-    let sample = Sample {
-        kv: cache.view(),
-        queries: Some(queries),
-    };
-    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let (cache, profile) = common::fixture_cache(3);
+    let (cache, layers) = (&cache, cache.shape.layers as usize);
     let params = |level: u8, chunk_tokens: u32| EncodeParams {
         chunk_tokens,
         levels: vec![level],

@@ -248,38 +248,20 @@ pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>]) -> EncodeCase {
 /// exponents (token importance from its queries) at three levels in 96-token chunks, and the
 /// cache's tensors (per layer K then V, `[T, C]` f32).
 pub fn fixture_stream(layers: usize) -> (Vec<u8>, Vec<Vec<f32>>) {
-    use codec_core::{
-        encode, learn_profile, EncodeParams, LearnParams, ProfileMode, Queries, Sample,
-    };
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let mut d = kvc_io::load_dump(&path).expect("fixture present");
-    let layers = layers.min(d.kv.shape.layers as usize);
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
-    let q = d.q.as_ref().expect("the fixture has queries");
-    let queries = Queries {
-        q: q.iter().take(layers).map(Vec::as_slice).collect(),
-        q_heads: d.q_heads,
-        q_start: d.q_start,
-    };
-    let sample = Sample {
-        kv: d.kv.view(),
-        queries: Some(queries),
-    };
-    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    use codec_core::{encode, EncodeParams, ProfileMode};
+    let (cache, profile) = fixture_cache(layers);
+    let layers = cache.shape.layers as usize;
     let some: Vec<u8> = (0..profile.levels()).step_by(3).take(3).collect();
-    let chunks = d.kv.shape.tokens.div_ceil(96) as usize;
+    let chunks = cache.shape.tokens.div_ceil(96) as usize;
     let params = EncodeParams {
         chunk_tokens: 96,
         levels: some.iter().copied().cycle().take(chunks).collect(),
         token_importance: true,
         ..EncodeParams::default()
     };
-    let bytes = encode(&d.kv.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
     let tensors = (0..layers)
-        .flat_map(|l| [d.kv.k[l].to_f32_vec(), d.kv.v[l].to_f32_vec()])
+        .flat_map(|l| [cache.k[l].to_f32_vec(), cache.v[l].to_f32_vec()])
         .collect();
     (bytes, tensors)
 }
