@@ -3,9 +3,10 @@
 //!
 //! [`GpuCodec::open`] opens the device and loads the kernels once (the typed [`GpuError`] says
 //! why not, e.g. on a machine without a CUDA driver); it then encodes caches and decodes streams
-//! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`]) and selects tokens as pq-core does ([`GpuCodec::select`]). The
-//! eval hooks ([`kvc_io::eval::SecondDecoder`], [`kvc_io::pq::SecondSearch`]) compare every
-//! output with the CPU's and fail loudly on any difference.
+//! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`]) and selects tokens as
+//! pq-core does ([`GpuCodec::select`]). The eval hooks ([`kvc_io::eval::SecondDecoder`],
+//! [`kvc_io::pq::SecondSearch`]) compare every output with the CPU's and fail loudly on any
+//! difference.
 
 use std::fmt;
 use std::time::Instant;

@@ -17,8 +17,9 @@
 //! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
 //! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
 //! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
-//! the fixture's queries), checked once against codec-core's chunks. PQ: one launch of `copies * 576` queries over the fixture's layer-0 codes
-//! (causal), and a synthetic 32768-token head with 256 queries.
+//! the fixture's queries), checked once against codec-core's chunks. PQ: one launch of
+//! `copies * 576` queries over the fixture's layer-0 codes (causal), and a synthetic
+//! 32768-token head with 256 queries.
 //!
 //! Without a GPU or NVRTC it says why and exits 0. NVRTC: `KVC_NVRTC_LIB`, else
 //! `target/nvrtc/13.5.37/lib`, else by name.
