@@ -96,7 +96,7 @@ fn main() {
     g.bench_function("three launches alone", |b| {
         b.iter_custom(|iters| {
             let s: f64 = (0..iters)
-                .map(|_| gpu.time_encode(&plan, &dev_src, 1).unwrap().1)
+                .map(|_| gpu.time_encode(&plan, &dev_src, 1).unwrap().launches)
                 .sum();
             Duration::from_secs_f64(s)
         })

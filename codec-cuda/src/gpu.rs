@@ -837,23 +837,25 @@ impl Gpu {
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let (ch, dev) = self.encode_launched(plan, src)?;
-        let s = &self.stream;
-        let results = dev.chunk_results.download(s)?;
-        ch.finish(&results, |c, len| {
-            dev.out.download_range(s, c.out_start as usize, len).ok()
-        })
+        self.encoded_chunks(&ch, &dev)
     }
 
-    /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode), and
-    /// of its three launches alone (inputs uploaded once).
+    /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode) and
+    /// of each of its steps alone.
     pub fn time_encode<T>(
         &self,
         plan: &EncodePlan<'_, '_>,
         src: &CudaSlice<T>,
         reps: usize,
-    ) -> Result<(f64, f64), CudaError> {
+    ) -> Result<EncodeTimes, CudaError> {
         let whole = best_time(reps, || self.encode(plan, src).map(drop))?;
-        let (_, dev) = self.encode_launched(plan, src)?;
+        let chain = best_time(reps, || plan.chain().map(drop))?;
+        let ch = plan.chain()?;
+        let upload = best_time(reps, || {
+            self.upload_encode(&ch, plan)?;
+            self.sync()
+        })?;
+        let (ch, dev) = self.encode_launched(plan, src)?;
         self.sync()?;
         let k = self.kernels(None)?;
         let source = plan.dev_source(src);
@@ -861,7 +863,27 @@ impl Gpu {
             ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &dev, &source)?;
             self.sync()
         })?;
-        Ok((whole, launches))
+        let copy_back = best_time(reps, || self.encoded_chunks(&ch, &dev).map(drop))?;
+        Ok(EncodeTimes {
+            whole,
+            chain,
+            upload,
+            launches,
+            copy_back,
+        })
+    }
+
+    /// The chunks the launches over `dev` wrote, copied back, their CRCs appended.
+    fn encoded_chunks(
+        &self,
+        ch: &EncodeChain,
+        dev: &ffi::EncodeDev,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
+        let s = &self.stream;
+        let results = dev.chunk_results.download(s)?;
+        ch.finish(&results, |c, len| {
+            dev.out.download_range(s, c.out_start as usize, len).ok()
+        })
     }
 
     /// Builds `plan`'s chain, uploads its inputs and queues its three launches over `src`.
@@ -941,6 +963,21 @@ impl Gpu {
             head_dim: shape.head_dim,
         })
     }
+}
+
+/// [`Gpu::time_encode`]'s figures: best times in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EncodeTimes {
+    /// The whole [`Gpu::encode`].
+    pub whole: f64,
+    /// Building the plan's chain on the host.
+    pub chain: f64,
+    /// Its inputs packed and uploaded, its outputs allocated.
+    pub upload: f64,
+    /// The three launches alone.
+    pub launches: f64,
+    /// The chunks copied back and their CRCs.
+    pub copy_back: f64,
 }
 
 /// The encode chain's entry points.
