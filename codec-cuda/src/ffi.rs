@@ -1617,17 +1617,22 @@ fn rust_pq_layout() -> Vec<u64> {
 mod tests {
     use super::*;
 
+    /// Asserts that two structs have the same size and the same offsets of the fields named.
+    macro_rules! same {
+        ($a:ty, $b:ty, $($f:ident),*) => {
+            assert_eq!(std::mem::size_of::<$a>(), std::mem::size_of::<$b>());
+            $(assert_eq!(
+                std::mem::offset_of!($a, $f),
+                std::mem::offset_of!($b, $f),
+                stringify!($f)
+            );)*
+        };
+    }
+
     /// Invariant 7: the device argument structs have the host mirrors' layouts (addresses where
     /// the host has pointers), which `*layouts_match_the_kernel` compare with the C++ structs.
     #[test]
     fn device_layouts_match_the_host_mirrors() {
-        use std::mem::{offset_of, size_of};
-        macro_rules! same {
-            ($a:ty, $b:ty, $($f:ident),*) => {
-                assert_eq!(size_of::<$a>(), size_of::<$b>());
-                $(assert_eq!(offset_of!($a, $f), offset_of!($b, $f), stringify!($f));)*
-            };
-        }
         same!(
             LaneDecodeArgsC,
             LaneDecodeArgsDev,
@@ -1691,6 +1696,11 @@ mod tests {
             table_capacity,
             reserved
         );
+    }
+
+    /// Invariant 7 for the encode chain's two argument structs.
+    #[test]
+    fn encode_chain_device_layouts_match_the_host_mirrors() {
         same!(
             EncodeArgsC,
             EncodeArgsDev,
@@ -3018,6 +3028,19 @@ pub(crate) fn launch_encode_chain<T>(
     if grid == 0 || chunk_grid == 0 {
         return Ok(());
     }
+    launch_encode_blocks(stream, k.blocks, d, src, grid)?;
+    launch_lane_encode(stream, k.lanes, &d.lanes)?;
+    launch_write_chunks(stream, k.write, d, src, chunk_grid)
+}
+
+/// Queues `kvc_encode_blocks` over `d` (`grid` blocks, checked by [`launch_encode_chain`]).
+fn launch_encode_blocks<T>(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    d: &EncodeDev,
+    src: &DevSource<'_, T>,
+    grid: u32,
+) -> Result<(), CudaError> {
     let policy = d.importance.unwrap_or_default();
     let mut a = Addrs { guards: Vec::new() };
     let (src_ptr, src_bytes) = src.addr(&mut a, stream);
@@ -3083,8 +3106,19 @@ pub(crate) fn launch_encode_chain<T>(
     // SAFETY: invariants 1, 6 (buffers live in `d` and `src`, held by the caller until the
     // stream is synchronized; `src` counted in whole elements), 7 and 3 (the host runs'
     // launch shape and shared memory, within the default 48 KiB).
-    unsafe { launch_args(stream, k.blocks, &args, cfg, a) }?;
-    launch_lane_encode(stream, k.lanes, &d.lanes)?;
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
+    Ok(())
+}
+
+/// Queues `kvc_write_chunks` over `d` (`chunk_grid` chunks, checked by
+/// [`launch_encode_chain`]).
+fn launch_write_chunks<T>(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    d: &EncodeDev,
+    src: &DevSource<'_, T>,
+    chunk_grid: u32,
+) -> Result<(), CudaError> {
     let mut a = Addrs { guards: Vec::new() };
     let (src_ptr, src_bytes) = src.addr(&mut a, stream);
     let (blocks, n_blocks) = a.of(&d.blocks, stream);
@@ -3123,8 +3157,8 @@ pub(crate) fn launch_encode_chain<T>(
         block_dim: (CHAIN_THREADS, 1, 1),
         shared_mem_bytes: WRITE_SHARED_BYTES,
     };
-    // SAFETY: as the first launch's (one result per block, 32 lane entries per block, one
-    // chunk result per chunk, checked above).
-    unsafe { launch_args(stream, k.write, &args, cfg, a) }?;
+    // SAFETY: as `launch_encode_blocks`' (one result per block, 32 lane entries per block,
+    // one chunk result per chunk, checked by `launch_encode_chain`).
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
