@@ -11,8 +11,9 @@
 //   renormalisation of format v2, then flushes the low and (if nonzero) the high word. Each lane
 //   writes into its own slot of capacity ceil(n / 32) + 2 words and reports how many it wrote;
 //   the host concatenates the lanes.
-// - kvc_encode_blocks and kvc_write_chunks: with kvc_rans_lane_encode between them, the encode
-//   chain from K/V in memory to chunk bytes (see their section below).
+// - kvc_encode_blocks, kvc_write_chunks and kvc_seal_chunks: with kvc_rans_lane_encode after
+//   the first, the encode chain from K/V in memory to sealed chunk bytes (see their sections
+//   below).
 
 #include "kvc_kernel.cuh"
 
@@ -279,8 +280,8 @@ KVC_KERNEL(kvc_rans_lane_encode, KvcLaneEncodeArgs, kvc_lane_encode)
 // (§9.2; keys stored before the rotary embedding rotated first), their table (codec_core's
 // FreqTable::from_counts), the quantized values, each symbol's table and index with the
 // escapes in order (§6.4), and the lane encoder's block record. kvc_write_chunks (below) then
-// lays the blocks out. One CUDA block per coded block; the K and V blocks of a layer each
-// compute its exponents.
+// lays the blocks out and kvc_seal_chunks packs the chunks with their CRCs. One CUDA block per
+// coded block; the K and V blocks of a layer each compute its exponents.
 
 // Element type of the source tensors.
 enum KvcSourceDtype : kvc_u32 {
@@ -760,7 +761,8 @@ KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, k
 //
 // kvc_write_chunks lays every block of a chunk out in order, as codec_core's write_block does:
 // n_escapes, the 32 lane lengths, n_exp and the exponent table, the sink rows' stored bytes,
-// the escape values, the lane words. One CUDA block per chunk; the CRC is the host's.
+// the escape values, the lane words. One CUDA block per chunk; kvc_seal_chunks (below) then
+// packs the chunks with their CRCs.
 
 // Blocks of one chunk at most (2 * codec_core's max_layers).
 #define KVC_CHUNK_BLOCKS 2048u
@@ -952,6 +954,169 @@ __device__ __forceinline__ void kvc_write_result(const KvcWriteArgs& a, unsigned
 KVC_KERNEL(kvc_write_chunks, KvcWriteArgs, kvc_write_offsets, kvc_write_fields,
            kvc_write_sinks_escapes, kvc_write_lanes, kvc_write_result)
 
+// ----------------------------------------------------------------------------------------------
+// Sealing: the chunks' bytes with their CRC-32C, packed one after another
+//
+// kvc_seal_chunks (after kvc_write_chunks) copies each chunk's body to `sealed`, right after the
+// sealed chunks before it (body + 4 bytes each; a chunk that did not end well takes none), and
+// appends the CRC-32C of the body (Castagnoli, reflected, as codec_core's; little-endian), so
+// that the host copies a batch back in one transfer and checks nothing byte by byte. One CUDA
+// block per chunk: each thread takes the CRC register of its own stretch of the body (the
+// first thread from the initial value, the others from 0), and the stretches are combined by
+// carrying each register over the bytes after it: CRC is linear, and n zero bytes multiply the
+// register by x^(8n) modulo the polynomial.
+
+#define KVC_CRC32C_POLY 0x82F63B78u
+// Threads that take part (codec_cuda launches CHAIN_THREADS = 256; more would idle).
+#define KVC_SEAL_THREADS 256u
+
+// Per chunk: where its sealed bytes lie in `sealed` and how many (body and CRC; 0 if the
+// chunk is not sealed), and its status.
+struct KvcSealResult {
+    kvc_u64 start;
+    kvc_u64 len;
+    kvc_u32 status;
+    kvc_u32 reserved;
+};
+
+struct KvcSealArgs {
+    // The chunk-writing launch's chunks, results and output.
+    const KvcChunkOut* chunks;
+    const KvcChunkResult* chunk_results;
+    kvc_u64 n_chunks;
+    const kvc_u8* out;
+    kvc_u64 n_out;
+    kvc_u8* sealed;
+    kvc_u64 n_sealed;
+    // One per chunk.
+    KvcSealResult* seal_results;
+};
+
+struct KvcSealShared {
+    kvc_u32 status;
+    kvc_u32 reserved;
+    kvc_u64 start;
+    kvc_u64 len;
+    // The byte-wise CRC table, and x^(2^k) modulo the polynomial for k = 0..63.
+    kvc_u32 table[256];
+    kvc_u32 x2k[64];
+    // Per thread: the sealed bytes of the earlier chunks it summed, then its stretch's
+    // register carried to the body's end.
+    kvc_u64 before[KVC_SEAL_THREADS];
+    kvc_u32 part[KVC_SEAL_THREADS];
+};
+
+// a * b modulo the CRC-32C polynomial, both reflected (bit 31 holds x^0).
+__device__ __forceinline__ kvc_u32 kvc_crc_mul(kvc_u32 a, kvc_u32 b) {
+    kvc_u32 p = 0;
+    for (kvc_u32 i = 0; i < 32; i++) {
+        if (a & (0x80000000u >> i)) p ^= b;
+        b = (b >> 1) ^ (KVC_CRC32C_POLY & (0u - (b & 1u)));
+    }
+    return p;
+}
+
+// x^(8n) modulo the polynomial: what n zero bytes multiply a register by.
+__device__ __forceinline__ kvc_u32 kvc_crc_x8n(const kvc_u32* x2k, kvc_u64 n) {
+    kvc_u32 p = 0x80000000u;
+    for (kvc_u32 k = 3; n != 0 && k < 64; k++, n >>= 1)
+        if (n & 1) p = kvc_crc_mul(x2k[k], p);
+    return p;
+}
+
+// The bytes chunk c takes in `sealed`: its body and CRC if it ended well inside its room.
+__device__ __forceinline__ kvc_u64 kvc_sealed_size(const KvcSealArgs& a, kvc_u64 c) {
+    const KvcChunkOut& ch = a.chunks[c];
+    const KvcChunkResult& r = a.chunk_results[c];
+    const bool ok = r.status == KVC_ENCODE_OK && ch.out_start <= a.n_out &&
+                    ch.out_cap <= a.n_out - ch.out_start && r.len <= ch.out_cap;
+    return ok ? r.len + 4 : 0;
+}
+
+// The threads that take part.
+__device__ __forceinline__ kvc_u32 kvc_seal_threads() {
+    return blockDim.x < KVC_SEAL_THREADS ? blockDim.x : KVC_SEAL_THREADS;
+}
+
+// Phase 1: the CRC table; each thread sums the sealed sizes of a share of the earlier chunks;
+// thread 0 also the powers x^(2^k).
+__device__ __forceinline__ void kvc_seal_begin(const KvcSealArgs& a, unsigned char* shared) {
+    const kvc_u32 t = threadIdx.x, nt = kvc_seal_threads();
+    if (blockIdx.x >= a.n_chunks || t >= nt) return;
+    KvcSealShared* s = (KvcSealShared*)shared;
+    for (kvc_u32 i = t; i < 256; i += nt) {
+        kvc_u32 c = i;
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (KVC_CRC32C_POLY & (0u - (c & 1u)));
+        s->table[i] = c;
+    }
+    kvc_u64 before = 0;
+    for (kvc_u64 c = t; c < blockIdx.x; c += nt) {
+        const kvc_u64 sum = before + kvc_sealed_size(a, c);
+        before = sum < before ? ~0ull : sum;
+    }
+    s->before[t] = before;
+    if (t != 0) return;
+    s->x2k[0] = 0x40000000u;
+    for (kvc_u32 k = 1; k < 64; k++) s->x2k[k] = kvc_crc_mul(s->x2k[k - 1], s->x2k[k - 1]);
+}
+
+// Phase 2 (thread 0): the chunk's place in `sealed`, and whether it is sealed.
+__device__ __forceinline__ void kvc_seal_place(const KvcSealArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
+    KvcSealShared* s = (KvcSealShared*)shared;
+    kvc_u64 start = 0;
+    for (kvc_u32 t = 0; t < kvc_seal_threads(); t++) {
+        const kvc_u64 sum = start + s->before[t];
+        start = sum < start ? ~0ull : sum;
+    }
+    const kvc_u64 size = kvc_sealed_size(a, blockIdx.x);
+    s->start = start;
+    s->len = size == 0 ? 0 : size - 4;
+    s->status = size != 0 && start <= a.n_sealed && size <= a.n_sealed - start
+                    ? KVC_ENCODE_OK
+                    : KVC_ENCODE_BAD_RANGE;
+}
+
+// Phase 3: the body copied (coalesced), and each thread's stretch's CRC register.
+__device__ __forceinline__ void kvc_seal_copy(const KvcSealArgs& a, unsigned char* shared) {
+    const kvc_u32 t = threadIdx.x, nt = kvc_seal_threads();
+    if (blockIdx.x >= a.n_chunks || t >= nt) return;
+    KvcSealShared* s = (KvcSealShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const kvc_u64 len = s->len;
+    const kvc_u8* body = a.out + a.chunks[blockIdx.x].out_start;
+    kvc_u8* to = a.sealed + s->start;
+    for (kvc_u64 j = t; j < len; j += nt) to[j] = body[j];
+    const kvc_u64 stretch = (len + nt - 1) / nt;
+    const kvc_u64 from = t * stretch < len ? t * stretch : len;
+    const kvc_u64 end = len - from > stretch ? from + stretch : len;
+    kvc_u32 r = t == 0 ? 0xFFFFFFFFu : 0u;
+    for (kvc_u64 j = from; j < end; j++) r = s->table[(r ^ body[j]) & 0xFFu] ^ (r >> 8);
+    s->part[t] = kvc_crc_mul(kvc_crc_x8n(s->x2k, len - end), r);
+}
+
+// Phase 4 (thread 0): the CRC written after the body, and the chunk's result.
+__device__ __forceinline__ void kvc_seal_finish(const KvcSealArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
+    const KvcSealShared* s = (const KvcSealShared*)shared;
+    KvcSealResult r;
+    r.start = s->start;
+    r.len = 0;
+    r.status = s->status;
+    r.reserved = 0;
+    if (s->status == KVC_ENCODE_OK) {
+        kvc_u32 crc = 0xFFFFFFFFu;
+        for (kvc_u32 t = 0; t < kvc_seal_threads(); t++) crc ^= s->part[t];
+        kvc_put_u32(a.sealed + s->start + s->len, crc);
+        r.len = s->len + 4;
+    }
+    a.seal_results[blockIdx.x] = r;
+}
+
+// Dynamic shared memory: sizeof(KvcSealShared).
+KVC_KERNEL(kvc_seal_chunks, KvcSealArgs, kvc_seal_begin, kvc_seal_place, kvc_seal_copy,
+           kvc_seal_finish)
+
 #ifdef KVC_HOST
 #include <stddef.h>
 // For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
@@ -1010,7 +1175,8 @@ extern "C" kvc_u64 kvc_encode_layout(kvc_u64* out, kvc_u64 cap) {
 }
 
 // The encode chain's structs, as kvc_encode_layout (with sizeof(KvcEncShared) after the
-// first kernel's and sizeof(KvcWriteShared) at the end).
+// first kernel's, sizeof(KvcWriteShared) after the chunk writer's and sizeof(KvcSealShared) at
+// the end).
 extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
         sizeof(KvcEncBlock),
@@ -1106,6 +1272,20 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcWriteArgs, out),
         offsetof(KvcWriteArgs, n_out),
         sizeof(KvcWriteShared),
+        sizeof(KvcSealResult),
+        offsetof(KvcSealResult, start),
+        offsetof(KvcSealResult, len),
+        offsetof(KvcSealResult, status),
+        sizeof(KvcSealArgs),
+        offsetof(KvcSealArgs, chunks),
+        offsetof(KvcSealArgs, chunk_results),
+        offsetof(KvcSealArgs, n_chunks),
+        offsetof(KvcSealArgs, out),
+        offsetof(KvcSealArgs, n_out),
+        offsetof(KvcSealArgs, sealed),
+        offsetof(KvcSealArgs, n_sealed),
+        offsetof(KvcSealArgs, seal_results),
+        sizeof(KvcSealShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

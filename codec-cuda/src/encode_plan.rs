@@ -1,13 +1,14 @@
-//! Encoding chunks from K/V where a server keeps them, in three launches for a whole batch:
+//! Encoding chunks from K/V where a server keeps them, in four launches for a whole batch:
 //!
 //! 1. `kvc_encode_blocks` (`kernels/encode.cu`): per coded block, the layer's step exponents
 //!    from its K (spec/FORMAT.md §9.2), their table, the quantized values (§7), each symbol's
 //!    table and index with the escapes in order (§6.4), and the lane encoder's block record;
 //! 2. `kvc_rans_lane_encode` over those records (§6.3);
-//! 3. `kvc_write_chunks`: every chunk's blocks laid out (§5.2), one chunk after another in one
-//!    buffer.
+//! 3. `kvc_write_chunks`: every chunk's blocks laid out (§5.2), each chunk in its own room;
+//! 4. `kvc_seal_chunks`: each chunk's bytes and CRC-32C (§5.2) packed after the chunks before
+//!    it, so that one copy brings the batch back.
 //!
-//! The host then only appends each chunk's CRC-32C. The source is one buffer of f32, f16 or bf16
+//! The host only checks where each chunk lies and splits the copy. The source is one buffer of f32, f16 or bf16
 //! elements holding every layer's K and V as `[T, H, D]` ([`Source`]); the chunks are exactly
 //! [`ChunkContext::encode_chunk`]'s, byte for byte. `Gpu::encode` runs the chain on a device,
 //! [`EncodePlan::encode_host`] on the kernels compiled for the CPU.
@@ -163,6 +164,17 @@ pub(crate) struct ChunkResult {
     pub reserved: u32,
 }
 
+/// Where the sealing launch put a chunk (`KvcSealResult`): its bytes and CRC at `start..start +
+/// len` of the sealed buffer (`len` 0 if it is not sealed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SealResult {
+    pub start: u64,
+    pub len: u64,
+    pub status: u32,
+    pub reserved: u32,
+}
+
 /// The importance policy's constants as the kernel takes them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct ImportancePolicy {
@@ -264,11 +276,9 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         self.blocks_host(&mut ch, src, &mut run)?;
         run.lanes_host(&ch)?;
         self.write_host(&ch, src, &mut run)?;
-        ch.finish(&run.chunk_results, |c, len| {
-            run.out
-                .get(c.out_start as usize..)
-                .and_then(|o| o.get(..len))
-                .map(<[u8]>::to_vec)
+        run.seal_host(&ch)?;
+        ch.finish(&run.seal_results, |len| {
+            run.sealed.get(..len).map(<[u8]>::to_vec)
         })
     }
 
@@ -468,6 +478,8 @@ struct HostRun {
     lane_status: Vec<u32>,
     chunk_results: Vec<ChunkResult>,
     out: Vec<u8>,
+    sealed: Vec<u8>,
+    seal_results: Vec<SealResult>,
 }
 
 impl HostRun {
@@ -485,7 +497,20 @@ impl HostRun {
             lane_status: vec![0; n * LANES],
             chunk_results: vec![ChunkResult::default(); ch.chunks.len()],
             out: vec![0; ch.n_out],
+            sealed: vec![0; ch.n_sealed()],
+            seal_results: vec![SealResult::default(); ch.chunks.len()],
         }
+    }
+
+    /// The fourth launch on the host: `kvc_seal_chunks` over the third's output.
+    fn seal_host(&mut self, ch: &EncodeChain) -> Result<(), CudaError> {
+        ffi::host_seal_chunks(ffi::SealIo {
+            chunks: &ch.chunks,
+            chunk_results: &self.chunk_results,
+            out: &self.out,
+            sealed: &mut self.sealed,
+            seal_results: &mut self.seal_results,
+        })
     }
 
     /// The second launch on the host: `kvc_rans_lane_encode` over the first's records.
@@ -621,31 +646,44 @@ impl EncodeChain {
         Ok(())
     }
 
-    /// Every chunk's bytes with its CRC, from the chunk-writing launch's results; `body(c,
-    /// len)` reads chunk `c`'s first `len` bytes of output.
+    /// Bytes of the sealed buffer: every chunk's room and its CRC.
+    pub(crate) fn n_sealed(&self) -> usize {
+        self.n_out + 4 * self.chunks.len()
+    }
+
+    /// Every chunk's bytes with its CRC, from the sealing launch's results; `sealed(len)` reads
+    /// the sealed buffer's first `len` bytes (the chunks lie there one after another).
     pub(crate) fn finish(
         &self,
-        results: &[ChunkResult],
-        body: impl Fn(&ChunkOut, usize) -> Option<Vec<u8>>,
+        results: &[SealResult],
+        sealed: impl FnOnce(usize) -> Option<Vec<u8>>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        let mut out = Vec::with_capacity(self.chunks.len());
-        for (chunk, c) in self.chunks.iter().enumerate() {
+        let mut ranges = Vec::with_capacity(self.chunks.len());
+        let mut at = 0u64;
+        for chunk in 0..self.chunks.len() {
             let bad = |what| CudaError::Encode { chunk, what };
             let r = results.get(chunk).ok_or(bad("no result"))?;
             if r.status != 0 {
                 return Err(bad("a block's ranges, tables or lanes (a kernel's status)"));
             }
-            let len = usize::try_from(r.len)
-                .ok()
-                .filter(|&l| l as u64 <= c.out_cap);
-            let mut bytes = len
-                .and_then(|l| body(c, l))
-                .ok_or(bad("the chunk's length"))?;
-            let crc = crate::decode::crc32c(&bytes);
-            bytes.extend_from_slice(&crc.to_le_bytes());
-            out.push(bytes);
+            if r.start != at || r.len < 4 || r.len > self.n_sealed() as u64 - at {
+                return Err(bad("the chunk's place in the sealed buffer"));
+            }
+            ranges.push(at as usize..(at + r.len) as usize);
+            at += r.len;
         }
-        Ok(out)
+        let bytes = sealed(at as usize).ok_or(CudaError::Encode {
+            chunk: 0,
+            what: "the sealed buffer",
+        })?;
+        let short = CudaError::Encode {
+            chunk: 0,
+            what: "the sealed buffer's length",
+        };
+        ranges
+            .into_iter()
+            .map(|r| bytes.get(r).map(<[u8]>::to_vec).ok_or(short.clone()))
+            .collect()
     }
 }
 
@@ -784,6 +822,61 @@ mod tests {
             for (c, r) in ch.chunks.iter().zip(&run.chunk_results) {
                 prop_assert!(r.status <= 1);
                 prop_assert!(r.status != 0 || r.len <= c.out_cap);
+            }
+            run.seal_host(&ch).unwrap();
+            for (c, r) in run.chunk_results.iter().zip(&run.seal_results) {
+                prop_assert!(r.status <= 1);
+                prop_assert!(r.status != 0 || r.len == c.len + 4);
+                prop_assert!(r.start.saturating_add(r.len) <= ch.n_sealed() as u64);
+            }
+        }
+
+        /// The sealing launch against a second CRC-32C (the `crc` crate) and the packing
+        /// rule: every chunk that ended well inside its room, after the ones before it, its
+        /// CRC after it; the others left out. Bodies from empty to a few thousand bytes (a
+        /// thread's stretch empty, a byte, or many), chunks with gaps between their rooms.
+        #[test]
+        fn sealed_chunks_are_packed_with_their_crcs(
+            chunks in prop::collection::vec(
+                (prop::collection::vec(any::<u8>(), 0..3000), 0u64..40, 0u32..8, 0u64..3),
+                1..6,
+            ),
+        ) {
+            let mut out = Vec::new();
+            let (mut rooms, mut results) = (Vec::new(), Vec::new());
+            for (body, gap, status, short) in &chunks {
+                out.extend(std::iter::repeat_n(0xEE, *gap as usize));
+                // A chunk whose length overruns its room (short == 0) is left out too.
+                let cap = (body.len() as u64 + 1).saturating_sub(u64::from(*short == 0) * 2);
+                rooms.push(ChunkOut { out_start: out.len() as u64, out_cap: cap, ..Default::default() });
+                out.extend(body);
+                out.extend(std::iter::repeat_n(0xDD, cap as usize + 1 - body.len().min(cap as usize + 1)));
+                let status = u32::from(*status == 0);
+                results.push(ChunkResult { len: body.len() as u64, status, reserved: 0 });
+            }
+            let n_sealed = out.len() + 4 * chunks.len();
+            let mut sealed = vec![0u8; n_sealed];
+            let mut seal_results = vec![SealResult::default(); chunks.len()];
+            ffi::host_seal_chunks(ffi::SealIo {
+                chunks: &rooms,
+                chunk_results: &results,
+                out: &out,
+                sealed: &mut sealed,
+                seal_results: &mut seal_results,
+            }).unwrap();
+            let crc32c = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
+            let mut at = 0usize;
+            for (((body, ..), (room, r)), got) in chunks.iter().zip(rooms.iter().zip(&results)).zip(&seal_results) {
+                prop_assert_eq!(got.start, at as u64);
+                if r.status != 0 || r.len > room.out_cap {
+                    prop_assert_eq!((got.len, got.status), (0, 1));
+                    continue;
+                }
+                prop_assert_eq!((got.len, got.status), (body.len() as u64 + 4, 0));
+                prop_assert_eq!(&sealed[at..at + body.len()], &body[..]);
+                let crc = crc32c.checksum(body).to_le_bytes();
+                prop_assert_eq!(&sealed[at + body.len()..at + body.len() + 4], &crc[..]);
+                at += body.len() + 4;
             }
         }
     }

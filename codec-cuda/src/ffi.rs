@@ -15,11 +15,11 @@
 //!    [`ResolveArgsC`] and [`ValueArgsC`] those of `kernels/chain.cu`, and [`LaneBlock`] and
 //!    [`LaneDecodeArgsC`] also those of `KvcLane32Block` and `KvcLane32Args` in
 //!    `kernels/rans32_experiment.cu` (words of the [`LaneWord`] type), and [`EncBlock`],
-//!    [`EncResult`], [`ChunkOut`], [`ChunkResult`] (in `encode_plan.rs`), [`EncodeArgsC`] and
-//!    [`WriteArgsC`] those of the encode chain in `kernels/encode.cu` (`#[repr(C)]`, fields in
-//!    the same order and of the same sizes). The unit tests
-//!    `*layouts_match_the_kernel` compare every size and offset with what the C++ compiler
-//!    reports.
+//!    [`EncResult`], [`ChunkOut`], [`ChunkResult`], [`SealResult`] (in `encode_plan.rs`),
+//!    [`EncodeArgsC`], [`WriteArgsC`] and [`SealArgsC`] those of the encode chain in
+//!    `kernels/encode.cu` (`#[repr(C)]`, fields in the same order and of the same sizes). The
+//!    unit tests `*layouts_match_the_kernel` compare every size and offset with what the C++
+//!    compiler reports.
 //! 2. **Counted buffers.** Every pointer passed to a kernel comes from a live slice, and the
 //!    count passed beside it is that slice's length (for `tables`, its length in whole tables of
 //!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
@@ -34,10 +34,10 @@
 //!    `kvc_pq_shape_ok`, before any read). In the encode chain the source is counted in whole
 //!    elements of its dtype (`kvc_encode_blocks`) or in bytes (`kvc_write_chunks`), `symbols`
 //!    and `symbol_table` have the same length, and results, lane statuses and lengths, chunk
-//!    results are one (32 per block for the lanes) per block or chunk; the kernels check every
-//!    block's and chunk's ranges (`kvc_enc_ok`, `kvc_block_size`, `kvc_write_offsets`), and
-//!    mask or bound what another block may rewrite meanwhile on a device (a symbol's exponent,
-//!    an escape's rank).
+//!    and seal results are one (32 per block for the lanes) per block or chunk; the kernels
+//!    check every block's and chunk's ranges (`kvc_enc_ok`, `kvc_block_size`,
+//!    `kvc_write_offsets`, `kvc_sealed_size` and `kvc_seal_place`), and mask or bound what
+//!    another block may rewrite meanwhile on a device (a symbol's exponent, an escape's rank).
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
 //!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
@@ -45,7 +45,8 @@
 //!    threads and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per table entry, the `table_capacity`
 //!    it is told (the kernel checks that the table fits it); the encode chain [`CHAIN_THREADS`]
 //!    threads and [`ENCODE_SHARED_BYTES`] (`kvc_encode_blocks`, one CUDA block per coded block)
-//!    or [`WRITE_SHARED_BYTES`] (`kvc_write_chunks`, one per chunk) of shared memory.
+//!    or [`WRITE_SHARED_BYTES`] (`kvc_write_chunks`, one per chunk) or [`SEAL_SHARED_BYTES`]
+//!    (`kvc_seal_chunks`, one per chunk) of shared memory.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and
 //!    no NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`]
@@ -83,7 +84,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::encode::{LaneEncodeBlock, QuantBlock};
-use crate::encode_plan::{ChunkOut, ChunkResult, EncBlock, EncResult, ImportancePolicy};
+use crate::encode_plan::{
+    ChunkOut, ChunkResult, EncBlock, EncResult, ImportancePolicy, SealResult,
+};
 use crate::error::CudaError;
 use crate::pq::PqQuery;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
@@ -184,6 +187,12 @@ extern "C" {
     fn kvc_encode_chain_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_write_chunks_host(
         args: *const WriteArgsC,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_seal_chunks_host(
+        args: *const SealArgsC,
         grid: u32,
         block: u32,
         shared_bytes: u64,
@@ -719,6 +728,61 @@ pub(crate) fn host_write_chunks(io: WriteIo<'_>) -> Result<(), CudaError> {
     // (CHAIN_THREADS threads, the shared memory KvcWriteShared needs).
     let rc = unsafe { kvc_write_chunks_host(&args, grid, CHAIN_THREADS, shared) };
     host_ran(rc, "kvc_write_chunks")
+}
+
+/// `KvcSealArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct SealArgsC {
+    chunks: *const ChunkOut,
+    chunk_results: *const ChunkResult,
+    n_chunks: u64,
+    out: *const u8,
+    n_out: u64,
+    sealed: *mut u8,
+    n_sealed: u64,
+    seal_results: *mut SealResult,
+}
+
+/// Bytes of `KvcSealShared` (status, start and length, the CRC table, 64 powers, and a sum
+/// and a register per thread of `KVC_SEAL_THREADS` = [`CHAIN_THREADS`]).
+pub(crate) const SEAL_SHARED_BYTES: u32 = 8 + 16 + 4 * 256 + 4 * 64 + (8 + 4) * CHAIN_THREADS;
+
+/// The buffers of one sealing launch (`kvc_seal_chunks`).
+#[derive(Debug)]
+pub(crate) struct SealIo<'a> {
+    pub chunks: &'a [ChunkOut],
+    /// One per chunk, as the chunk-writing launch left them.
+    pub chunk_results: &'a [ChunkResult],
+    pub out: &'a [u8],
+    pub sealed: &'a mut [u8],
+    /// One per chunk.
+    pub seal_results: &'a mut [SealResult],
+}
+
+/// Runs `kvc_seal_chunks` on the host.
+pub(crate) fn host_seal_chunks(io: SealIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.chunks.len()).map_err(|_| input("over 2^32 - 1 chunks"))?;
+    if io.chunk_results.len() != io.chunks.len() || io.seal_results.len() != io.chunks.len() {
+        return Err(input("sealing buffers of mismatched lengths"));
+    }
+    let args = SealArgsC {
+        chunks: io.chunks.as_ptr(),
+        chunk_results: io.chunk_results.as_ptr(),
+        n_chunks: io.chunks.len() as u64,
+        out: io.out.as_ptr(),
+        n_out: io.out.len() as u64,
+        sealed: io.sealed.as_mut_ptr(),
+        n_sealed: io.sealed.len() as u64,
+        seal_results: io.seal_results.as_mut_ptr(),
+    };
+    let shared = u64::from(SEAL_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // one chunk result and one seal result per chunk) and 3 (CHAIN_THREADS threads, the
+    // shared memory KvcSealShared needs).
+    let rc = unsafe { kvc_seal_chunks_host(&args, grid, CHAIN_THREADS, shared) };
+    host_ran(rc, "kvc_seal_chunks")
 }
 
 /// `KvcPqArgs` (invariant 1).
@@ -1507,6 +1571,20 @@ fn rust_encode_chain_layout() -> Vec<u64> {
         offset_of!(WriteArgsC, out),
         offset_of!(WriteArgsC, n_out),
         WRITE_SHARED_BYTES as usize,
+        size_of::<SealResult>(),
+        offset_of!(SealResult, start),
+        offset_of!(SealResult, len),
+        offset_of!(SealResult, status),
+        size_of::<SealArgsC>(),
+        offset_of!(SealArgsC, chunks),
+        offset_of!(SealArgsC, chunk_results),
+        offset_of!(SealArgsC, n_chunks),
+        offset_of!(SealArgsC, out),
+        offset_of!(SealArgsC, n_out),
+        offset_of!(SealArgsC, sealed),
+        offset_of!(SealArgsC, n_sealed),
+        offset_of!(SealArgsC, seal_results),
+        SEAL_SHARED_BYTES as usize,
     ]
     .map(|x| x as u64)
     .to_vec()
@@ -1765,6 +1843,18 @@ mod tests {
             n_chunks,
             out,
             n_out
+        );
+        same!(
+            SealArgsC,
+            SealArgsDev,
+            chunks,
+            chunk_results,
+            n_chunks,
+            out,
+            n_out,
+            sealed,
+            n_sealed,
+            seal_results
         );
     }
 
@@ -2941,10 +3031,27 @@ struct WriteArgsDev {
     n_out: u64,
 }
 
+/// `KvcSealArgs` with device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SealArgsDev {
+    chunks: u64,
+    chunk_results: u64,
+    n_chunks: u64,
+    out: u64,
+    n_out: u64,
+    sealed: u64,
+    n_sealed: u64,
+    seal_results: u64,
+}
+
 // SAFETY (invariant 7): plain `#[repr(C)]` integers and floats passed by value or mirrored
 // from the kernels.
 unsafe impl DeviceRepr for EncodeArgsDev {}
 unsafe impl DeviceRepr for WriteArgsDev {}
+unsafe impl DeviceRepr for SealArgsDev {}
+unsafe impl DeviceRepr for SealResult {}
+unsafe impl ValidAsZeroBits for SealResult {}
 unsafe impl DeviceRepr for EncBlock {}
 unsafe impl ValidAsZeroBits for EncBlock {}
 unsafe impl DeviceRepr for EncResult {}
@@ -2992,19 +3099,23 @@ pub(crate) struct EncodeDev {
     pub lanes: LaneEncodeDev,
     pub chunk_results: DevBuf<ChunkResult>,
     pub out: DevBuf<u8>,
+    /// The chunks sealed and packed (the only part copied back), one result per chunk.
+    pub sealed: DevBuf<u8>,
+    pub seal_results: DevBuf<SealResult>,
     pub heads: u32,
     pub head_dim: u32,
 }
 
-/// The encode chain's three entry points.
+/// The encode chain's four entry points.
 pub(crate) struct EncodeKernels<'k> {
     pub blocks: &'k CudaFunction,
     pub lanes: &'k CudaFunction,
     pub write: &'k CudaFunction,
+    pub seal: &'k CudaFunction,
 }
 
 /// Queues the encode chain over `d` on `stream`: `kvc_encode_blocks`, `kvc_rans_lane_encode`,
-/// `kvc_write_chunks`, reading the source tensors `src`.
+/// `kvc_write_chunks`, reading the source tensors `src`, and `kvc_seal_chunks`.
 pub(crate) fn launch_encode_chain<T>(
     stream: &CudaStream,
     k: &EncodeKernels<'_>,
@@ -3019,6 +3130,7 @@ pub(crate) fn launch_encode_chain<T>(
         || d.lanes.lane_len.len() != n * LANES
         || d.lanes.symbols.len() != d.lanes.symbol_table.len()
         || d.chunk_results.len() != d.chunks.len()
+        || d.seal_results.len() != d.chunks.len()
         || !(src.elem_bytes == 2 || src.elem_bytes == 4)
     {
         return Err(input("encode-chain buffers of mismatched lengths"));
@@ -3030,7 +3142,8 @@ pub(crate) fn launch_encode_chain<T>(
     }
     launch_encode_blocks(stream, k.blocks, d, src, grid)?;
     launch_lane_encode(stream, k.lanes, &d.lanes)?;
-    launch_write_chunks(stream, k.write, d, src, chunk_grid)
+    launch_write_chunks(stream, k.write, d, src, chunk_grid)?;
+    launch_seal_chunks(stream, k.seal, d, chunk_grid)
 }
 
 /// Queues `kvc_encode_blocks` over `d` (`grid` blocks, checked by [`launch_encode_chain`]).
@@ -3159,6 +3272,41 @@ fn launch_write_chunks<T>(
     };
     // SAFETY: as `launch_encode_blocks`' (one result per block, 32 lane entries per block,
     // one chunk result per chunk, checked by `launch_encode_chain`).
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
+    Ok(())
+}
+
+/// Queues `kvc_seal_chunks` over `d` (`chunk_grid` chunks, checked by
+/// [`launch_encode_chain`]).
+fn launch_seal_chunks(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    d: &EncodeDev,
+    chunk_grid: u32,
+) -> Result<(), CudaError> {
+    let mut a = Addrs { guards: Vec::new() };
+    let (chunks, n_chunks) = a.of(&d.chunks, stream);
+    let (chunk_results, _) = a.of(&d.chunk_results, stream);
+    let (out, n_out) = a.of(&d.out, stream);
+    let (sealed, n_sealed) = a.of(&d.sealed, stream);
+    let (seal_results, _) = a.of(&d.seal_results, stream);
+    let args = SealArgsDev {
+        chunks,
+        chunk_results,
+        n_chunks,
+        out,
+        n_out,
+        sealed,
+        n_sealed,
+        seal_results,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (chunk_grid, 1, 1),
+        block_dim: (CHAIN_THREADS, 1, 1),
+        shared_mem_bytes: SEAL_SHARED_BYTES,
+    };
+    // SAFETY: as `launch_encode_blocks`' (one chunk result and one seal result per chunk,
+    // checked by `launch_encode_chain`).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }

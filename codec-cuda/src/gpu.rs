@@ -42,6 +42,7 @@ struct Kernels {
     lane_encode: CudaFunction,
     encode_blocks: CudaFunction,
     write_chunks: CudaFunction,
+    seal_chunks: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
     /// Not part of any format: the 32-bit-state experiment ([`crate::experiment`]).
@@ -196,6 +197,7 @@ impl Gpu {
             lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
             encode_blocks: load("encode.cu", "kvc_encode_blocks")?,
             write_chunks: load("encode.cu", "kvc_write_chunks")?,
+            seal_chunks: load("encode.cu", "kvc_seal_chunks")?,
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
@@ -827,10 +829,10 @@ impl Gpu {
 
     /// Encodes every chunk of `plan` from `src`, a buffer on this device holding the plan's
     /// [`Source`](crate::encode_plan::Source) (e.g. a serving engine's K/V; `T` any type whose
-    /// bytes are the source dtype's elements): the plan's inputs uploaded at once, three
-    /// launches (blocks, lanes, chunk layout) with no host step between them, then each
-    /// chunk's bytes copied back and its CRC appended: what
-    /// [`EncodePlan::encode_host`] returns.
+    /// bytes are the source dtype's elements): the plan's inputs uploaded at once, four
+    /// launches (blocks, lanes, chunk layout, chunks sealed with their CRCs and packed) with
+    /// no host step between them, then the chunks' places and their bytes copied back (two
+    /// copies): what [`EncodePlan::encode_host`] returns.
     pub fn encode<T>(
         &self,
         plan: &EncodePlan<'_, '_>,
@@ -873,20 +875,19 @@ impl Gpu {
         })
     }
 
-    /// The chunks the launches over `dev` wrote, copied back, their CRCs appended.
+    /// The chunks the launches over `dev` sealed, copied back: their places, then the sealed
+    /// bytes in one copy.
     fn encoded_chunks(
         &self,
         ch: &EncodeChain,
         dev: &ffi::EncodeDev,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let s = &self.stream;
-        let results = dev.chunk_results.download(s)?;
-        ch.finish(&results, |c, len| {
-            dev.out.download_range(s, c.out_start as usize, len).ok()
-        })
+        let results = dev.seal_results.download(s)?;
+        ch.finish(&results, |len| dev.sealed.download_range(s, 0, len).ok())
     }
 
-    /// Builds `plan`'s chain, uploads its inputs and queues its three launches over `src`.
+    /// Builds `plan`'s chain, uploads its inputs and queues its four launches over `src`.
     fn encode_launched<T>(
         &self,
         plan: &EncodePlan<'_, '_>,
@@ -959,6 +960,8 @@ impl Gpu {
             },
             chunk_results: DevBuf::zeros(s, ch.chunks.len())?,
             out: DevBuf::zeros(s, ch.n_out)?,
+            sealed: DevBuf::zeros(s, ch.n_sealed())?,
+            seal_results: DevBuf::zeros(s, ch.chunks.len())?,
             heads: shape.kv_heads,
             head_dim: shape.head_dim,
         })
@@ -974,9 +977,9 @@ pub struct EncodeTimes {
     pub chain: f64,
     /// Its inputs packed and uploaded, its outputs allocated.
     pub upload: f64,
-    /// The three launches alone.
+    /// The four launches alone.
     pub launches: f64,
-    /// The chunks copied back and their CRCs.
+    /// The chunks' places and bytes copied back.
     pub copy_back: f64,
 }
 
@@ -986,6 +989,7 @@ fn encode_kernels(k: &Kernels) -> ffi::EncodeKernels<'_> {
         blocks: &k.encode_blocks,
         lanes: &k.lane_encode,
         write: &k.write_chunks,
+        seal: &k.seal_chunks,
     }
 }
 

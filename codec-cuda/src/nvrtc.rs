@@ -52,6 +52,7 @@ pub const KERNELS: &[KernelSource] = &[
             "kvc_rans_lane_encode",
             "kvc_encode_blocks",
             "kvc_write_chunks",
+            "kvc_seal_chunks",
         ],
         decode: false,
     },
