@@ -93,7 +93,7 @@ fn main() {
     g.bench_function("whole Gpu::encode", |b| {
         b.iter(|| gpu.encode(&plan, &dev_src).unwrap())
     });
-    g.bench_function("three launches alone", |b| {
+    g.bench_function("four launches alone", |b| {
         b.iter_custom(|iters| {
             let s: f64 = (0..iters)
                 .map(|_| gpu.time_encode(&plan, &dev_src, 1).unwrap().launches)

@@ -270,7 +270,7 @@ fn bench_decode(
 
 /// The encode chain from device memory: the fixture's K/V (f16, every layer) uploaded once,
 /// `copies` times its four 128-token chunks at `level` per plan; the whole `Gpu::encode` (inputs
-/// packed and uploaded, three launches, chunks copied back, CRCs) and its launches alone.
+/// packed and uploaded, four launches, sealed chunks copied back) and its launches alone.
 fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): (usize, usize)) {
     let profile = support::profile_with_queries(d);
     let ctx = support::encode_context(d, &profile);
@@ -289,9 +289,9 @@ fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): 
     let out_bytes: usize = got.iter().map(Vec::len).sum();
     println!(
         "encode chain level {level}: {:.1} MB of f16 input from device memory to {:.1} MB of \
-         chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s; three launches \
+         chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s; four launches \
          alone {:.3} ms = {:.2} GB/s; steps alone: chain built {:.3} ms, inputs uploaded {:.3} \
-         ms, chunks copied back with CRCs {:.3} ms",
+         ms, sealed chunks copied back {:.3} ms",
         in_bytes / 1e6,
         out_bytes as f64 / 1e6,
         t.whole * 1e3,

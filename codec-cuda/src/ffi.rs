@@ -3080,7 +3080,7 @@ impl<T> DevSource<'_, T> {
 }
 
 /// An encode chain's device buffers (built by `Gpu::encode` from one
-/// [`crate::encode_plan::EncodePlan`]); the three launches share them.
+/// [`crate::encode_plan::EncodePlan`]); the four launches share them.
 #[derive(Debug)]
 pub(crate) struct EncodeDev {
     pub importance: Option<ImportancePolicy>,
