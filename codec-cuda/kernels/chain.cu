@@ -129,7 +129,7 @@ struct KvcValueArgs {
 // Escapes are counted per tile of 2^tile_shift (>= 32) consecutive symbols (at most KVC_VALUE_TILES
 // tiles); a value symbol's escape rank is its tile's first rank plus the escapes before it in
 // its tile. Escapes are rare (well under 1% of symbols), so the threads stride over the symbols
-// in order (coalesced), and only an escape rescans the start of its tile.
+// in order (coalesced), and only the tiles that hold escapes are read a second time.
 #define KVC_VALUE_TILES 4096u
 
 struct KvcValueShared {
@@ -225,24 +225,32 @@ __device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsign
     if (at != b.n_escapes) s->status = KVC_CHAIN_BAD_ESCAPES;
 }
 
-// Phase 4: each escape's value, at its tile's first rank plus the escapes before it in the tile.
+// Phase 4: each escape's value, the threads striding over the tiles: a tile holding escapes
+// (its first rank below the next tile's) is scanned in order by one thread, which gives its
+// escapes their ranks one after another. Tiles without escapes, most of them, are not read again.
 __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
                                                          unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
     const KvcValueBlock& b = a.blocks[blockIdx.x];
-    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        if (!kvc_value_escapes(a, b, g)) continue;
-        const kvc_u32 tile = g >> s->tile_shift;
+    const kvc_u32 shift = s->tile_shift;
+    const kvc_u64 all = ((kvc_u64)b.n_sym + (1ull << shift) - 1) >> shift;
+    const kvc_u32 tiles = all < KVC_VALUE_TILES ? (kvc_u32)all : KVC_VALUE_TILES;
+    for (kvc_u32 tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
+        // Phase 3 checked that the ranks add up to n_escapes: rank < end <= n_escapes.
         kvc_u32 rank = s->tile[tile];
-        for (kvc_u32 h = tile << s->tile_shift; h < g; h++) rank += kvc_value_escapes(a, b, h);
-        // rank < n_escapes: phase 3 checked that the ranks add up to n_escapes.
-        const kvc_i32 v = a.escapes[b.escape_start + rank];
-        const int r = kvc_value_radius(a, b, g);
-        const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
-        if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) s->bad_escape = 1;
-        a.q[b.q_start + g] = v;
+        const kvc_u32 end = tile + 1 < tiles ? s->tile[tile + 1] : b.n_escapes;
+        const kvc_u64 last = (kvc_u64)(tile + 1) << shift;
+        const kvc_u32 stop = last < b.n_sym ? (kvc_u32)last : b.n_sym;
+        for (kvc_u32 g = tile << shift; g < stop && rank < end; g++) {
+            if (!kvc_value_escapes(a, b, g)) continue;
+            const kvc_i32 v = a.escapes[b.escape_start + rank++];
+            const int r = kvc_value_radius(a, b, g);
+            const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
+            if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) s->bad_escape = 1;
+            a.q[b.q_start + g] = v;
+        }
     }
 }
 

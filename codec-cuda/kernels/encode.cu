@@ -706,7 +706,9 @@ __device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned
     s->n_escapes = at;
 }
 
-// Phase 7: each escape's value at its rank (its tile's first plus the escapes before it there).
+// Phase 7: each escape's value at its rank, the threads striding over the tiles: a tile holding
+// escapes (its first rank below the next tile's) is scanned in order by one thread, which ranks
+// its escapes one after another; tiles without escapes are not read again.
 __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
                                                       unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
@@ -716,15 +718,21 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
     const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
     const kvc_u8* idx = a.symbols + b.sym_start + n_e;
     const kvc_u16* li = a.symbol_table + b.sym_start + n_e;
-    for (kvc_u32 g = threadIdx.x; g < n_sym; g += blockDim.x) {
-        const int r = kvc_enc_radius(a, b, li[g]);
-        if (idx[g] != 2 * r + 1) continue;
-        const kvc_u32 tile = g >> s->tile_shift;
+    const kvc_u32 shift = s->tile_shift;
+    const kvc_u64 all = ((kvc_u64)n_sym + (1ull << shift) - 1) >> shift;
+    const kvc_u32 tiles = all < KVC_ENC_TILES ? (kvc_u32)all : KVC_ENC_TILES;
+    for (kvc_u32 tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
         kvc_u32 rank = s->tile[tile];
-        for (kvc_u32 h = tile << s->tile_shift; h < g; h++)
-            rank += idx[h] == 2 * kvc_enc_radius(a, b, li[h]) + 1;
-        // rank < n_sym unless another (malformed) block rewrote this one's symbols meanwhile.
-        if (rank < n_sym) a.escapes[b.escape_start + rank] = a.q[b.q_start + g];
+        const kvc_u32 end = tile + 1 < tiles ? s->tile[tile + 1] : s->n_escapes;
+        const kvc_u64 last = (kvc_u64)(tile + 1) << shift;
+        const kvc_u32 stop = last < n_sym ? (kvc_u32)last : n_sym;
+        for (kvc_u32 g = tile << shift; g < stop && rank < end; g++) {
+            if (idx[g] != 2 * kvc_enc_radius(a, b, li[g]) + 1) continue;
+            // rank < end <= n_escapes <= n_sym, unless another (malformed) block rewrote this
+            // one's symbols meanwhile: checked.
+            if (rank < n_sym) a.escapes[b.escape_start + rank] = a.q[b.q_start + g];
+            rank++;
+        }
     }
 }
 
