@@ -277,9 +277,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         run.lanes_host(&ch)?;
         self.write_host(&ch, src, &mut run)?;
         run.seal_host(&ch)?;
-        ch.finish(&run.seal_results, |len| {
-            run.sealed.get(..len).map(<[u8]>::to_vec)
-        })
+        split_sealed(&run.sealed, &ch.sealed_places(&run.seal_results)?)
     }
 
     /// The first launch on the host: `kvc_encode_blocks`.
@@ -651,14 +649,13 @@ impl EncodeChain {
         self.n_out + 4 * self.chunks.len()
     }
 
-    /// Every chunk's bytes with its CRC, from the sealing launch's results; `sealed(len)` reads
-    /// the sealed buffer's first `len` bytes (the chunks lie there one after another).
-    pub(crate) fn finish(
+    /// Where every chunk lies in the sealed buffer (bytes and CRC), from the sealing launch's
+    /// results: one after another from 0, each within the buffer.
+    pub(crate) fn sealed_places(
         &self,
         results: &[SealResult],
-        sealed: impl FnOnce(usize) -> Option<Vec<u8>>,
-    ) -> Result<Vec<Vec<u8>>, CudaError> {
-        let mut ranges = Vec::with_capacity(self.chunks.len());
+    ) -> Result<Vec<Range<usize>>, CudaError> {
+        let mut places = Vec::with_capacity(self.chunks.len());
         let mut at = 0u64;
         for chunk in 0..self.chunks.len() {
             let bad = |what| CudaError::Encode { chunk, what };
@@ -669,22 +666,29 @@ impl EncodeChain {
             if r.start != at || r.len < 4 || r.len > self.n_sealed() as u64 - at {
                 return Err(bad("the chunk's place in the sealed buffer"));
             }
-            ranges.push(at as usize..(at + r.len) as usize);
+            places.push(at as usize..(at + r.len) as usize);
             at += r.len;
         }
-        let bytes = sealed(at as usize).ok_or(CudaError::Encode {
-            chunk: 0,
-            what: "the sealed buffer",
-        })?;
-        let short = CudaError::Encode {
-            chunk: 0,
-            what: "the sealed buffer's length",
-        };
-        ranges
-            .into_iter()
-            .map(|r| bytes.get(r).map(<[u8]>::to_vec).ok_or(short.clone()))
-            .collect()
+        Ok(places)
     }
+}
+
+/// The chunks at `places` of `sealed` (the sealed buffer's start).
+pub(crate) fn split_sealed(
+    sealed: &[u8],
+    places: &[Range<usize>],
+) -> Result<Vec<Vec<u8>>, CudaError> {
+    places
+        .iter()
+        .enumerate()
+        .map(|(chunk, p)| {
+            let what = "the sealed buffer's length";
+            let bytes = sealed
+                .get(p.clone())
+                .ok_or(CudaError::Encode { chunk, what })?;
+            Ok(bytes.to_vec())
+        })
+        .collect()
 }
 
 #[cfg(test)]

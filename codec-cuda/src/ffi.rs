@@ -2026,34 +2026,49 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
         Ok(v)
     }
 
-    /// Copies elements `start..start + len` back (buffers of their own only).
-    pub(crate) fn download_range(
+    /// Elements kernels may touch.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl DevBuf<u8> {
+    /// Copies bytes `0..len` back through `pinned` (page-locked memory the caller keeps for
+    /// the next copy, grown when short) and hands them to `read` (buffers of their own only):
+    /// the device's copy at the speed of pinned memory, then one host copy, `read`'s.
+    pub(crate) fn download_pinned<R>(
         &self,
         stream: &Arc<CudaStream>,
-        start: usize,
         len: usize,
-    ) -> Result<Vec<T>, CudaError> {
+        pinned: &mut Option<PinnedHostSlice<u8>>,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, CudaError> {
         let outside = CudaError::Input {
             what: "a download outside its buffer",
         };
         let DevMem::Own(slice) = &self.mem else {
             return Err(outside);
         };
-        let end = start
-            .checked_add(len)
-            .filter(|&e| e <= self.len)
-            .ok_or(outside)?;
-        if len == 0 {
-            return Ok(Vec::new());
+        if len > self.len {
+            return Err(outside);
         }
+        if len == 0 {
+            return Ok(read(&[]));
+        }
+        // Cached (not write-combined): the host reads it.
+        let buf = pinned_at_least(stream, pinned, len, 0)?;
+        let host = buf
+            .as_mut_slice()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        // The destination is exactly `len` bytes: the driver copies the destination's length.
+        let dst = &mut host[..len];
         stream
-            .clone_dtoh(&slice.slice(start..end))
-            .map_err(driver_err("cuMemcpyDtoHAsync"))
-    }
-
-    /// Elements kernels may touch.
-    pub(crate) fn len(&self) -> usize {
-        self.len
+            .memcpy_dtoh(&slice.slice(0..len), dst)
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(read(dst))
     }
 }
 
@@ -2099,6 +2114,38 @@ impl<'a> Addrs<'a> {
         self.guards.push(guard);
         (ptr, b.len as u64)
     }
+}
+
+/// `held`, or when it is missing or shorter than `need` bytes (at most `isize::MAX / 4`), a new
+/// zeroed page-locked buffer of the next power of two with the driver's `flags`, held there
+/// instead: pinned memory a caller keeps between copies.
+fn pinned_at_least<'p>(
+    stream: &Arc<CudaStream>,
+    held: &'p mut Option<PinnedHostSlice<u8>>,
+    need: usize,
+    flags: u32,
+) -> Result<&'p mut PinnedHostSlice<u8>, CudaError> {
+    if need > isize::MAX as usize / 4 {
+        return Err(CudaError::Input {
+            what: "a host copy over isize::MAX / 4 bytes",
+        });
+    }
+    if held.as_ref().is_none_or(|p| p.len() < need) {
+        *held = None;
+        let cap = need.next_power_of_two();
+        // SAFETY: alloc_pinned_with_flags' contract (the memory is uninitialized): it is
+        // zeroed through the raw pointer below before any slice of it is formed. `cap` is far
+        // below isize::MAX (checked above), so cudarc's size assertions hold.
+        let mut p = unsafe { stream.context().alloc_pinned_with_flags::<u8>(cap, flags) }
+            .map_err(driver_err("cuMemHostAlloc"))?;
+        let ptr = p.as_mut_ptr().map_err(driver_err("cuEventSynchronize"))?;
+        // SAFETY: `ptr` points to `cap` bytes of pinned memory owned by `p`.
+        unsafe { ptr.write_bytes(0, cap) };
+        *held = Some(p);
+    }
+    held.as_mut().ok_or(CudaError::Input {
+        what: "no pinned buffer",
+    })
 }
 
 /// Bytes of a packed upload queued to the device at a time: the host fills the staging buffer
@@ -2185,27 +2232,13 @@ impl<'a> Packer<'a> {
         staging: &mut Option<PinnedHostSlice<u8>>,
     ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
         let need = self.total.max(1);
-        if need > isize::MAX as usize / 4 {
-            return Err(CudaError::Input {
-                what: "an upload over isize::MAX / 4 bytes",
-            });
-        }
-        if staging.as_ref().is_none_or(|p| p.len() < need) {
-            *staging = None;
-            let cap = need.next_power_of_two();
-            // SAFETY: alloc_pinned's contract (the memory is uninitialized): it is zeroed
-            // through the raw pointer below before any slice of it is formed. `cap` is far
-            // below isize::MAX (checked above), so cudarc's size assertions hold.
-            let mut p = unsafe { stream.context().alloc_pinned::<u8>(cap) }
-                .map_err(driver_err("cuMemHostAlloc"))?;
-            let ptr = p.as_mut_ptr().map_err(driver_err("cuEventSynchronize"))?;
-            // SAFETY: `ptr` points to `cap` bytes of pinned memory owned by `p`.
-            unsafe { ptr.write_bytes(0, cap) };
-            *staging = Some(p);
-        }
-        let pinned = staging.as_mut().ok_or(CudaError::Input {
-            what: "no staging buffer",
-        })?;
+        // Write-combined: the host only writes it, and the device reads it faster so.
+        let pinned = pinned_at_least(
+            stream,
+            staging,
+            need,
+            cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
+        )?;
         // Waits for any earlier copy from the staging buffer (its event).
         let dst = pinned
             .as_mut_slice()

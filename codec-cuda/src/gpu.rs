@@ -16,7 +16,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::decode::{check_chain, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
-use crate::encode_plan::{EncodeChain, EncodePlan};
+use crate::encode_plan::{split_sealed, EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::experiment::Lane32Batch;
 use crate::ffi::{self, DevBuf, LaneWord, LANES, SLOTS};
@@ -61,6 +61,8 @@ pub struct Gpu {
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
     /// short).
     staging: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// Pinned host memory encoded chunks are copied back through, kept for the next.
+    readback: Mutex<Option<PinnedHostSlice<u8>>>,
     /// The device scratch of the decode chains (symbols, their tables, values), kept for the
     /// next upload (grown when short): every chain writes all of it that it reads, and chains
     /// run one at a time (`chain_lock`).
@@ -116,6 +118,7 @@ impl Gpu {
             kernels: Mutex::new(None),
             lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
             staging: Mutex::new(None),
+            readback: Mutex::new(None),
             scratch: Mutex::new(None),
             chain_lock: Mutex::new(()),
         })
@@ -568,10 +571,11 @@ impl Gpu {
         Ok(best)
     }
 
-    /// Frees the pinned staging buffer and the decode scratch this `Gpu` keeps between calls
-    /// (the next decode allocates them again).
+    /// Frees the pinned staging and readback buffers and the decode scratch this `Gpu` keeps
+    /// between calls (the next call allocates them again).
     pub fn free_cached(&self) {
         *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.readback.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
@@ -876,15 +880,18 @@ impl Gpu {
     }
 
     /// The chunks the launches over `dev` sealed, copied back: their places, then the sealed
-    /// bytes in one copy.
+    /// bytes in one copy through pinned memory.
     fn encoded_chunks(
         &self,
         ch: &EncodeChain,
         dev: &ffi::EncodeDev,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let s = &self.stream;
-        let results = dev.seal_results.download(s)?;
-        ch.finish(&results, |len| dev.sealed.download_range(s, 0, len).ok())
+        let places = ch.sealed_places(&dev.seal_results.download(s)?)?;
+        let len = places.last().map_or(0, |p| p.end);
+        let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
+        dev.sealed
+            .download_pinned(s, len, &mut readback, |b| split_sealed(b, &places))?
     }
 
     /// Builds `plan`'s chain, uploads its inputs and queues its four launches over `src`.
