@@ -8,8 +8,9 @@
 //! 4. `kvc_seal_chunks`: each chunk's bytes and CRC-32C (§5.2) packed after the chunks before
 //!    it, so that one copy brings the batch back.
 //!
-//! The host only checks where each chunk lies and splits the copy. The source is one buffer of f32, f16 or bf16
-//! elements holding every layer's K and V as `[T, H, D]` ([`Source`]); the chunks are exactly
+//! The host only checks where each chunk lies and splits the copy. The source is one buffer of
+//! f32, f16 or bf16 elements holding every layer's K and V as `[T, H, D]` ([`Source`]); the
+//! chunks are exactly
 //! [`ChunkContext::encode_chunk`]'s, byte for byte. `Gpu::encode` runs the chain on a device,
 //! [`EncodePlan::encode_host`] on the kernels compiled for the CPU.
 //!
@@ -500,17 +501,6 @@ impl HostRun {
         }
     }
 
-    /// The fourth launch on the host: `kvc_seal_chunks` over the third's output.
-    fn seal_host(&mut self, ch: &EncodeChain) -> Result<(), CudaError> {
-        ffi::host_seal_chunks(ffi::SealIo {
-            chunks: &ch.chunks,
-            chunk_results: &self.chunk_results,
-            out: &self.out,
-            sealed: &mut self.sealed,
-            seal_results: &mut self.seal_results,
-        })
-    }
-
     /// The second launch on the host: `kvc_rans_lane_encode` over the first's records.
     fn lanes_host(&mut self, ch: &EncodeChain) -> Result<(), CudaError> {
         ffi::host_lane_encode(ffi::LaneEncodeIo {
@@ -522,6 +512,17 @@ impl HostRun {
             lane_len: &mut self.lane_len,
             blocks: &self.lane_blocks,
             status: &mut self.lane_status,
+        })
+    }
+
+    /// The fourth launch on the host: `kvc_seal_chunks` over the third's output.
+    fn seal_host(&mut self, ch: &EncodeChain) -> Result<(), CudaError> {
+        ffi::host_seal_chunks(ffi::SealIo {
+            chunks: &ch.chunks,
+            chunk_results: &self.chunk_results,
+            out: &self.out,
+            sealed: &mut self.sealed,
+            seal_results: &mut self.seal_results,
         })
     }
 }
@@ -850,11 +851,17 @@ mod tests {
             let (mut rooms, mut results) = (Vec::new(), Vec::new());
             for (body, gap, status, short) in &chunks {
                 out.extend(std::iter::repeat_n(0xEE, *gap as usize));
-                // A chunk whose length overruns its room (short == 0) is left out too.
-                let cap = (body.len() as u64 + 1).saturating_sub(u64::from(*short == 0) * 2);
-                rooms.push(ChunkOut { out_start: out.len() as u64, out_cap: cap, ..Default::default() });
+                // A room one byte longer than the body, or (short == 0) one byte shorter: a
+                // chunk whose length overruns its room is left out too.
+                let cap = if *short == 0 { body.len().saturating_sub(1) } else { body.len() + 1 };
+                let room = ChunkOut {
+                    out_start: out.len() as u64,
+                    out_cap: cap as u64,
+                    ..Default::default()
+                };
+                rooms.push(room);
                 out.extend(body);
-                out.extend(std::iter::repeat_n(0xDD, cap as usize + 1 - body.len().min(cap as usize + 1)));
+                out.resize(room.out_start as usize + cap.max(body.len()), 0xDD);
                 let status = u32::from(*status == 0);
                 results.push(ChunkResult { len: body.len() as u64, status, reserved: 0 });
             }
@@ -870,7 +877,8 @@ mod tests {
             }).unwrap();
             let crc32c = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
             let mut at = 0usize;
-            for (((body, ..), (room, r)), got) in chunks.iter().zip(rooms.iter().zip(&results)).zip(&seal_results) {
+            let outcomes = rooms.iter().zip(&results).zip(&seal_results);
+            for ((body, ..), ((room, r), got)) in chunks.iter().zip(outcomes) {
                 prop_assert_eq!(got.start, at as u64);
                 if r.status != 0 || r.len > room.out_cap {
                     prop_assert_eq!((got.len, got.status), (0, 1));
