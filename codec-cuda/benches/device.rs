@@ -93,6 +93,10 @@ fn main() {
     g.bench_function("whole Gpu::encode", |b| {
         b.iter(|| gpu.encode(&plan, &dev_src).unwrap())
     });
+    let mut up = gpu.upload_encode_plan(&plan).unwrap();
+    g.bench_function("Gpu::encode_uploaded (a plan uploaded once)", |b| {
+        b.iter(|| gpu.encode_uploaded(&mut up, &dev_src).unwrap())
+    });
     g.bench_function("four launches alone", |b| {
         b.iter_custom(|iters| {
             let s: f64 = (0..iters)

@@ -235,44 +235,12 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         self.chunks.len()
     }
 
-    /// The stream's shape.
-    pub(crate) fn shape(&self) -> codec_core::KvShape {
-        self.ctx.shape()
-    }
-
-    /// Whether a source buffer of `bytes` holds every tensor row `ch` reads.
-    pub(crate) fn check_source_bytes(
-        &self,
-        ch: &EncodeChain,
-        bytes: usize,
-    ) -> Result<(), CudaError> {
-        let need = ch.src_elems.saturating_mul(self.source.elem_bytes() as u64);
-        if (bytes as u64) < need {
-            return Err(CudaError::Input {
-                what: "the source buffer is shorter than the plan's tensors",
-            });
-        }
-        Ok(())
-    }
-
-    /// `src` as the plan's source on a device.
-    pub(crate) fn dev_source<'s, T>(
-        &self,
-        src: &'s cudarc::driver::CudaSlice<T>,
-    ) -> ffi::DevSource<'s, T> {
-        ffi::DevSource {
-            slice: src,
-            dtype: self.source.code(),
-            elem_bytes: self.source.elem_bytes() as u32,
-        }
-    }
-
     /// Runs the chain on the kernels compiled for the host over `src` (the source buffer's
     /// bytes, little-endian elements): every chunk's bytes, blocks and CRC, as
     /// [`ChunkContext::encode_chunk`] returns them.
     pub fn encode_host(&self, src: &[u8]) -> Result<Vec<Vec<u8>>, CudaError> {
         let mut ch = self.chain()?;
-        self.check_source_bytes(&ch, src.len())?;
+        ch.check_source_bytes(src.len())?;
         let mut run = HostRun::new(&ch);
         self.blocks_host(&mut ch, src, &mut run)?;
         run.lanes_host(&ch)?;
@@ -339,6 +307,10 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         let (d, c) = (shape.head_dim as usize, shape.channels());
         let mut ch = EncodeChain {
             importance: self.importance()?,
+            src_dtype: self.source.code(),
+            elem_bytes: self.source.elem_bytes() as u32,
+            heads: shape.kv_heads,
+            head_dim: shape.head_dim,
             ..EncodeChain::default()
         };
         if ch.importance.is_some() {
@@ -462,6 +434,11 @@ pub(crate) struct EncodeChain {
     pub n_out: usize,
     /// Elements the source must hold.
     pub src_elems: u64,
+    /// The source's dtype code and bytes per element, the stream's heads and head size.
+    pub src_dtype: u32,
+    pub elem_bytes: u32,
+    pub heads: u32,
+    pub head_dim: u32,
 }
 
 /// The launches' outputs of a host run.
@@ -643,6 +620,29 @@ impl EncodeChain {
         self.n_q += coded * c;
         self.n_words += lane_cap as usize * LANES;
         Ok(())
+    }
+
+    /// Whether a source buffer of `bytes` holds every tensor row the chain reads.
+    pub(crate) fn check_source_bytes(&self, bytes: usize) -> Result<(), CudaError> {
+        let need = self.src_elems.saturating_mul(u64::from(self.elem_bytes));
+        if (bytes as u64) < need {
+            return Err(CudaError::Input {
+                what: "the source buffer is shorter than the plan's tensors",
+            });
+        }
+        Ok(())
+    }
+
+    /// `src` as the chain's source on a device.
+    pub(crate) fn dev_source<'s, T>(
+        &self,
+        src: &'s cudarc::driver::CudaSlice<T>,
+    ) -> ffi::DevSource<'s, T> {
+        ffi::DevSource {
+            slice: src,
+            dtype: self.src_dtype,
+            elem_bytes: self.elem_bytes,
+        }
     }
 
     /// Bytes of the sealed buffer: every chunk's room and its CRC.

@@ -833,17 +833,46 @@ impl Gpu {
 
     /// Encodes every chunk of `plan` from `src`, a buffer on this device holding the plan's
     /// [`Source`](crate::encode_plan::Source) (e.g. a serving engine's K/V; `T` any type whose
-    /// bytes are the source dtype's elements): the plan's inputs uploaded at once, four
-    /// launches (blocks, lanes, chunk layout, chunks sealed with their CRCs and packed) with
-    /// no host step between them, then the chunks' places and their bytes copied back (two
-    /// copies): what [`EncodePlan::encode_host`] returns.
+    /// bytes are the source dtype's elements): the plan uploaded
+    /// ([`upload_encode_plan`](Self::upload_encode_plan)), then encoded once
+    /// ([`encode_uploaded`](Self::encode_uploaded)): what [`EncodePlan::encode_host`] returns.
     pub fn encode<T>(
         &self,
         plan: &EncodePlan<'_, '_>,
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        let (ch, dev) = self.encode_launched(plan, src)?;
-        self.encoded_chunks(&ch, &dev)
+        self.encode_uploaded(&mut self.upload_encode_plan(plan)?, src)
+    }
+
+    /// Builds `plan`'s launch records and uploads them with its tables, constants and
+    /// reference queries in one packed copy, and allocates its scratch on this device: what
+    /// [`encode_uploaded`](Self::encode_uploaded) needs to encode any source laid out as the
+    /// plan's, as often as wanted (a server encoding each new context of one shape).
+    pub fn upload_encode_plan(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+    ) -> Result<UploadedEncodePlan, CudaError> {
+        let ch = plan.chain()?;
+        let dev = self.upload_encode(&ch)?;
+        Ok(UploadedEncodePlan {
+            ch,
+            dev,
+            stream: self.stream.clone(),
+        })
+    }
+
+    /// Encodes every chunk of the uploaded plan from `src` (as [`encode`](Self::encode)):
+    /// four launches (blocks, lanes, chunk layout, chunks sealed with their CRCs and packed)
+    /// with no host step between them, then the chunks' places and their bytes copied back
+    /// (two copies, the second through pinned memory kept for the next call). `up` is
+    /// borrowed mutably: its scratch holds one encode at a time.
+    pub fn encode_uploaded<T>(
+        &self,
+        up: &mut UploadedEncodePlan,
+        src: &CudaSlice<T>,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
+        self.encode_launched(up, src)?;
+        self.encoded_chunks(up)
     }
 
     /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode) and
@@ -858,65 +887,60 @@ impl Gpu {
         let chain = best_time(reps, || plan.chain().map(drop))?;
         let ch = plan.chain()?;
         let upload = best_time(reps, || {
-            self.upload_encode(&ch, plan)?;
+            self.upload_encode(&ch)?;
             self.sync()
         })?;
-        let (ch, dev) = self.encode_launched(plan, src)?;
-        self.sync()?;
-        let k = self.kernels(None)?;
-        let source = plan.dev_source(src);
+        let mut up = self.upload_encode_plan(plan)?;
+        let uploaded = best_time(reps, || self.encode_uploaded(&mut up, src).map(drop))?;
         let launches = best_time(reps, || {
-            ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &dev, &source)?;
+            self.encode_launched(&up, src)?;
             self.sync()
         })?;
-        let copy_back = best_time(reps, || self.encoded_chunks(&ch, &dev).map(drop))?;
+        let copy_back = best_time(reps, || self.encoded_chunks(&up).map(drop))?;
         Ok(EncodeTimes {
             whole,
             chain,
             upload,
+            uploaded,
             launches,
             copy_back,
         })
     }
 
-    /// The chunks the launches over `dev` sealed, copied back: their places, then the sealed
+    /// The chunks the launches over `up` sealed, copied back: their places, then the sealed
     /// bytes in one copy through pinned memory.
-    fn encoded_chunks(
-        &self,
-        ch: &EncodeChain,
-        dev: &ffi::EncodeDev,
-    ) -> Result<Vec<Vec<u8>>, CudaError> {
+    fn encoded_chunks(&self, up: &UploadedEncodePlan) -> Result<Vec<Vec<u8>>, CudaError> {
         let s = &self.stream;
-        let places = ch.sealed_places(&dev.seal_results.download(s)?)?;
+        let places = up.ch.sealed_places(&up.dev.seal_results.download(s)?)?;
         let len = places.last().map_or(0, |p| p.end);
         let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
-        dev.sealed
+        up.dev
+            .sealed
             .download_pinned(s, len, &mut readback, |b| split_sealed(b, &places))?
     }
 
-    /// Builds `plan`'s chain, uploads its inputs and queues its four launches over `src`.
+    /// Queues the uploaded plan's four launches over `src`.
     fn encode_launched<T>(
         &self,
-        plan: &EncodePlan<'_, '_>,
+        up: &UploadedEncodePlan,
         src: &CudaSlice<T>,
-    ) -> Result<(EncodeChain, ffi::EncodeDev), CudaError> {
-        let source = plan.dev_source(src);
-        let ch = plan.chain()?;
-        plan.check_source_bytes(&ch, src.len() * std::mem::size_of::<T>())?;
+    ) -> Result<(), CudaError> {
+        if !Arc::ptr_eq(&up.stream, &self.stream) {
+            return Err(CudaError::Input {
+                what: "an encode plan uploaded through another Gpu",
+            });
+        }
+        up.ch
+            .check_source_bytes(src.len() * std::mem::size_of::<T>())?;
         let k = self.kernels(None)?;
-        let dev = self.upload_encode(&ch, plan)?;
-        ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &dev, &source)?;
-        Ok((ch, dev))
+        let source = up.ch.dev_source(src);
+        ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &up.dev, &source)
     }
 
     /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
     /// written by the first launch), its intermediate outputs in one fresh scratch, the
     /// chunk results and output of their own (downloaded).
-    fn upload_encode(
-        &self,
-        ch: &EncodeChain,
-        plan: &EncodePlan<'_, '_>,
-    ) -> Result<ffi::EncodeDev, CudaError> {
+    fn upload_encode(&self, ch: &EncodeChain) -> Result<ffi::EncodeDev, CudaError> {
         let s = &self.stream;
         let n = ch.blocks.len();
         let mut p = ffi::Packer::default();
@@ -941,7 +965,6 @@ impl Gpu {
                 .map_err(ffi::driver_err("cuMemAllocAsync"))?,
         );
         let (b, x) = (&base, &scratch);
-        let shape = plan.shape();
         Ok(ffi::EncodeDev {
             importance: ch.importance,
             qref: DevBuf::view(b, qref)?,
@@ -969,9 +992,26 @@ impl Gpu {
             out: DevBuf::zeros(s, ch.n_out)?,
             sealed: DevBuf::zeros(s, ch.n_sealed())?,
             seal_results: DevBuf::zeros(s, ch.chunks.len())?,
-            heads: shape.kv_heads,
-            head_dim: shape.head_dim,
+            heads: ch.heads,
+            head_dim: ch.head_dim,
         })
+    }
+}
+
+/// An encode plan on one device ([`Gpu::upload_encode_plan`]): its launch records, tables and
+/// constants uploaded and its scratch allocated, for [`Gpu::encode_uploaded`].
+#[derive(Debug)]
+pub struct UploadedEncodePlan {
+    ch: EncodeChain,
+    dev: ffi::EncodeDev,
+    /// The stream (so the device) it was uploaded to.
+    stream: Arc<CudaStream>,
+}
+
+impl UploadedEncodePlan {
+    /// Chunks the plan encodes.
+    pub fn chunks(&self) -> usize {
+        self.ch.chunks.len()
     }
 }
 
@@ -984,6 +1024,8 @@ pub struct EncodeTimes {
     pub chain: f64,
     /// Its inputs packed and uploaded, its outputs allocated.
     pub upload: f64,
+    /// [`Gpu::encode_uploaded`] (the plan uploaded once): launches and copies back.
+    pub uploaded: f64,
     /// The four launches alone.
     pub launches: f64,
     /// The chunks' places and bytes copied back.

@@ -46,5 +46,5 @@ pub mod rans;
 pub mod stream;
 
 pub use error::CudaError;
-pub use gpu::{EncodeTimes, Gpu, UploadedPlan, DEFAULT_LANE_SHARED_TABLES};
+pub use gpu::{EncodeTimes, Gpu, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES};
 pub use nvrtc::{compile_report, KernelResources};

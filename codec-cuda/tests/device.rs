@@ -307,10 +307,10 @@ fn device_encode_reproduces_codec_cores_blocks() {
     println!("{} blocks re-encoded on the device", case.values.len());
 }
 
-/// The encode chain on the device (`Gpu::encode`: three launches from K/V in device memory):
+/// The encode chain on the device (`Gpu::encode`: four launches from K/V in device memory):
 /// the real fixture (3 layers, f16, step exponents) in 96-token chunks at three levels and odd
 /// ranges, every chunk byte for byte codec-core's and the host-run chain's; a source buffer
-/// shorter than the plan's tensors is refused.
+/// shorter than the plan's tensors is refused; an uploaded plan encodes again and again.
 #[test]
 fn device_encode_plan_writes_codec_cores_chunks() {
     let Some(gpu) = gpu("device_encode_plan_writes_codec_cores_chunks") else {
@@ -339,7 +339,33 @@ fn device_encode_plan_writes_codec_cores_chunks() {
         gpu.encode(&plan, &short),
         Err(codec_cuda::CudaError::Input { .. })
     ));
-    println!("{} chunks encoded on the device", got.len());
+    // The plan uploaded once encodes the same source again, then another of its layout (the
+    // tokens reversed) to codec-core's chunks of that one: nothing of an earlier encode is
+    // left in the scratch. Through another `Gpu` it is refused.
+    let mut up = gpu.upload_encode_plan(&plan).unwrap();
+    assert!(gpu.encode_uploaded(&mut up, &dev_src).unwrap() == got);
+    let reversed = common::tokens_reversed(&cache);
+    let dev_reversed = gpu.upload(&common::source_of(&reversed).0).unwrap();
+    let again = gpu.encode_uploaded(&mut up, &dev_reversed).unwrap();
+    for (i, &(start, end, level)) in chunks.iter().enumerate() {
+        let want = ctx
+            .encode_chunk(&reversed.view(), start..end, level)
+            .unwrap();
+        assert!(
+            again[i] == want,
+            "reversed: chunk {i} ({start}..{end}, level {level})"
+        );
+    }
+    assert!(again != got);
+    let other = Gpu::new(0).unwrap();
+    assert!(matches!(
+        other.encode_uploaded(&mut up, &dev_src),
+        Err(codec_cuda::CudaError::Input { .. })
+    ));
+    println!(
+        "{} chunks encoded on the device, twice from one upload",
+        got.len()
+    );
 }
 
 /// A plan uploaded once (`Gpu::upload_plan`: one packed copy from pinned memory) decodes to

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
-use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, TensorMut};
+use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, Tensor, TensorMut};
 use codec_cuda::encode_plan::Source;
 use codec_cuda::quant::OutDtype;
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
@@ -241,6 +241,23 @@ pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>]) -> EncodeCase {
         enc,
         values,
         lanes: lanes_out,
+    }
+}
+
+/// `cache` with its tokens in reverse order (every tensor's rows): a second source of the
+/// same layout and other contents.
+pub fn tokens_reversed(cache: &KvCache) -> KvCache {
+    let c = cache.shape.channels();
+    let reverse = |t: &Tensor| match t {
+        Tensor::F32(x) => Tensor::F32(x.chunks(c).rev().flatten().copied().collect()),
+        Tensor::F16(x) => Tensor::F16(x.chunks(c).rev().flatten().copied().collect()),
+        Tensor::Bf16(x) => Tensor::Bf16(x.chunks(c).rev().flatten().copied().collect()),
+    };
+    KvCache {
+        shape: cache.shape,
+        k: cache.k.iter().map(reverse).collect(),
+        v: cache.v.iter().map(reverse).collect(),
+        meta: cache.meta.clone(),
     }
 }
 
