@@ -939,7 +939,8 @@ impl Gpu {
 
     /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
     /// written by the first launch), its intermediate outputs in one fresh scratch, the
-    /// chunk results and output of their own (downloaded).
+    /// chunks' rooms and the sealed chunks in allocations of their own (only the sealed
+    /// chunks and their places are copied back).
     fn upload_encode(&self, ch: &EncodeChain) -> Result<ffi::EncodeDev, CudaError> {
         let s = &self.stream;
         let n = ch.blocks.len();
