@@ -14,7 +14,7 @@ use codec_cuda::encode_plan::Source;
 use criterion::{Criterion, Throughput};
 
 fn main() {
-    let gpu = match support::open_gpu() {
+    let mut gpu = match support::open_gpu() {
         Ok(g) => g,
         Err(why) => {
             println!("codec-cuda device benches skipped: {why}");
@@ -117,6 +117,14 @@ fn main() {
             Duration::from_secs_f64(s)
         })
     });
+    gpu.set_pq_shared_keys(0);
+    g.bench_function("kernel alone, ranking keys in device memory", |b| {
+        b.iter_custom(|iters| {
+            let s: f64 = (0..iters).map(|_| gpu.time_search(&pq, 1).unwrap()).sum();
+            Duration::from_secs_f64(s)
+        })
+    });
+    gpu.set_pq_shared_keys(u32::MAX);
     g.finish();
     c.final_summary();
 }

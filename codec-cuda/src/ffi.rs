@@ -41,9 +41,11 @@
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount
 //!    the kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`]
-//!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search [`PQ_THREADS`]
-//!    threads and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per table entry, the `table_capacity`
-//!    it is told (the kernel checks that the table fits it); the encode chain [`CHAIN_THREADS`]
+//!    threads and [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search its [`PqShape`]'s
+//!    threads (at most [`PQ_MAX_THREADS`], which the kernel checks) and
+//!    [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per table entry and per shared key, the
+//!    `table_capacity` and `key_capacity` it is told (the kernel checks that the table fits
+//!    the one, and keeps only queries of at most the other's tokens there); the encode chain [`CHAIN_THREADS`]
 //!    threads and [`ENCODE_SHARED_BYTES`] (`kvc_encode_blocks`, one CUDA block per coded block)
 //!    or [`WRITE_SHARED_BYTES`] (`kvc_write_chunks`, one per chunk) or [`SEAL_SHARED_BYTES`]
 //!    (`kvc_seal_chunks`, one per chunk) of shared memory.
@@ -66,7 +68,8 @@
 //!    pattern is a valid value.
 //! 8. **Shared memory.** A lane-decode launch asks for `shared_tables * 16 KiB` of dynamic
 //!    shared memory only after `Gpu` raised the function's limit to at least that (or it is
-//!    within the default 48 KiB).
+//!    within the default 48 KiB); a PQ search launch asks for its [`PqShape`]'s bytes, shaped
+//!    within the budget `Gpu` raised the function's limit to (the device's opt-in maximum).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -807,13 +810,77 @@ pub(crate) struct PqArgsC {
     bits: u32,
     residual: u32,
     table_capacity: u32,
-    reserved: u32,
+    key_capacity: u32,
 }
 
-/// Threads per block of the PQ search kernel (`KVC_PQ_MAX_THREADS`).
-pub(crate) const PQ_THREADS: u32 = 256;
-/// Bytes of `KvcPqShared`, before the table in the PQ kernel's shared memory.
-pub(crate) const PQ_SHARED_HEADER_BYTES: u64 = 16 + 4 * 256 + 2 * 4 * PQ_THREADS as u64;
+/// Threads per block the PQ search kernel's shared counts hold (`KVC_PQ_MAX_THREADS`).
+pub(crate) const PQ_MAX_THREADS: u32 = 1024;
+/// Most ranking keys a PQ search launch keeps in shared memory per query
+/// (`KVC_PQ_MAX_SHARED_KEYS`).
+pub(crate) const PQ_MAX_SHARED_KEYS: u32 = 65536;
+/// Bytes of `KvcPqShared`, before the table in the PQ kernel's shared memory: four words, two
+/// histograms of 2048 bins, 64 bin-group sums, two counts per 32 threads, two counts per thread
+/// padded by a word every 32 threads.
+pub(crate) const PQ_SHARED_HEADER_BYTES: u64 =
+    4 * (4 + 2 * 2048 + 64 + 2 * 32 + 2 * (PQ_MAX_THREADS as u64 + PQ_MAX_THREADS as u64 / 32));
+
+/// The shape of a PQ search launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PqShape {
+    /// Threads per block.
+    pub threads: u32,
+    /// Table entries (`m * 2^bits`) its shared memory holds.
+    pub table_entries: u32,
+    /// Ranking keys its shared memory holds after the table: a query of at most this many
+    /// tokens keeps its keys there, a longer one in the scratch buffer.
+    pub key_capacity: u32,
+}
+
+impl PqShape {
+    /// For a launch whose longest query sees `max_tokens` tokens, with `m * 2^bits` table
+    /// entries: threads by that query (256 under 4096 tokens, 512 under 16 384, else 1024, so
+    /// that a thread's share of a pass stays at 16 tokens or more), and as many ranking keys in
+    /// shared memory as `shared_keys`, the longest query, the kernel's limit and
+    /// `shared_budget` bytes per block allow. Errs if the table does not fit the kernel.
+    pub(crate) fn new(
+        max_tokens: u32,
+        m: u32,
+        bits: u32,
+        shared_keys: u32,
+        shared_budget: u64,
+    ) -> Result<Self, CudaError> {
+        let entries = u64::from(m).checked_shl(bits).unwrap_or(u64::MAX);
+        let table_entries = match u32::try_from(entries) {
+            Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => e,
+            _ => {
+                return Err(CudaError::Input {
+                    what: "m * 2^bits table entries exceed the kernel's shared memory",
+                })
+            }
+        };
+        let threads = match max_tokens {
+            0..4096 => 256,
+            4096..16384 => 512,
+            _ => PQ_MAX_THREADS,
+        };
+        let room = shared_budget.saturating_sub(PQ_SHARED_HEADER_BYTES + 4 * entries) / 4;
+        let room = u32::try_from(room).unwrap_or(u32::MAX);
+        let key_capacity = shared_keys
+            .min(max_tokens)
+            .min(PQ_MAX_SHARED_KEYS)
+            .min(room);
+        Ok(PqShape {
+            threads,
+            table_entries,
+            key_capacity,
+        })
+    }
+
+    /// Dynamic shared memory per block: the header, the table, the keys.
+    pub(crate) fn shared_bytes(&self) -> u64 {
+        PQ_SHARED_HEADER_BYTES + 4 * (u64::from(self.table_entries) + u64::from(self.key_capacity))
+    }
+}
 
 /// The buffers of one PQ search launch.
 #[derive(Debug)]
@@ -831,21 +898,8 @@ pub(crate) struct PqIo<'a> {
     pub residual: u32,
 }
 
-impl PqIo<'_> {
-    /// Table entries of the launch, `m * 2^bits`, if the kernel's shared memory holds them.
-    fn table_entries(&self) -> Result<u32, CudaError> {
-        let entries = u64::from(self.m).checked_shl(self.bits).unwrap_or(u64::MAX);
-        match u32::try_from(entries) {
-            Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => Ok(e),
-            _ => Err(CudaError::Input {
-                what: "m * 2^bits table entries exceed the kernel's shared memory",
-            }),
-        }
-    }
-}
-
 /// Runs `kvc_pq_search` on the host: one block per query.
-pub(crate) fn host_pq_search(io: PqIo<'_>) -> Result<(), CudaError> {
+pub(crate) fn host_pq_search(io: PqIo<'_>, shape: PqShape) -> Result<(), CudaError> {
     let grid = u32::try_from(io.items.len()).map_err(|_| CudaError::Input {
         what: "more than 2^32 - 1 queries in one launch",
     })?;
@@ -854,7 +908,6 @@ pub(crate) fn host_pq_search(io: PqIo<'_>) -> Result<(), CudaError> {
             what: "status buffer is not one entry per query",
         });
     }
-    let entries = io.table_entries()?;
     let args = PqArgsC {
         queries: io.queries.as_ptr(),
         n_queries: io.queries.len() as u64,
@@ -873,14 +926,13 @@ pub(crate) fn host_pq_search(io: PqIo<'_>) -> Result<(), CudaError> {
         m: io.m,
         bits: io.bits,
         residual: io.residual,
-        table_capacity: entries,
-        reserved: 0,
+        table_capacity: shape.table_entries,
+        key_capacity: shape.key_capacity,
     };
-    let shared = PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries);
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
     // length, borrowed for the call, mutably for the outputs) and 3 (launch shape: the shared
-    // memory holds KvcPqShared and `table_capacity` table entries).
-    let rc = unsafe { kvc_pq_search_host(&args, grid, PQ_THREADS, shared) };
+    // memory holds KvcPqShared, `table_capacity` table entries and `key_capacity` keys).
+    let rc = unsafe { kvc_pq_search_host(&args, grid, shape.threads, shape.shared_bytes()) };
     host_ran(rc, "kvc_pq_search")
 }
 
@@ -1684,8 +1736,9 @@ fn rust_pq_layout() -> Vec<u64> {
         offset_of!(A, bits),
         offset_of!(A, residual),
         offset_of!(A, table_capacity),
+        offset_of!(A, key_capacity),
         PQ_SHARED_HEADER_BYTES as usize,
-        PQ_THREADS as usize,
+        PQ_MAX_THREADS as usize,
     ]
     .map(|x| x as u64)
     .to_vec()
@@ -1772,7 +1825,7 @@ mod tests {
             bits,
             residual,
             table_capacity,
-            reserved
+            key_capacity
         );
     }
 
@@ -2358,7 +2411,7 @@ struct PqArgsDev {
     bits: u32,
     residual: u32,
     table_capacity: u32,
-    reserved: u32,
+    key_capacity: u32,
 }
 
 /// `KvcQuantArgs` with device addresses.
@@ -2601,24 +2654,18 @@ pub(crate) fn launch_pq(
     stream: &CudaStream,
     func: &CudaFunction,
     b: &PqDev,
+    shape: PqShape,
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     if b.status.len() != b.items.len() {
         return Err(input("PQ buffers of mismatched lengths"));
     }
-    let entries = u64::from(b.m).checked_shl(b.bits).unwrap_or(u64::MAX);
-    let entries = match u32::try_from(entries) {
-        Ok(e) if e <= crate::pq::MAX_TABLE_ENTRIES => e,
-        _ => {
-            return Err(input(
-                "m * 2^bits table entries exceed the kernel's shared memory",
-            ))
-        }
-    };
     let grid = u32::try_from(b.items.len()).map_err(|_| input("over 2^31 - 1 queries"))?;
     if grid == 0 {
         return Ok(());
     }
+    let shared_mem_bytes =
+        u32::try_from(shape.shared_bytes()).map_err(|_| input("PQ shared memory over 4 GiB"))?;
     let mut a = Addrs { guards: Vec::new() };
     let (queries, n_queries) = a.of(&b.queries, stream);
     let (codewords, n_codewords) = a.of(&b.codewords, stream);
@@ -2645,16 +2692,17 @@ pub(crate) fn launch_pq(
         m: b.m,
         bits: b.bits,
         residual: b.residual,
-        table_capacity: entries,
-        reserved: 0,
+        table_capacity: shape.table_entries,
+        key_capacity: shape.key_capacity,
     };
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
-        block_dim: (PQ_THREADS, 1, 1),
-        shared_mem_bytes: (PQ_SHARED_HEADER_BYTES + 4 * u64::from(entries)) as u32,
+        block_dim: (shape.threads, 1, 1),
+        shared_mem_bytes,
     };
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
-    // synchronized), 7 and 3 (the host runs' launch shape and shared memory).
+    // synchronized), 7, 3 (the host runs' launch shape and shared memory) and 8 (the shape's
+    // shared memory is within the budget the function's limit was raised to).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }

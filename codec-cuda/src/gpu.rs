@@ -45,6 +45,9 @@ struct Kernels {
     seal_chunks: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
+    /// Dynamic shared memory a PQ search block may ask for: the device's opt-in maximum, to
+    /// which the function's limit is raised.
+    pq_shared_budget: u64,
     /// Not part of any format: the 32-bit-state experiment ([`crate::experiment`]).
     lane32_experiment: CudaFunction,
 }
@@ -58,6 +61,7 @@ pub struct Gpu {
     arch: String,
     kernels: Mutex<Option<Arc<Kernels>>>,
     lane_shared_tables: u32,
+    pq_shared_keys: u32,
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
     /// short).
     staging: Mutex<Option<PinnedHostSlice<u8>>>,
@@ -117,6 +121,7 @@ impl Gpu {
             arch: format!("sm_{major}{minor}"),
             kernels: Mutex::new(None),
             lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
+            pq_shared_keys: u32::MAX,
             staging: Mutex::new(None),
             readback: Mutex::new(None),
             scratch: Mutex::new(None),
@@ -163,6 +168,14 @@ impl Gpu {
         Ok(())
     }
 
+    /// Sets the longest query (in tokens) whose ranking keys a PQ search keeps in shared
+    /// memory; longer ones keep theirs in a scratch buffer in device memory. By default every
+    /// query's, as far as the device's shared memory per block holds them; 0 keeps none there.
+    /// The selections are the same either way ([`PqBatch::search_host_keeping`]).
+    pub fn set_pq_shared_keys(&mut self, tokens: u32) {
+        self.pq_shared_keys = tokens;
+    }
+
     /// Compiles (once per process and architecture) and loads the kernels, with NVRTC loaded
     /// as [`Nvrtc::load`] loads it from `nvrtc_dir`. The entry points call it with `None` if
     /// the kernels are not loaded yet.
@@ -191,7 +204,7 @@ impl Gpu {
                 .load_function(entry)
                 .map_err(ffi::driver_err("cuModuleGetFunction"))
         };
-        let kernels = Kernels {
+        let mut kernels = Kernels {
             lane_decode: load("rans_decode.cu", "kvc_rans_lane_decode")?,
             dequant_f16: load("dequant.cu", "kvc_dequant_f16")?,
             dequant_bf16: load("dequant.cu", "kvc_dequant_bf16")?,
@@ -204,6 +217,7 @@ impl Gpu {
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
+            pq_shared_budget: 0,
         };
         let shared = self.lane_shared_tables as usize * SLOTS * 4;
         if shared > 48 * 1024 {
@@ -217,9 +231,25 @@ impl Gpu {
                 .map_err(ffi::driver_err("cuFuncSetAttribute"))?;
             }
         }
+        kernels.pq_shared_budget = self.raise_pq_shared_limit(&kernels.pq_search)?;
         let kernels = Arc::new(kernels);
         *held = Some(kernels.clone());
         Ok(kernels)
+    }
+
+    /// Raises `pq_search`'s dynamic shared memory limit to the device's opt-in maximum per
+    /// block (invariant 8 of src/ffi.rs) and returns it.
+    fn raise_pq_shared_limit(&self, pq_search: &CudaFunction) -> Result<u64, CudaError> {
+        use cudarc::driver::sys::CUdevice_attribute_enum as D;
+        use cudarc::driver::sys::CUfunction_attribute_enum as A;
+        let optin = self
+            .ctx
+            .attribute(D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(ffi::driver_err("cuDeviceGetAttribute"))?;
+        pq_search
+            .set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin)
+            .map_err(ffi::driver_err("cuFuncSetAttribute"))?;
+        Ok(u64::try_from(optin).unwrap_or(0))
     }
 
     fn sync(&self) -> Result<(), CudaError> {
@@ -704,10 +734,7 @@ impl Gpu {
 
     /// Runs the PQ search over `batch` on the device: as [`PqBatch::search_host`] gives it.
     pub fn search(&self, batch: &PqBatch) -> Result<PqSelected, CudaError> {
-        let dev = self.run_once(
-            |g| g.upload_pq(batch),
-            |g, k, d| ffi::launch_pq(&g.stream, &k.pq_search, d),
-        )?;
+        let dev = self.run_once(|g| g.upload_pq(batch), |g, k, d| g.launch_pq(k, d, batch))?;
         let s = &self.stream;
         let out = dev.out.download(s)?;
         let status = dev.status.download(s)?;
@@ -720,21 +747,35 @@ impl Gpu {
         self.time_launches(
             reps,
             |g| g.upload_pq(batch),
-            |g, k, d| ffi::launch_pq(&g.stream, &k.pq_search, d),
+            |g, k, d| g.launch_pq(k, d, batch),
         )
     }
 
+    fn launch_pq(&self, k: &Kernels, d: &ffi::PqDev, batch: &PqBatch) -> Result<(), CudaError> {
+        let shape = batch.shape(self.pq_shared_keys, k.pq_shared_budget)?;
+        ffi::launch_pq(&self.stream, &k.pq_search, d, shape)
+    }
+
+    /// The batch's inputs in one packed upload (see [`ffi::Packer`]), its scratch keys and
+    /// outputs in allocations of their own.
     fn upload_pq(&self, batch: &PqBatch) -> Result<ffi::PqDev, CudaError> {
         let s = &self.stream;
         let (keys_len, out_len) = batch.lens();
         let io = batch.io(&mut [], &mut [], &mut []);
+        let mut p = ffi::Packer::default();
+        let (queries, codewords) = (p.add(io.queries), p.add(io.codewords));
+        let (codes, items) = (p.add(io.codes), p.add(io.items));
+        let base = {
+            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+            p.upload(s, &mut staging)?
+        };
         Ok(ffi::PqDev {
-            queries: DevBuf::upload(s, io.queries)?,
-            codewords: DevBuf::upload(s, io.codewords)?,
-            codes: DevBuf::upload(s, io.codes)?,
+            queries: DevBuf::view(&base, queries)?,
+            codewords: DevBuf::view(&base, codewords)?,
+            codes: DevBuf::view(&base, codes)?,
             keys: DevBuf::zeros(s, keys_len)?,
             out: DevBuf::zeros(s, out_len)?,
-            items: DevBuf::upload(s, io.items)?,
+            items: DevBuf::view(&base, items)?,
             status: DevBuf::zeros(s, io.items.len())?,
             dim: io.dim,
             m: io.m,

@@ -249,13 +249,34 @@ impl PqBatch {
     }
 
     /// Runs the kernel compiled for the host: each query's selection (ascending token indices)
-    /// and status (an empty selection for a query that is not [`PqStatus::Ok`]).
+    /// and status (an empty selection for a query that is not [`PqStatus::Ok`]). Every
+    /// query's ranking keys are kept in shared memory, as on a device with room for them.
     pub fn search_host(&self) -> Result<PqSelected, CudaError> {
+        self.search_host_keeping(u32::MAX)
+    }
+
+    /// As [`search_host`](Self::search_host), with the ranking keys of the queries of at most
+    /// `shared_keys` tokens in shared memory and the others' in the scratch buffer (as
+    /// [`Gpu::set_pq_shared_keys`](crate::Gpu::set_pq_shared_keys) sets it for a device): the
+    /// selections are the same either way.
+    pub fn search_host_keeping(&self, shared_keys: u32) -> Result<PqSelected, CudaError> {
+        let shape = self.shape(shared_keys, u64::MAX)?;
         let mut keys = vec![0u32; self.keys_len];
         let mut out = vec![0u32; self.out_len];
         let mut status = vec![0u32; self.items.len()];
-        ffi::host_pq_search(self.io(&mut keys, &mut out, &mut status))?;
+        ffi::host_pq_search(self.io(&mut keys, &mut out, &mut status), shape)?;
         Ok(self.selected(out, status))
+    }
+
+    /// The launch's shape with at most `shared_keys` ranking keys per query in shared memory
+    /// and `shared_budget` bytes of it per block.
+    pub(crate) fn shape(
+        &self,
+        shared_keys: u32,
+        shared_budget: u64,
+    ) -> Result<ffi::PqShape, CudaError> {
+        let max_tokens = self.items.iter().map(|q| q.tokens).max().unwrap_or(0);
+        ffi::PqShape::new(max_tokens, self.m, self.bits, shared_keys, shared_budget)
     }
 
     /// The launch's output as selections.

@@ -284,6 +284,48 @@ fn device_pq_search_selects_what_pq_core_selects() {
     }
 }
 
+/// Long contexts (1024 threads per block, ranking keys in shared memory above the default 48 KiB
+/// or in device memory): the device selects what pq-core selects, either way.
+#[test]
+fn device_pq_long_contexts_select_what_pq_core_selects() {
+    let Some(mut gpu) = gpu("device_pq_long_contexts_select_what_pq_core_selects") else {
+        return;
+    };
+    let (m, bits, d, tokens) = (2usize, 6u8, 8usize, 20_000usize);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) as f32 / (1u64 << 31) as f32 - 0.5
+    };
+    let cw: Vec<f32> = (0..m * 64 * (d / m)).map(|_| next()).collect();
+    let cb = Codebook::from_parts(Method::Product, d, m, bits, 1, cw).unwrap();
+    let codes: Vec<u16> = (0..tokens * m)
+        .map(|_| ((next() + 0.5) * 64.0) as u16 % 64)
+        .collect();
+    let mut batch = PqBatch::new(&cb).unwrap();
+    let head = batch
+        .add_head(&cb, &pack(&codes, bits).unwrap(), tokens)
+        .unwrap();
+    let mut want = Vec::new();
+    for (i, seen) in [tokens, tokens - 1, 15_000, 5_000].into_iter().enumerate() {
+        let q: Vec<f32> = (0..d).map(|_| next()).collect();
+        let k = seen / (2 + i);
+        batch.add_query(head, &q, seen, k, 4, 64).unwrap();
+        let table = group_score_table(&q, &cb).unwrap();
+        want.push(search(&codes[..seen * m], &table, k, 4, 64).unwrap());
+    }
+    for shared_keys in [u32::MAX, 0] {
+        gpu.set_pq_shared_keys(shared_keys);
+        let got = gpu.search(&batch).unwrap();
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(got.status(i), Some(PqStatus::Ok));
+            assert_eq!(got.tokens(i), &w[..], "query {i} keeping {shared_keys}");
+        }
+    }
+}
+
 /// The encode kernels on the device: every block of a stream codec-core encoded from the real
 /// fixture (3 layers, step exponents) re-quantized and re-encoded to the stream's symbol values
 /// and lane words, as on the host.

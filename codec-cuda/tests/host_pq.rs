@@ -98,20 +98,23 @@ fn case() -> impl Strategy<Value = Case> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(160))]
 
-    /// Every query of a batch selects exactly pq-core's tokens.
+    /// Every query of a batch selects exactly pq-core's tokens, with its ranking keys in
+    /// shared memory, in the scratch buffer, or either by its length.
     #[test]
-    fn kernel_selects_what_pq_core_selects(c in case()) {
+    fn kernel_selects_what_pq_core_selects(c in case(), keep in 0u32..400) {
         let packed = pack(&c.codes, c.cb.bits()).unwrap();
         let mut batch = PqBatch::new(&c.cb).unwrap();
         let head = batch.add_head(&c.cb, &packed, c.tokens).unwrap();
         for (q, seen, k, n_init, n_local) in &c.queries {
             batch.add_query(head, q, *seen, *k, *n_init, *n_local).unwrap();
         }
-        let got = batch.search_host().unwrap();
-        for (i, (q, seen, k, n_init, n_local)) in c.queries.iter().enumerate() {
-            prop_assert_eq!(got.status(i), Some(PqStatus::Ok));
-            let want = reference(&c.cb, &c.codes, q, *seen, (*k, *n_init, *n_local));
-            prop_assert_eq!(got.tokens(i), &want[..], "query {}", i);
+        for shared_keys in [u32::MAX, 0, keep] {
+            let got = batch.search_host_keeping(shared_keys).unwrap();
+            for (i, (q, seen, k, n_init, n_local)) in c.queries.iter().enumerate() {
+                prop_assert_eq!(got.status(i), Some(PqStatus::Ok));
+                let want = reference(&c.cb, &c.codes, q, *seen, (*k, *n_init, *n_local));
+                prop_assert_eq!(got.tokens(i), &want[..], "query {} keeping {}", i, shared_keys);
+            }
         }
     }
 
@@ -148,6 +151,49 @@ proptest! {
         prop_assert_eq!(got.status(1), Some(PqStatus::Ok));
         let want = reference(&cb, &codes, &q, 40, (10, 2, 5));
         prop_assert_eq!(got.tokens(1), &want[..]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Long contexts, which launch 512 and 1024 threads per block: codes drawn from a few
+    /// values (many exact ties) or from all, queries seeing a prefix or all of the tokens, k from
+    /// one token to all of the rest; keys in shared memory or in the scratch buffer.
+    #[test]
+    fn long_contexts_select_what_pq_core_selects(
+        tokens in 4000usize..24_000,
+        few_codes in any::<bool>(),
+        seed in any::<u64>(),
+        queries in proptest::collection::vec((0.5f64..=1.0, 0.0f64..=1.0, 0usize..8, 0usize..200), 1..4),
+    ) {
+        let mut rng = seed;
+        let mut next = move || {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) as u32
+        };
+        let (m, bits, d) = (2usize, 6u8, 8usize);
+        let cw: Vec<f32> = (0..m * 64 * (d / m)).map(|_| next() as f32 / 2e9 - 1.0).collect();
+        let cb = Codebook::from_parts(Method::Product, d, m, bits, 1, cw).unwrap();
+        let span = if few_codes { 3 } else { 64 };
+        let codes: Vec<u16> = (0..tokens * m).map(|_| (next() % span) as u16).collect();
+        let mut batch = PqBatch::new(&cb).unwrap();
+        let head = batch.add_head(&cb, &pack(&codes, bits).unwrap(), tokens).unwrap();
+        let mut want = Vec::new();
+        for (seen_share, k_share, n_init, n_local) in &queries {
+            let seen = (tokens as f64 * seen_share) as usize;
+            let k = (seen as f64 * k_share) as usize;
+            let q: Vec<f32> = (0..d).map(|_| next() as f32 / 2e9 - 1.0).collect();
+            batch.add_query(head, &q, seen, k, *n_init, *n_local).unwrap();
+            want.push(reference(&cb, &codes, &q, seen, (k, *n_init, *n_local)));
+        }
+        for shared_keys in [u32::MAX, 0] {
+            let got = batch.search_host_keeping(shared_keys).unwrap();
+            for (i, w) in want.iter().enumerate() {
+                prop_assert_eq!(got.status(i), Some(PqStatus::Ok));
+                prop_assert_eq!(got.tokens(i), &w[..], "query {} keeping {}", i, shared_keys);
+            }
+        }
     }
 }
 
