@@ -128,22 +128,39 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
         }
     }
 
-    const kvc_u16* table_of = a.symbol_table + blk.symbol_start;
-    kvc_u8* out = a.symbols + blk.symbol_start;
-    const kvc_u32* list = a.table_list + blk.table_start;
-    for (kvc_u64 p = lane; p < blk.n_symbols; p += KVC_LANES) {
-        const kvc_u32 k = table_of[p];
-        if (k >= blk.table_count) return KVC_LANE_BAD_TABLE;
+    // Software-pipelined: a symbol's table index is loaded two steps ahead, its table id one
+    // step ahead, and the next word the state may take as soon as the one before is taken, so
+    // that within a step only the table entry (which needs the state) waits on memory. Every
+    // load ahead stays inside the checked ranges (a table index is checked before its id is
+    // read), and the symbols written and the status are those of the plain loop.
+    const kvc_u16* __restrict__ table_of = a.symbol_table + blk.symbol_start;
+    kvc_u8* __restrict__ out = a.symbols + blk.symbol_start;
+    const kvc_u32* __restrict__ list = a.table_list + blk.table_start;
+    const kvc_u64 n_symbols = blk.n_symbols;
+    const kvc_u32 count = blk.table_count;
+    kvc_u32 k = lane < n_symbols ? table_of[lane] : 0u;
+    kvc_u32 k_next = lane + KVC_LANES < n_symbols ? table_of[lane + KVC_LANES] : 0u;
+    kvc_u32 id = k < count ? list[k] : 0u;
+    kvc_u32 word = unread > 0 ? w[unread - 1] : 0u;
+    for (kvc_u64 p = lane; p < n_symbols; p += KVC_LANES) {
+        if (k >= count) return KVC_LANE_BAD_TABLE;
         const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * KVC_SLOTS
-                                             : a.tables + (kvc_u64)list[k] * KVC_SLOTS;
+                                             : a.tables + (kvc_u64)id * KVC_SLOTS;
         const kvc_u32 e = t[x & (KVC_SLOTS - 1)];
+        const kvc_u64 after = p + 2 * KVC_LANES;
+        const kvc_u32 k_after = after < n_symbols ? table_of[after] : 0u;
+        const kvc_u32 id_next = k_next < count ? list[k_next] : 0u;
         // (x >> 12) < 2^52 and the frequency < 2^12: no overflow.
         x = (x >> KVC_PRECISION) * ((e >> 8) & 0xFFF) + (e >> 20);
         if (x < (1ull << 32) && unread > 0) {
             unread--;
-            x = (x << 32) | w[unread];
+            x = (x << 32) | word;
+            word = unread > 0 ? w[unread - 1] : 0u;
         }
         out[p] = (kvc_u8)e;
+        k = k_next;
+        k_next = k_after;
+        id = id_next;
     }
     if (unread != 0) return KVC_LANE_TRAILING_DATA;
     if (x != 0) return KVC_LANE_BAD_FINAL_STATE;
