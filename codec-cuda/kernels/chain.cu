@@ -131,6 +131,8 @@ struct KvcValueArgs {
 // its tile. Escapes are rare (well under 1% of symbols), so the threads stride over the symbols
 // in order (coalesced), and only the tiles that hold escapes are read a second time.
 #define KVC_VALUE_TILES 4096u
+// A block's table list of at most this many tables has its radii staged in shared memory.
+#define KVC_VALUE_LIST 4096u
 
 struct KvcValueShared {
     kvc_u32 status;
@@ -140,6 +142,9 @@ struct KvcValueShared {
     kvc_u32 bad_escape;
     // Per tile: escapes in it, then the rank of its first escape.
     kvc_u32 tile[KVC_VALUE_TILES];
+    // Per entry of the block's table list (if it has at most KVC_VALUE_LIST): its table's
+    // radius.
+    kvc_u8 radius[KVC_VALUE_LIST];
 };
 
 __device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcValueBlock& b) {
@@ -153,18 +158,20 @@ __device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcVa
     return true;
 }
 
-// The radius of value symbol g's table; -1 if its list index is out of range.
+// The radius of value symbol g's table, from the staged radii if the block's list is short
+// enough; -1 if its list index is out of range.
 __device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const KvcValueBlock& b,
-                                                kvc_u32 g) {
+                                                const KvcValueShared* s, kvc_u32 g) {
     const kvc_u32 t = a.symbol_table[b.index_start + g];
     if (t >= b.list_len) return -1;
+    if (b.list_len <= KVC_VALUE_LIST) return s->radius[t];
     return a.radius[a.table_list[b.list_start + t]];
 }
 
 // Whether value symbol g is an escape (or has a bad list index, which phase 2 reports).
 __device__ __forceinline__ bool kvc_value_escapes(const KvcValueArgs& a, const KvcValueBlock& b,
-                                                  kvc_u32 g) {
-    const int r = kvc_value_radius(a, b, g);
+                                                  const KvcValueShared* s, kvc_u32 g) {
+    const int r = kvc_value_radius(a, b, s, g);
     return r < 0 || a.indices[b.index_start + g] > 2 * r;
 }
 
@@ -185,27 +192,44 @@ __device__ __forceinline__ void kvc_values_check(const KvcValueArgs& a, unsigned
     s->bad_escape = 0;
 }
 
-// Phase 2: the threads stride over the symbols: a value is written, an escape counted in its
-// tile.
+// Phase 2: the block's radii staged, if its table list is short enough (phase 1 checked it).
+__device__ __forceinline__ void kvc_values_stage(const KvcValueArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status != KVC_CHAIN_OK) return;
+    const KvcValueBlock b = a.blocks[blockIdx.x];
+    if (b.list_len > KVC_VALUE_LIST) return;
+    for (kvc_u32 k = threadIdx.x; k < b.list_len; k += blockDim.x) {
+        s->radius[k] = a.radius[a.table_list[b.list_start + k]];
+    }
+}
+
+// Phase 3: the threads stride over the symbols: a value is written, an escape counted in its
+// tile. (The block is a copy and `q` is not read here, so that the compiler need not reload the
+// block's fields after every store.)
 __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
-    const KvcValueBlock& b = a.blocks[blockIdx.x];
+    const KvcValueBlock b = a.blocks[blockIdx.x];
+    const kvc_u32 shift = s->tile_shift;
+    kvc_i32* __restrict__ q = a.q + b.q_start;
+    bool bad = false;
     for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        const int r = kvc_value_radius(a, b, g);
+        const int r = kvc_value_radius(a, b, s, g);
         const int i = a.indices[b.index_start + g];
         if (r < 0) {
-            s->bad_range = 1;
+            bad = true;
         } else if (i <= 2 * r) {
-            a.q[b.q_start + g] = i - r;
+            q[g] = i - r;
         } else {
-            atomicAdd(&s->tile[g >> s->tile_shift], 1u);
+            atomicAdd(&s->tile[g >> shift], 1u);
         }
     }
+    if (bad) s->bad_range = 1;
 }
 
-// Phase 3 (thread 0): each tile's first escape rank; every escape used exactly once (B7, B9).
+// Phase 4 (thread 0): each tile's first escape rank; every escape used exactly once (B7, B9).
 __device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     KvcValueShared* s = (KvcValueShared*)shared;
@@ -225,7 +249,7 @@ __device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsign
     if (at != b.n_escapes) s->status = KVC_CHAIN_BAD_ESCAPES;
 }
 
-// Phase 4: each escape's value, the threads striding over the tiles: a tile holding escapes
+// Phase 5: each escape's value, the threads striding over the tiles: a tile holding escapes
 // (its first rank below the next tile's) is scanned in order by one thread, which gives its
 // escapes their ranks one after another. Tiles without escapes, most of them, are not read again.
 __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
@@ -233,7 +257,7 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
-    const KvcValueBlock& b = a.blocks[blockIdx.x];
+    const KvcValueBlock b = a.blocks[blockIdx.x];
     const kvc_u32 shift = s->tile_shift;
     const kvc_u64 all = ((kvc_u64)b.n_sym + (1ull << shift) - 1) >> shift;
     const kvc_u32 tiles = all < KVC_VALUE_TILES ? (kvc_u32)all : KVC_VALUE_TILES;
@@ -244,9 +268,9 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
         const kvc_u64 last = (kvc_u64)(tile + 1) << shift;
         const kvc_u32 stop = last < b.n_sym ? (kvc_u32)last : b.n_sym;
         for (kvc_u32 g = tile << shift; g < stop && rank < end; g++) {
-            if (!kvc_value_escapes(a, b, g)) continue;
+            if (!kvc_value_escapes(a, b, s, g)) continue;
             const kvc_i32 v = a.escapes[b.escape_start + rank++];
-            const int r = kvc_value_radius(a, b, g);
+            const int r = kvc_value_radius(a, b, s, g);
             const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
             if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) s->bad_escape = 1;
             a.q[b.q_start + g] = v;
@@ -254,7 +278,7 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
     }
 }
 
-// Phase 5 (thread 0): the block's status.
+// Phase 6 (thread 0): the block's status.
 __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     const KvcValueShared* s = (const KvcValueShared*)shared;
@@ -264,7 +288,8 @@ __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigne
 }
 
 // Dynamic shared memory: sizeof(KvcValueShared).
-KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_direct, kvc_values_offsets,
+KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage, kvc_values_direct,
+           kvc_values_offsets,
            kvc_values_escapes_phase, kvc_values_status)
 
 #ifdef KVC_HOST

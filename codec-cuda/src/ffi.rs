@@ -285,8 +285,8 @@ struct ValueArgsC {
 
 /// Threads per block of the chain kernels.
 pub(crate) const CHAIN_THREADS: u32 = 256;
-/// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES`).
-pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096;
+/// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + `KVC_VALUE_LIST`).
+pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096 + 4096;
 
 /// The buffers of one table-resolution launch.
 #[derive(Debug)]
@@ -1937,6 +1937,127 @@ mod tests {
     #[test]
     fn dequant_layouts_match_the_kernel() {
         assert_eq!(host_layout(kvc_dequant_layout), rust_dequant_layout());
+    }
+
+    /// A value block for [`map_values_match_a_plain_mapping`]: its symbols' table indices,
+    /// table list, symbols and escapes, and the values a plain mapping gives.
+    struct ValueCase {
+        symbol_table: Vec<u16>,
+        table_list: Vec<u32>,
+        radius: Vec<u8>,
+        indices: Vec<u8>,
+        escapes: Vec<i32>,
+        want: Vec<i32>,
+    }
+
+    fn value_case(list_len: u32, n_sym: u32, seed: u64) -> ValueCase {
+        let mut x = seed | 1;
+        let mut next = move |n: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % u64::from(n)) as u32
+        };
+        let radius: Vec<u8> = (0..64).map(|_| next(11) as u8).collect();
+        let table_list: Vec<u32> = (0..list_len).map(|_| next(64)).collect();
+        let (mut symbol_table, mut indices) = (Vec::new(), Vec::new());
+        let (mut escapes, mut want) = (Vec::new(), Vec::new());
+        for _ in 0..n_sym {
+            let t = next(list_len);
+            let r = i32::from(radius[table_list[t as usize] as usize]);
+            symbol_table.push(t as u16);
+            if next(10) == 0 {
+                // An escape: its value lies beyond the radius, either sign.
+                let v = (r + 1 + next(1000) as i32) * if next(2) == 0 { 1 } else { -1 };
+                indices.push((2 * r + 1) as u8);
+                escapes.push(v);
+                want.push(v);
+            } else {
+                let i = next(2 * r as u32 + 1) as i32;
+                indices.push(i as u8);
+                want.push(i - r);
+            }
+        }
+        ValueCase {
+            symbol_table,
+            table_list,
+            radius,
+            indices,
+            escapes,
+            want,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// `kvc_map_values` against a plain mapping (a symbol i of a radius-r table is i - r,
+        /// above 2r the next escape): table lists short enough for their radii to be staged in
+        /// shared memory and too long for it, a second block after the first; a table index
+        /// outside the list or an escape within the radius gives the block's error status.
+        #[test]
+        fn map_values_match_a_plain_mapping(
+            list_len in proptest::prop_oneof![1u32..300, 4090u32..4200],
+            n_sym in 0u32..3000,
+            seed in proptest::prelude::any::<u64>(),
+            corrupt in 0u8..3,
+        ) {
+            let mut c = value_case(list_len, n_sym, seed);
+            let second = value_case(7, 100, !seed);
+            let want_status = match corrupt {
+                1 if n_sym > 0 => {
+                    c.symbol_table[(seed % u64::from(n_sym)) as usize] = list_len as u16;
+                    1
+                }
+                2 if !c.escapes.is_empty() => {
+                    c.escapes[0] = 0;
+                    2
+                }
+                _ => 0,
+            };
+            let block = |i: u64, l: u64, e: u64, case: &ValueCase, list_len: u32| ValueBlock {
+                index_start: i,
+                list_start: l,
+                escape_start: e,
+                q_start: i,
+                n_sym: case.indices.len() as u32,
+                n_escapes: case.escapes.len() as u32,
+                list_len,
+                reserved: 0,
+            };
+            let n = c.indices.len() as u64;
+            let blocks = [
+                block(0, 0, 0, &c, list_len),
+                block(n, list_len.into(), c.escapes.len() as u64, &second, 7),
+            ];
+            // One radius table for both blocks: the second's table ids shifted past the first's.
+            let mut radius = c.radius.clone();
+            radius.extend(&second.radius);
+            let mut table_list = c.table_list.clone();
+            table_list.extend(second.table_list.iter().map(|t| t + 64));
+            let cat = |a: &[u16], b: &[u16]| [a, b].concat();
+            let symbol_table = cat(&c.symbol_table, &second.symbol_table);
+            let indices = [&c.indices[..], &second.indices].concat();
+            let escapes = [&c.escapes[..], &second.escapes].concat();
+            let mut q = vec![0i32; indices.len()];
+            let mut status = vec![9u32; 2];
+            host_map_values(ValueIo {
+                indices: &indices,
+                symbol_table: &symbol_table,
+                table_list: &table_list,
+                radius: &radius,
+                escapes: &escapes,
+                q: &mut q,
+                blocks: &blocks,
+                status: &mut status,
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(status, vec![want_status, 0]);
+            if want_status == 0 {
+                proptest::prop_assert_eq!(&q[..n as usize], &c.want[..]);
+            }
+            proptest::prop_assert_eq!(&q[n as usize..], &second.want[..]);
+        }
     }
 
     /// Invariant 6 for views: every packed part starts aligned, after the previous part's
