@@ -436,6 +436,12 @@ impl DecodePlan<'_> {
         if matches!(self.output.layout, OutLayout::Paged { .. }) {
             ch.dequant.add_page_table(&self.page_tables);
         }
+        // Room for every block's escapes and sink rows at once (no regrowth while copying).
+        let all_blocks = || self.chunks.iter().flat_map(|pc| &pc.lanes.blocks);
+        ch.escapes
+            .reserve(all_blocks().map(|b| b.escapes.len()).sum());
+        let sink = all_blocks().map(|b| b.sink.len()).sum();
+        ch.dequant.reserve_external(self.blocks, sink);
         let c = self.heads as usize * self.head_dim as usize;
         // Per (stream, level): the level's table ids; per (stream, level, layer, kv): the map.
         let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();

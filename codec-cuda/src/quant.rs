@@ -250,6 +250,12 @@ impl DequantBatch {
         Ok(self.blocks.len() - 1)
     }
 
+    /// Makes room for `blocks` more blocks with `sink` sink values in all.
+    pub(crate) fn reserve_external(&mut self, blocks: usize, sink: usize) {
+        self.blocks.reserve(blocks);
+        self.sink.reserve(sink);
+    }
+
     /// Adds a block whose symbol values and exponents another launch writes (at `q_start` and
     /// `exp_start` of those buffers), with its sink rows; returns its index.
     pub(crate) fn add_block_external(&mut self, mut block: DequantBlock, sink: &[f32]) -> usize {

@@ -318,14 +318,22 @@ pub(crate) fn value_table_map(
     layer: u32,
     kv: usize,
 ) -> Vec<u16> {
+    // Per exponent, every table's table at that exponent (a map entry is one of them), so that
+    // the 2 x 16 x C entries are plain lookups.
+    let n = profile.level_tables(level).tables.len().min(256);
+    let at: Vec<u16> = (0..16u8)
+        .flat_map(|e| (0..n).map(move |b| 1 + u16::from(profile.table_at(level, b as u8, e))))
+        .collect();
     let mut map = Vec::with_capacity(2 * 16 * profile.channels());
     for kind in 0..2 {
         let bases = profile.table_map(level, layer, kv, kind);
-        for e in 0..16u8 {
+        for row in at.chunks_exact(n.max(1)) {
+            // A profile names only its level's tables (P22); u16::MAX, beyond any table list,
+            // would make the kernel report the block otherwise.
             map.extend(
                 bases
                     .iter()
-                    .map(|&b| 1 + u16::from(profile.table_at(level, b, e))),
+                    .map(|&b| row.get(usize::from(b)).copied().unwrap_or(u16::MAX)),
             );
         }
     }
