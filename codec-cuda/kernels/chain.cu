@@ -69,22 +69,38 @@ __device__ __forceinline__ bool kvc_resolve_ok(const KvcResolveArgs& a, const Kv
 
 __device__ __forceinline__ void kvc_resolve(const KvcResolveArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_blocks) return;
-    const KvcResolveBlock& b = a.blocks[blockIdx.x];
+    // A copy: `out` may alias the blocks, and a reference would be reread after every store.
+    const KvcResolveBlock b = a.blocks[blockIdx.x];
     const bool ok = kvc_resolve_ok(a, b);
     if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
     if (!ok) return;
     // 32-bit index arithmetic (C and the symbol counts are below 2^32; 64-bit division is slow
     // on the device); products that may exceed 32 bits are taken in 64.
     const kvc_u32 c = a.heads * a.head_dim;
-    kvc_u16* out = a.symbol_table + b.symbol_start;
+    kvc_u16* __restrict__ out = a.symbol_table + b.symbol_start;
     // The exponents use the exponent table, list index 0.
     for (kvc_u32 p = threadIdx.x; p < b.n_e; p += blockDim.x) out[p] = 0;
+    // Symbol g's row i, channel ch and row phase (sink_rows + i) % group, carried from one g to
+    // the next (g grows by blockDim.x) instead of divided out each time.
+    const kvc_u32 step_rows = blockDim.x / c, step_ch = blockDim.x - step_rows * c;
+    kvc_u32 i = threadIdx.x / c, ch = threadIdx.x - i * c;
+    // (In 64 bits: a group near 2^32 must not wrap the sum.)
+    kvc_u64 phase = ((kvc_u64)b.sink_rows + i) % b.group;
+    const kvc_u64 phase_step = step_rows % b.group;
     for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        const kvc_u32 i = g / c, ch = g - i * c;
-        const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;  // wraps only for a bad block
+        const kvc_u32 kind = phase != 0 ? 1u : 0u;
         const kvc_u32 e =
             b.has_exps ? a.exps[b.exp_start + (kvc_u64)i * a.heads + ch / a.head_dim] & 15u : 0u;
         out[(kvc_u64)b.n_e + g] = a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
+        i += step_rows;
+        phase += phase_step;
+        ch += step_ch;
+        if (ch >= c) {
+            ch -= c;
+            i++;
+            phase++;
+        }
+        if (phase >= b.group) phase -= b.group;
     }
 }
 

@@ -84,6 +84,62 @@ fn golden_streams_decode_into_pages_as_codec_core() {
     }
 }
 
+/// More channels than the chain's blocks have threads (the fixture's 3 heads doubled to 6 x 64 =
+/// 384, each copy scaled differently), groups of 3 and 2 sink tokens: the chain's table
+/// resolution walks rows and channels across thread strides that are under one row; the output
+/// is codec-core's.
+#[test]
+fn wide_rows_decode_through_the_chain_as_codec_core() {
+    use codec_core::{learn_profile, KvCache, LearnParams, Sample, Tensor};
+    let (narrow, _) = common::fixture_cache(2);
+    let mut shape = narrow.shape;
+    let row = shape.channels();
+    shape.kv_heads *= 2;
+    let widen = |t: &Tensor| {
+        let x = t.to_f32_vec();
+        let wide: Vec<f32> = x
+            .chunks_exact(row)
+            .flat_map(|r| r.iter().copied().chain(r.iter().map(|v| 0.5 * v + 0.25)))
+            .collect();
+        Tensor::from_f32(t.dtype(), &wide)
+    };
+    let cache = KvCache {
+        shape,
+        k: narrow.k.iter().map(widen).collect(),
+        v: narrow.v.iter().map(widen).collect(),
+        meta: narrow.meta.clone(),
+    };
+    let sample = Sample {
+        kv: cache.view(),
+        queries: None,
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let params = EncodeParams {
+        chunk_tokens: 80,
+        levels: vec![3],
+        group: 3,
+        n_sink: 2,
+        ..EncodeParams::default()
+    };
+    let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let (tokens, c) = (shape.tokens, shape.channels());
+    assert!(c > 256, "wider than a block of the chain");
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: 2 * shape.layers as usize * tokens as usize * c,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    plan.add_stream(&stream, Destination::dense(tokens, c))
+        .unwrap();
+    let want: Vec<u16> = codec_core_tensors(&stream, OutDtype::F16).concat();
+    assert!(
+        plan.decode_chain_host().unwrap() == want,
+        "differs from codec-core"
+    );
+}
+
 /// The real 512-token fixture (3 layers, step exponents) as two sequences sharing one paged
 /// bf16 cache: the stream at level 2 in 96-token chunks and at level 6 in 64-token chunks, each
 /// with its own page table over disjoint shuffled pages, in one plan (every chunk of both in
