@@ -267,7 +267,9 @@ __device__ __forceinline__ void kvc_pq_keys(const KvcPqArgs& a, unsigned char* s
     if (blockIdx.x >= a.n_items) return;
     KvcPqShared* s = kvc_pq_shared(shared);
     if (s->status != KVC_PQ_OK) return;
-    const KvcPqQuery& q = a.items[blockIdx.x];
+    // A copy: the keys may alias the query headers, and a reference would be reread after
+    // every key stored.
+    const KvcPqQuery q = a.items[blockIdx.x];
     const KvcPqWindows w = kvc_pq_windows(q);
     const bool count = kvc_pq_selects(q);
     const float* table = kvc_pq_table(shared);
@@ -455,7 +457,7 @@ __device__ __forceinline__ void kvc_pq_emit(const KvcPqArgs& a, unsigned char* s
     const KvcPqShared* s = kvc_pq_shared(shared);
     if (threadIdx.x == 0) a.status[blockIdx.x] = s->status;
     if (s->status != KVC_PQ_OK) return;
-    const KvcPqQuery& q = a.items[blockIdx.x];
+    const KvcPqQuery q = a.items[blockIdx.x];  // a copy, as in kvc_pq_keys
     const KvcPqWindows w = kvc_pq_windows(q);
     kvc_u32* out = a.out + q.out_start;
     for (kvc_u32 t = threadIdx.x; t < w.init_end; t += blockDim.x) out[t] = t;

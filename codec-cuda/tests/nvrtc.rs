@@ -51,6 +51,16 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_no_decode_kernel_spills() {
     }
     let spills: Vec<_> = report.iter().filter(|r| r.decode && r.spills()).collect();
     assert!(spills.is_empty(), "decode kernels spill: {spills:#?}");
+    // The PQ search launches up to 1024 threads per block for long contexts: a block of them
+    // must fit an SM's 65 536 registers, or the launch fails.
+    for r in report.iter().filter(|r| r.entry == "kvc_pq_search") {
+        assert!(
+            r.registers <= 64,
+            "kvc_pq_search {}: {} registers",
+            r.arch,
+            r.registers
+        );
+    }
     assert!(report.iter().all(|r| r.registers > 0 && r.cubin_bytes > 0));
 }
 
