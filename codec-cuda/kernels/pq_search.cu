@@ -414,6 +414,19 @@ __device__ __forceinline__ void kvc_pq_group_counts(const KvcPqArgs& a, unsigned
     s->group_equal[i] = equal;
 }
 
+// One step of handing out offsets in order: the counts (*above, *equal) of a segment or group
+// become its output offset and how many of its tokens equal to the k-th key it takes (as many
+// of the *quota left as it has); *offset and *quota move past it.
+__device__ __forceinline__ void kvc_pq_hand_out(kvc_u32* above, kvc_u32* equal, kvc_u32* offset,
+                                                kvc_u32* quota) {
+    const kvc_u32 take = *equal < *quota ? *equal : *quota;
+    *quota -= take;
+    const kvc_u32 n = *above + take;
+    *above = *offset;
+    *equal = take;
+    *offset += n;
+}
+
 // Compaction, phase 3 (thread 0): the k_rem tokens equal to the k-th key go to the lowest
 // groups; each group's output offset is the count of the groups before it.
 __device__ __forceinline__ void kvc_pq_group_offsets(const KvcPqArgs& a, unsigned char* shared) {
@@ -423,12 +436,7 @@ __device__ __forceinline__ void kvc_pq_group_offsets(const KvcPqArgs& a, unsigne
     kvc_u32 quota = kvc_pq_selects(a.items[blockIdx.x]) ? s->k_rem : 0u;
     kvc_u32 offset = 0;
     for (kvc_u32 i = 0; i * KVC_PQ_GROUP < blockDim.x; i++) {
-        const kvc_u32 take = s->group_equal[i] < quota ? s->group_equal[i] : quota;
-        quota -= take;
-        const kvc_u32 n = s->group_above[i] + take;
-        s->group_above[i] = offset;
-        s->group_equal[i] = take;
-        offset += n;
+        kvc_pq_hand_out(&s->group_above[i], &s->group_equal[i], &offset, &quota);
     }
 }
 
@@ -441,13 +449,7 @@ __device__ __forceinline__ void kvc_pq_offsets(const KvcPqArgs& a, unsigned char
     kvc_u32 first, end, offset = s->group_above[i], quota = s->group_equal[i];
     kvc_pq_thread_group(i, &first, &end);
     for (kvc_u32 t = first; t < end; t++) {
-        const kvc_u32 p = kvc_pq_pad(t);
-        const kvc_u32 take = s->equal[p] < quota ? s->equal[p] : quota;
-        quota -= take;
-        const kvc_u32 n = s->above[p] + take;
-        s->above[p] = offset;
-        s->equal[p] = take;
-        offset += n;
+        kvc_pq_hand_out(&s->above[kvc_pq_pad(t)], &s->equal[kvc_pq_pad(t)], &offset, &quota);
     }
 }
 
