@@ -1,5 +1,5 @@
 //! Compiles every kernel in `kernels/*.cu` for the host as C++17 (see `kernels/host_shim.h`), into
-//! one static library that `src/ffi.rs` links: tests run the kernels' own source on the CPU.
+//! one static library that `src/ffi/` links: tests run the kernels' own source on the CPU.
 //!
 //! `-ffp-contract=off`: the kernels' f32 arithmetic must round after every operation, as
 //! codec-core's does (spec/FORMAT.md §1.2); on the device `__fmul_rn`/`__fadd_rn` ensure it.

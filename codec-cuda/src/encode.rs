@@ -35,7 +35,7 @@ impl EncodeStatus {
 }
 
 /// A block's place in a quantization launch (`KvcQuantBlock`). Any values are safe to launch:
-/// the kernel checks them. `#[repr(C)]`: the kernel reads it as is (`src/ffi.rs`, invariant 1).
+/// the kernel checks them. `#[repr(C)]`: the kernel reads it as is (`src/ffi/`, invariant 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuantBlock {
@@ -183,7 +183,7 @@ impl QuantBatch {
 pub struct EncTableId(u32);
 
 /// A block's place in a lane-encode launch (`KvcLaneEncodeBlock`). `#[repr(C)]`: the kernel
-/// reads it as is (`src/ffi.rs`, invariant 1).
+/// reads it as is (`src/ffi/`, invariant 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LaneEncodeBlock {

@@ -109,7 +109,7 @@ impl Source {
     }
 }
 
-/// A coded block of an encode-chain launch (`KvcEncBlock`, `src/ffi.rs` invariant 1).
+/// A coded block of an encode-chain launch (`KvcEncBlock`, `src/ffi/` invariant 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct EncBlock {

@@ -222,7 +222,7 @@ impl Gpu {
         let shared = self.lane_shared_tables as usize * SLOTS * 4;
         if shared > 48 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
-            // Invariant 8 of src/ffi.rs: the limit is raised before any launch asks for it.
+            // Invariant 8 of src/ffi/mod.rs: the limit is raised before any launch asks for it.
             for f in [&kernels.lane_decode, &kernels.lane32_experiment] {
                 f.set_attribute(
                     A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -238,7 +238,7 @@ impl Gpu {
     }
 
     /// Raises `pq_search`'s dynamic shared memory limit to the device's opt-in maximum per
-    /// block (invariant 8 of src/ffi.rs) and returns it.
+    /// block (invariant 8 of src/ffi/mod.rs) and returns it.
     fn raise_pq_shared_limit(&self, pq_search: &CudaFunction) -> Result<u64, CudaError> {
         use cudarc::driver::sys::CUdevice_attribute_enum as D;
         use cudarc::driver::sys::CUfunction_attribute_enum as A;

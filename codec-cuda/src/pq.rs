@@ -13,7 +13,7 @@ use crate::ffi;
 
 /// A query's place in its batch's buffers (`KvcPqQuery`). Any values are safe to launch: the
 /// kernel checks them and reports [`PqStatus::BadRange`]. `#[repr(C)]`: the kernel reads it as
-/// is (`src/ffi.rs`, invariant 1).
+/// is (`src/ffi/`, invariant 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PqQuery {

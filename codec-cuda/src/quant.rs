@@ -11,7 +11,7 @@ use crate::error::CudaError;
 use crate::ffi;
 
 /// The constants of one channel at a level (§7.1), as codec-core computes them
-/// (`BlockConsts`). `#[repr(C)]`: the kernel reads it as is (`src/ffi.rs`, invariant 1).
+/// (`BlockConsts`). `#[repr(C)]`: the kernel reads it as is (`src/ffi/`, invariant 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ChannelConsts {

@@ -18,7 +18,7 @@ pub struct TableId(u32);
 /// A block's place in its batch's buffers (`KvcLaneBlock`). Any values are safe to launch: the
 /// kernel checks them and reports [`LaneStatus::BadRange`] or [`LaneStatus::BadTable`].
 ///
-/// `#[repr(C)]`: the kernel reads it as is (`src/ffi.rs`, invariant 1).
+/// `#[repr(C)]`: the kernel reads it as is (`src/ffi/`, invariant 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LaneBlock {

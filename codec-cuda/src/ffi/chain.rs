@@ -1,0 +1,502 @@
+//! The decode chain's table resolution and value mapping (`kernels/chain.cu`), and the chain
+//! of launches from lane words to f16/bf16 rows.
+
+use std::ffi::c_int;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
+
+use super::{
+    host_ran, launch_args, launch_dequant_with, launch_lane_decode, launch_lane_decode_ref, Addrs,
+    DequantDev, DevBuf, LaneDecodeDev, LaneDecodeRef, OnDevice, OnHost, Space, CHAIN_THREADS,
+    LANES,
+};
+use crate::error::CudaError;
+use crate::rans::LaneBlock;
+
+// The kernels compiled for the host (`build.rs`).
+extern "C" {
+    fn kvc_resolve_tables_host(
+        args: *const ResolveArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_map_values_host(
+        args: *const ValueArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_chain_layout(out: *mut u64, cap: u64) -> u64;
+}
+
+/// `KvcResolveBlock` (invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ResolveBlock {
+    pub symbol_start: u64,
+    pub exp_start: u64,
+    pub map_start: u64,
+    pub n_e: u32,
+    pub n_sym: u32,
+    pub sink_rows: u32,
+    pub group: u32,
+    pub has_exps: u32,
+    pub reserved: u32,
+}
+
+/// `KvcValueBlock` (invariant 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ValueBlock {
+    pub index_start: u64,
+    pub list_start: u64,
+    pub escape_start: u64,
+    pub q_start: u64,
+    pub n_sym: u32,
+    pub n_escapes: u32,
+    pub list_len: u32,
+    pub reserved: u32,
+}
+
+/// `KvcResolveArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ResolveArgs<S: Space> {
+    symbol_table: S::Mut<u16>,
+    n_symbol_table: u64,
+    exps: S::Const<u8>,
+    n_exps: u64,
+    map: S::Const<u16>,
+    n_map: u64,
+    blocks: S::Const<ResolveBlock>,
+    status: S::Mut<u32>,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// `KvcValueArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ValueArgs<S: Space> {
+    indices: S::Const<u8>,
+    symbol_table: S::Const<u16>,
+    n_indices: u64,
+    table_list: S::Const<u32>,
+    n_table_list: u64,
+    radius: S::Const<u8>,
+    n_radius: u64,
+    escapes: S::Const<i32>,
+    n_escapes: u64,
+    q: S::Mut<i32>,
+    n_q: u64,
+    blocks: S::Const<ValueBlock>,
+    status: S::Mut<u32>,
+    n_blocks: u64,
+}
+
+/// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + `KVC_VALUE_LIST`).
+pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096 + 4096;
+
+/// The buffers of one table-resolution launch.
+#[derive(Debug)]
+pub(crate) struct ResolveIo<'a> {
+    pub symbol_table: &'a mut [u16],
+    pub exps: &'a [u8],
+    pub map: &'a [u16],
+    pub blocks: &'a [ResolveBlock],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Runs `kvc_resolve_tables` on the host.
+pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.status.len() != io.blocks.len() {
+        return Err(input("status buffer is not one entry per block"));
+    }
+    let args = ResolveArgs::<OnHost> {
+        symbol_table: io.symbol_table.as_mut_ptr(),
+        n_symbol_table: io.symbol_table.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        map: io.map.as_ptr(),
+        n_map: io.map.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (CHAIN_THREADS threads, no shared memory).
+    let rc = unsafe { kvc_resolve_tables_host(&args, grid, CHAIN_THREADS, 0) };
+    host_ran(rc, "kvc_resolve_tables")
+}
+
+/// The buffers of one value-mapping launch.
+#[derive(Debug)]
+pub(crate) struct ValueIo<'a> {
+    pub indices: &'a [u8],
+    /// Same length as `indices`.
+    pub symbol_table: &'a [u16],
+    pub table_list: &'a [u32],
+    pub radius: &'a [u8],
+    pub escapes: &'a [i32],
+    pub q: &'a mut [i32],
+    pub blocks: &'a [ValueBlock],
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_map_values` on the host.
+pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
+        return Err(input("value-mapping buffers of mismatched lengths"));
+    }
+    let args = ValueArgs::<OnHost> {
+        indices: io.indices.as_ptr(),
+        symbol_table: io.symbol_table.as_ptr(),
+        n_indices: io.indices.len() as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        radius: io.radius.as_ptr(),
+        n_radius: io.radius.len() as u64,
+        escapes: io.escapes.as_ptr(),
+        n_escapes: io.escapes.len() as u64,
+        q: io.q.as_mut_ptr(),
+        n_q: io.q.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+    };
+    let shared = u64::from(VALUE_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
+    // `indices` and `symbol_table` of one length) and 3 (CHAIN_THREADS threads, the shared
+    // memory KvcValueShared needs).
+    let rc = unsafe { kvc_map_values_host(&args, grid, CHAIN_THREADS, shared) };
+    host_ran(rc, "kvc_map_values")
+}
+
+// SAFETY (invariant 7): `#[repr(C)]` integers (invariant 1).
+unsafe impl DeviceRepr for ResolveArgs<OnDevice> {}
+unsafe impl DeviceRepr for ValueArgs<OnDevice> {}
+device_values!(ResolveBlock, ValueBlock);
+
+/// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
+/// within its buffer; built from one `decode::Chain`).
+#[derive(Debug)]
+pub(crate) struct ChainDev {
+    pub lanes_exp: LaneDecodeDev,
+    pub sym_blocks: DevBuf<LaneBlock>,
+    pub sym_table: DevBuf<u16>,
+    pub symbols: DevBuf<u8>,
+    pub sym_status: DevBuf<u32>,
+    pub map: DevBuf<u16>,
+    pub resolve: DevBuf<ResolveBlock>,
+    pub resolve_status: DevBuf<u32>,
+    pub radius: DevBuf<u8>,
+    pub escapes: DevBuf<i32>,
+    pub q: DevBuf<i32>,
+    pub values: DevBuf<ValueBlock>,
+    pub value_status: DevBuf<u32>,
+    pub dequant: DequantDev,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// The kernels of a chain.
+#[derive(Debug)]
+pub(crate) struct ChainKernels<'a> {
+    pub lane: &'a CudaFunction,
+    pub resolve: &'a CudaFunction,
+    pub values: &'a CudaFunction,
+    pub dequant: &'a CudaFunction,
+}
+
+/// Queues the five launches of a chain on `stream`: exponents, table resolution, symbols,
+/// values, dequantization into the first `n_out` elements of `out`.
+pub(crate) fn launch_chain(
+    stream: &CudaStream,
+    k: &ChainKernels<'_>,
+    c: &ChainDev,
+    shared_tables: u32,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    for stage in 0..5 {
+        launch_chain_stage(stream, k, c, shared_tables, out, n_out, stage)?;
+    }
+    Ok(())
+}
+
+/// Queues launch `stage` (0-4) of a chain; the earlier ones must be queued before it.
+pub(crate) fn launch_chain_stage(
+    stream: &CudaStream,
+    k: &ChainKernels<'_>,
+    c: &ChainDev,
+    shared_tables: u32,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+    stage: u8,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    let l = &c.lanes_exp;
+    let (lane, resolve, values, dequant) = (k.lane, k.resolve, k.values, k.dequant);
+    if c.resolve_status.len() != c.resolve.len()
+        || c.value_status.len() != c.values.len()
+        || c.symbols.len() != c.sym_table.len()
+        || c.sym_status.len() != c.sym_blocks.len() * LANES
+    {
+        return Err(input("chain buffers of mismatched lengths"));
+    }
+    let grid = |n: usize| u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"));
+    if stage == 0 {
+        return launch_lane_decode(stream, lane, l, shared_tables);
+    }
+    let g = grid(c.resolve.len())?;
+    if stage == 1 && g > 0 {
+        let mut a = Addrs { guards: Vec::new() };
+        let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
+        let (exps, n_exps) = a.of(&l.symbols, stream);
+        let (map, n_map) = a.of(&c.map, stream);
+        let (blocks, n_blocks) = a.of(&c.resolve, stream);
+        let (status, _) = a.of(&c.resolve_status, stream);
+        let args = ResolveArgs::<OnDevice> {
+            symbol_table,
+            n_symbol_table,
+            exps,
+            n_exps,
+            map,
+            n_map,
+            blocks,
+            status,
+            n_blocks,
+            heads: c.heads,
+            head_dim: c.head_dim,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (CHAIN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
+        // synchronized), 7 and 3.
+        unsafe { launch_args(stream, resolve, &args, cfg, a) }?;
+    }
+    let sym = LaneDecodeRef {
+        words: &l.words,
+        tables: &l.tables,
+        table_list: &l.table_list,
+        symbol_table: &c.sym_table,
+        blocks: &c.sym_blocks,
+        symbols: &c.symbols,
+        status: &c.sym_status,
+    };
+    if stage == 2 {
+        return launch_lane_decode_ref(stream, lane, &sym, shared_tables);
+    }
+    let g = grid(c.values.len())?;
+    if stage == 3 && g > 0 {
+        let mut a = Addrs { guards: Vec::new() };
+        let (indices, n_indices) = a.of(&c.symbols, stream);
+        let (symbol_table, _) = a.of(&c.sym_table, stream);
+        let (table_list, n_table_list) = a.of(&l.table_list, stream);
+        let (radius, n_radius) = a.of(&c.radius, stream);
+        let (escapes, n_escapes) = a.of(&c.escapes, stream);
+        let (q, n_q) = a.of(&c.q, stream);
+        let (blocks, n_blocks) = a.of(&c.values, stream);
+        let (status, _) = a.of(&c.value_status, stream);
+        let args = ValueArgs::<OnDevice> {
+            indices,
+            symbol_table,
+            n_indices,
+            table_list,
+            n_table_list,
+            radius,
+            n_radius,
+            escapes,
+            n_escapes,
+            q,
+            n_q,
+            blocks,
+            status,
+            n_blocks,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (CHAIN_THREADS, 1, 1),
+            shared_mem_bytes: VALUE_SHARED_BYTES,
+        };
+        // SAFETY: invariants 1, 6, 7 and 3 (the shared memory KvcValueShared needs).
+        unsafe { launch_args(stream, values, &args, cfg, a) }?;
+    }
+    if stage == 4 {
+        return launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::host_layout;
+
+    /// What `kvc_chain_layout` reports, from the mirrors in space `S`.
+    fn rust_chain_layout<S: Space>() -> Vec<u64> {
+        let mut v = layout![
+            ResolveBlock {
+                symbol_start, exp_start, map_start, n_e, n_sym, sink_rows, group, has_exps
+            },
+            ResolveArgs<S> {
+                symbol_table, n_symbol_table, exps, n_exps, map, n_map, blocks, status, n_blocks,
+                heads, head_dim
+            },
+            ValueBlock {
+                index_start, list_start, escape_start, q_start, n_sym, n_escapes, list_len
+            },
+            ValueArgs<S> {
+                indices, symbol_table, n_indices, table_list, n_table_list, radius, n_radius,
+                escapes, n_escapes, q, n_q, blocks, status, n_blocks
+            },
+        ];
+        v.push(u64::from(VALUE_SHARED_BYTES));
+        v
+    }
+
+    /// Invariant 1 for `kernels/chain.cu`.
+    #[test]
+    fn layouts_match_the_kernel() {
+        assert_eq!(host_layout(kvc_chain_layout), rust_chain_layout::<OnHost>());
+        assert_eq!(
+            host_layout(kvc_chain_layout),
+            rust_chain_layout::<OnDevice>()
+        );
+    }
+
+    /// A value block for [`map_values_match_a_plain_mapping`]: its symbols' table indices,
+    /// table list, symbols and escapes, and the values a plain mapping gives.
+    struct ValueCase {
+        symbol_table: Vec<u16>,
+        table_list: Vec<u32>,
+        radius: Vec<u8>,
+        indices: Vec<u8>,
+        escapes: Vec<i32>,
+        want: Vec<i32>,
+    }
+
+    fn value_case(list_len: u32, n_sym: u32, seed: u64) -> ValueCase {
+        let mut x = seed | 1;
+        let mut next = move |n: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % u64::from(n)) as u32
+        };
+        let radius: Vec<u8> = (0..64).map(|_| next(11) as u8).collect();
+        let table_list: Vec<u32> = (0..list_len).map(|_| next(64)).collect();
+        let (mut symbol_table, mut indices) = (Vec::new(), Vec::new());
+        let (mut escapes, mut want) = (Vec::new(), Vec::new());
+        for _ in 0..n_sym {
+            let t = next(list_len);
+            let r = i32::from(radius[table_list[t as usize] as usize]);
+            symbol_table.push(t as u16);
+            if next(10) == 0 {
+                // An escape: its value lies beyond the radius, either sign.
+                let v = (r + 1 + next(1000) as i32) * if next(2) == 0 { 1 } else { -1 };
+                indices.push((2 * r + 1) as u8);
+                escapes.push(v);
+                want.push(v);
+            } else {
+                let i = next(2 * r as u32 + 1) as i32;
+                indices.push(i as u8);
+                want.push(i - r);
+            }
+        }
+        ValueCase {
+            symbol_table,
+            table_list,
+            radius,
+            indices,
+            escapes,
+            want,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// `kvc_map_values` against a plain mapping (a symbol i of a radius-r table is i - r,
+        /// above 2r the next escape): table lists short enough for their radii to be staged in
+        /// shared memory and too long for it, a second block after the first; a table index
+        /// outside the list or an escape within the radius gives the block's error status.
+        #[test]
+        fn map_values_match_a_plain_mapping(
+            list_len in proptest::prop_oneof![1u32..300, 4090u32..4200],
+            n_sym in 0u32..3000,
+            seed in proptest::prelude::any::<u64>(),
+            corrupt in 0u8..3,
+        ) {
+            let mut c = value_case(list_len, n_sym, seed);
+            let second = value_case(7, 100, !seed);
+            let want_status = match corrupt {
+                1 if n_sym > 0 => {
+                    c.symbol_table[(seed % u64::from(n_sym)) as usize] = list_len as u16;
+                    1
+                }
+                2 if !c.escapes.is_empty() => {
+                    c.escapes[0] = 0;
+                    2
+                }
+                _ => 0,
+            };
+            let block = |i: u64, l: u64, e: u64, case: &ValueCase, list_len: u32| ValueBlock {
+                index_start: i,
+                list_start: l,
+                escape_start: e,
+                q_start: i,
+                n_sym: case.indices.len() as u32,
+                n_escapes: case.escapes.len() as u32,
+                list_len,
+                reserved: 0,
+            };
+            let n = c.indices.len() as u64;
+            let blocks = [
+                block(0, 0, 0, &c, list_len),
+                block(n, list_len.into(), c.escapes.len() as u64, &second, 7),
+            ];
+            // One radius table for both blocks: the second's table ids shifted past the first's.
+            let mut radius = c.radius.clone();
+            radius.extend(&second.radius);
+            let mut table_list = c.table_list.clone();
+            table_list.extend(second.table_list.iter().map(|t| t + 64));
+            let cat = |a: &[u16], b: &[u16]| [a, b].concat();
+            let symbol_table = cat(&c.symbol_table, &second.symbol_table);
+            let indices = [&c.indices[..], &second.indices].concat();
+            let escapes = [&c.escapes[..], &second.escapes].concat();
+            let mut q = vec![0i32; indices.len()];
+            let mut status = vec![9u32; 2];
+            host_map_values(ValueIo {
+                indices: &indices,
+                symbol_table: &symbol_table,
+                table_list: &table_list,
+                radius: &radius,
+                escapes: &escapes,
+                q: &mut q,
+                blocks: &blocks,
+                status: &mut status,
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(status, vec![want_status, 0]);
+            if want_status == 0 {
+                proptest::prop_assert_eq!(&q[..n as usize], &c.want[..]);
+            }
+            proptest::prop_assert_eq!(&q[n as usize..], &second.want[..]);
+        }
+    }
+}

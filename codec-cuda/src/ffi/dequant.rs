@@ -1,0 +1,262 @@
+//! The dequantization (`kernels/dequant.cu`): closed-loop reconstruction written as f16/bf16
+//! rows, contiguous or paged.
+
+use std::ffi::c_int;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig};
+
+use super::{host_ran, launch_args, Addrs, DevBuf, OnDevice, OnHost, Space};
+use crate::error::CudaError;
+use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
+
+// The kernels compiled for the host (`build.rs`).
+extern "C" {
+    fn kvc_dequant_f16_host(
+        args: *const DequantArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_dequant_bf16_host(
+        args: *const DequantArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_dequant_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_f32_to_f16_host(x: f32) -> u16;
+    fn kvc_f32_to_bf16_host(x: f32) -> u16;
+}
+
+/// `KvcDequantArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct DequantArgs<S: Space> {
+    q: S::Const<i32>,
+    n_q: u64,
+    exps: S::Const<u8>,
+    n_exps: u64,
+    sink: S::Const<f32>,
+    n_sink: u64,
+    consts: S::Const<ChannelConsts>,
+    n_consts: u64,
+    out: S::Mut<u16>,
+    n_out: u64,
+    pages: S::Const<u32>,
+    n_pages: u64,
+    blocks: S::Const<DequantBlock>,
+    status: S::Mut<u32>,
+    n_blocks: u64,
+    heads: u32,
+    head_dim: u32,
+    page_size: u32,
+    reserved: u32,
+}
+
+/// Threads per block of the dequantization kernel.
+pub(crate) const DEQUANT_THREADS: u32 = 128;
+/// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`).
+pub(crate) const DEQUANT_SHARED_BYTES: u32 = 4;
+
+/// The buffers of one dequantization launch.
+#[derive(Debug)]
+pub(crate) struct DequantIo<'a> {
+    pub q: &'a [i32],
+    pub exps: &'a [u8],
+    pub sink: &'a [f32],
+    pub consts: &'a [ChannelConsts],
+    pub blocks: &'a [DequantBlock],
+    pub out: &'a mut [u16],
+    pub status: &'a mut [u32],
+    pub heads: u32,
+    pub head_dim: u32,
+    pub pages: &'a [u32],
+    pub page_size: u32,
+    pub dtype: OutDtype,
+}
+
+/// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
+/// `io.blocks`.
+pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.status.len() != io.blocks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per block",
+        });
+    }
+    let args = DequantArgs::<OnHost> {
+        q: io.q.as_ptr(),
+        n_q: io.q.len() as u64,
+        exps: io.exps.as_ptr(),
+        n_exps: io.exps.len() as u64,
+        sink: io.sink.as_ptr(),
+        n_sink: io.sink.len() as u64,
+        consts: io.consts.as_ptr(),
+        n_consts: io.consts.len() as u64,
+        out: io.out.as_mut_ptr(),
+        n_out: io.out.len() as u64,
+        pages: io.pages.as_ptr(),
+        n_pages: io.pages.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        heads: io.heads,
+        head_dim: io.head_dim,
+        page_size: io.page_size,
+        reserved: 0,
+    };
+    let run = match io.dtype {
+        OutDtype::F16 => kvc_dequant_f16_host,
+        OutDtype::Bf16 => kvc_dequant_bf16_host,
+    };
+    let shared = u64::from(DEQUANT_SHARED_BYTES);
+    // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
+    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { run(&args, grid, DEQUANT_THREADS, shared) };
+    host_ran(rc, io.dtype.entry())
+}
+
+/// The dequantization kernel's f32 to bf16 narrowing.
+pub(crate) fn kernel_f32_to_bf16(x: f32) -> u16 {
+    // SAFETY: a pure function of its argument.
+    unsafe { kvc_f32_to_bf16_host(x) }
+}
+
+/// The dequantization kernel's f32 to f16 narrowing.
+pub(crate) fn kernel_f32_to_f16(x: f32) -> u16 {
+    // SAFETY: a pure function of its argument.
+    unsafe { kvc_f32_to_f16_host(x) }
+}
+
+// SAFETY (invariant 7): `#[repr(C)]` integers and floats (invariant 1).
+unsafe impl DeviceRepr for DequantArgs<OnDevice> {}
+device_values!(DequantBlock, ChannelConsts);
+
+/// A dequantization launch's device buffers (the output is the caller's).
+#[derive(Debug)]
+pub(crate) struct DequantDev {
+    pub q: DevBuf<i32>,
+    pub exps: DevBuf<u8>,
+    pub sink: DevBuf<f32>,
+    pub consts: DevBuf<ChannelConsts>,
+    pub pages: DevBuf<u32>,
+    pub blocks: DevBuf<DequantBlock>,
+    pub status: DevBuf<u32>,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub page_size: u32,
+}
+
+/// Queues a dequantization entry point over `b` on `stream`, writing the first `n_out`
+/// elements of `out`.
+pub(crate) fn launch_dequant(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &DequantDev,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    launch_dequant_with(stream, func, b, &b.q, &b.exps, out, n_out)
+}
+
+/// [`launch_dequant`] reading symbol values `q` and exponents `exps` from other buffers (a
+/// chain's earlier launches) instead of `b`'s.
+pub(super) fn launch_dequant_with(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &DequantDev,
+    q_buf: &DevBuf<i32>,
+    exps_buf: &DevBuf<u8>,
+    out: &mut CudaSlice<u16>,
+    n_out: usize,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.status.len() != b.blocks.len() {
+        return Err(input("dequantization buffers of mismatched lengths"));
+    }
+    if n_out > out.len() {
+        return Err(input("the output buffer is shorter than the plan's output"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (q, n_q) = a.of(q_buf, stream);
+    let (exps, n_exps) = a.of(exps_buf, stream);
+    let (sink, n_sink) = a.of(&b.sink, stream);
+    let (consts, n_consts) = a.of(&b.consts, stream);
+    let (out_ptr, out_guard) = out.device_ptr_mut(stream);
+    a.guards.push(out_guard);
+    let n_out = n_out as u64;
+    let (pages, n_pages) = a.of(&b.pages, stream);
+    let (blocks, n_blocks) = a.of(&b.blocks, stream);
+    let (status, _) = a.of(&b.status, stream);
+    let args = DequantArgs::<OnDevice> {
+        q,
+        n_q,
+        exps,
+        n_exps,
+        sink,
+        n_sink,
+        consts,
+        n_consts,
+        out: out_ptr,
+        n_out,
+        pages,
+        n_pages,
+        blocks,
+        status,
+        n_blocks,
+        heads: b.heads,
+        head_dim: b.head_dim,
+        page_size: b.page_size,
+        reserved: 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (DEQUANT_THREADS, 1, 1),
+        shared_mem_bytes: DEQUANT_SHARED_BYTES,
+    };
+    // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
+    // stream is synchronized), 7 and 3 (the host runs' launch shape).
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::host_layout;
+
+    /// What `kvc_dequant_layout` reports, from the mirrors in space `S`.
+    fn rust_dequant_layout<S: Space>() -> Vec<u64> {
+        layout![
+            ChannelConsts { mean, anchor_step, delta_step, weight },
+            DequantBlock {
+                q_start, exp_start, sink_start, out_start, consts_start, rows, sink_rows, group,
+                has_exps, token_start, page_start
+            },
+            DequantArgs<S> {
+                q, n_q, exps, n_exps, sink, n_sink, consts, n_consts, out, n_out, pages, n_pages,
+                blocks, status, n_blocks, heads, head_dim, page_size
+            },
+        ]
+    }
+
+    /// Invariant 1 for `kernels/dequant.cu`.
+    #[test]
+    fn layouts_match_the_kernel() {
+        assert_eq!(
+            host_layout(kvc_dequant_layout),
+            rust_dequant_layout::<OnHost>()
+        );
+        assert_eq!(
+            host_layout(kvc_dequant_layout),
+            rust_dequant_layout::<OnDevice>()
+        );
+    }
+}

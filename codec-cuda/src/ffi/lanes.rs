@@ -1,0 +1,261 @@
+//! The lane decode (`kernels/rans_decode.cu`, and `kernels/rans32_experiment.cu`'s 32-bit-state
+//! variant): its argument struct, host run and device launch.
+
+use std::ffi::c_int;
+
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+
+use super::{host_ran, launch_args, Addrs, DevBuf, OnDevice, OnHost, Space, LANES, SLOTS};
+use crate::error::CudaError;
+use crate::rans::LaneBlock;
+
+// The kernels compiled for the host (`build.rs`).
+extern "C" {
+    fn kvc_rans_lane_decode_host(
+        args: *const LaneDecodeArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_rans_lane_decode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_rans32_lane_decode_experiment_host(
+        args: *const LaneDecodeArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_rans32_lane_decode_experiment_layout(out: *mut u64, cap: u64) -> u64;
+}
+
+/// `KvcLaneDecodeArgs` (invariant 1), and `KvcLane32Args` of the 32-bit-state experiment
+/// (`kernels/rans32_experiment.cu`), whose `words` are 16-bit.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct LaneDecodeArgs<S: Space> {
+    /// The launch's words, `n_words` of its [`LaneWord`] type.
+    words: S::Const<u8>,
+    n_words: u64,
+    tables: S::Const<u32>,
+    n_tables: u64,
+    table_list: S::Const<u32>,
+    n_table_list: u64,
+    symbol_table: S::Const<u16>,
+    symbols: S::Mut<u8>,
+    n_symbols: u64,
+    blocks: S::Const<LaneBlock>,
+    status: S::Mut<u32>,
+    n_blocks: u64,
+    shared_tables: u64,
+}
+
+/// The word of a lane-decode kernel: `u32` for format v2's `kvc_rans_lane_decode`, `u16` for
+/// the 32-bit-state experiment `kvc_rans32_lane_decode_experiment` (not part of any format).
+pub(crate) trait LaneWord: DeviceRepr + ValidAsZeroBits + Copy + 'static {
+    /// The kernel's entry point.
+    const ENTRY: &'static str;
+    /// Its host build (invariant 1: both take the same argument layout).
+    const HOST: unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int;
+}
+
+impl LaneWord for u32 {
+    const ENTRY: &'static str = "kvc_rans_lane_decode";
+    const HOST: unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int =
+        kvc_rans_lane_decode_host;
+}
+
+impl LaneWord for u16 {
+    const ENTRY: &'static str = "kvc_rans32_lane_decode_experiment";
+    const HOST: unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int =
+        kvc_rans32_lane_decode_experiment_host;
+}
+
+/// The buffers of one lane-decode launch (words of `W`: see [`LaneWord`]).
+#[derive(Debug)]
+pub(crate) struct LaneDecodeIo<'a, W = u32> {
+    pub words: &'a [W],
+    /// Packed tables, [`SLOTS`] entries each (a partial last table is ignored).
+    pub tables: &'a [u32],
+    pub table_list: &'a [u32],
+    pub symbol_table: &'a [u16],
+    pub blocks: &'a [LaneBlock],
+    pub symbols: &'a mut [u8],
+    pub status: &'a mut [u32],
+    /// Tables the launch's shared memory holds.
+    pub shared_tables: u32,
+}
+
+/// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one block
+/// per entry of `io.blocks`.
+pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(), CudaError> {
+    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
+        what: "more than 2^32 - 1 blocks in one launch",
+    })?;
+    if io.symbols.len() != io.symbol_table.len() {
+        return Err(CudaError::Input {
+            what: "symbol and symbol-table buffers differ in length",
+        });
+    }
+    if io.status.len() != io.blocks.len() * LANES {
+        return Err(CudaError::Input {
+            what: "status buffer is not 32 entries per block",
+        });
+    }
+    let args = LaneDecodeArgs::<OnHost> {
+        words: io.words.as_ptr().cast(),
+        n_words: io.words.len() as u64,
+        tables: io.tables.as_ptr(),
+        n_tables: (io.tables.len() / SLOTS) as u64,
+        table_list: io.table_list.as_ptr(),
+        n_table_list: io.table_list.len() as u64,
+        symbol_table: io.symbol_table.as_ptr(),
+        symbols: io.symbols.as_mut_ptr(),
+        n_symbols: io.symbols.len() as u64,
+        blocks: io.blocks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_blocks: io.blocks.len() as u64,
+        shared_tables: u64::from(io.shared_tables),
+    };
+    let shared_bytes = u64::from(io.shared_tables) * (SLOTS as u64) * 4;
+    // SAFETY: invariant 1 (layout; `words` points to `n_words` words of the kernel's word
+    // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
+    // for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { W::HOST(&args, grid, LANES as u32, shared_bytes) };
+    host_ran(rc, W::ENTRY)
+}
+
+// SAFETY (invariant 7): `#[repr(C)]` integers (invariant 1).
+unsafe impl DeviceRepr for LaneDecodeArgs<OnDevice> {}
+device_values!(LaneBlock);
+
+/// A lane-decode launch's device buffers (invariant 2 on the device: built by
+/// `Gpu::lane_decode` from one [`crate::rans::LaneBatch`]).
+#[derive(Debug)]
+pub(crate) struct LaneDecodeDev<W = u32> {
+    pub words: DevBuf<W>,
+    pub tables: DevBuf<u32>,
+    pub table_list: DevBuf<u32>,
+    pub symbol_table: DevBuf<u16>,
+    pub blocks: DevBuf<LaneBlock>,
+    pub symbols: DevBuf<u8>,
+    pub status: DevBuf<u32>,
+}
+
+/// Queues `kvc_rans_lane_decode` over `b` on `stream`, `shared_tables` tables per block in
+/// shared memory (the function's dynamic shared memory limit must allow it: invariant 8).
+pub(crate) fn launch_lane_decode<W: LaneWord>(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneDecodeDev<W>,
+    shared_tables: u32,
+) -> Result<(), CudaError> {
+    let r = LaneDecodeRef {
+        words: &b.words,
+        tables: &b.tables,
+        table_list: &b.table_list,
+        symbol_table: &b.symbol_table,
+        blocks: &b.blocks,
+        symbols: &b.symbols,
+        status: &b.status,
+    };
+    launch_lane_decode_ref(stream, func, &r, shared_tables)
+}
+
+pub(super) fn launch_lane_decode_ref<W: LaneWord>(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    b: &LaneDecodeRef<'_, W>,
+    shared_tables: u32,
+) -> Result<(), CudaError> {
+    let input = |what| CudaError::Input { what };
+    if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
+        return Err(input("lane-decode buffers of mismatched lengths"));
+    }
+    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    if grid == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs { guards: Vec::new() };
+    let (words, n_words) = a.of(b.words, stream);
+    let (tables, n_words_tables) = a.of(b.tables, stream);
+    let (table_list, n_table_list) = a.of(b.table_list, stream);
+    let (symbol_table, _) = a.of(b.symbol_table, stream);
+    let (symbols, n_symbols) = a.of(b.symbols, stream);
+    let (blocks, n_blocks) = a.of(b.blocks, stream);
+    let (status, _) = a.of(b.status, stream);
+    let args = LaneDecodeArgs::<OnDevice> {
+        words,
+        n_words,
+        tables,
+        n_tables: n_words_tables / SLOTS as u64,
+        table_list,
+        n_table_list,
+        symbol_table,
+        symbols,
+        n_symbols,
+        blocks,
+        status,
+        n_blocks,
+        shared_tables: u64::from(shared_tables),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (LANES as u32, 1, 1),
+        shared_mem_bytes: shared_tables * (SLOTS as u32) * 4,
+    };
+    // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
+    // live device buffer and a count within it, kept alive by `b` until the stream is
+    // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).
+    unsafe { launch_args(stream, func, &args, cfg, a) }?;
+    Ok(())
+}
+
+/// A lane-decode launch's buffers, borrowed (the chain's symbol launch shares the exponent
+/// launch's words and tables).
+pub(super) struct LaneDecodeRef<'a, W> {
+    pub(super) words: &'a DevBuf<W>,
+    pub(super) tables: &'a DevBuf<u32>,
+    pub(super) table_list: &'a DevBuf<u32>,
+    pub(super) symbol_table: &'a DevBuf<u16>,
+    pub(super) blocks: &'a DevBuf<LaneBlock>,
+    pub(super) symbols: &'a DevBuf<u8>,
+    pub(super) status: &'a DevBuf<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::host_layout;
+
+    /// The sizes and offsets of [`LaneBlock`] and [`LaneDecodeArgs`] in space `S`, then the
+    /// kernel's `KVC_LANES` and `KVC_PRECISION` as codec-core has them: what
+    /// `kvc_rans_lane_decode_layout` reports.
+    fn rust_layout<S: Space>() -> Vec<u64> {
+        let mut v = layout![
+            LaneBlock { word_start, symbol_start, n_symbols, table_start, table_count, lane_len },
+            LaneDecodeArgs<S> {
+                words, n_words, tables, n_tables, table_list, n_table_list, symbol_table, symbols,
+                n_symbols, blocks, status, n_blocks, shared_tables
+            },
+        ];
+        v.push(codec_core::consts::LANES as u64);
+        v.push(u64::from(codec_core::consts::PRECISION));
+        v
+    }
+
+    /// Invariant 1: the Rust mirrors have the C++ layouts (the 32-bit-state experiment's
+    /// too), and the kernel's constants are codec-core's.
+    #[test]
+    fn layouts_match_the_kernel() {
+        for kernel in [
+            kvc_rans_lane_decode_layout,
+            kvc_rans32_lane_decode_experiment_layout,
+        ] {
+            assert_eq!(host_layout(kernel), rust_layout::<OnHost>());
+            assert_eq!(host_layout(kernel), rust_layout::<OnDevice>());
+        }
+        assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
+        assert_eq!(codec_core::consts::LANES, LANES);
+    }
+}

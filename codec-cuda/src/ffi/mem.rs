@@ -1,0 +1,360 @@
+//! Device memory: buffers, views into one packed upload, pinned staging, and the addresses a
+//! launch passes.
+
+use std::marker::PhantomData;
+use std::mem::size_of;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, SyncOnDrop, ValidAsZeroBits,
+};
+
+use super::driver_err;
+use crate::error::CudaError;
+
+/// A buffer on the device and the number of elements kernels may touch in it (invariant 6:
+/// `len <= slice.len()`, or for a view `offset + len * size_of::<T>() <= base.len()`; an empty
+/// buffer is one zeroed element, since the driver allocates no empty buffer).
+#[derive(Debug)]
+pub(crate) struct DevBuf<T> {
+    mem: DevMem<T>,
+    len: usize,
+}
+
+/// Where a [`DevBuf`] lies: its own allocation, or a part of a packed upload ([`Packer`]).
+#[derive(Debug)]
+enum DevMem<T> {
+    Own(CudaSlice<T>),
+    View {
+        base: Arc<CudaSlice<u8>>,
+        /// Bytes from the base's start: a multiple of [`PACK_ALIGN`].
+        offset: usize,
+        _t: PhantomData<T>,
+    },
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
+    /// Copies `data` to the device.
+    pub(crate) fn upload(stream: &Arc<CudaStream>, data: &[T]) -> Result<Self, CudaError> {
+        let slice = if data.is_empty() {
+            stream.alloc_zeros(1)
+        } else {
+            stream.clone_htod(data)
+        }
+        .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        Ok(DevBuf {
+            mem: DevMem::Own(slice),
+            len: data.len(),
+        })
+    }
+
+    /// `len` zeroed elements on the device.
+    pub(crate) fn zeros(stream: &Arc<CudaStream>, len: usize) -> Result<Self, CudaError> {
+        let slice = stream
+            .alloc_zeros(len.max(1))
+            .map_err(driver_err("cuMemAllocAsync"))?;
+        Ok(DevBuf {
+            mem: DevMem::Own(slice),
+            len,
+        })
+    }
+
+    /// The part `slot` of the packed upload `base` (an input: never downloaded).
+    pub(crate) fn view(base: &Arc<CudaSlice<u8>>, slot: PackSlot<T>) -> Result<Self, CudaError> {
+        let end = slot
+            .len
+            .checked_mul(size_of::<T>())
+            .and_then(|b| b.checked_add(slot.offset));
+        if end.is_none_or(|e| e > base.len()) || !slot.offset.is_multiple_of(PACK_ALIGN) {
+            return Err(CudaError::Input {
+                what: "a packed part outside its upload",
+            });
+        }
+        Ok(DevBuf {
+            mem: DevMem::View {
+                base: base.clone(),
+                offset: slot.offset,
+                _t: PhantomData,
+            },
+            len: slot.len,
+        })
+    }
+
+    /// Copies the buffer's `len` elements back (buffers of their own only: the launches'
+    /// outputs).
+    pub(crate) fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<T>, CudaError> {
+        let DevMem::Own(slice) = &self.mem else {
+            return Err(CudaError::Input {
+                what: "a packed input is not downloaded",
+            });
+        };
+        let mut v = stream
+            .clone_dtoh(slice)
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        v.truncate(self.len);
+        Ok(v)
+    }
+
+    /// Elements kernels may touch.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl DevBuf<u8> {
+    /// Copies bytes `0..len` back through `pinned` (page-locked memory the caller keeps for
+    /// the next copy, grown when short) and hands them to `read` (buffers of their own only):
+    /// the device's copy at the speed of pinned memory, then one host copy, `read`'s.
+    pub(crate) fn download_pinned<R>(
+        &self,
+        stream: &Arc<CudaStream>,
+        len: usize,
+        pinned: &mut Option<PinnedHostSlice<u8>>,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, CudaError> {
+        let outside = CudaError::Input {
+            what: "a download outside its buffer",
+        };
+        let DevMem::Own(slice) = &self.mem else {
+            return Err(outside);
+        };
+        if len > self.len {
+            return Err(outside);
+        }
+        if len == 0 {
+            return Ok(read(&[]));
+        }
+        // Cached (not write-combined): the host reads it.
+        let buf = pinned_at_least(stream, pinned, len, 0)?;
+        let host = buf
+            .as_mut_slice()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        // The destination is exactly `len` bytes: the driver copies the destination's length.
+        let dst = &mut host[..len];
+        stream
+            .memcpy_dtoh(&slice.slice(0..len), dst)
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(read(dst))
+    }
+}
+
+/// Device addresses of a launch's buffers, held with the guards that order the launch after
+/// the buffers' earlier writes (dropped once the launch is queued).
+pub(super) struct Addrs<'a> {
+    pub(super) guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Addrs<'a> {
+    pub(super) fn of<T>(&mut self, b: &'a DevBuf<T>, stream: &'a CudaStream) -> (u64, u64) {
+        let (ptr, guard) = match &b.mem {
+            DevMem::Own(slice) => slice.device_ptr(stream),
+            DevMem::View { base, offset, .. } => {
+                let (ptr, guard) = base.device_ptr(stream);
+                (ptr + *offset as u64, guard)
+            }
+        };
+        self.guards.push(guard);
+        (ptr, b.len as u64)
+    }
+}
+
+/// `held`, or when it is missing or shorter than `need` bytes (at most `isize::MAX / 4`), a new
+/// zeroed page-locked buffer of the next power of two with the driver's `flags`, held there
+/// instead: pinned memory a caller keeps between copies.
+fn pinned_at_least<'p>(
+    stream: &Arc<CudaStream>,
+    held: &'p mut Option<PinnedHostSlice<u8>>,
+    need: usize,
+    flags: u32,
+) -> Result<&'p mut PinnedHostSlice<u8>, CudaError> {
+    if need > isize::MAX as usize / 4 {
+        return Err(CudaError::Input {
+            what: "a host copy over isize::MAX / 4 bytes",
+        });
+    }
+    if held.as_ref().is_none_or(|p| p.len() < need) {
+        *held = None;
+        let cap = need.next_power_of_two();
+        // SAFETY: alloc_pinned_with_flags' contract (the memory is uninitialized): it is
+        // zeroed through the raw pointer below before any slice of it is formed. `cap` is far
+        // below isize::MAX (checked above), so cudarc's size assertions hold.
+        let mut p = unsafe { stream.context().alloc_pinned_with_flags::<u8>(cap, flags) }
+            .map_err(driver_err("cuMemHostAlloc"))?;
+        let ptr = p.as_mut_ptr().map_err(driver_err("cuEventSynchronize"))?;
+        // SAFETY: `ptr` points to `cap` bytes of pinned memory owned by `p`.
+        unsafe { ptr.write_bytes(0, cap) };
+        *held = Some(p);
+    }
+    held.as_mut().ok_or(CudaError::Input {
+        what: "no pinned buffer",
+    })
+}
+
+/// Bytes of a packed upload queued to the device at a time: the host fills the staging buffer
+/// with the next step while the device copies the last.
+const PACK_STEP: usize = 4 << 20;
+
+/// Alignment of every part of a packed upload (the driver's allocations are at least this
+/// aligned, so every part is aligned for its type).
+pub(crate) const PACK_ALIGN: usize = 256;
+
+/// Where [`Packer::add`] put an array: its byte offset and element count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackSlot<T> {
+    offset: usize,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+/// Host arrays laid out one after another ([`PACK_ALIGN`]-aligned) and uploaded to one device
+/// allocation by one copy from a pinned staging buffer, which the caller keeps for the next
+/// upload (one copy instead of one per array, at the speed of pinned memory, and no
+/// allocation of pinned memory per call).
+#[derive(Debug, Default)]
+pub(crate) struct Packer<'a> {
+    /// Per part: its sources in order (their bytes), and its offset.
+    parts: Vec<(Vec<&'a [u8]>, usize)>,
+    total: usize,
+}
+
+/// The bytes of a slice of a device type, padding included (invariant 7: plain `#[repr(C)]`
+/// values; the bytes are only copied, never read as numbers).
+fn raw_bytes<T: DeviceRepr>(data: &[T]) -> &[u8] {
+    // SAFETY: `data` is a live slice of `size_of_val(data)` bytes, borrowed for the result's
+    // lifetime; u8 has alignment 1. Padding bytes of `T` (e.g. the tail of `LaneBlock`) are
+    // only copied, by `copy_from_slice` (a memcpy, `ptr::copy_nonoverlapping`) in
+    // `Packer::upload` and by the driver's DMA, never read as values.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), size_of_val(data)) }
+}
+
+impl<'a> Packer<'a> {
+    /// Adds an array; where it will lie.
+    pub(crate) fn add<T: DeviceRepr>(&mut self, data: &'a [T]) -> PackSlot<T> {
+        self.add_gather(std::slice::from_ref(&data))
+    }
+
+    /// Room for `len` elements that nothing is copied into (a launch's output, in a
+    /// [`Packer::total`]-byte scratch allocation); where it lies.
+    pub(crate) fn reserve<T: DeviceRepr>(&mut self, len: usize) -> PackSlot<T> {
+        let offset = self.total;
+        self.total = offset + (len * size_of::<T>()).max(1).next_multiple_of(PACK_ALIGN);
+        PackSlot {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Bytes the parts take, gaps included.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Adds the arrays `parts` joined into one.
+    pub(crate) fn add_gather<T: DeviceRepr>(&mut self, parts: &[&'a [T]]) -> PackSlot<T> {
+        let offset = self.total;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let bytes = len * size_of::<T>();
+        self.parts
+            .push((parts.iter().map(|p| raw_bytes(p)).collect(), offset));
+        self.total = offset + bytes.max(1).next_multiple_of(PACK_ALIGN);
+        PackSlot {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Copies every part into `staging` (pinned memory, grown to a power of two when short)
+    /// and from there to a new device allocation in one copy on `stream`, then synchronizes
+    /// the stream (so that `staging` can be refilled): the allocation, for [`DevBuf::view`].
+    pub(crate) fn upload(
+        self,
+        stream: &Arc<CudaStream>,
+        staging: &mut Option<PinnedHostSlice<u8>>,
+    ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let need = self.total.max(1);
+        // Write-combined: the host only writes it, and the device reads it faster so.
+        let pinned = pinned_at_least(
+            stream,
+            staging,
+            need,
+            cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
+        )?;
+        // Waits for any earlier copy from the staging buffer (its event).
+        let dst = pinned
+            .as_mut_slice()
+            .map_err(driver_err("cuEventSynchronize"))?;
+        let mut dev = stream
+            .alloc_zeros::<u8>(need)
+            .map_err(driver_err("cuMemAllocAsync"))?;
+        // Bytes [0, sent) are queued to the device; they are not written again before the
+        // stream is synchronized below. Copying the next step into the staging buffer overlaps
+        // the device's copy of the last.
+        let mut sent = 0usize;
+        let mut send = |upto: usize, sent: &mut usize, dst: &[u8]| -> Result<(), CudaError> {
+            if upto > *sent {
+                stream
+                    .memcpy_htod(&dst[*sent..upto], &mut dev.slice_mut(*sent..upto))
+                    .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+                *sent = upto;
+            }
+            Ok(())
+        };
+        for (sources, offset) in &self.parts {
+            let mut at = *offset;
+            for src in sources {
+                dst[at..at + src.len()].copy_from_slice(src);
+                at += src.len();
+                if at >= sent + PACK_STEP {
+                    send(at, &mut sent, dst)?;
+                }
+            }
+        }
+        send(need, &mut sent, dst)?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(Arc::new(dev))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rans::LaneBlock;
+
+    /// Invariant 6 for views: every packed part starts aligned, after the previous part's
+    /// bytes, and an empty part still takes an aligned unit (its address is never shared).
+    #[test]
+    fn packed_parts_are_aligned_and_disjoint() {
+        let (a, b, c) = ([1u8; 3], [0u32; 0], [LaneBlock::default(); 2]);
+        let gather: [&[u16]; 2] = [&[1; 100], &[2; 29]];
+        let mut p = Packer::default();
+        let sa = p.add(&a[..]);
+        let sb = p.add(&b[..]);
+        let sc = p.add(&c[..]);
+        let sg = p.add_gather(&gather);
+        let slots = [
+            (sa.offset, sa.len),
+            (sb.offset, sb.len * 4),
+            (sc.offset, sc.len * size_of::<LaneBlock>()),
+            (sg.offset, sg.len * 2),
+        ];
+        assert_eq!((sa.len, sb.len, sc.len, sg.len), (3, 0, 2, 129));
+        for w in slots.windows(2) {
+            assert_eq!(w[0].0 % PACK_ALIGN, 0);
+            assert!(w[0].0 + w[0].1.max(1) <= w[1].0, "{slots:?}");
+        }
+        assert_eq!(
+            p.total,
+            sg.offset + (129 * 2usize).next_multiple_of(PACK_ALIGN)
+        );
+        let bytes: Vec<u8> = p.parts[3].0.concat();
+        assert_eq!(bytes.len(), 258);
+        assert_eq!(&bytes[198..202], &[1, 0, 2, 0]);
+    }
+}
