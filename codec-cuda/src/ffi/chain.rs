@@ -6,9 +6,9 @@ use std::ffi::c_int;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
 use super::{
-    host_ran, launch_args, launch_dequant_with, launch_lane_decode, launch_lane_decode_ref, Addrs,
-    DequantDev, DevBuf, LaneDecodeDev, LaneDecodeRef, OnDevice, OnHost, Space, CHAIN_THREADS,
-    LANES,
+    host_ran, launch_args, launch_dequant_with, launch_grid, launch_lane_decode,
+    launch_lane_decode_ref, Addrs, DequantDev, DevBuf, LaneDecodeDev, LaneDecodeRef, OnDevice,
+    OnHost, Space, CHAIN_THREADS, LANES,
 };
 use crate::error::CudaError;
 use crate::rans::LaneBlock;
@@ -115,7 +115,7 @@ pub(crate) struct ResolveIo<'a> {
 /// Runs `kvc_resolve_tables` on the host.
 pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.status.len() != io.blocks.len() {
         return Err(input("status buffer is not one entry per block"));
     }
@@ -155,7 +155,7 @@ pub(crate) struct ValueIo<'a> {
 /// Runs `kvc_map_values` on the host.
 pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
         return Err(input("value-mapping buffers of mismatched lengths"));
     }
@@ -255,11 +255,10 @@ pub(crate) fn launch_chain_stage(
     {
         return Err(input("chain buffers of mismatched lengths"));
     }
-    let grid = |n: usize| u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"));
     if stage == 0 {
         return launch_lane_decode(stream, lane, l, shared_tables);
     }
-    let g = grid(c.resolve.len())?;
+    let g = launch_grid(c.resolve.len())?;
     if stage == 1 && g > 0 {
         let mut a = Addrs { guards: Vec::new() };
         let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
@@ -301,7 +300,7 @@ pub(crate) fn launch_chain_stage(
     if stage == 2 {
         return launch_lane_decode_ref(stream, lane, &sym, shared_tables);
     }
-    let g = grid(c.values.len())?;
+    let g = launch_grid(c.values.len())?;
     if stage == 3 && g > 0 {
         let mut a = Addrs { guards: Vec::new() };
         let (indices, n_indices) = a.of(&c.symbols, stream);

@@ -5,7 +5,7 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig};
 
-use super::{host_ran, launch_args, Addrs, DevBuf, OnDevice, OnHost, Space};
+use super::{host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space};
 use crate::error::CudaError;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
 
@@ -79,9 +79,7 @@ pub(crate) struct DequantIo<'a> {
 /// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
 /// `io.blocks`.
 pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
-        what: "more than 2^32 - 1 blocks in one launch",
-    })?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.status.len() != io.blocks.len() {
         return Err(CudaError::Input {
             what: "status buffer is not one entry per block",
@@ -180,7 +178,7 @@ pub(super) fn launch_dequant_with(
     if n_out > out.len() {
         return Err(input("the output buffer is shorter than the plan's output"));
     }
-    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    let grid = launch_grid(b.blocks.len())?;
     if grid == 0 {
         return Ok(());
     }

@@ -6,8 +6,8 @@ use std::ffi::c_int;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
 
 use super::{
-    host_ran, launch_args, Addrs, DevBuf, OnDevice, OnHost, Space, CHAIN_THREADS, DEQUANT_THREADS,
-    LANES,
+    host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space, CHAIN_THREADS,
+    DEQUANT_THREADS, LANES,
 };
 use crate::encode::{LaneEncodeBlock, QuantBlock};
 use crate::encode_plan::{
@@ -90,9 +90,7 @@ pub(crate) struct QuantIo<'a> {
 /// Runs `kvc_quantize` on the host: one block per entry of `io.blocks`, [`DEQUANT_THREADS`]
 /// threads.
 pub(crate) fn host_quantize(io: QuantIo<'_>) -> Result<(), CudaError> {
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
-        what: "more than 2^32 - 1 blocks in one launch",
-    })?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.status.len() != io.blocks.len() {
         return Err(CudaError::Input {
             what: "status buffer is not one entry per block",
@@ -161,7 +159,7 @@ pub(crate) struct LaneEncodeIo<'a> {
 /// Runs `kvc_rans_lane_encode` on the host: one block of 32 threads per entry of `io.blocks`.
 pub(crate) fn host_lane_encode(io: LaneEncodeIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.symbols.len() != io.symbol_table.len() {
         return Err(input("symbol and symbol-table buffers differ in length"));
     }
@@ -268,7 +266,7 @@ pub(crate) struct EncodeIo<'a> {
 /// Runs `kvc_encode_blocks` on the host.
 pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| input("over 2^32 - 1 blocks"))?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.results.len() != io.blocks.len()
         || io.lane_blocks.len() != io.blocks.len()
         || io.symbols.len() != io.symbol_table.len()
@@ -378,7 +376,7 @@ pub(crate) struct WriteIo<'a> {
 /// Runs `kvc_write_chunks` on the host.
 pub(crate) fn host_write_chunks(io: WriteIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = u32::try_from(io.chunks.len()).map_err(|_| input("over 2^32 - 1 chunks"))?;
+    let grid = launch_grid(io.chunks.len())?;
     let n = io.blocks.len();
     if io.results.len() != n
         || io.lane_len.len() != n * LANES
@@ -450,7 +448,7 @@ pub(crate) struct SealIo<'a> {
 /// Runs `kvc_seal_chunks` on the host.
 pub(crate) fn host_seal_chunks(io: SealIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = u32::try_from(io.chunks.len()).map_err(|_| input("over 2^32 - 1 chunks"))?;
+    let grid = launch_grid(io.chunks.len())?;
     if io.chunk_results.len() != io.chunks.len() || io.seal_results.len() != io.chunks.len() {
         return Err(input("sealing buffers of mismatched lengths"));
     }
@@ -511,7 +509,7 @@ pub(crate) fn launch_quantize(
     if b.status.len() != b.blocks.len() {
         return Err(input("quantization buffers of mismatched lengths"));
     }
-    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    let grid = launch_grid(b.blocks.len())?;
     if grid == 0 {
         return Ok(());
     }
@@ -574,7 +572,7 @@ pub(crate) fn launch_lane_encode(
     {
         return Err(input("lane-encode buffers of mismatched lengths"));
     }
-    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    let grid = launch_grid(b.blocks.len())?;
     if grid == 0 {
         return Ok(());
     }
@@ -687,8 +685,8 @@ pub(crate) fn launch_encode_chain<T>(
     {
         return Err(input("encode-chain buffers of mismatched lengths"));
     }
-    let grid = u32::try_from(n).map_err(|_| input("over 2^31 - 1 blocks"))?;
-    let chunk_grid = u32::try_from(d.chunks.len()).map_err(|_| input("over 2^31 - 1 chunks"))?;
+    let grid = launch_grid(n)?;
+    let chunk_grid = launch_grid(d.chunks.len())?;
     if grid == 0 || chunk_grid == 0 {
         return Ok(());
     }

@@ -5,7 +5,9 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 
-use super::{host_ran, launch_args, Addrs, DevBuf, OnDevice, OnHost, Space, LANES, SLOTS};
+use super::{
+    host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space, LANES, SLOTS,
+};
 use crate::error::CudaError;
 use crate::rans::LaneBlock;
 
@@ -89,9 +91,7 @@ pub(crate) struct LaneDecodeIo<'a, W = u32> {
 /// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one block
 /// per entry of `io.blocks`.
 pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(), CudaError> {
-    let grid = u32::try_from(io.blocks.len()).map_err(|_| CudaError::Input {
-        what: "more than 2^32 - 1 blocks in one launch",
-    })?;
+    let grid = launch_grid(io.blocks.len())?;
     if io.symbols.len() != io.symbol_table.len() {
         return Err(CudaError::Input {
             what: "symbol and symbol-table buffers differ in length",
@@ -172,7 +172,7 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
     if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
         return Err(input("lane-decode buffers of mismatched lengths"));
     }
-    let grid = u32::try_from(b.blocks.len()).map_err(|_| input("over 2^31 - 1 blocks"))?;
+    let grid = launch_grid(b.blocks.len())?;
     if grid == 0 {
         return Ok(());
     }

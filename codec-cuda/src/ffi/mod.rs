@@ -126,6 +126,19 @@ pub(crate) const SLOTS: usize = 4096;
 /// Threads per block of the chain kernels.
 pub(crate) const CHAIN_THREADS: u32 = 256;
 
+/// The most blocks of one launch: CUDA's limit on `gridDim.x`, which the host runs keep too.
+const MAX_GRID: usize = (1 << 31) - 1;
+
+/// The grid of a launch over `n` blocks (coded blocks, chunks or queries: one each).
+fn launch_grid(n: usize) -> Result<u32, CudaError> {
+    match u32::try_from(n) {
+        Ok(g) if n <= MAX_GRID => Ok(g),
+        _ => Err(CudaError::Input {
+            what: "over 2^31 - 1 blocks in one launch",
+        }),
+    }
+}
+
 /// A host run's return code as a result: 0, or the shared memory could not be allocated or the
 /// launch shape is one the device would reject.
 fn host_ran(rc: c_int, entry: &'static str) -> Result<(), CudaError> {

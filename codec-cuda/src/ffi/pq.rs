@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
 
-use super::{host_ran, launch_args, Addrs, DevBuf, OnDevice, OnHost, Space};
+use super::{host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space};
 use crate::error::CudaError;
 use crate::pq::PqQuery;
 
@@ -132,9 +132,7 @@ pub(crate) struct PqIo<'a> {
 
 /// Runs `kvc_pq_search` on the host: one block per query.
 pub(crate) fn host_pq_search(io: PqIo<'_>, shape: PqShape) -> Result<(), CudaError> {
-    let grid = u32::try_from(io.items.len()).map_err(|_| CudaError::Input {
-        what: "more than 2^32 - 1 queries in one launch",
-    })?;
+    let grid = launch_grid(io.items.len())?;
     if io.status.len() != io.items.len() {
         return Err(CudaError::Input {
             what: "status buffer is not one entry per query",
@@ -199,7 +197,7 @@ pub(crate) fn launch_pq(
     if b.status.len() != b.items.len() {
         return Err(input("PQ buffers of mismatched lengths"));
     }
-    let grid = u32::try_from(b.items.len()).map_err(|_| input("over 2^31 - 1 queries"))?;
+    let grid = launch_grid(b.items.len())?;
     if grid == 0 {
         return Ok(());
     }
