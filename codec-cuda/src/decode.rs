@@ -17,7 +17,7 @@ use codec_core::Stream;
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
 use crate::quant::{ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutLayout, Output};
-use crate::rans::{value_table_map, LaneBatch, LaneBlock, LaneDecoded, TableId};
+use crate::rans::{value_table_map, LaneBatch, LaneBlock, LaneDecoded, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
 /// A chunk of a plan: its blocks and where its rows go.
@@ -267,9 +267,10 @@ pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
 /// are (on the device, no host round trip).
 #[derive(Debug)]
 pub(crate) struct Chain<'p> {
-    /// Every block's lane words, in order: borrowed from the plan's blocks, so that an upload
-    /// copies them once, straight into its staging buffer ([`Chain::words`] joins them).
-    pub word_parts: Vec<&'p [u32]>,
+    /// Every block's lane words, in order, as the chunks store them (little-endian): borrowed
+    /// from the streams, so that an upload copies them once, straight into its staging buffer
+    /// ([`Chain::words`] joins them).
+    pub word_parts: Vec<LaneWords<'p>>,
     /// Words in `word_parts`.
     pub n_words: usize,
     pub tables: Vec<u32>,
@@ -292,7 +293,7 @@ pub(crate) struct Chain<'p> {
 impl<'p> Chain<'p> {
     /// Every block's words in one buffer (for the host-run chain).
     pub fn words(&self) -> Vec<u32> {
-        self.word_parts.concat()
+        self.word_parts.iter().flat_map(|w| w.iter()).collect()
     }
 
     /// Adds a table with its radius; returns its id.
@@ -309,7 +310,7 @@ impl<'p> Chain<'p> {
     fn push_block(
         &mut self,
         lanes: &ChunkLanes<'_>,
-        blk: &'p CodedBlock,
+        blk: &'p CodedBlock<'p>,
         level_ids: &[u32],
         (map_start, consts_start): (u64, u64),
         dest: Destination,
@@ -335,7 +336,7 @@ impl<'p> Chain<'p> {
         let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
         let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
         let word_start = self.n_words as u64;
-        self.word_parts.push(&blk.words);
+        self.word_parts.push(blk.words);
         self.n_words += blk.words.len();
         let table_start =
             u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;

@@ -638,7 +638,8 @@ impl Gpu {
         let t0 = std::time::Instant::now();
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
-        let words = p.add_gather(&ch.word_parts);
+        let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
+        let words = p.add_bytes_as::<u32>(&word_bytes);
         let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
         let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
         let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));

@@ -11,6 +11,57 @@ use codec_core::rans::{FreqTable, RansError};
 use crate::error::CudaError;
 use crate::ffi::{self, LANES, SLOTS};
 
+/// Lane words as a stream stores them (spec/FORMAT.md §5.2): little-endian 32-bit words,
+/// borrowed from the chunk's bytes. A decode plan gathers these bytes into its upload as they
+/// are (the device reads little-endian words), with no copy on the host before.
+///
+/// ```
+/// use codec_cuda::rans::LaneWords;
+///
+/// let stored = [0x78, 0x56, 0x34, 0x12, 1, 0, 0, 0];
+/// let words = LaneWords::from_le_bytes(&stored).unwrap();
+/// assert_eq!(words.to_vec(), [0x1234_5678, 1]);
+/// assert!(LaneWords::from_le_bytes(&stored[..7]).is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneWords<'b> {
+    bytes: &'b [u8],
+}
+
+impl<'b> LaneWords<'b> {
+    /// The words stored in `bytes`, or `None` if its length is not a multiple of 4.
+    pub fn from_le_bytes(bytes: &'b [u8]) -> Option<Self> {
+        bytes.len().is_multiple_of(4).then_some(LaneWords { bytes })
+    }
+
+    /// Words.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 4
+    }
+
+    /// Whether there are no words.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The words' bytes as stored.
+    pub fn as_le_bytes(&self) -> &'b [u8] {
+        self.bytes
+    }
+
+    /// The words in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = u32> + 'b {
+        self.bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The words in a vector.
+    pub fn to_vec(&self) -> Vec<u32> {
+        self.iter().collect()
+    }
+}
+
 /// A table added to a [`LaneBatch`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TableId(u32);
@@ -120,8 +171,31 @@ impl LaneBatch {
         lane_len: [usize; LANES],
         tables: &[TableId],
     ) -> Result<usize, CudaError> {
+        self.push_block(words.len(), lane_len, tables, |w| {
+            w.extend_from_slice(words)
+        })
+    }
+
+    /// [`add_block`](Self::add_block) with the words as a stream stores them.
+    pub fn add_stored_block(
+        &mut self,
+        words: LaneWords<'_>,
+        lane_len: [usize; LANES],
+        tables: &[TableId],
+    ) -> Result<usize, CudaError> {
+        self.push_block(words.len(), lane_len, tables, |w| w.extend(words.iter()))
+    }
+
+    /// Adds a block of `n_words` words, which `append` appends to the batch's words.
+    fn push_block(
+        &mut self,
+        n_words: usize,
+        lane_len: [usize; LANES],
+        tables: &[TableId],
+        append: impl FnOnce(&mut Vec<u32>),
+    ) -> Result<usize, CudaError> {
         let input = |what| CudaError::Input { what };
-        if lane_len.iter().try_fold(0usize, |a, &l| a.checked_add(l)) != Some(words.len()) {
+        if lane_len.iter().try_fold(0usize, |a, &l| a.checked_add(l)) != Some(n_words) {
             return Err(input("lane lengths do not add up to the words given"));
         }
         let n_tables = (self.tables.len() / SLOTS) as u32;
@@ -144,7 +218,7 @@ impl LaneBatch {
             table_count: list.len() as u32,
             lane_len: lens,
         });
-        self.words.extend_from_slice(words);
+        append(&mut self.words);
         self.table_list.extend(list);
         self.symbol_table.extend(index);
         Ok(self.blocks.len() - 1)

@@ -17,19 +17,19 @@ use codec_core::{Dtype, Stream};
 
 use crate::error::CudaError;
 use crate::quant::{ChannelConsts, DequantBatch, DequantInput};
-use crate::rans::{LaneBatch, TableId};
+use crate::rans::{LaneBatch, LaneWords, TableId};
 
 /// One block of a chunk as stored (§5.2), with what decoding its lanes needs.
 #[derive(Clone, Debug)]
-pub struct CodedBlock {
+pub struct CodedBlock<'b> {
     /// Layer.
     pub layer: u32,
     /// 0 for K, 1 for V.
     pub kv: usize,
     /// Words per lane.
     pub lane_len: [usize; LANES],
-    /// The lanes' words, lane 0's first.
-    pub words: Vec<u32>,
+    /// The lanes' words, lane 0's first, as stored in the chunk.
+    pub words: LaneWords<'b>,
     /// The exponent table, if the block has an exponent section.
     pub exp_table: Option<FreqTable>,
     /// Exponent symbols (`(rows - S) * H` with an exponent section, else 0).
@@ -53,7 +53,7 @@ pub struct ChunkLanes<'s> {
     /// Sink rows.
     sink: usize,
     /// The blocks, layer 0 K, layer 0 V, layer 1 K, ...
-    pub blocks: Vec<CodedBlock>,
+    pub blocks: Vec<CodedBlock<'s>>,
 }
 
 impl<'s> ChunkLanes<'s> {
@@ -69,7 +69,11 @@ impl<'s> ChunkLanes<'s> {
     }
 
     /// [`read`](Self::read) with the chunk's bytes before its CRC given as `body`.
-    pub fn from_body(stream: &'s Stream<'s>, chunk: usize, body: &[u8]) -> Result<Self, CudaError> {
+    pub fn from_body(
+        stream: &'s Stream<'s>,
+        chunk: usize,
+        body: &'s [u8],
+    ) -> Result<Self, CudaError> {
         let bad = |what| CudaError::Stream { chunk, what };
         let h = stream.header();
         let entry = h.chunks.get(chunk).ok_or(bad("no such chunk"))?;
@@ -121,7 +125,7 @@ impl<'s> ChunkLanes<'s> {
                 Some(t) => vec![batch.add_table(t); b.n_e],
                 None => Vec::new(),
             };
-            batch.add_block(&b.words, b.lane_len, &ids)?;
+            batch.add_stored_block(b.words, b.lane_len, &ids)?;
         }
         Ok(())
     }
@@ -169,7 +173,7 @@ impl<'s> ChunkLanes<'s> {
                     what: "a symbol's table is not in the level's tables",
                 });
             }
-            batch.add_block(&b.words, b.lane_len, &ids)?;
+            batch.add_stored_block(b.words, b.lane_len, &ids)?;
         }
         Ok(())
     }
@@ -207,7 +211,7 @@ impl<'s> ChunkLanes<'s> {
     /// Every symbol's table: the exponent table for the first `n_e`, then each value symbol's.
     fn table_ids<'a>(
         &'a self,
-        b: &'a CodedBlock,
+        b: &'a CodedBlock<'_>,
         exps: &'a [u8],
     ) -> impl Iterator<Item = SymbolTable> + 'a {
         let exps = if b.exp_table.is_some() { exps } else { &[] };
@@ -217,7 +221,7 @@ impl<'s> ChunkLanes<'s> {
 
     /// The level table id of value symbol `g` of block `b` (§6.1): the map's table for its
     /// kind and channel, followed down its exponent's number of times.
-    fn value_table(&self, b: &CodedBlock, exps: &[u8], g: usize) -> u8 {
+    fn value_table(&self, b: &CodedBlock<'_>, exps: &[u8], g: usize) -> u8 {
         let h = self.stream.header();
         let (c, d, heads) = (
             h.shape.channels(),
@@ -371,12 +375,12 @@ struct BlockShape {
 }
 
 /// Reads one block from the front of `r` (checks B1-B5).
-fn read_block(
-    r: &mut &[u8],
+fn read_block<'b>(
+    r: &mut &'b [u8],
     shape: &BlockShape,
     layer: u32,
     kv: usize,
-) -> Result<CodedBlock, &'static str> {
+) -> Result<CodedBlock<'b>, &'static str> {
     let n_escapes = take_u32(r)? as usize;
     if n_escapes > shape.n_sym {
         return Err("escape count above the symbol count (B1)");
@@ -410,14 +414,12 @@ fn read_block(
         .collect();
     let total: usize = lane_len.iter().sum();
     let words = take(r, total.checked_mul(4).ok_or("lane words (B5)")?)?;
-    let words = words
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let words = LaneWords::from_le_bytes(words).ok_or("lane words (B5)")?;
     Ok(CodedBlock {
         layer,
         kv,
         lane_len,
-        words: words.collect(),
+        words,
         n_e: if exp_table.is_some() { shape.n_e } else { 0 },
         exp_table,
         n_sym: shape.n_sym,

@@ -268,6 +268,17 @@ impl<'a> Packer<'a> {
         }
     }
 
+    /// Adds the bytes `parts` joined into one array of `T` (bytes in the device's order, as a
+    /// stream stores its lane words): copied as they are.
+    pub(crate) fn add_bytes_as<T: DeviceRepr>(&mut self, parts: &[&'a [u8]]) -> PackSlot<T> {
+        let PackSlot { offset, len, .. } = self.add_gather(parts);
+        PackSlot {
+            offset,
+            len: len / size_of::<T>(),
+            _t: PhantomData,
+        }
+    }
+
     /// Copies every part into `staging` (pinned memory, grown to a power of two when short)
     /// and from there to a new device allocation in one copy on `stream`, then synchronizes
     /// the stream (so that `staging` can be refilled): the allocation, for [`DevBuf::view`].
@@ -338,23 +349,24 @@ mod tests {
         let sb = p.add(&b[..]);
         let sc = p.add(&c[..]);
         let sg = p.add_gather(&gather);
+        let stored: [&[u8]; 2] = [&[1, 0, 0, 0, 2, 0, 0, 0], &[3, 0, 0, 0]];
+        let sw = p.add_bytes_as::<u32>(&stored);
         let slots = [
             (sa.offset, sa.len),
             (sb.offset, sb.len * 4),
             (sc.offset, sc.len * size_of::<LaneBlock>()),
             (sg.offset, sg.len * 2),
+            (sw.offset, sw.len * 4),
         ];
-        assert_eq!((sa.len, sb.len, sc.len, sg.len), (3, 0, 2, 129));
+        assert_eq!((sa.len, sb.len, sc.len, sg.len, sw.len), (3, 0, 2, 129, 3));
         for w in slots.windows(2) {
             assert_eq!(w[0].0 % PACK_ALIGN, 0);
             assert!(w[0].0 + w[0].1.max(1) <= w[1].0, "{slots:?}");
         }
-        assert_eq!(
-            p.total,
-            sg.offset + (129 * 2usize).next_multiple_of(PACK_ALIGN)
-        );
+        assert_eq!(p.total, sw.offset + PACK_ALIGN);
         let bytes: Vec<u8> = p.parts[3].0.concat();
         assert_eq!(bytes.len(), 258);
         assert_eq!(&bytes[198..202], &[1, 0, 2, 0]);
+        assert_eq!(p.parts[4].0.concat(), [1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
     }
 }

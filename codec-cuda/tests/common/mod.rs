@@ -224,13 +224,13 @@ pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>]) -> EncodeCase {
                 .collect();
             enc.add_block(sym_out.symbols(b), &tables).unwrap();
             values.push(lanes.symbol_values(b, sym_out.symbols(b), exps[b]).unwrap());
-            let mut at = 0;
+            let (words, mut at) = (blk.words.to_vec(), 0);
             lanes_out.push(
                 blk.lane_len
                     .iter()
                     .map(|&n| {
                         at += n;
-                        blk.words[at - n..at].to_vec()
+                        words[at - n..at].to_vec()
                     })
                     .collect(),
             );

@@ -1,0 +1,31 @@
+//! Criterion benches of the host side of a GPU decode, which runs on every call and needs no
+//! device (`cargo bench -p kvc-codec-cuda --bench host`): building a [`DecodePlan`] of the real
+//! fixture decoded 8 times over (every chunk's CRC checked and its blocks read, their lane
+//! words borrowed from the stream), in bytes of compressed input, at levels 0, 6 and 11.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput};
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    let (d, profile) = support::fixture();
+    let copies = 8;
+    let mut g = c.benchmark_group("decode plan, 8 copies of the fixture");
+    for level in [0, 6, 11] {
+        let bytes = support::stream_bytes(&d.kv, &profile, level);
+        let stream = support::open(&bytes);
+        g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
+        g.bench_function(format!("level {level}"), |b| {
+            b.iter(|| support::decode_plan(&stream, copies))
+        });
+    }
+    g.finish();
+    c.final_summary();
+}
