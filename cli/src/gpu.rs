@@ -15,8 +15,7 @@ use codec_core::{Dtype, EncodeParams, KvCache, KvView, ProfileMode, Stream, Tens
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::{PqBatch, PqStatus};
-use codec_cuda::quant::{OutDtype, OutLayout, Output};
-use codec_cuda::stream::Destination;
+use codec_cuda::quant::OutDtype;
 use codec_cuda::{CudaError, Gpu};
 use half::vec::HalfBitsVecExt;
 use kvc_io::pq::{SearchQuery, Searched};
@@ -125,16 +124,8 @@ impl GpuCodec {
             Dtype::Bf16 => OutDtype::Bf16,
             d => return Err(GpuError::Dtype(d)),
         };
-        let (tokens, channels) = (h.shape.tokens, h.shape.channels());
-        let per_tensor = tokens as usize * channels;
-        let output = Output {
-            dtype,
-            layout: OutLayout::Dense,
-            len: 2 * h.shape.layers as usize * per_tensor,
-        };
-        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-        plan.add_stream(s, Destination::dense(tokens, channels))
-            .map_err(GpuError::Run)?;
+        let per_tensor = h.shape.tensor_len();
+        let plan = DecodePlan::for_stream(s, dtype).map_err(GpuError::Run)?;
         let bits = self.gpu.decode(&plan).map_err(GpuError::Run)?;
         // Per layer K then V, each [T, H, D].
         let mut tensors = bits.chunks_exact(per_tensor.max(1)).map(|t| match h.dtype {

@@ -1,22 +1,69 @@
-//! Decoding a batch of chunks (of one or several streams of the same model) with the kernels:
-//! three launches for the whole batch, however many chunks and layers it holds.
+//! Decoding a batch of chunks (of one or several streams of the same model) with the kernels
+//! into one f16/bf16 output: dense `[T, H, D]` tensors or vLLM's pages.
+//!
+//! A [`DecodePlan`] holds the chunks and where their rows go; adding a chunk checks its CRC
+//! (C1) and block structure (B1-B5, C2), and borrows its lane words from the stream.
+//! `Gpu::decode` and `Gpu::decode_into` run a plan as one chain of five launches, with no host
+//! step between them:
 //!
 //! 1. `kvc_rans_lane_decode` over the exponent prefix of every block of every chunk;
-//! 2. `kvc_rans_lane_decode` over every symbol, each with its table resolved from the exponents
-//!    (spec/FORMAT.md §6.1; on the host between the launches);
-//! 3. `kvc_dequant_f16` or `kvc_dequant_bf16` over every block, after the table indices became
-//!    symbol values with escapes (§6.4, on the host), into one output buffer: dense `[T, H, D]`
-//!    tensors or vLLM's pages.
+//! 2. `kvc_resolve_tables`: every value symbol's table from the decoded exponents
+//!    (spec/FORMAT.md §6.1);
+//! 3. `kvc_rans_lane_decode` over every symbol;
+//! 4. `kvc_map_values`: table indices to symbol values, with escapes (§6.4);
+//! 5. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output.
 //!
-//! [`DecodePlan::decode_host`] runs the kernels compiled for the CPU; `Gpu::decode` runs the
-//! same three launches on a device. Both check every chunk's CRC (C1) and block structure
-//! (B1-B10) and report a failing chunk as [`CudaError::Stream`], never panicking.
+//! [`DecodePlan::decode_chain_host`] runs the same chain on the kernels compiled for the CPU;
+//! [`DecodePlan::decode_host`] (and `Gpu::decode_into_stepwise`) the stepwise path, steps 2 and
+//! 4 on the host. Every path reports a failing chunk as [`CudaError::Stream`] (B6-B10 as the
+//! launches find them), never panicking, and writes what codec-core decodes, bit for bit.
+//!
+//! ```
+//! use codec_core::{encode, learn_profile, EncodeParams, KvCache, KvMeta, KvShape, Limits};
+//! use codec_core::{LearnParams, ProfileMode, Sample, Stream, Tensor, TensorMut};
+//! use codec_cuda::decode::DecodePlan;
+//! use codec_cuda::quant::OutDtype;
+//!
+//! // A tiny f32 cache (2 layers, 1 KV head of 4 channels, 8 tokens) coded in chunks of 4.
+//! let shape = KvShape { layers: 2, kv_heads: 1, head_dim: 4, tokens: 8 };
+//! let t = |s: f32| Tensor::F32((0..32).map(|i| (i as f32 * s).sin()).collect());
+//! let cache = KvCache {
+//!     shape,
+//!     k: vec![t(0.3), t(0.5)],
+//!     v: vec![t(0.7), t(1.1)],
+//!     meta: KvMeta::default(),
+//! };
+//! let sample = Sample { kv: cache.view(), queries: None };
+//! let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+//! let params = EncodeParams { chunk_tokens: 4, ..EncodeParams::default() };
+//! let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+//! let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+//!
+//! // Both chunks into one f16 output: layer 0 K, layer 0 V, layer 1 K, layer 1 V.
+//! let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
+//! let bits = plan.decode_chain_host().unwrap();
+//! assert_eq!(bits.len(), 4 * 32);
+//!
+//! // codec-core's decode into f16 tensors, bit for bit.
+//! let mut k = vec![vec![half::f16::ZERO; 32]; 2];
+//! let mut v = vec![vec![half::f16::ZERO; 32]; 2];
+//! let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::F16(t)).collect();
+//! let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::F16(t)).collect();
+//! stream.decode_into(&mut km, &mut vm).unwrap();
+//! let want: Vec<u16> = [&k[0], &v[0], &k[1], &v[1]]
+//!     .into_iter()
+//!     .flat_map(|t| t.iter().map(|x| x.to_bits()))
+//!     .collect();
+//! assert_eq!(bits, want);
+//! ```
 
 use codec_core::Stream;
 
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
-use crate::quant::{ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutLayout, Output};
+use crate::quant::{
+    ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output,
+};
 use crate::rans::{value_table_map, LaneBatch, LaneBlock, LaneDecoded, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
@@ -56,6 +103,20 @@ impl<'s> DecodePlan<'s> {
             chunks: Vec::new(),
             blocks: 0,
         }
+    }
+
+    /// A plan decoding every chunk of `stream` into a dense output of its own: `dtype`
+    /// elements, per layer K then V, each `[T, H, D]` (as codec-core decodes a stream).
+    pub fn for_stream(stream: &'s Stream<'s>, dtype: OutDtype) -> Result<Self, CudaError> {
+        let shape = stream.header().shape;
+        let output = Output {
+            dtype,
+            layout: OutLayout::Dense,
+            len: 2 * shape.layers as usize * shape.tensor_len(),
+        };
+        let mut plan = Self::new(shape.kv_heads, shape.head_dim, output);
+        plan.add_stream(stream, Destination::dense(shape.tokens, shape.channels()))?;
+        Ok(plan)
     }
 
     /// The output the plan writes.

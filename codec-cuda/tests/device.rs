@@ -65,14 +65,7 @@ fn device_golden_streams_decode_as_codec_core() {
         for dtype in [OutDtype::F16, OutDtype::Bf16] {
             let tensors = codec_core_tensors(&stream, dtype);
             // Dense.
-            let output = Output {
-                dtype,
-                layout: OutLayout::Dense,
-                len: 2 * layers * tokens * c,
-            };
-            let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-            plan.add_stream(&stream, Destination::dense(tokens as u32, c))
-                .unwrap();
+            let plan = DecodePlan::for_stream(&stream, dtype).unwrap();
             assert!(
                 gpu.decode(&plan).unwrap() == tensors.concat(),
                 "{name} {dtype:?}"
@@ -420,17 +413,8 @@ fn device_uploaded_plan_decodes_again_and_again() {
     };
     for (name, bytes, profile) in golden() {
         let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
-        let h = stream.header();
-        let (tokens, c) = (h.shape.tokens as usize, h.shape.channels());
         let want = codec_core_tensors(&stream, OutDtype::Bf16).concat();
-        let output = Output {
-            dtype: OutDtype::Bf16,
-            layout: OutLayout::Dense,
-            len: want.len(),
-        };
-        let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-        plan.add_stream(&stream, Destination::dense(tokens as u32, c))
-            .unwrap();
+        let plan = DecodePlan::for_stream(&stream, OutDtype::Bf16).unwrap();
         let up = gpu.upload_plan(&plan).unwrap();
         let mut out = gpu.stream().alloc_zeros::<u16>(want.len().max(1)).unwrap();
         for round in 0..3 {
@@ -443,20 +427,12 @@ fn device_uploaded_plan_decodes_again_and_again() {
     let other = Gpu::new(0).unwrap();
     let (_, bytes, profile) = golden().swap_remove(0);
     let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
-    let h = stream.header();
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: 2 * h.shape.layers as usize * h.shape.tensor_len(),
-    };
-    let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-    plan.add_stream(
-        &stream,
-        Destination::dense(h.shape.tokens, h.shape.channels()),
-    )
-    .unwrap();
+    let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
     let up = gpu.upload_plan(&plan).unwrap();
-    let mut out = other.stream().alloc_zeros::<u16>(output.len).unwrap();
+    let mut out = other
+        .stream()
+        .alloc_zeros::<u16>(plan.output().len)
+        .unwrap();
     assert!(other.decode_uploaded_into(&up, &mut out).is_err());
 }
 
@@ -470,18 +446,7 @@ fn device_lane32_experiment_matches_the_host_run_kernel() {
     };
     let (bytes, _) = common::fixture_stream(3);
     let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
-    let h = stream.header();
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: 2 * h.shape.layers as usize * h.shape.tensor_len(),
-    };
-    let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-    plan.add_stream(
-        &stream,
-        Destination::dense(h.shape.tokens, h.shape.channels()),
-    )
-    .unwrap();
+    let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
     let exp = plan.exponent_batch().unwrap().decode_host(2).unwrap();
     let exps = plan.exponents(&exp).unwrap();
     let batch = plan.symbol_batch(&exps).unwrap();

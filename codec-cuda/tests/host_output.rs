@@ -19,17 +19,8 @@ use proptest::prelude::*;
 fn golden_streams_decode_dense_f16_and_bf16_as_codec_core() {
     for (name, bytes, profile) in golden() {
         let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
-        let h = stream.header();
-        let (tokens, c) = (h.shape.tokens, h.shape.channels());
         for dtype in [OutDtype::F16, OutDtype::Bf16] {
-            let output = Output {
-                dtype,
-                layout: OutLayout::Dense,
-                len: 2 * h.shape.layers as usize * tokens as usize * c,
-            };
-            let mut plan = DecodePlan::new(h.shape.kv_heads, h.shape.head_dim, output);
-            plan.add_stream(&stream, Destination::dense(tokens, c))
-                .unwrap();
+            let plan = DecodePlan::for_stream(&stream, dtype).unwrap();
             let got = plan.decode_host().unwrap();
             let want: Vec<u16> = codec_core_tensors(&stream, dtype).concat();
             assert!(got == want, "{name} {dtype:?}: differs from codec-core");
@@ -123,16 +114,8 @@ fn wide_rows_decode_through_the_chain_as_codec_core() {
     };
     let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
     let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
-    let (tokens, c) = (shape.tokens, shape.channels());
-    assert!(c > 256, "wider than a block of the chain");
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: 2 * shape.layers as usize * tokens as usize * c,
-    };
-    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    plan.add_stream(&stream, Destination::dense(tokens, c))
-        .unwrap();
+    assert!(shape.channels() > 256, "wider than a block of the chain");
+    let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
     let want: Vec<u16> = codec_core_tensors(&stream, OutDtype::F16).concat();
     assert!(
         plan.decode_chain_host().unwrap() == want,
