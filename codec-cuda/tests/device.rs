@@ -329,7 +329,7 @@ fn device_encode_reproduces_codec_cores_blocks() {
     };
     let (bytes, tensors) = common::fixture_stream(3);
     let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
-    let case = encode_case(&stream, &tensors);
+    let case = encode_case(&stream, &tensors, 1);
     let values = gpu.quantize(&case.quant).unwrap();
     let lanes = gpu.lane_encode(&case.enc).unwrap();
     for (b, want) in case.values.iter().enumerate() {

@@ -227,7 +227,7 @@ fn a_symbol_outside_its_table_is_bad_symbol() {
 fn real_fixture_blocks_reencode_word_for_word() {
     let (bytes, tensors) = common::fixture_stream(3);
     let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
-    let case = common::encode_case(&stream, &tensors);
+    let case = common::encode_case(&stream, &tensors, 1);
     let values = case.quant.quantize_host().unwrap();
     let lanes = case.enc.encode_host().unwrap();
     for (b, want) in case.values.iter().enumerate() {

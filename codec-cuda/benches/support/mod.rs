@@ -1,4 +1,4 @@
-//! What the device benches (`benches/device.rs`) and the best-of-N harness
+//! What the benches (`benches/device.rs`, `benches/host.rs`) and the best-of-N harness
 //! (`examples/device_bench.rs`) share: opening device 0 with the kernels loaded, the real
 //! fixture's streams, decode plans and encode batches, the encode chain's context and source,
 //! and a long PQ head.
@@ -6,17 +6,19 @@
 
 use std::path::{Path, PathBuf};
 
-use codec_core::rans::FreqTable;
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use codec_core::{
     encode, learn_profile, ChunkContext, Dtype, EncodeParams, KvCache, LearnParams, Limits,
     Profile, ProfileMode, Sample, Stream,
 };
 use codec_cuda::decode::DecodePlan;
-use codec_cuda::encode::{EncTableId, LaneEncodeBatch, QuantBatch};
+use codec_cuda::encode::{LaneEncodeBatch, QuantBatch};
 use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::PqBatch;
-use codec_cuda::quant::{ChannelConsts, OutDtype, OutLayout, Output};
-use codec_cuda::stream::{ChunkLanes, Destination};
+use codec_cuda::quant::{OutDtype, OutLayout, Output};
+use codec_cuda::stream::Destination;
 use codec_cuda::Gpu;
 use pq_core::{pack, Codebook, Method};
 
@@ -81,60 +83,14 @@ pub fn decode_plan<'s>(stream: &'s Stream<'s>, copies: usize) -> DecodePlan<'s> 
 
 /// Every block of every chunk of `stream`, `copies` times: rows (from `tensors`, per layer K
 /// then V, `[T, C]`), exponents and constants for the quantization kernel, table indices and
-/// tables for the lane encoder (each chunk decoded by the host-run kernels).
+/// tables for the lane encoder (the tests' `encode_case`).
 pub fn encode_batches(
     stream: &Stream<'_>,
     tensors: &[Vec<f32>],
     copies: usize,
 ) -> (QuantBatch, LaneEncodeBatch) {
-    let h = stream.header();
-    let c = h.shape.channels();
-    let mut quant = QuantBatch::new(h.shape.kv_heads, h.shape.head_dim);
-    let mut enc = LaneEncodeBatch::new();
-    for chunk in 0..h.chunks.len() {
-        let lanes = ChunkLanes::read(stream, chunk).expect("chunk");
-        let exp_out = lanes.exponent_batch().unwrap().decode_host(2).unwrap();
-        let exps: Vec<&[u8]> = (0..lanes.blocks.len())
-            .map(|b| exp_out.symbols(b))
-            .collect();
-        let sym_out = lanes.symbol_batch(&exps).unwrap().decode_host(2).unwrap();
-        let mult = stream.profile().level_multipliers()[usize::from(lanes.level())];
-        let token_start = h.chunks[chunk].token_start as usize;
-        let rows = lanes.rows();
-        // Tables by address, per chunk: a chunk's exponent tables live as long as `lanes`.
-        let mut distinct: Vec<(*const FreqTable, EncTableId)> = Vec::new();
-        for _ in 0..copies {
-            for (b, blk) in lanes.blocks.iter().enumerate() {
-                let consts = ChannelConsts::of_block(
-                    stream.profile().channel_params(blk.layer, blk.kv),
-                    mult,
-                );
-                let start = quant.add_consts(&consts);
-                let t = &tensors[blk.layer as usize * 2 + blk.kv];
-                let x = &t[token_start * c..(token_start + rows) * c];
-                let e = blk.exp_table.as_ref().map(|_| exps[b]);
-                quant
-                    .add_block(x, lanes.sink_rows() as u32, u32::from(h.group), e, start)
-                    .unwrap();
-                let tables: Vec<EncTableId> = lanes
-                    .symbol_tables(b, exps[b])
-                    .into_iter()
-                    .map(
-                        |t| match distinct.iter().find(|(p, _)| std::ptr::eq(*p, t)) {
-                            Some(&(_, id)) => id,
-                            None => {
-                                let id = enc.add_table(t);
-                                distinct.push((t, id));
-                                id
-                            }
-                        },
-                    )
-                    .collect();
-                enc.add_block(sym_out.symbols(b), &tables).unwrap();
-            }
-        }
-    }
-    (quant, enc)
+    let case = common::encode_case(stream, tensors, copies);
+    (case.quant, case.enc)
 }
 
 /// One head of `tokens` synthetic codes (residual, m = 2, b = 6, key dim `dim`) and `queries`

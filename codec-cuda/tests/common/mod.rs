@@ -166,10 +166,11 @@ pub fn permutation(n: usize, seed: u64) -> Vec<u32> {
     p
 }
 
-/// Every block of every chunk of `stream` as encode-kernel inputs: its rows (from `tensors`,
-/// per layer K then V, `[T, C]` f32), step exponents and constants in a quantization batch, its
-/// table indices and tables in a lane-encode batch; and what codec-core's encoder wrote: each
-/// block's symbol values and lanes.
+/// Every block of every chunk of `stream`, `copies` times, as encode-kernel inputs: its rows
+/// (from `tensors`, per layer K then V, `[T, C]` f32), step exponents and constants in a
+/// quantization batch, its table indices and tables in a lane-encode batch; and what
+/// codec-core's encoder wrote: each block's symbol values and lanes (each chunk decoded by the
+/// host-run kernels). The tests take one copy, the benches (`benches/support`) several.
 pub struct EncodeCase {
     pub quant: codec_cuda::encode::QuantBatch,
     pub enc: codec_cuda::encode::LaneEncodeBatch,
@@ -177,7 +178,7 @@ pub struct EncodeCase {
     pub lanes: Vec<Vec<Vec<u32>>>,
 }
 
-pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>]) -> EncodeCase {
+pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>], copies: usize) -> EncodeCase {
     use codec_cuda::encode::{EncTableId, LaneEncodeBatch, QuantBatch};
     use codec_cuda::quant::ChannelConsts;
     use codec_cuda::stream::ChunkLanes;
@@ -198,7 +199,7 @@ pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>]) -> EncodeCase {
         let mult = stream.profile().level_multipliers()[usize::from(lanes.level())];
         let token_start = h.chunks[chunk].token_start as usize;
         let rows = lanes.rows();
-        for (b, blk) in lanes.blocks.iter().enumerate() {
+        for (b, blk) in (0..copies).flat_map(|_| lanes.blocks.iter().enumerate()) {
             let consts =
                 ChannelConsts::of_block(stream.profile().channel_params(blk.layer, blk.kv), mult);
             let start = quant.add_consts(&consts);
