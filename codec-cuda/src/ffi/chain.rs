@@ -3,12 +3,12 @@
 
 use std::ffi::c_int;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 
 use super::{
     host_ran, launch_args, launch_dequant_with, launch_grid, launch_lane_decode,
-    launch_lane_decode_ref, Addrs, DequantDev, DevBuf, LaneDecodeDev, LaneDecodeRef, OnDevice,
-    OnHost, Space, CHAIN_THREADS, LANES,
+    launch_lane_decode_ref, launch_shape, Addrs, DequantDev, DevBuf, LaneDecodeDev, LaneDecodeRef,
+    OnDevice, OnHost, Space, CHAIN_THREADS, LANES,
 };
 use crate::error::CudaError;
 use crate::rans::LaneBlock;
@@ -260,7 +260,7 @@ pub(crate) fn launch_chain_stage(
     }
     let g = launch_grid(c.resolve.len())?;
     if stage == 1 && g > 0 {
-        let mut a = Addrs { guards: Vec::new() };
+        let mut a = Addrs::default();
         let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
         let (exps, n_exps) = a.of(&l.symbols, stream);
         let (map, n_map) = a.of(&c.map, stream);
@@ -279,11 +279,7 @@ pub(crate) fn launch_chain_stage(
             heads: c.heads,
             head_dim: c.head_dim,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (g, 1, 1),
-            block_dim: (CHAIN_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_shape(g, CHAIN_THREADS, 0);
         // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
         // synchronized), 7 and 3.
         unsafe { launch_args(stream, resolve, &args, cfg, a) }?;
@@ -302,7 +298,7 @@ pub(crate) fn launch_chain_stage(
     }
     let g = launch_grid(c.values.len())?;
     if stage == 3 && g > 0 {
-        let mut a = Addrs { guards: Vec::new() };
+        let mut a = Addrs::default();
         let (indices, n_indices) = a.of(&c.symbols, stream);
         let (symbol_table, _) = a.of(&c.sym_table, stream);
         let (table_list, n_table_list) = a.of(&l.table_list, stream);
@@ -327,11 +323,7 @@ pub(crate) fn launch_chain_stage(
             status,
             n_blocks,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (g, 1, 1),
-            block_dim: (CHAIN_THREADS, 1, 1),
-            shared_mem_bytes: VALUE_SHARED_BYTES,
-        };
+        let cfg = launch_shape(g, CHAIN_THREADS, VALUE_SHARED_BYTES);
         // SAFETY: invariants 1, 6, 7 and 3 (the shared memory KvcValueShared needs).
         unsafe { launch_args(stream, values, &args, cfg, a) }?;
     }

@@ -3,9 +3,11 @@
 
 use std::ffi::c_int;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 
-use super::{host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space};
+use super::{
+    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
+};
 use crate::error::CudaError;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
 
@@ -182,7 +184,7 @@ pub(super) fn launch_dequant_with(
     if grid == 0 {
         return Ok(());
     }
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (q, n_q) = a.of(q_buf, stream);
     let (exps, n_exps) = a.of(exps_buf, stream);
     let (sink, n_sink) = a.of(&b.sink, stream);
@@ -214,11 +216,7 @@ pub(super) fn launch_dequant_with(
         page_size: b.page_size,
         reserved: 0,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (DEQUANT_THREADS, 1, 1),
-        shared_mem_bytes: DEQUANT_SHARED_BYTES,
-    };
+    let cfg = launch_shape(grid, DEQUANT_THREADS, DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
     // stream is synchronized), 7 and 3 (the host runs' launch shape).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;

@@ -3,11 +3,11 @@
 
 use std::ffi::c_int;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 
 use super::{
-    host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space, CHAIN_THREADS,
-    DEQUANT_THREADS, LANES,
+    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
+    CHAIN_THREADS, DEQUANT_THREADS, LANES,
 };
 use crate::encode::{LaneEncodeBlock, QuantBlock};
 use crate::encode_plan::{
@@ -513,7 +513,7 @@ pub(crate) fn launch_quantize(
     if grid == 0 {
         return Ok(());
     }
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (x, n_x) = a.of(&b.x, stream);
     let (exps, n_exps) = a.of(&b.exps, stream);
     let (consts, n_consts) = a.of(&b.consts, stream);
@@ -535,11 +535,7 @@ pub(crate) fn launch_quantize(
         heads: b.heads,
         head_dim: b.head_dim,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (DEQUANT_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = launch_shape(grid, DEQUANT_THREADS, 0);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (the host runs' launch shape).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
@@ -576,7 +572,7 @@ pub(crate) fn launch_lane_encode(
     if grid == 0 {
         return Ok(());
     }
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (symbols, n_symbols) = a.of(&b.symbols, stream);
     let (symbol_table, _) = a.of(&b.symbol_table, stream);
     let (tables, n_table_words) = a.of(&b.tables, stream);
@@ -600,11 +596,7 @@ pub(crate) fn launch_lane_encode(
         status,
         n_blocks,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (LANES as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = launch_shape(grid, LANES as u32, 0);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (32 threads, no shared memory).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
@@ -705,7 +697,7 @@ fn launch_encode_blocks<T>(
     grid: u32,
 ) -> Result<(), CudaError> {
     let policy = d.importance.unwrap_or_default();
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (src_ptr, src_bytes) = src.addr(&mut a, stream);
     let (qref, n_qref) = a.of(&d.qref, stream);
     let (tau, n_tau) = a.of(&d.tau, stream);
@@ -761,11 +753,7 @@ fn launch_encode_blocks<T>(
         rope_style: policy.rope_style,
         reserved: 0,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (CHAIN_THREADS, 1, 1),
-        shared_mem_bytes: ENCODE_SHARED_BYTES,
-    };
+    let cfg = launch_shape(grid, CHAIN_THREADS, ENCODE_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (buffers live in `d` and `src`, held by the caller until the
     // stream is synchronized; `src` counted in whole elements), 7 and 3 (the host runs'
     // launch shape and shared memory, within the default 48 KiB).
@@ -782,7 +770,7 @@ fn launch_write_chunks<T>(
     src: &DevSource<'_, T>,
     chunk_grid: u32,
 ) -> Result<(), CudaError> {
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (src_ptr, src_bytes) = src.addr(&mut a, stream);
     let (blocks, n_blocks) = a.of(&d.blocks, stream);
     let (results, _) = a.of(&d.results, stream);
@@ -815,11 +803,7 @@ fn launch_write_chunks<T>(
         out,
         n_out,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (chunk_grid, 1, 1),
-        block_dim: (CHAIN_THREADS, 1, 1),
-        shared_mem_bytes: WRITE_SHARED_BYTES,
-    };
+    let cfg = launch_shape(chunk_grid, CHAIN_THREADS, WRITE_SHARED_BYTES);
     // SAFETY: as `launch_encode_blocks`' (one result per block, 32 lane entries per block,
     // one chunk result per chunk, checked by `launch_encode_chain`).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
@@ -834,7 +818,7 @@ fn launch_seal_chunks(
     d: &EncodeDev,
     chunk_grid: u32,
 ) -> Result<(), CudaError> {
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (chunks, n_chunks) = a.of(&d.chunks, stream);
     let (chunk_results, _) = a.of(&d.chunk_results, stream);
     let (out, n_out) = a.of(&d.out, stream);
@@ -850,11 +834,7 @@ fn launch_seal_chunks(
         n_sealed,
         seal_results,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (chunk_grid, 1, 1),
-        block_dim: (CHAIN_THREADS, 1, 1),
-        shared_mem_bytes: SEAL_SHARED_BYTES,
-    };
+    let cfg = launch_shape(chunk_grid, CHAIN_THREADS, SEAL_SHARED_BYTES);
     // SAFETY: as `launch_encode_blocks`' (one chunk result and one seal result per chunk,
     // checked by `launch_encode_chain`).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;

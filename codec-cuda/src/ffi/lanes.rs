@@ -3,10 +3,11 @@
 
 use std::ffi::c_int;
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 use super::{
-    host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space, LANES, SLOTS,
+    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
+    LANES, SLOTS,
 };
 use crate::error::CudaError;
 use crate::rans::LaneBlock;
@@ -176,7 +177,7 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
     if grid == 0 {
         return Ok(());
     }
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (words, n_words) = a.of(b.words, stream);
     let (tables, n_words_tables) = a.of(b.tables, stream);
     let (table_list, n_table_list) = a.of(b.table_list, stream);
@@ -199,11 +200,7 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
         n_blocks,
         shared_tables: u64::from(shared_tables),
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (LANES as u32, 1, 1),
-        shared_mem_bytes: shared_tables * (SLOTS as u32) * 4,
-    };
+    let cfg = launch_shape(grid, LANES as u32, shared_tables * (SLOTS as u32) * 4);
     // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
     // live device buffer and a count within it, kept alive by `b` until the stream is
     // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).

@@ -143,6 +143,7 @@ impl DevBuf<u8> {
 
 /// Device addresses of a launch's buffers, held with the guards that order the launch after
 /// the buffers' earlier writes (dropped once the launch is queued).
+#[derive(Default)]
 pub(super) struct Addrs<'a> {
     pub(super) guards: Vec<SyncOnDrop<'a>>,
 }

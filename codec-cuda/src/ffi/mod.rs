@@ -139,6 +139,16 @@ fn launch_grid(n: usize) -> Result<u32, CudaError> {
     }
 }
 
+/// The launch shape of a grid of `grid` blocks of `threads` threads with `shared` bytes of
+/// dynamic shared memory each (invariants 3 and 8).
+fn launch_shape(grid: u32, threads: u32, shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared,
+    }
+}
+
 /// A host run's return code as a result: 0, or the shared memory could not be allocated or the
 /// launch shape is one the device would reject.
 fn host_ran(rc: c_int, entry: &'static str) -> Result<(), CudaError> {

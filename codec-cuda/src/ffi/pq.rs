@@ -2,9 +2,11 @@
 
 use std::ffi::c_int;
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr};
 
-use super::{host_ran, launch_args, launch_grid, Addrs, DevBuf, OnDevice, OnHost, Space};
+use super::{
+    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
+};
 use crate::error::CudaError;
 use crate::pq::PqQuery;
 
@@ -203,7 +205,7 @@ pub(crate) fn launch_pq(
     }
     let shared_mem_bytes =
         u32::try_from(shape.shared_bytes()).map_err(|_| input("PQ shared memory over 4 GiB"))?;
-    let mut a = Addrs { guards: Vec::new() };
+    let mut a = Addrs::default();
     let (queries, n_queries) = a.of(&b.queries, stream);
     let (codewords, n_codewords) = a.of(&b.codewords, stream);
     let (codes, n_codes) = a.of(&b.codes, stream);
@@ -232,11 +234,7 @@ pub(crate) fn launch_pq(
         table_capacity: shape.table_entries,
         key_capacity: shape.key_capacity,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (shape.threads, 1, 1),
-        shared_mem_bytes,
-    };
+    let cfg = launch_shape(grid, shape.threads, shared_mem_bytes);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7, 3 (the host runs' launch shape and shared memory) and 8 (the shape's
     // shared memory is within the budget the function's limit was raised to).
