@@ -221,3 +221,20 @@ fn host_layout(layout: unsafe extern "C" fn(*mut u64, u64) -> u64) -> Vec<u64> {
     out.truncate((n as usize).min(128));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A launch of more blocks than CUDA's grid holds is an input error, on the host runs too.
+    #[test]
+    fn grids_stop_at_cudas_limit() {
+        assert_eq!(launch_grid(0).unwrap(), 0);
+        assert_eq!(launch_grid(MAX_GRID).unwrap(), (1 << 31) - 1);
+        assert!(matches!(
+            launch_grid(MAX_GRID + 1),
+            Err(CudaError::Input { .. })
+        ));
+        assert!(launch_grid(usize::MAX).is_err());
+    }
+}
