@@ -96,7 +96,7 @@ impl Tokenizer {
             .filter(|(_, t)| t.to_i32().ok() == Some(CONTROL))
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
-        inner.add_special_tokens(&special);
+        inner.add_special_tokens(special).map_err(tok_err)?;
         Ok(Tokenizer {
             inner,
             vocab: tokens.len(),
