@@ -57,6 +57,7 @@ pub enum Error {
         tokens: usize,
     },
     /// The model could not be loaded or run.
+    #[cfg(feature = "model")]
     Model(llm::LlmError),
     /// A count asked for is outside what is possible.
     OutOfRange {
@@ -113,6 +114,7 @@ pub enum Error {
     /// The chunks' streams do not share a shape (they are placed one after another).
     ChunkShapes,
     /// `kvc blend-eval` was asked for a method it does not have.
+    #[cfg(feature = "model")]
     UnknownMethod {
         /// The name asked for.
         name: String,
@@ -160,6 +162,7 @@ impl fmt::Display for Error {
                 f,
                 "{slots} slots per query head: must be within 1..={tokens} (the dump's tokens)"
             ),
+            #[cfg(feature = "model")]
             Error::Model(e) => e.fmt(f),
             Error::OutOfRange {
                 what,
@@ -192,6 +195,7 @@ impl fmt::Display for Error {
             Error::Output(e) => e.fmt(f),
             Error::Store { dir, reason } => write!(f, "store {}: {reason}", dir.display()),
             Error::ChunkShapes => write!(f, "the chunks' caches differ in layers or KV heads"),
+            #[cfg(feature = "model")]
             Error::UnknownMethod { name } => write!(
                 f,
                 "no method {name:?}: the methods are {}",
@@ -211,6 +215,7 @@ impl std::error::Error for Error {
         // from their own source.
         match self {
             Error::Dump(e) => e.source(),
+            #[cfg(feature = "model")]
             Error::Model(e) => e.source(),
             Error::Encode(e) => e.source(),
             Error::Decode(e) => e.source(),
@@ -241,6 +246,7 @@ impl From<DumpError> for Error {
     }
 }
 
+#[cfg(feature = "model")]
 impl From<llm::LlmError> for Error {
     fn from(e: llm::LlmError) -> Self {
         Error::Model(e)

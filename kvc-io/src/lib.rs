@@ -23,6 +23,9 @@
 //!
 //! Long computations report to a [`Progress`]; the command draws it as bars.
 //!
+//! [`judge`] and [`blend`] run the reference model (`kvc-llm`, on candle) and come with the
+//! `model` feature, on by default; without it the rest builds without candle.
+//!
 //! ```
 //! use kvc_io::{fixtures, load_dump, metrics};
 //!
@@ -40,12 +43,15 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "model")]
 pub mod blend;
+#[cfg(feature = "model")]
 mod compare;
 pub mod dump;
 mod error;
 pub mod eval;
 pub mod fixtures;
+#[cfg(feature = "model")]
 pub mod judge;
 pub mod metrics;
 pub mod output;
