@@ -225,9 +225,7 @@ fn device_pq_search_selects_what_pq_core_selects() {
     let Some(gpu) = gpu("device_pq_search_selects_what_pq_core_selects") else {
         return;
     };
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let d = kvc_io::load_dump(&path).expect("fixture present");
+    let d = kvc_io::load_dump(&kvc_io::fixtures::sample()).expect("fixture present");
     let s = d.kv.shape;
     let (kv_heads, dim, t) = (s.kv_heads as usize, s.head_dim as usize, s.tokens as usize);
     let queries = &d.q.as_ref().expect("the fixture has queries")[0];

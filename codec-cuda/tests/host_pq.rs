@@ -4,8 +4,6 @@
 //! included) and on the real 512-token fixture's keys and stored queries, codebooks trained as
 //! `kvc pq` trains them.
 
-use std::path::Path;
-
 use codec_cuda::pq::{PqBatch, PqStatus, MAX_TABLE_ENTRIES};
 use codec_cuda::CudaError;
 use pq_core::{
@@ -203,9 +201,7 @@ proptest! {
 /// k = T/5 and windows 4 + 64: one launch per layer and method.
 #[test]
 fn real_fixture_selections_are_pq_cores() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let d = kvc_io::load_dump(&path).expect("fixture present");
+    let d = kvc_io::load_dump(&kvc_io::fixtures::sample()).expect("fixture present");
     let s = d.kv.shape;
     let (kv_heads, dim, t) = (s.kv_heads as usize, s.head_dim as usize, s.tokens as usize);
     let q_all = d.q.as_ref().expect("the fixture has queries");

@@ -45,6 +45,26 @@ pub struct Dump {
 }
 
 impl Dump {
+    /// Keeps the first `layers` layers of the cache and of the queries (all of them if the
+    /// dump has no more), e.g. for a quicker test on a real dump.
+    ///
+    /// ```
+    /// let mut dump = kvc_io::load_dump(&kvc_io::fixtures::sample())?;
+    /// dump.keep_layers(2);
+    /// assert_eq!((dump.kv.shape.layers, dump.kv.k.len()), (2, 2));
+    /// assert_eq!(dump.q.as_ref().map(Vec::len), Some(2));
+    /// # Ok::<(), kvc_io::DumpError>(())
+    /// ```
+    pub fn keep_layers(&mut self, layers: usize) {
+        let layers = layers.min(self.kv.shape.layers as usize);
+        self.kv.shape.layers = layers as u32;
+        self.kv.k.truncate(layers);
+        self.kv.v.truncate(layers);
+        if let Some(q) = self.q.as_mut() {
+            q.truncate(layers);
+        }
+    }
+
     /// Number of queries per layer (0 without queries).
     pub fn n_q(&self) -> usize {
         match &self.q {

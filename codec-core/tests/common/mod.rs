@@ -12,12 +12,8 @@ pub const SAMPLE_SHA256: &str = "0552ff78125c80f58dd056836d1414aba1669a6ca87730f
 /// the first query's position.
 pub fn load(path: &str, max_layers: usize) -> (KvCache, Vec<Vec<f32>>, usize, u64) {
     let mut d = kvc_io::load_dump(std::path::Path::new(path)).expect("fixture present");
-    let layers = (d.kv.shape.layers as usize).min(max_layers);
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
-    let mut q = d.q.expect("the fixture has queries");
-    q.truncate(layers);
+    d.keep_layers(max_layers);
+    let q = d.q.expect("the fixture has queries");
     (d.kv, q, d.q_heads, d.q_start)
 }
 

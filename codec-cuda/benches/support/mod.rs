@@ -38,9 +38,7 @@ pub fn open_gpu() -> Result<Gpu, String> {
 
 /// The real 512-token fixture (all 30 layers) and a profile learned from its keys and values.
 pub fn fixture() -> (kvc_io::Dump, Profile) {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let d = kvc_io::load_dump(&path).expect("fixture present");
+    let d = kvc_io::load_dump(&kvc_io::fixtures::sample()).expect("fixture present");
     let sample = Sample {
         kv: d.kv.view(),
         queries: None,

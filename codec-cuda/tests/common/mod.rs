@@ -294,16 +294,11 @@ pub fn source_of(cache: &KvCache) -> (Vec<u8>, Source) {
 /// learned from them with their queries (the importance hints).
 pub fn fixture_cache(layers: usize) -> (KvCache, Profile) {
     use codec_core::{learn_profile, LearnParams, Queries, Sample};
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-gpl3-512.safetensors");
-    let mut d = kvc_io::load_dump(&path).expect("fixture present");
-    let layers = layers.min(d.kv.shape.layers as usize);
-    d.kv.shape.layers = layers as u32;
-    d.kv.k.truncate(layers);
-    d.kv.v.truncate(layers);
+    let mut d = kvc_io::load_dump(&kvc_io::fixtures::sample()).expect("fixture present");
+    d.keep_layers(layers);
     let q = d.q.as_ref().expect("the fixture has queries");
     let queries = Queries {
-        q: q.iter().take(layers).map(Vec::as_slice).collect(),
+        q: q.iter().map(Vec::as_slice).collect(),
         q_heads: d.q_heads,
         q_start: d.q_start,
     };
