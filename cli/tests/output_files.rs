@@ -3,7 +3,7 @@
 //! behind, on errors or on Ctrl-C. Also the messages a new user met first.
 
 mod common;
-use common::{kvc, SAMPLE};
+use common::{kvc, write_sample_layers, SAMPLE};
 
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
@@ -27,11 +27,13 @@ fn temporaries(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A directory with a copy of the sample (`in.safetensors`) and a stream of it (`in.kvc`).
+/// A directory with the sample's first two layers (`in.safetensors`: what these tests check
+/// does not depend on the size, and every command takes a fifteenth of the time) and a stream
+/// of it (`in.kvc`).
 fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.safetensors");
-    fs::copy(SAMPLE, &input).unwrap();
+    write_sample_layers(&input, 2);
     let stream = dir.path().join("in.kvc");
     let (ok, _, err) = kvc(&["encode", s(&input), s(&stream), "--level", "9"]);
     assert!(ok, "{err}");
@@ -83,6 +85,7 @@ fn existing_outputs_are_kept_without_force() {
 fn an_input_is_never_the_output() {
     let (dir, input, stream) = setup();
     let original = fs::read(&stream).unwrap();
+    let original_input = fs::read(&input).unwrap();
     let hard = dir.path().join("hard.kvc");
     fs::hard_link(&stream, &hard).unwrap();
     let sym = dir.path().join("sym.kvc");
@@ -112,7 +115,7 @@ fn an_input_is_never_the_output() {
     assert!(!ok && err.contains("destroy the input"), "{err}");
     let (ok, _, err) = kvc(&["pq", "select", s(&input), s(&input), "--k", "8", "-f"]);
     assert!(!ok && err.contains("destroy the input"), "{err}");
-    assert_eq!(fs::read(&input).unwrap(), fs::read(SAMPLE).unwrap());
+    assert_eq!(fs::read(&input).unwrap(), original_input);
     assert!(temporaries(dir.path()).is_empty());
 }
 
@@ -137,9 +140,12 @@ fn failures_leave_no_output_and_no_temporary() {
 
 #[test]
 fn ctrl_c_leaves_no_temporary() {
-    let (dir, input, _) = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.safetensors");
+    fs::copy(SAMPLE, &input).unwrap();
     let out = dir.path().join("out.kvc");
-    // Interrupt encodes at moments spread over their run (learning, encoding, writing).
+    // Interrupt encodes of the whole sample at moments spread over their run (learning,
+    // encoding, writing).
     let mut interrupted = 0;
     for delay_ms in [5, 40, 120, 250, 400, 600, 800, 1000, 1300, 1700] {
         let _ = fs::remove_file(&out);

@@ -10,6 +10,14 @@ pub const SAMPLE: &str = concat!(
     "/../testdata/smollm2-gpl3-512.safetensors"
 );
 
+/// Writes the sample's first `layers` layers (every token, with the queries) to `path`, for
+/// tests where the whole sample would only take longer.
+pub fn write_sample_layers(path: &Path, layers: usize) {
+    let mut dump = kvc_io::load_dump(Path::new(SAMPLE)).unwrap();
+    dump.keep_layers(layers);
+    kvc_io::write_full_dump(&kvc_io::Output::replacing(path), &dump).unwrap();
+}
+
 /// Runs `kvc args`: (success, stdout, stderr).
 pub fn kvc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
