@@ -5,7 +5,7 @@
 //! failure on a GPU machine a test failure rather than "no GPU".
 
 mod common;
-use common::{kvc, SAMPLE};
+use common::{kvc, write_sample_layers, SAMPLE};
 
 /// Whether this test must see the GPU path succeed.
 fn gpu_required() -> bool {
@@ -83,13 +83,17 @@ fn encode_on_the_gpu_writes_the_cpu_stream_or_says_why_not() {
 
 #[test]
 fn without_the_flag_there_is_no_gpu_figure() {
-    let (ok, out, err) = kvc(&["pq", "eval", SAMPLE, "--json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.safetensors");
+    write_sample_layers(&input, 2);
+    let input = input.to_str().unwrap();
+    let (ok, out, err) = kvc(&["pq", "eval", input, "--json"]);
     assert!(ok, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     for r in j["rows"].as_array().unwrap() {
         assert!(r["gpu_token_scores_per_s"].is_null(), "{r}");
     }
-    let (ok, out, err) = kvc(&["eval", SAMPLE, "--json"]);
+    let (ok, out, err) = kvc(&["eval", input, "--json"]);
     assert!(ok, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     for r in j["rows"].as_array().unwrap() {

@@ -32,7 +32,9 @@ impl SecondDecoder for Checker {
 
 #[test]
 fn a_second_decoder_sees_every_level_and_its_failure_names_the_level() {
-    let d = load_dump(&kvc_io::fixtures::sample()).unwrap();
+    // Two layers: each evaluation below codes and decodes every level.
+    let mut d = load_dump(&kvc_io::fixtures::sample()).unwrap();
+    d.keep_layers(2);
     let full = policy::learn(&[&d], &mut Silent).unwrap();
     let how = ProfileUse::Referenced(&full);
     let mut ok = Checker {
