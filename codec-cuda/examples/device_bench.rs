@@ -13,7 +13,9 @@
 //! statuses), its upload alone (`Gpu::upload_plan`), the decode of a plan uploaded once
 //! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
 //! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
-//! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone.
+//! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
+//! by launch shape (tables in shared memory, coded blocks per CUDA block). Then how the middle
+//! level's decode grows with the batch (`copies`, 4x and 8x as many).
 //! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
 //! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
 //! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
@@ -33,7 +35,7 @@ use codec_core::{KvCache, Profile};
 use codec_cuda::encode_plan::Source;
 use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
-use codec_cuda::{Gpu, DEFAULT_LANE_SHARED_TABLES};
+use codec_cuda::{Gpu, LaneShape, DEFAULT_LANE_SHARED_TABLES};
 use pq_core::{pack, Codebook, PqParams};
 
 fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -72,6 +74,7 @@ fn main() {
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
         bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
     }
+    bench_decode_scaling(&mut gpu, &d.kv, &profile, (rounds, copies));
 
     // Encode: every block of the middle level's stream, `copies` times, re-quantized (with
     // its step exponents) and re-encoded (with its tables) from the cache's f16 values.
@@ -272,6 +275,67 @@ fn bench_decode(
         "lane decode level {level} by tables in shared memory: {}",
         sweep.join("; ")
     );
+    // Coded blocks (warps) per CUDA block: more let an SM hold more warps than its limit of
+    // resident CUDA blocks (32 on an H100) allows.
+    let mut sweep = Vec::new();
+    for w in [1u32, 2, 4, 8] {
+        gpu.set_lane_warps(w).unwrap();
+        let t = gpu.time_lane_decode(&sym_batch, rounds).unwrap();
+        sweep.push(format!("{w}: {:.3} ms", t * 1e3));
+    }
+    gpu.set_lane_warps(LaneShape::DEFAULT.warps()).unwrap();
+    println!(
+        "lane decode level {level} by blocks per CUDA block: {}",
+        sweep.join("; ")
+    );
+}
+
+/// How decode throughput grows with the batch: the middle level's plan with `copies`, 4x and
+/// 8x as many copies, uploaded once; its chain's kernels alone with 1 and 4 coded blocks per
+/// lane-decode CUDA block. (A batch too small to fill the device leaves each lane's chain of
+/// dependent loads exposed.)
+fn bench_decode_scaling(
+    gpu: &mut Gpu,
+    kv: &KvCache,
+    profile: &Profile,
+    (rounds, copies): (usize, usize),
+) {
+    let level = profile.levels() / 2;
+    let bytes = support::stream_bytes(kv, profile, level);
+    let stream = support::open(&bytes);
+    for n in [copies, 4 * copies, 8 * copies] {
+        let plan = support::decode_plan(&stream, n);
+        let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+        let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
+        let up = gpu.upload_plan(&plan).unwrap();
+        let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, &mut out));
+        r.unwrap();
+        drop(up);
+        let mut kernels = Vec::new();
+        for w in [1u32, 4] {
+            gpu.set_lane_warps(w).unwrap();
+            let t = gpu.time_decode_chain(&plan, &mut out, rounds).unwrap();
+            let st = gpu
+                .time_decode_chain_stages(&plan, &mut out, rounds)
+                .unwrap();
+            kernels.push(format!(
+                "{w} per CUDA block {:.3} ms = {:.2} GB/s (symbols {:.3} ms)",
+                t * 1e3,
+                gbs(t),
+                st[2] * 1e3
+            ));
+        }
+        gpu.set_lane_warps(LaneShape::DEFAULT.warps()).unwrap();
+        println!(
+            "decode scaling level {level}, {n} copies -> {:.1} MB f16: plan uploaded once, \
+             decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's kernels alone, lane-decode \
+             blocks {}",
+            (plan.output().len * 2) as f64 / 1e6,
+            reused * 1e3,
+            gbs(reused),
+            kernels.join(", ")
+        );
+    }
 }
 
 /// The encode chain from device memory: the fixture's K/V (f16, every layer) uploaded once,

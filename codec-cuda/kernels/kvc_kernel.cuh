@@ -69,3 +69,14 @@ inline float kvc_bits_f32(kvc_u32 u) {
 __device__ __forceinline__ kvc_u32 kvc_f32_bits(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ float kvc_bits_f32(kvc_u32 u) { return __uint_as_float(u); }
 #endif
+
+// The lane decoders give each coded block one warp (KVC_LANES threads, one per lane): a CUDA
+// block of blockDim.x = KVC_LANES * w threads holds w coded blocks, warp j of CUDA block i
+// decoding coded block i * w + j, and its `shared` memory is w equal regions, one per warp.
+// Several warps per CUDA block let a large batch fill an SM past its limit of resident CUDA
+// blocks; the coded blocks stay independent, so the output is the same for every w.
+__device__ __forceinline__ kvc_u32 kvc_warp() { return threadIdx.x / KVC_LANES; }
+__device__ __forceinline__ kvc_u32 kvc_warp_lane() { return threadIdx.x % KVC_LANES; }
+__device__ __forceinline__ kvc_u64 kvc_warp_item() {
+    return (kvc_u64)blockIdx.x * (blockDim.x / KVC_LANES) + kvc_warp();
+}

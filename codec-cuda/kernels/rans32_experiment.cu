@@ -74,16 +74,23 @@ __device__ __forceinline__ bool kvc_lane32_range_ok(const KvcLane32Args& a,
            blk.symbol_start <= a.n_symbols && blk.n_symbols <= a.n_symbols - blk.symbol_start;
 }
 
-// Phase 1: the block's tables into shared memory, if they fit (as rans_decode.cu).
+// The shared tables of the calling thread's warp (as rans_decode.cu).
+__device__ __forceinline__ kvc_u32* kvc_lane32_shared(const KvcLane32Args& a,
+                                                      unsigned char* shared) {
+    return (kvc_u32*)shared + (kvc_u64)kvc_warp() * a.shared_tables * KVC_SLOTS;
+}
+
+// Phase 1: each warp's block's tables into its region, if they fit (as rans_decode.cu).
 __device__ __forceinline__ void kvc_lane32_stage_tables(const KvcLane32Args& a,
                                                         unsigned char* shared) {
-    if (blockIdx.x >= a.n_blocks) return;
-    const KvcLane32Block& blk = a.blocks[blockIdx.x];
+    const kvc_u64 b = kvc_warp_item();
+    if (b >= a.n_blocks) return;
+    const KvcLane32Block& blk = a.blocks[b];
     if (blk.table_count > a.shared_tables || !kvc_lane32_tables_ok(a, blk)) return;
-    kvc_u32* dst = (kvc_u32*)shared;
+    kvc_u32* dst = kvc_lane32_shared(a, shared);
     for (kvc_u32 k = 0; k < blk.table_count; k++) {
         const kvc_u32* src = a.tables + (kvc_u64)a.table_list[blk.table_start + k] * KVC_SLOTS;
-        for (kvc_u32 i = threadIdx.x; i < KVC_SLOTS; i += blockDim.x) {
+        for (kvc_u32 i = kvc_warp_lane(); i < KVC_SLOTS; i += KVC_LANES) {
             dst[k * KVC_SLOTS + i] = src[i];
         }
     }
@@ -123,12 +130,13 @@ __device__ __forceinline__ kvc_u32 kvc_lane32_decode_lane(const KvcLane32Args& a
     return KVC_LANE32_OK;
 }
 
-// Phase 2: thread `lane` checks the block and decodes its lane.
+// Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane.
 __device__ __forceinline__ void kvc_lane32_decode_lanes(const KvcLane32Args& a,
                                                         unsigned char* shared) {
-    const kvc_u32 lane = threadIdx.x;
-    if (blockIdx.x >= a.n_blocks || lane >= KVC_LANES) return;
-    const KvcLane32Block& blk = a.blocks[blockIdx.x];
+    const kvc_u64 b = kvc_warp_item();
+    const kvc_u32 lane = kvc_warp_lane();
+    if (b >= a.n_blocks) return;
+    const KvcLane32Block& blk = a.blocks[b];
     kvc_u32 status;
     if (!kvc_lane32_range_ok(a, blk)) {
         status = KVC_LANE32_BAD_RANGE;
@@ -136,9 +144,10 @@ __device__ __forceinline__ void kvc_lane32_decode_lanes(const KvcLane32Args& a,
         status = KVC_LANE32_BAD_TABLE;
     } else {
         const bool in_shared = blk.table_count <= a.shared_tables;
-        status = kvc_lane32_decode_lane(a, blk, lane, in_shared ? (const kvc_u32*)shared : nullptr);
+        status =
+            kvc_lane32_decode_lane(a, blk, lane, in_shared ? kvc_lane32_shared(a, shared) : nullptr);
     }
-    a.status[(kvc_u64)blockIdx.x * KVC_LANES + lane] = status;
+    a.status[b * KVC_LANES + lane] = status;
 }
 
 KVC_KERNEL(kvc_rans32_lane_decode_experiment, KvcLane32Args, kvc_lane32_stage_tables,

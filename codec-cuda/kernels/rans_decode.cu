@@ -1,7 +1,7 @@
 // rANS lane decode (spec/FORMAT.md §6.3), bit for bit codec_core::rans::LaneDecoder.
 //
-// One CUDA block per coded block (a chunk's layer K or V), one thread per lane (32 threads);
-// many blocks per launch. Lane `l` of a block decodes the symbols at positions l, l + 32, ... of
+// One warp per coded block (a chunk's layer K or V), one thread per lane, one or more warps per
+// CUDA block (kvc_warp_item in kvc_kernel.cuh); many blocks per launch. Lane `l` of a block decodes the symbols at positions l, l + 32, ... of
 // that block, each with the table its `symbol_table` entry names, from the lane's words read
 // backwards. Every input is checked before it is used; each lane reports a KvcLaneStatus.
 
@@ -60,8 +60,9 @@ struct KvcLaneDecodeArgs {
     const KvcLaneBlock* blocks;
     kvc_u32* status;
     kvc_u64 n_blocks;
-    // How many tables the launch's dynamic shared memory holds (KVC_SLOTS * 4 bytes each). A
-    // block with at most this many tables reads them from shared memory, others from `tables`.
+    // How many tables each warp's region of the launch's dynamic shared memory holds
+    // (KVC_SLOTS * 4 bytes each). A block with at most this many tables reads them from shared
+    // memory, others from `tables`.
     kvc_u64 shared_tables;
 };
 
@@ -92,16 +93,23 @@ __device__ __forceinline__ bool kvc_block_range_ok(const KvcLaneDecodeArgs& a,
            blk.symbol_start <= a.n_symbols && blk.n_symbols <= a.n_symbols - blk.symbol_start;
 }
 
-// Phase 1: the block's threads copy its tables into shared memory, if they fit.
+// The shared tables of the calling thread's warp: its region of `shared`.
+__device__ __forceinline__ kvc_u32* kvc_lane_shared(const KvcLaneDecodeArgs& a,
+                                                    unsigned char* shared) {
+    return (kvc_u32*)shared + (kvc_u64)kvc_warp() * a.shared_tables * KVC_SLOTS;
+}
+
+// Phase 1: each warp's threads copy its block's tables into the warp's region, if they fit.
 __device__ __forceinline__ void kvc_lane_stage_tables(const KvcLaneDecodeArgs& a,
                                                       unsigned char* shared) {
-    if (blockIdx.x >= a.n_blocks) return;
-    const KvcLaneBlock& blk = a.blocks[blockIdx.x];
+    const kvc_u64 b = kvc_warp_item();
+    if (b >= a.n_blocks) return;
+    const KvcLaneBlock& blk = a.blocks[b];
     if (!kvc_block_tables_shared(a, blk)) return;
-    kvc_u32* dst = (kvc_u32*)shared;
+    kvc_u32* dst = kvc_lane_shared(a, shared);
     for (kvc_u32 k = 0; k < blk.table_count; k++) {
         const kvc_u32* src = a.tables + (kvc_u64)a.table_list[blk.table_start + k] * KVC_SLOTS;
-        for (kvc_u32 i = threadIdx.x; i < KVC_SLOTS; i += blockDim.x) {
+        for (kvc_u32 i = kvc_warp_lane(); i < KVC_SLOTS; i += KVC_LANES) {
             dst[k * KVC_SLOTS + i] = src[i];
         }
     }
@@ -167,12 +175,13 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
     return KVC_LANE_OK;
 }
 
-// Phase 2: thread `lane` checks the block and decodes its lane.
+// Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane.
 __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a,
                                                       unsigned char* shared) {
-    const kvc_u32 lane = threadIdx.x;
-    if (blockIdx.x >= a.n_blocks || lane >= KVC_LANES) return;
-    const KvcLaneBlock& blk = a.blocks[blockIdx.x];
+    const kvc_u64 b = kvc_warp_item();
+    const kvc_u32 lane = kvc_warp_lane();
+    if (b >= a.n_blocks) return;
+    const KvcLaneBlock& blk = a.blocks[b];
     kvc_u32 status;
     if (!kvc_block_range_ok(a, blk)) {
         status = KVC_LANE_BAD_RANGE;
@@ -180,9 +189,9 @@ __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a
         status = KVC_LANE_BAD_TABLE;
     } else {
         const bool in_shared = blk.table_count <= a.shared_tables;
-        status = kvc_decode_lane(a, blk, lane, in_shared ? (const kvc_u32*)shared : nullptr);
+        status = kvc_decode_lane(a, blk, lane, in_shared ? kvc_lane_shared(a, shared) : nullptr);
     }
-    a.status[(kvc_u64)blockIdx.x * KVC_LANES + lane] = status;
+    a.status[b * KVC_LANES + lane] = status;
 }
 
 KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables, kvc_lane_decode_lanes)

@@ -64,7 +64,9 @@ use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
 use crate::quant::{
     ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output,
 };
-use crate::rans::{value_table_map, LaneBatch, LaneBlock, LaneDecoded, LaneWords, TableId};
+use crate::rans::{
+    value_table_map, LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId,
+};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
 /// A chunk of a plan: its blocks and where its rows go.
@@ -565,7 +567,7 @@ impl DecodePlan<'_> {
         let words = ch.words();
         let heads = self.heads;
         let head_dim = self.head_dim;
-        let shared_tables = LaneBatch::MAX_SHARED_TABLES;
+        let shape = LaneShape::new(1, LaneBatch::MAX_SHARED_TABLES)?;
         let mut exps = vec![0u8; ch.n_exps];
         let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
@@ -576,7 +578,7 @@ impl DecodePlan<'_> {
             blocks: &ch.exp_blocks,
             symbols: &mut exps,
             status: &mut exp_status,
-            shared_tables,
+            shape,
         })?;
         let mut sym_table = vec![0u16; ch.n_symbols];
         let mut resolve_status = vec![0u32; ch.resolve.len()];
@@ -599,7 +601,7 @@ impl DecodePlan<'_> {
             blocks: &ch.sym_blocks,
             symbols: &mut symbols,
             status: &mut sym_status,
-            shared_tables,
+            shape,
         })?;
         let mut q = vec![0i32; ch.n_q];
         let mut value_status = vec![0u32; ch.values.len()];

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use crate::error::CudaError;
 use crate::ffi::{LANES, SLOTS};
-use crate::rans::{decode_host_parts, LaneBatch, LaneBlock, LaneBuffers, LaneDecoded};
+use crate::rans::{decode_host_parts, LaneBatch, LaneBlock, LaneBuffers, LaneDecoded, LaneShape};
 
 /// The state's lower bound `L` (the interval is `[2^16, 2^32)`).
 const L: u32 = 1 << 16;
@@ -143,13 +143,20 @@ impl Lane32Batch {
         LaneDecoded::new(symbols, status, self.blocks.clone())
     }
 
-    /// Decodes every block with the experiment's kernel compiled for the host.
+    /// Decodes every block with the experiment's kernel compiled for the host,
+    /// `shared_tables` tables per block staged in shared memory, one block per CUDA block.
     pub fn decode_host(&self, shared_tables: u32) -> Result<LaneDecoded, CudaError> {
+        self.decode_host_shaped(LaneShape::new(1, shared_tables)?)
+    }
+
+    /// Decodes every block with the experiment's kernel compiled for the host, launched in
+    /// `shape`.
+    pub fn decode_host_shaped(&self, shape: LaneShape) -> Result<LaneDecoded, CudaError> {
         let (symbols, status) = decode_host_parts(
             &self.words,
             (&self.tables, &self.table_list, &self.symbol_table),
             &self.blocks,
-            shared_tables,
+            shape,
         )?;
         Ok(self.decoded(symbols, status))
     }

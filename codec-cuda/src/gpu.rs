@@ -19,11 +19,11 @@ use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::encode_plan::{split_sealed, EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::experiment::Lane32Batch;
-use crate::ffi::{self, DevBuf, LaneWord, LANES, SLOTS};
+use crate::ffi::{self, DevBuf, LaneWord, LANES};
 use crate::nvrtc::{Nvrtc, KERNELS};
 use crate::pq::{PqBatch, PqSelected};
 use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, Output};
-use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded};
+use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded, LaneShape};
 
 /// Every kernel file's CUBIN for one architecture.
 type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
@@ -60,7 +60,7 @@ pub struct Gpu {
     ordinal: usize,
     arch: String,
     kernels: Mutex<Option<Arc<Kernels>>>,
-    lane_shared_tables: u32,
+    lane_shape: LaneShape,
     pq_shared_keys: u32,
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
     /// short).
@@ -97,12 +97,9 @@ impl UploadedPlan {
     }
 }
 
-/// Tables a lane-decode block stages in shared memory by default: none, every table is read
-/// through the L1/L2 cache. Measured on an H100 (codec-cuda/README.md), the fixture's 47 M
-/// symbols decode in 0.71 ms this way and in 2.23 ms with 2 tables staged per block (the 32 KiB
-/// of shared memory per 32-thread block left few blocks per SM, and staging reads 16 KiB per
-/// table and block).
-pub const DEFAULT_LANE_SHARED_TABLES: u32 = 0;
+/// Tables a lane-decode block stages in shared memory by default: [`LaneShape::DEFAULT`]'s,
+/// none.
+pub const DEFAULT_LANE_SHARED_TABLES: u32 = LaneShape::DEFAULT.shared_tables();
 
 impl Gpu {
     /// Opens device `ordinal`. Errors, never panics, where CUDA is missing:
@@ -120,7 +117,7 @@ impl Gpu {
             ordinal,
             arch: format!("sm_{major}{minor}"),
             kernels: Mutex::new(None),
-            lane_shared_tables: DEFAULT_LANE_SHARED_TABLES,
+            lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
             staging: Mutex::new(None),
             readback: Mutex::new(None),
@@ -155,17 +152,31 @@ impl Gpu {
         &self.stream
     }
 
-    /// Sets how many tables a lane-decode block stages in shared memory (16 KiB each, at most
-    /// [`LaneBatch::MAX_SHARED_TABLES`]); takes effect before the kernels are loaded.
+    /// Sets how many tables a lane-decode block stages in shared memory (16 KiB each, with
+    /// the warps per CUDA block at most [`LaneBatch::MAX_SHARED_TABLES`] per CUDA block; see
+    /// [`LaneShape::new`]); takes effect before the kernels are loaded.
     pub fn set_lane_shared_tables(&mut self, tables: u32) -> Result<(), CudaError> {
-        if tables > LaneBatch::MAX_SHARED_TABLES {
-            return Err(CudaError::Input {
-                what: "more shared tables than a device's shared memory holds",
-            });
-        }
-        self.lane_shared_tables = tables;
-        *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.set_lane_shape(LaneShape::new(self.lane_shape.warps(), tables)?);
         Ok(())
+    }
+
+    /// Sets how many coded blocks (one warp each) a lane-decode CUDA block holds, 1 to
+    /// [`LaneShape::MAX_WARPS`] (see [`LaneShape::new`]): more let a large batch keep more
+    /// warps on an SM than its limit of resident CUDA blocks allows. The output is the same.
+    pub fn set_lane_warps(&mut self, warps: u32) -> Result<(), CudaError> {
+        self.set_lane_shape(LaneShape::new(warps, self.lane_shape.shared_tables())?);
+        Ok(())
+    }
+
+    /// How lane decodes are launched.
+    pub fn lane_shape(&self) -> LaneShape {
+        self.lane_shape
+    }
+
+    fn set_lane_shape(&mut self, shape: LaneShape) {
+        self.lane_shape = shape;
+        // Loaded again, with the function's shared memory limit raised for the new shape.
+        *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Sets the longest query (in tokens) whose ranking keys a PQ search keeps in shared
@@ -219,7 +230,7 @@ impl Gpu {
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
             pq_shared_budget: 0,
         };
-        let shared = self.lane_shared_tables as usize * SLOTS * 4;
+        let shared = self.lane_shape.shared_bytes();
         if shared > 48 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
             // Invariant 8 of src/ffi/mod.rs: the limit is raised before any launch asks for it.
@@ -261,7 +272,7 @@ impl Gpu {
     /// Decodes every block of `batch` on the device (as [`LaneBatch::decode_host`] does on the
     /// host): words, tables and block headers uploaded, one launch, symbols and statuses back.
     pub fn lane_decode(&self, batch: &LaneBatch) -> Result<LaneDecoded, CudaError> {
-        let t = self.lane_shared_tables;
+        let t = self.lane_shape;
         let dev = self.run_once(
             |g| g.upload_lanes(batch.buffers()),
             |g, k, d| ffi::launch_lane_decode(&g.stream, &k.lane_decode, d, t),
@@ -289,7 +300,7 @@ impl Gpu {
     /// For benches: the best time in seconds of `reps` lane-decode launches over `batch`,
     /// uploaded once (the kernel alone: each launch queued, then the stream synchronized).
     pub fn time_lane_decode(&self, batch: &LaneBatch, reps: usize) -> Result<f64, CudaError> {
-        let t = self.lane_shared_tables;
+        let t = self.lane_shape;
         self.time_launches(
             reps,
             |g| g.upload_lanes(batch.buffers()),
@@ -300,7 +311,7 @@ impl Gpu {
     /// Not part of any format: decodes `batch` with the 32-bit-state experiment's kernel (as
     /// [`Lane32Batch::decode_host`] does on the host).
     pub fn lane32_decode_experiment(&self, batch: &Lane32Batch) -> Result<LaneDecoded, CudaError> {
-        let t = self.lane_shared_tables;
+        let t = self.lane_shape;
         let dev = self.run_once(
             |g| g.upload_lanes(batch.buffers()),
             |g, k, d| ffi::launch_lane_decode(&g.stream, &k.lane32_experiment, d, t),
@@ -316,7 +327,7 @@ impl Gpu {
         batch: &Lane32Batch,
         reps: usize,
     ) -> Result<f64, CudaError> {
-        let t = self.lane_shared_tables;
+        let t = self.lane_shape;
         self.time_launches(
             reps,
             |g| g.upload_lanes(batch.buffers()),
@@ -559,7 +570,7 @@ impl Gpu {
             &self.stream,
             &kernels,
             dev,
-            self.lane_shared_tables,
+            self.lane_shape,
             out,
             output.len,
         )
@@ -589,7 +600,7 @@ impl Gpu {
                     &self.stream,
                     &kernels,
                     &dev,
-                    self.lane_shared_tables,
+                    self.lane_shape,
                     out,
                     n_out,
                     stage as u8,

@@ -48,3 +48,4 @@ pub mod stream;
 pub use error::CudaError;
 pub use gpu::{EncodeTimes, Gpu, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES};
 pub use nvrtc::{compile_report, KernelResources};
+pub use rans::LaneShape;

@@ -270,32 +270,107 @@ impl LaneBatch {
     pub const MAX_SHARED_TABLES: u32 = 14;
 
     /// Decodes every block with the kernel compiled for the host, `shared_tables` (at most
-    /// [`Self::MAX_SHARED_TABLES`]) tables per block staged in shared memory.
+    /// [`Self::MAX_SHARED_TABLES`]) tables per block staged in shared memory, one block per
+    /// CUDA block.
     pub fn decode_host(&self, shared_tables: u32) -> Result<LaneDecoded, CudaError> {
+        self.decode_host_shaped(LaneShape::new(1, shared_tables)?)
+    }
+
+    /// Decodes every block with the kernel compiled for the host, launched in `shape`.
+    pub fn decode_host_shaped(&self, shape: LaneShape) -> Result<LaneDecoded, CudaError> {
         let (symbols, status) = decode_host_parts(
             &self.words,
             (&self.tables, &self.table_list, &self.symbol_table),
             &self.blocks,
-            shared_tables,
+            shape,
         )?;
         Ok(self.decoded(symbols, status))
     }
 }
 
+/// How a lane-decode launch is shaped: the coded blocks each CUDA block holds (one warp of 32
+/// threads each) and the tables each of them stages in shared memory. The symbols and statuses
+/// are the same in every shape; it only changes how a device schedules the work.
+///
+/// ```
+/// use codec_cuda::rans::{LaneBatch, LaneShape};
+///
+/// let shape = LaneShape::new(4, 2)?;
+/// assert_eq!((shape.warps(), shape.shared_tables()), (4, 2));
+/// // At most LaneBatch::MAX_SHARED_TABLES tables per CUDA block, at most 32 warps.
+/// assert!(LaneShape::new(8, 2).is_err());
+/// assert!(LaneShape::new(33, 0).is_err());
+/// assert!(LaneShape::new(0, 0).is_err());
+/// assert!(LaneBatch::new().decode_host_shaped(shape)?.status(0).is_empty());
+/// # Ok::<(), codec_cuda::CudaError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneShape {
+    warps: u32,
+    shared_tables: u32,
+}
+
+impl LaneShape {
+    /// Most warps (coded blocks) per CUDA block: 1024 threads.
+    pub const MAX_WARPS: u32 = 32;
+
+    /// A device's lane decodes by default ([`crate::Gpu`]): one coded block per CUDA block and
+    /// no table in shared memory, every table read through the L1/L2 cache. Measured on an
+    /// H100 (codec-cuda/README.md), the fixture's 47 M symbols decode in 0.71 ms this way and
+    /// in 2.23 ms with 2 tables staged per block (the 32 KiB of shared memory per 32-thread
+    /// block left few blocks per SM, and staging reads 16 KiB per table and block).
+    pub const DEFAULT: LaneShape = LaneShape {
+        warps: 1,
+        shared_tables: 0,
+    };
+
+    /// `warps` coded blocks per CUDA block (1 to [`Self::MAX_WARPS`]), each staging
+    /// `shared_tables` tables (16 KiB each) in shared memory: at most
+    /// [`LaneBatch::MAX_SHARED_TABLES`] tables per CUDA block in all.
+    pub fn new(warps: u32, shared_tables: u32) -> Result<Self, CudaError> {
+        let input = |what| Err(CudaError::Input { what });
+        if warps == 0 || warps > Self::MAX_WARPS {
+            return input("lane-decode warps per block outside 1..=32");
+        }
+        if u64::from(warps) * u64::from(shared_tables) > u64::from(LaneBatch::MAX_SHARED_TABLES) {
+            return input("more shared tables than a device's shared memory holds");
+        }
+        Ok(LaneShape {
+            warps,
+            shared_tables,
+        })
+    }
+
+    /// Coded blocks per CUDA block.
+    pub const fn warps(self) -> u32 {
+        self.warps
+    }
+
+    /// Tables each coded block stages in shared memory.
+    pub const fn shared_tables(self) -> u32 {
+        self.shared_tables
+    }
+
+    /// Threads per CUDA block.
+    pub(crate) fn threads(self) -> u32 {
+        self.warps * LANES as u32
+    }
+
+    /// Dynamic shared memory per CUDA block, in bytes (at most 14 tables of 16 KiB).
+    pub(crate) fn shared_bytes(self) -> u32 {
+        self.warps * self.shared_tables * SLOTS as u32 * 4
+    }
+}
+
 /// A lane batch's buffers (words of either width; tables, table lists and per-symbol table
-/// indices; blocks) decoded by the host build of its kernel, `shared_tables` tables per block
-/// staged in shared memory: the symbols and every lane's status.
+/// indices; blocks) decoded by the host build of its kernel launched in `shape`: the symbols
+/// and every lane's status.
 pub(crate) fn decode_host_parts<W: ffi::LaneWord>(
     words: &[W],
     (tables, table_list, symbol_table): (&[u32], &[u32], &[u16]),
     blocks: &[LaneBlock],
-    shared_tables: u32,
+    shape: LaneShape,
 ) -> Result<(Vec<u8>, Vec<u32>), CudaError> {
-    if shared_tables > LaneBatch::MAX_SHARED_TABLES {
-        return Err(CudaError::Input {
-            what: "more shared tables than a device's shared memory holds",
-        });
-    }
     let mut symbols = vec![0u8; symbol_table.len()];
     let mut status = vec![0u32; blocks.len() * LANES];
     ffi::host_lane_decode(ffi::LaneDecodeIo {
@@ -306,7 +381,7 @@ pub(crate) fn decode_host_parts<W: ffi::LaneWord>(
         blocks,
         symbols: &mut symbols,
         status: &mut status,
-        shared_tables,
+        shape,
     })?;
     Ok((symbols, status))
 }

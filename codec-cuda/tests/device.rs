@@ -434,6 +434,30 @@ fn device_uploaded_plan_decodes_again_and_again() {
     assert!(other.decode_uploaded_into(&up, &mut out).is_err());
 }
 
+/// Every lane-decode shape (coded blocks per CUDA block, tables each stages in shared memory)
+/// decodes the golden streams and the real fixture (4 layers, embedded profile) to
+/// codec-core's bits.
+#[test]
+fn device_lane_shapes_decode_as_codec_core() {
+    let Some(mut gpu) = gpu("device_lane_shapes_decode_as_codec_core") else {
+        return;
+    };
+    let mut streams = golden();
+    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    for (warps, tables) in [(1, 0), (4, 0), (32, 0), (2, 7), (7, 2)] {
+        gpu.set_lane_warps(1).unwrap();
+        gpu.set_lane_shared_tables(tables).unwrap();
+        gpu.set_lane_warps(warps).unwrap();
+        for (name, bytes, profile) in &streams {
+            let stream = Stream::open(bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+            let want = codec_core_tensors(&stream, OutDtype::F16).concat();
+            let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
+            let got = gpu.decode(&plan).unwrap();
+            assert!(got == want, "{name}: {:?}", gpu.lane_shape());
+        }
+    }
+}
+
 /// The 32-bit-state experiment's kernel on the device: the host-run kernel's symbols and
 /// statuses on the fixture's blocks (3 layers, levels 0, 3 and 6), intact (all equal to the v2 symbols) and with
 /// words altered.

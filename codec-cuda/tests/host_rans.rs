@@ -5,7 +5,7 @@ mod common;
 
 use codec_core::consts::LANES;
 use codec_core::rans::{encode_lanes, FreqTable};
-use codec_cuda::rans::{LaneBatch, LaneStatus};
+use codec_cuda::rans::{LaneBatch, LaneShape, LaneStatus};
 use common::{assert_matches_reference, outcome};
 use proptest::prelude::*;
 
@@ -16,12 +16,13 @@ struct BlockCase {
     symbols: Vec<u8>,
 }
 
-/// Tables, blocks over them, and how many tables a launch stages in shared memory.
+/// Tables, blocks over them, and the launch's shape (coded blocks per CUDA block, tables each
+/// stages in shared memory).
 #[derive(Clone, Debug)]
 struct Case {
     tables: Vec<FreqTable>,
     blocks: Vec<BlockCase>,
-    shared_tables: u32,
+    shape: LaneShape,
 }
 
 /// A table from counts: many zero counts give frequency-1 symbols, the rANS extreme.
@@ -46,16 +47,24 @@ fn block(tables: Vec<FreqTable>) -> impl Strategy<Value = BlockCase> {
     })
 }
 
+/// A launch shape: 1 to 4 warps per CUDA block (so that 1 to 3 blocks often leave a CUDA block
+/// part empty), as many shared tables as fit.
+fn shape() -> impl Strategy<Value = LaneShape> {
+    (1u32..=4)
+        .prop_flat_map(|w| (Just(w), 0..=LaneBatch::MAX_SHARED_TABLES / w))
+        .prop_map(|(w, t)| LaneShape::new(w, t).unwrap())
+}
+
 fn case() -> impl Strategy<Value = Case> {
     prop::collection::vec(table(), 1..5)
         .prop_flat_map(|tables| {
             let blocks = prop::collection::vec(block(tables.clone()), 1..4);
-            (Just(tables), blocks, 0..=LaneBatch::MAX_SHARED_TABLES)
+            (Just(tables), blocks, shape())
         })
-        .prop_map(|(tables, blocks, shared_tables)| Case {
+        .prop_map(|(tables, blocks, shape)| Case {
             tables,
             blocks,
-            shared_tables,
+            shape,
         })
 }
 
@@ -118,7 +127,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     /// Valid streams: every block decodes to exactly the encoded symbols, every lane ends OK,
-    /// and the kernel agrees with codec-core's decoder, whichever tables sit in shared memory.
+    /// and the kernel agrees with codec-core's decoder, whichever tables sit in shared memory
+    /// and however many blocks share a CUDA block.
     #[test]
     fn kernel_decodes_what_codec_core_encodes(case in case()) {
         let mut batch = LaneBatch::new();
@@ -130,7 +140,7 @@ proptest! {
             batch.add_block(&words, lane_len, &per_symbol).unwrap();
             coded.push((words, lane_len));
         }
-        let got = batch.decode_host(case.shared_tables).unwrap();
+        let got = batch.decode_host_shaped(case.shape).unwrap();
         for (i, (b, (words, lane_len))) in case.blocks.iter().zip(&coded).enumerate() {
             prop_assert_eq!(got.symbols(i), &b.symbols[..]);
             prop_assert!(got.status(i).iter().all(|s| *s == LaneStatus::Ok));
@@ -154,7 +164,7 @@ proptest! {
             batch.add_block(&words, lane_len, &per_symbol).unwrap();
             coded.push((words, lane_len));
         }
-        let got = batch.decode_host(case.shared_tables).unwrap();
+        let got = batch.decode_host_shaped(case.shape).unwrap();
         for (i, (b, (words, lane_len))) in case.blocks.iter().zip(&coded).enumerate() {
             let tables: Vec<_> = b.table_of.iter().map(|&t| &case.tables[t]).collect();
             assert_matches_reference(&got, i, words, *lane_len, &tables);
@@ -192,7 +202,7 @@ proptest! {
         if n > 0 {
             batch.symbol_tables_mut()[bad_index.0 % n] = bad_index.1;
         }
-        let got = batch.decode_host(case.shared_tables).unwrap();
+        let got = batch.decode_host_shaped(case.shape).unwrap();
         for i in 0..case.blocks.len() {
             prop_assert_eq!(got.status(i).len(), LANES);
             prop_assert!(got.status(i).iter().all(|s| !matches!(s, LaneStatus::Unknown(_))));
@@ -200,15 +210,20 @@ proptest! {
     }
 }
 
-/// Four blocks over two tables, one coded normally.
+/// Four blocks over one table (the same block four times), for tests that spoil some.
 fn small_batch() -> (LaneBatch, Vec<u8>) {
+    small_batch_of(4)
+}
+
+/// `n` copies of a 300-symbol block over one table.
+fn small_batch_of(n: usize) -> (LaneBatch, Vec<u8>) {
     let t = FreqTable::new(&[1000, 3000, 96]).unwrap();
     let symbols: Vec<u8> = (0..300u32).map(|i| (i * 7 % 3) as u8).collect();
     let lanes = encode_lanes(&symbols, |_| &t);
     let mut batch = LaneBatch::new();
     let id = batch.add_table(&t);
     let words = lanes.concat();
-    for _ in 0..4 {
+    for _ in 0..n {
         batch
             .add_block(&words, lanes.each_ref().map(Vec::len), &vec![id; 300])
             .unwrap();
@@ -231,6 +246,38 @@ fn block_ranges_outside_the_batch_are_bad_range() {
             "block {b}"
         );
     }
+}
+
+/// Every launch shape gives the same symbols and statuses, good blocks and bad ones alike,
+/// with the last CUDA block part empty or full; shapes past the limits are refused.
+#[test]
+fn every_lane_shape_decodes_the_same() {
+    let (mut batch, symbols) = small_batch_of(7);
+    batch.blocks_mut()[2].lane_len[7] += 1; // lane 7 takes a word of lane 8, ...
+    batch.blocks_mut()[6].lane_len[0] += 1; // the last block's lanes end past the words
+    batch.symbol_tables_mut()[5 * 300 + 40] = 3; // lane 8 of block 5: BadTable
+    let want = batch.decode_host(0).unwrap();
+    assert_eq!(want.symbols(0), &symbols[..]);
+    assert!(outcome(&want, 2).is_err());
+    assert!(want.status(6).iter().all(|s| *s == LaneStatus::BadRange));
+    assert_eq!(want.status(5)[8], LaneStatus::BadTable);
+    for warps in [1, 2, 3, 4, 7, 8, 32] {
+        for tables in [
+            0,
+            1.min(LaneBatch::MAX_SHARED_TABLES / warps),
+            LaneBatch::MAX_SHARED_TABLES / warps,
+        ] {
+            let shape = LaneShape::new(warps, tables).unwrap();
+            let got = batch.decode_host_shaped(shape).unwrap();
+            for b in 0..7 {
+                assert_eq!(got.symbols(b), want.symbols(b), "{shape:?} block {b}");
+                assert_eq!(got.status(b), want.status(b), "{shape:?} block {b}");
+            }
+        }
+    }
+    assert!(LaneShape::new(0, 0).is_err());
+    assert!(LaneShape::new(LaneShape::MAX_WARPS + 1, 0).is_err());
+    assert!(LaneShape::new(2, LaneBatch::MAX_SHARED_TABLES / 2 + 1).is_err());
 }
 
 #[test]

@@ -7,8 +7,9 @@
 #[path = "../benches/support/mod.rs"]
 mod support;
 
+use codec_core::rans::{encode_lanes, FreqTable};
 use codec_cuda::experiment::Lane32Batch;
-use codec_cuda::rans::{LaneBatch, LaneDecoded, LaneStatus};
+use codec_cuda::rans::{LaneBatch, LaneDecoded, LaneShape, LaneStatus};
 use proptest::prelude::*;
 
 /// The symbol launch of the fixture's stream at `level` (all 30 layers, 128-token chunks),
@@ -40,9 +41,26 @@ fn real_streams_reencoded_with_a_32_bit_state_decode_to_the_same_symbols() {
             assert_eq!(out.outcome(b), Ok(()), "level {level} block {b}");
             assert_eq!(out.symbols(b), sym.symbols(b), "level {level} block {b}");
         }
-        // Shared memory or not: the same.
+        // Shared memory or not, one block per CUDA block or several: the same, for both
+        // kernels (the fixture's 240 blocks, the last CUDA block of 7 part empty).
         let out0 = b32.decode_host(0).unwrap();
         assert!((0..batch.blocks().len()).all(|b| out0.symbols(b) == sym.symbols(b)));
+        let shape = LaneShape::new(7, 2).unwrap();
+        let v2_in_7 = batch.decode_host_shaped(shape).unwrap();
+        let b32_in_7 = b32.decode_host_shaped(shape).unwrap();
+        for b in 0..batch.blocks().len() {
+            assert_eq!(v2_in_7.outcome(b), Ok(()), "level {level} block {b}");
+            assert_eq!(
+                v2_in_7.symbols(b),
+                sym.symbols(b),
+                "level {level} block {b}"
+            );
+            assert_eq!(
+                b32_in_7.symbols(b),
+                sym.symbols(b),
+                "level {level} block {b}"
+            );
+        }
         let (v2, v3) = (batch.payload_bytes(), b32.payload_bytes());
         let bpe = |bytes: usize| bytes as f64 * 8.0 / elements as f64;
         assert!(v2 < stream_bytes, "the lane words are part of the stream");
@@ -53,6 +71,40 @@ fn real_streams_reencoded_with_a_32_bit_state_decode_to_the_same_symbols() {
             bpe(v3),
             bpe(v3) - bpe(v2)
         );
+    }
+}
+
+/// Seven blocks, each over a table of its own (so staged in shared memory), 3 or 7 per CUDA
+/// block, each warp with its own tables: the symbols encoded, in both kernels.
+#[test]
+fn blocks_sharing_a_cuda_block_stage_their_own_tables() {
+    let mut batch = LaneBatch::new();
+    let mut want = Vec::new();
+    for b in 0..7u32 {
+        let t = FreqTable::from_counts(&[u64::from(1000 + 300 * b), u64::from(3000 - 200 * b), 96]);
+        let symbols: Vec<u8> = (0..300 + b).map(|i| ((i * 7 + b) % 3) as u8).collect();
+        let lanes = encode_lanes(&symbols, |_| &t);
+        let id = batch.add_table(&t);
+        let ids = vec![id; symbols.len()];
+        batch
+            .add_block(&lanes.concat(), lanes.each_ref().map(Vec::len), &ids)
+            .unwrap();
+        want.push(symbols);
+    }
+    let sym = batch.decode_host(0).unwrap();
+    let b32 = Lane32Batch::encode(&batch, &sym).unwrap();
+    for shape in [LaneShape::new(3, 4), LaneShape::new(7, 2)] {
+        let shape = shape.unwrap();
+        let (v2, s32) = (
+            batch.decode_host_shaped(shape).unwrap(),
+            b32.decode_host_shaped(shape).unwrap(),
+        );
+        for (b, symbols) in want.iter().enumerate() {
+            assert_eq!(v2.outcome(b), Ok(()), "{shape:?} block {b}");
+            assert_eq!(v2.symbols(b), &symbols[..], "{shape:?} block {b}");
+            assert_eq!(s32.outcome(b), Ok(()), "{shape:?} block {b}");
+            assert_eq!(s32.symbols(b), &symbols[..], "{shape:?} block {b}");
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use super::{
     OnDevice, OnHost, Space, CHAIN_THREADS, LANES,
 };
 use crate::error::CudaError;
-use crate::rans::LaneBlock;
+use crate::rans::{LaneBlock, LaneShape};
 
 // The kernels compiled for the host (`build.rs`).
 extern "C" {
@@ -225,12 +225,12 @@ pub(crate) fn launch_chain(
     stream: &CudaStream,
     k: &ChainKernels<'_>,
     c: &ChainDev,
-    shared_tables: u32,
+    lane_shape: LaneShape,
     out: &mut CudaSlice<u16>,
     n_out: usize,
 ) -> Result<(), CudaError> {
     for stage in 0..5 {
-        launch_chain_stage(stream, k, c, shared_tables, out, n_out, stage)?;
+        launch_chain_stage(stream, k, c, lane_shape, out, n_out, stage)?;
     }
     Ok(())
 }
@@ -240,7 +240,7 @@ pub(crate) fn launch_chain_stage(
     stream: &CudaStream,
     k: &ChainKernels<'_>,
     c: &ChainDev,
-    shared_tables: u32,
+    lane_shape: LaneShape,
     out: &mut CudaSlice<u16>,
     n_out: usize,
     stage: u8,
@@ -256,7 +256,7 @@ pub(crate) fn launch_chain_stage(
         return Err(input("chain buffers of mismatched lengths"));
     }
     if stage == 0 {
-        return launch_lane_decode(stream, lane, l, shared_tables);
+        return launch_lane_decode(stream, lane, l, lane_shape);
     }
     let g = launch_grid(c.resolve.len())?;
     if stage == 1 && g > 0 {
@@ -294,7 +294,7 @@ pub(crate) fn launch_chain_stage(
         status: &c.sym_status,
     };
     if stage == 2 {
-        return launch_lane_decode_ref(stream, lane, &sym, shared_tables);
+        return launch_lane_decode_ref(stream, lane, &sym, lane_shape);
     }
     let g = launch_grid(c.values.len())?;
     if stage == 3 && g > 0 {

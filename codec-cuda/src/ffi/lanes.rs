@@ -10,7 +10,7 @@ use super::{
     LANES, SLOTS,
 };
 use crate::error::CudaError;
-use crate::rans::LaneBlock;
+use crate::rans::{LaneBlock, LaneShape};
 
 // The kernels compiled for the host (`build.rs`).
 extern "C" {
@@ -85,14 +85,14 @@ pub(crate) struct LaneDecodeIo<'a, W = u32> {
     pub blocks: &'a [LaneBlock],
     pub symbols: &'a mut [u8],
     pub status: &'a mut [u32],
-    /// Tables the launch's shared memory holds.
-    pub shared_tables: u32,
+    /// Coded blocks per CUDA block, and tables each stages in shared memory.
+    pub shape: LaneShape,
 }
 
-/// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one block
-/// per entry of `io.blocks`.
+/// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one warp
+/// per entry of `io.blocks`, `io.shape.warps()` of them per CUDA block.
 pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(), CudaError> {
-    let grid = launch_grid(io.blocks.len())?;
+    let grid = lane_grid(io.blocks.len(), io.shape)?;
     if io.symbols.len() != io.symbol_table.len() {
         return Err(CudaError::Input {
             what: "symbol and symbol-table buffers differ in length",
@@ -116,14 +116,19 @@ pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(
         blocks: io.blocks.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
-        shared_tables: u64::from(io.shared_tables),
+        shared_tables: u64::from(io.shape.shared_tables()),
     };
-    let shared_bytes = u64::from(io.shared_tables) * (SLOTS as u64) * 4;
+    let (threads, shared_bytes) = (io.shape.threads(), io.shape.shared_bytes());
     // SAFETY: invariant 1 (layout; `words` points to `n_words` words of the kernel's word
     // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
     // for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { W::HOST(&args, grid, LANES as u32, shared_bytes) };
+    let rc = unsafe { W::HOST(&args, grid, threads, u64::from(shared_bytes)) };
     host_ran(rc, W::ENTRY)
+}
+
+/// CUDA blocks for `blocks` coded blocks, `shape.warps()` per CUDA block.
+fn lane_grid(blocks: usize, shape: LaneShape) -> Result<u32, CudaError> {
+    launch_grid(blocks.div_ceil(shape.warps() as usize))
 }
 
 // SAFETY (invariant 7): `#[repr(C)]` integers (invariant 1).
@@ -143,13 +148,13 @@ pub(crate) struct LaneDecodeDev<W = u32> {
     pub status: DevBuf<u32>,
 }
 
-/// Queues `kvc_rans_lane_decode` over `b` on `stream`, `shared_tables` tables per block in
-/// shared memory (the function's dynamic shared memory limit must allow it: invariant 8).
+/// Queues `kvc_rans_lane_decode` over `b` on `stream` in `shape` (the function's dynamic shared
+/// memory limit must allow its tables: invariant 8).
 pub(crate) fn launch_lane_decode<W: LaneWord>(
     stream: &CudaStream,
     func: &CudaFunction,
     b: &LaneDecodeDev<W>,
-    shared_tables: u32,
+    shape: LaneShape,
 ) -> Result<(), CudaError> {
     let r = LaneDecodeRef {
         words: &b.words,
@@ -160,20 +165,20 @@ pub(crate) fn launch_lane_decode<W: LaneWord>(
         symbols: &b.symbols,
         status: &b.status,
     };
-    launch_lane_decode_ref(stream, func, &r, shared_tables)
+    launch_lane_decode_ref(stream, func, &r, shape)
 }
 
 pub(super) fn launch_lane_decode_ref<W: LaneWord>(
     stream: &CudaStream,
     func: &CudaFunction,
     b: &LaneDecodeRef<'_, W>,
-    shared_tables: u32,
+    shape: LaneShape,
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
         return Err(input("lane-decode buffers of mismatched lengths"));
     }
-    let grid = launch_grid(b.blocks.len())?;
+    let grid = lane_grid(b.blocks.len(), shape)?;
     if grid == 0 {
         return Ok(());
     }
@@ -198,9 +203,9 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
         blocks,
         status,
         n_blocks,
-        shared_tables: u64::from(shared_tables),
+        shared_tables: u64::from(shape.shared_tables()),
     };
-    let cfg = launch_shape(grid, LANES as u32, shared_tables * (SLOTS as u32) * 4);
+    let cfg = launch_shape(grid, shape.threads(), shape.shared_bytes());
     // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
     // live device buffer and a count within it, kept alive by `b` until the stream is
     // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).

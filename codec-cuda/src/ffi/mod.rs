@@ -33,8 +33,10 @@
 //!    `kvc_sealed_size` and `kvc_seal_place`), and mask or bound what another block may rewrite
 //!    meanwhile on a device (a symbol's exponent, an escape's rank).
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
-//!    decode 32 threads and `shared_tables * KVC_SLOTS * 4` bytes of shared memory, the amount the
-//!    kernel assumes for `shared_tables` tables; the dequantization [`DEQUANT_THREADS`] threads and
+//!    decode `grid = blocks.len().div_ceil(warps)`, 32 threads per warp and `warps *
+//!    shared_tables * KVC_SLOTS * 4` bytes of shared memory (its
+//!    [`LaneShape`](crate::rans::LaneShape)), the amount the kernel assumes for `shared_tables`
+//!    tables per warp; the dequantization [`DEQUANT_THREADS`] threads and
 //!    [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search its [`PqShape`]'s threads (at most
 //!    [`PQ_MAX_THREADS`], which the kernel checks) and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per
 //!    table entry and per shared key, the `table_capacity` and `key_capacity` it is told (the
@@ -60,7 +62,7 @@
 //!    `#[repr(C)]` structs of integers and floats mirrored from the kernels (invariant 1, the
 //!    argument structs in [`OnDevice`] having 8-byte addresses where the kernels have pointers):
 //!    any bit pattern is a valid value.
-//! 8. **Shared memory.** A lane-decode launch asks for `shared_tables * 16 KiB` of dynamic
+//! 8. **Shared memory.** A lane-decode launch asks for `warps * shared_tables * 16 KiB` of dynamic
 //!    shared memory only after `Gpu` raised the function's limit to at least that (or it is within
 //!    the default 48 KiB); a PQ search launch asks for its [`PqShape`]'s bytes, shaped within the
 //!    budget `Gpu` raised the function's limit to (the device's opt-in maximum).
