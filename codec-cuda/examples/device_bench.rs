@@ -10,7 +10,8 @@
 //! at one level in 128-token chunks, decoded `copies` times over (each copy a sequence of its
 //! own in one dense output) per round. Reported per round's best: the whole `Gpu::decode_into`
 //! (the chain built, packed into pinned memory and uploaded in one copy, five launches, the
-//! statuses), its upload alone (`Gpu::upload_plan`), the decode of a plan uploaded once
+//! statuses), its upload alone (`Gpu::upload_plan`, its packing by the default threads and by
+//! one), the decode of a plan uploaded once
 //! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
 //! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
@@ -192,6 +193,9 @@ fn bench_decode(
     let (whole, r) = best_of(rounds, || gpu.decode_into(&plan, &mut out));
     r.unwrap();
     let upload = gpu.time_upload_plan(&plan, rounds).unwrap();
+    gpu.set_upload_threads(1);
+    let upload_one = gpu.time_upload_plan(&plan, rounds).unwrap();
+    gpu.set_upload_threads(0);
     let up = gpu.upload_plan(&plan).unwrap();
     let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, &mut out));
     r.unwrap();
@@ -202,7 +206,7 @@ fn bench_decode(
     println!(
         "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole decode_into {:.3} ms = \
          {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
-         pinned memory {:.3}, outputs allocated {:.3} ms); plan \
+         pinned memory {:.3} (written by one thread: {:.3}), outputs allocated {:.3} ms); plan \
          uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's five kernels \
          alone {:.3} ms = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, \
          values {:.3}, dequantization {:.3} ms = {:.1} GB/s)",
@@ -213,6 +217,7 @@ fn bench_decode(
         upload[0] * 1e3,
         upload[1] * 1e3,
         upload[2] * 1e3,
+        upload_one[2] * 1e3,
         upload[3] * 1e3,
         reused * 1e3,
         gbs(reused),

@@ -65,6 +65,8 @@ pub struct Gpu {
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
     /// short).
     staging: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// Threads that write a packed upload (0: [`DEFAULT_MAX_UPLOAD_THREADS`] or fewer cores).
+    upload_threads: usize,
     /// Pinned host memory encoded chunks are copied back through, kept for the next.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
     /// The device scratch of the decode chains (symbols, their tables, values), kept for the
@@ -97,6 +99,10 @@ impl UploadedPlan {
     }
 }
 
+/// Most host threads that write a packed upload into pinned memory by default (see
+/// [`Gpu::set_upload_threads`]).
+pub const DEFAULT_MAX_UPLOAD_THREADS: usize = 8;
+
 /// Tables a lane-decode block stages in shared memory by default: [`LaneShape::DEFAULT`]'s,
 /// none.
 pub const DEFAULT_LANE_SHARED_TABLES: u32 = LaneShape::DEFAULT.shared_tables();
@@ -120,6 +126,7 @@ impl Gpu {
             lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
             staging: Mutex::new(None),
+            upload_threads: 0,
             readback: Mutex::new(None),
             scratch: Mutex::new(None),
             chain_lock: Mutex::new(()),
@@ -612,6 +619,26 @@ impl Gpu {
         Ok(best)
     }
 
+    /// Sets how many host threads write a packed upload into the pinned staging buffer (each
+    /// 4 MiB step queued to the device as soon as it is written); 0, the default, takes every
+    /// core the process may use, at most [`DEFAULT_MAX_UPLOAD_THREADS`]. What is uploaded is
+    /// the same.
+    pub fn set_upload_threads(&mut self, threads: usize) {
+        self.upload_threads = threads;
+    }
+
+    /// `p` uploaded through the kept staging buffer by the upload threads.
+    fn packed_upload(&self, p: ffi::Packer<'_>) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let threads = match self.upload_threads {
+            0 => std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(DEFAULT_MAX_UPLOAD_THREADS),
+            n => n,
+        };
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        p.upload(&self.stream, &mut staging, threads)
+    }
+
     /// Frees the pinned staging and readback buffers and the decode scratch this `Gpu` keeps
     /// between calls (the next call allocates them again).
     pub fn free_cached(&self) {
@@ -657,10 +684,7 @@ impl Gpu {
         let (escapes, values) = (p.add(&ch.escapes), p.add(&ch.values));
         let (sink, consts) = (p.add(io.sink), p.add(io.consts));
         let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
-        let base = {
-            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-            p.upload(s, &mut staging)?
-        };
+        let base = self.packed_upload(p)?;
         let t1 = std::time::Instant::now();
         let mut o = ffi::Packer::default();
         let exps = o.reserve::<u8>(ch.n_exps);
@@ -777,10 +801,7 @@ impl Gpu {
         let mut p = ffi::Packer::default();
         let (queries, codewords) = (p.add(io.queries), p.add(io.codewords));
         let (codes, items) = (p.add(io.codes), p.add(io.items));
-        let base = {
-            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-            p.upload(s, &mut staging)?
-        };
+        let base = self.packed_upload(p)?;
         Ok(ffi::PqDev {
             queries: DevBuf::view(&base, queries)?,
             codewords: DevBuf::view(&base, codewords)?,
@@ -1002,10 +1023,7 @@ impl Gpu {
         let rot = p.add(&ch.rot);
         let (map, table_list, radius) = (p.add(&ch.map), p.add(&ch.table_list), p.add(&ch.radius));
         let (tables, blocks, chunks) = (p.add(&ch.tables), p.add(&ch.blocks), p.add(&ch.chunks));
-        let base = {
-            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-            p.upload(s, &mut staging)?
-        };
+        let base = self.packed_upload(p)?;
         let mut o = ffi::Packer::default();
         let symbols = o.reserve::<u8>(ch.n_symbols);
         let symbol_table = o.reserve::<u16>(ch.n_symbols);

@@ -46,6 +46,9 @@ pub mod rans;
 pub mod stream;
 
 pub use error::CudaError;
-pub use gpu::{EncodeTimes, Gpu, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES};
+pub use gpu::{
+    EncodeTimes, Gpu, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES,
+    DEFAULT_MAX_UPLOAD_THREADS,
+};
 pub use nvrtc::{compile_report, KernelResources};
 pub use rans::LaneShape;

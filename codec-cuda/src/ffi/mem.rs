@@ -280,13 +280,93 @@ impl<'a> Packer<'a> {
         }
     }
 
-    /// Copies every part into `staging` (pinned memory, grown to a power of two when short)
-    /// and from there to a new device allocation in one copy on `stream`, then synchronizes
-    /// the stream (so that `staging` can be refilled): the allocation, for [`DevBuf::view`].
+    /// The copies that fill the packed bytes, by [`PACK_STEP`]-byte step: each source cut at
+    /// the step boundaries, as (offset in its step, bytes).
+    fn steps(&self) -> Vec<Vec<(usize, &'a [u8])>> {
+        let mut steps = vec![Vec::new(); self.total.max(1).div_ceil(PACK_STEP)];
+        for (sources, offset) in &self.parts {
+            let mut at = *offset;
+            for &src in sources {
+                let mut rest = src;
+                while !rest.is_empty() {
+                    let step = at / PACK_STEP;
+                    let room = (step + 1) * PACK_STEP - at;
+                    let (head, tail) = rest.split_at(room.min(rest.len()));
+                    steps[step].push((at - step * PACK_STEP, head));
+                    at += head.len();
+                    rest = tail;
+                }
+            }
+        }
+        steps
+    }
+
+    /// Writes every part into `dst` (at least [`Packer::total`] bytes, at least one), one
+    /// [`PACK_STEP`] at a time on up to `threads` threads (at least one), and hands each step,
+    /// as soon as it is written, to `filled` with its byte range, on the caller's thread and in
+    /// any order. The gaps between parts are left as they were. An error from `filled` stops
+    /// the fill and is returned.
+    pub(crate) fn fill(
+        &self,
+        dst: &mut [u8],
+        threads: usize,
+        mut filled: impl FnMut(std::ops::Range<usize>, &[u8]) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let need = self.total.max(1);
+        let jobs: Vec<_> = dst[..need]
+            .chunks_mut(PACK_STEP)
+            .zip(self.steps())
+            .enumerate()
+            .collect();
+        let write = |step: &mut [u8], copies: &[(usize, &[u8])]| {
+            for &(at, src) in copies {
+                step[at..at + src.len()].copy_from_slice(src);
+            }
+        };
+        let range = |i: usize, len: usize| i * PACK_STEP..i * PACK_STEP + len;
+        let threads = threads.clamp(1, jobs.len());
+        if threads == 1 {
+            for (i, (step, copies)) in jobs {
+                write(step, &copies);
+                filled(range(i, step.len()), step)?;
+            }
+            return Ok(());
+        }
+        let queue = std::sync::Mutex::new(jobs.into_iter());
+        let (done, steps_done) = std::sync::mpsc::channel::<(usize, &[u8])>();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                let (queue, done) = (&queue, done.clone());
+                scope.spawn(move || loop {
+                    // The iterator is only advanced under the lock, never left half-updated.
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                    let Some((i, (step, copies))) = next else {
+                        break;
+                    };
+                    write(step, &copies);
+                    // The receiver is gone when `filled` failed: stop.
+                    if done.send((i, step)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(done);
+            for (i, step) in steps_done {
+                filled(range(i, step.len()), step)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Copies every part into `staging` (pinned memory, grown to a power of two when short) on
+    /// up to `threads` threads and from there to a new device allocation on `stream`, each
+    /// step queued as soon as it is written, then synchronizes the stream (so that `staging`
+    /// can be refilled): the allocation, for [`DevBuf::view`].
     pub(crate) fn upload(
         self,
         stream: &Arc<CudaStream>,
         staging: &mut Option<PinnedHostSlice<u8>>,
+        threads: usize,
     ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
         let need = self.total.max(1);
         // Write-combined: the host only writes it, and the device reads it faster so.
@@ -303,30 +383,13 @@ impl<'a> Packer<'a> {
         let mut dev = stream
             .alloc_zeros::<u8>(need)
             .map_err(driver_err("cuMemAllocAsync"))?;
-        // Bytes [0, sent) are queued to the device; they are not written again before the
-        // stream is synchronized below. Copying the next step into the staging buffer overlaps
-        // the device's copy of the last.
-        let mut sent = 0usize;
-        let mut send = |upto: usize, sent: &mut usize, dst: &[u8]| -> Result<(), CudaError> {
-            if upto > *sent {
-                stream
-                    .memcpy_htod(&dst[*sent..upto], &mut dev.slice_mut(*sent..upto))
-                    .map_err(driver_err("cuMemcpyHtoDAsync"))?;
-                *sent = upto;
-            }
-            Ok(())
-        };
-        for (sources, offset) in &self.parts {
-            let mut at = *offset;
-            for src in sources {
-                dst[at..at + src.len()].copy_from_slice(src);
-                at += src.len();
-                if at >= sent + PACK_STEP {
-                    send(at, &mut sent, dst)?;
-                }
-            }
-        }
-        send(need, &mut sent, dst)?;
+        // A step queued to the device is not written again before the stream is synchronized
+        // below. Writing the next steps into the staging buffer overlaps the device's copies.
+        self.fill(dst, threads, |range, bytes| {
+            stream
+                .memcpy_htod(bytes, &mut dev.slice_mut(range))
+                .map_err(driver_err("cuMemcpyHtoDAsync"))
+        })?;
         stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
@@ -369,5 +432,85 @@ mod tests {
         assert_eq!(bytes.len(), 258);
         assert_eq!(&bytes[198..202], &[1, 0, 2, 0]);
         assert_eq!(p.parts[4].0.concat(), [1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
+    }
+
+    /// Parts across several steps (one source crossing three step boundaries off their
+    /// start, parts gathered from pieces, one empty).
+    fn big_packer<'a>(a: &'a [u8], b: &'a [u16], c: &'a [u8]) -> Packer<'a> {
+        let mut p = Packer::default();
+        p.add(&c[..5]);
+        p.add(a);
+        p.add::<u8>(&[]);
+        p.add_gather(&[b, &b[..1000], b]);
+        p.add_bytes_as::<u32>(&[c, &c[..8], c]);
+        p
+    }
+
+    /// The packed bytes as a plain loop writes them, gaps left as `fill`.
+    fn packed_by_hand(p: &Packer<'_>, fill: u8) -> Vec<u8> {
+        let mut want = vec![fill; p.total];
+        for (sources, offset) in &p.parts {
+            let bytes = sources.concat();
+            want[*offset..offset + bytes.len()].copy_from_slice(&bytes);
+        }
+        want
+    }
+
+    /// On any thread count every part lands where `add` said, each step is handed over once,
+    /// whole, its range inside the packed bytes and the steps covering them; the gaps keep
+    /// what the buffer held.
+    #[test]
+    fn fill_writes_every_part_in_place_on_any_thread_count() {
+        let a: Vec<u8> = (0..(9 << 20) + 3).map(|i| (i * 7 % 251) as u8).collect();
+        let b: Vec<u16> = (0..300_001).map(|i| (i * 13 % 65521) as u16).collect();
+        let c: Vec<u8> = (0..4096 + 12).map(|i| (i % 256) as u8).collect();
+        let p = big_packer(&a, &b, &c);
+        let want = packed_by_hand(&p, 0xEE);
+        assert!(p.total > 2 * PACK_STEP);
+        for threads in [1, 2, 3, 8, 64] {
+            let mut dst = vec![0xEE; p.total + 100];
+            let mut seen = Vec::new();
+            p.fill(&mut dst, threads, |range, bytes| {
+                assert_eq!(bytes, &want[range.clone()], "{threads} threads");
+                seen.push(range);
+                Ok(())
+            })
+            .unwrap();
+            assert!(dst[..p.total] == want[..], "{threads} threads");
+            assert!(dst[p.total..].iter().all(|&x| x == 0xEE));
+            seen.sort_by_key(|r| r.start);
+            assert_eq!(seen.len(), p.total.div_ceil(PACK_STEP));
+            assert_eq!(seen.first().map(|r| r.start), Some(0));
+            assert_eq!(seen.last().map(|r| r.end), Some(p.total));
+            assert!(seen.windows(2).all(|w| w[0].end == w[1].start));
+        }
+    }
+
+    /// An error from `filled` ends the fill with that error, on one thread or several; an
+    /// empty packer still hands over one byte (the driver allocates no empty buffer).
+    #[test]
+    fn fill_stops_at_the_first_error() {
+        let a = vec![1u8; 3 * PACK_STEP];
+        let p = big_packer(&a, &[1; 1000], &[2; 8]);
+        for threads in [1, 4] {
+            let mut calls = 0;
+            let got = p.fill(&mut vec![0; p.total], threads, |_, _| {
+                calls += 1;
+                if calls == 2 {
+                    return Err(CudaError::Input { what: "stop" });
+                }
+                Ok(())
+            });
+            assert!(matches!(got, Err(CudaError::Input { what: "stop" })));
+            assert_eq!(calls, 2, "{threads} threads");
+        }
+        let mut seen = Vec::new();
+        Packer::default()
+            .fill(&mut [7], 4, |range, bytes| {
+                seen.push((range, bytes.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, [(0..1, vec![7])]);
     }
 }
