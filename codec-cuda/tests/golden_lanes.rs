@@ -9,26 +9,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use codec_core::{decode, BlockError, DecodeError, Kv, Limits, Profile, Stream};
+use codec_core::{decode, BlockError, DecodeError, Kv, Limits, Stream};
 use codec_cuda::rans::LaneDecoded;
 use codec_cuda::stream::ChunkLanes;
-use common::{assert_matches_reference, outcome};
-
-fn vectors_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors")
-}
-
-/// The stream file `name` and its profile (`.kvcp` beside it), if it has one.
-fn read_vector(name: &str) -> (Vec<u8>, Option<Profile>) {
-    let path = vectors_dir().join(name);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let profile = std::fs::read(path.with_extension("kvcp"))
-        .ok()
-        .map(|p| Profile::from_bytes(&p, &Limits::DEFAULT).expect("golden profile"));
-    (bytes, profile)
-}
+use common::{assert_matches_reference, golden, outcome, read_vector};
 
 /// Decodes chunk `c` of `stream` with the host-run kernel: the exponent launch, then the symbol
 /// launch. Checks the exponents against codec-core's decoder, and returns the symbol launch's
@@ -57,17 +41,10 @@ fn decode_chunk(lanes: &ChunkLanes<'_>) -> (LaneDecoded, Vec<Vec<u8>>) {
 
 #[test]
 fn golden_streams_decode_as_codec_core() {
-    let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with('v') && n.ends_with(".kvc"))
-        .collect();
-    names.sort();
-    assert!(names.len() >= 20, "golden vectors found: {names:?}");
+    let vectors = golden();
     let mut symbols = 0usize;
-    for name in &names {
-        let (bytes, profile) = read_vector(name);
-        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+    for (name, bytes, profile) in &vectors {
+        let stream = Stream::open(bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
         for c in 0..stream.header().chunks.len() {
             let lanes = ChunkLanes::read(&stream, c).unwrap();
             let (out, exps) = decode_chunk(&lanes);
@@ -79,7 +56,10 @@ fn golden_streams_decode_as_codec_core() {
             }
         }
     }
-    println!("{} golden streams, {symbols} symbols decoded", names.len());
+    println!(
+        "{} golden streams, {symbols} symbols decoded",
+        vectors.len()
+    );
 }
 
 /// The invalid vectors whose error is in a lane: the kernel reports what codec-core's whole

@@ -5,21 +5,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use codec_core::{
-    decode, encode, Dtype, EncodeParams, Limits, Profile, ProfileMode, Stream, Tensor, TensorMut,
+    decode, encode, Dtype, EncodeParams, Limits, ProfileMode, Stream, Tensor, TensorMut,
 };
 use codec_cuda::quant::{
     f32_to_f16_bits, ChannelConsts, DequantBatch, DequantInput, DequantStatus,
 };
 use codec_cuda::stream::{ChunkLanes, Destination};
+use common::{golden, vectors_dir};
 use half::f16;
 use proptest::prelude::*;
-
-fn vectors_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors")
-}
 
 /// Decodes a whole stream with the two kernels (lane decode in two launches per chunk, then one
 /// dequantization launch for every chunk): f16 bits, per layer K then V, each `[T, H, D]`.
@@ -72,19 +67,9 @@ fn decode_with_codec_core(stream: &Stream<'_>) -> Vec<u16> {
 
 #[test]
 fn golden_streams_dequantize_as_codec_core() {
-    let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with('v') && n.ends_with(".kvc"))
-        .collect();
-    names.sort();
     let mut f16_outputs = 0;
-    for name in &names {
-        let path = vectors_dir().join(name);
-        let bytes = std::fs::read(&path).unwrap();
-        let profile = std::fs::read(path.with_extension("kvcp"))
-            .ok()
-            .map(|p| Profile::from_bytes(&p, &Limits::DEFAULT).unwrap());
+    for (name, bytes, profile) in golden() {
+        let path = vectors_dir().join(&name);
         let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
         let got = decode_with_kernels(&stream);
         assert!(
@@ -187,7 +172,6 @@ fn spec_worked_example_rounds_as_written() {
 fn f32_to_f16_narrowing_matches_ieee() {
     // Every 4099th bit pattern, and every pattern near the f16 boundaries (subnormal, normal,
     // overflow), against the half crate's IEEE conversion; NaN to a NaN.
-    let near = |b: u32| b.saturating_sub(5000)..b.saturating_add(5000);
     let edges = [
         0x3300_0000u32,
         0x3380_0000,
@@ -196,18 +180,13 @@ fn f32_to_f16_narrowing_matches_ieee() {
         0x477F_F000,
         0x7F80_0000,
     ];
-    let patterns = (0..=u32::MAX)
-        .step_by(4099)
-        .chain(edges.into_iter().flat_map(near));
-    for b in patterns {
-        for u in [b, b | 0x8000_0000] {
-            let x = f32::from_bits(u);
-            let got = f32_to_f16_bits(x);
-            if x.is_nan() {
-                assert!(f16::from_bits(got).is_nan(), "{u:#x}");
-            } else {
-                assert_eq!(got, f16::from_f32(x).to_bits(), "{u:#x}");
-            }
+    for u in common::f32_patterns(&edges, 5000) {
+        let x = f32::from_bits(u);
+        let got = f32_to_f16_bits(x);
+        if x.is_nan() {
+            assert!(f16::from_bits(got).is_nan(), "{u:#x}");
+        } else {
+            assert_eq!(got, f16::from_f32(x).to_bits(), "{u:#x}");
         }
     }
 }

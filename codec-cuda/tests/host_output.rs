@@ -195,7 +195,6 @@ fn real_fixture_two_sequences_share_a_paged_cache() {
 fn f32_to_bf16_narrowing_matches_ieee() {
     // Every 4099th bit pattern and every pattern near the rounding and overflow boundaries,
     // against the half crate (IEEE roundTiesToEven); NaN to a quiet NaN with the top bits kept.
-    let near = |b: u32| b.saturating_sub(3000)..b.saturating_add(3000);
     let edges = [
         0x0000_8000u32,
         0x3F80_8000,
@@ -203,18 +202,13 @@ fn f32_to_bf16_narrowing_matches_ieee() {
         0x7F80_0000,
         0x7FC0_0000,
     ];
-    let patterns = (0..=u32::MAX)
-        .step_by(4099)
-        .chain(edges.into_iter().flat_map(near));
-    for b in patterns {
-        for u in [b, b | 0x8000_0000] {
-            let x = f32::from_bits(u);
-            let got = f32_to_bf16_bits(x);
-            if x.is_nan() {
-                assert_eq!(got, ((u >> 16) | 0x40) as u16, "{u:#x}");
-            } else {
-                assert_eq!(got, bf16::from_f32(x).to_bits(), "{u:#x}");
-            }
+    for u in common::f32_patterns(&edges, 3000) {
+        let x = f32::from_bits(u);
+        let got = f32_to_bf16_bits(x);
+        if x.is_nan() {
+            assert_eq!(got, ((u >> 16) | 0x40) as u16, "{u:#x}");
+        } else {
+            assert_eq!(got, bf16::from_f32(x).to_bits(), "{u:#x}");
         }
     }
 }

@@ -78,7 +78,7 @@ pub fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors")
 }
 
-/// The golden streams' bytes and profiles, by name.
+/// The golden streams' bytes and profiles, by name (all 20 or more of them).
 pub fn golden() -> Vec<(String, Vec<u8>, Option<Profile>)> {
     let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
         .unwrap()
@@ -86,17 +86,25 @@ pub fn golden() -> Vec<(String, Vec<u8>, Option<Profile>)> {
         .filter(|n| n.starts_with('v') && n.ends_with(".kvc"))
         .collect();
     names.sort();
+    assert!(names.len() >= 20, "golden vectors found: {names:?}");
     names
         .into_iter()
         .map(|name| {
-            let path = vectors_dir().join(&name);
-            let bytes = std::fs::read(&path).unwrap();
-            let profile = std::fs::read(path.with_extension("kvcp"))
-                .ok()
-                .map(|p| Profile::from_bytes(&p, &Limits::DEFAULT).unwrap());
+            let (bytes, profile) = read_vector(&name);
             (name, bytes, profile)
         })
         .collect()
+}
+
+/// The stream file `name` of the golden vectors and its profile (`.kvcp` beside it), if it
+/// has one.
+pub fn read_vector(name: &str) -> (Vec<u8>, Option<Profile>) {
+    let path = vectors_dir().join(name);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let profile = std::fs::read(path.with_extension("kvcp"))
+        .ok()
+        .map(|p| Profile::from_bytes(&p, &Limits::DEFAULT).expect("golden profile"));
+    (bytes, profile)
 }
 
 /// codec-core's decode of `stream` into `dtype` buffers: per layer K then V, each `[T, H, D]`,
@@ -331,4 +339,14 @@ pub fn fixture_chunks(profile: &Profile, tokens: u32) -> Vec<(u32, u32, u8)> {
         .collect();
     chunks.extend([(1, 2, 0), (3, 50, levels[1]), (500, 512, levels[2])]);
     chunks
+}
+
+/// f32 bit patterns for narrowing tests: every 4099th one and every one within `spread` of an
+/// edge, each with both signs.
+pub fn f32_patterns(edges: &[u32], spread: u32) -> impl Iterator<Item = u32> + '_ {
+    let near = move |b: u32| b.saturating_sub(spread)..b.saturating_add(spread);
+    (0..=u32::MAX)
+        .step_by(4099)
+        .chain(edges.iter().flat_map(move |&b| near(b)))
+        .flat_map(|b| [b, b | 0x8000_0000])
 }
