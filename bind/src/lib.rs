@@ -119,6 +119,30 @@ impl fmt::Display for Error {
     }
 }
 
+/// Runs `f`; a panic inside is caught and becomes an [`ErrorKind::Internal`] error with the
+/// panic's message, so that no panic crosses a binding's boundary.
+///
+/// ```
+/// use kvc_bind::{catching_panics, ErrorKind};
+///
+/// assert_eq!(catching_panics(|| Ok(7)), Ok(7));
+/// let e = catching_panics::<(), _>(|| panic!("bug {}", 1)).unwrap_err();
+/// assert_eq!((e.kind, e.message.as_str()), (ErrorKind::Internal, "internal error (panic): bug 1"));
+/// ```
+pub fn catching_panics<T, F: FnOnce() -> Result<T, Error>>(f: F) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown payload".into());
+        Err(Error::new(
+            ErrorKind::Internal,
+            format!("internal error (panic): {what}"),
+        ))
+    })
+}
+
 impl std::error::Error for Error {}
 
 impl From<DecodeError> for Error {

@@ -24,7 +24,6 @@
 use core::ffi::{c_char, c_void};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use codec_core::{
     Dtype, EncodeParams, Header, KvMeta, KvShape, KvView, Profile, Queries, Rope, RopeStyle,
@@ -235,18 +234,7 @@ fn set_last_error(e: &Error) {
 /// Runs `f`, records its error for `kvc_last_error_message`, and returns its status; a panic is
 /// caught here and becomes `KVC_ERR_INTERNAL`.
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> i32 {
-    let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown payload".into());
-        Err(Error::new(
-            ErrorKind::Internal,
-            format!("internal error (panic): {what}"),
-        ))
-    });
-    match result {
+    match api::catching_panics(f) {
         Ok(()) => {
             LAST_ERROR.with(|l| *l.borrow_mut() = Default::default());
             KVC_OK

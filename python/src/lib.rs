@@ -16,7 +16,6 @@ use kvc_bind::{self as api, Error, ErrorKind, ProfileSource};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use raw::{Array, ElemType};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The Python exception for `e`: `kvc._errors.<Kind>Error(message)` with `check` (the spec
 /// check, e.g. `"H5"`, or `None`) and `spec_class` attributes.
@@ -40,20 +39,8 @@ where
     F: FnOnce() -> Result<T, Error> + Send,
     T: Send,
 {
-    py.detach(|| {
-        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown payload".into());
-            Err(Error::new(
-                ErrorKind::Internal,
-                format!("internal error (panic): {what}"),
-            ))
-        })
-    })
-    .map_err(|e| to_py(py, e))
+    py.detach(|| api::catching_panics(f))
+        .map_err(|e| to_py(py, e))
 }
 
 /// `(layers, tokens, kv_heads, head_dim)` as the Python half passes it.
