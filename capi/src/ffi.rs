@@ -970,29 +970,56 @@ mod tests {
         }
     }
 
+    /// An f32 cache of (layers, tokens, KV heads, head dim), per layer K then V, element `i` of
+    /// tensor `t` being `fill(i, t) / 10 - 1`, and the pointers a `kvc_cache` passes.
+    struct TestCache {
+        shape: (u32, u32, u32, u32),
+        _data: Vec<Vec<f32>>,
+        ptrs: Vec<*const c_void>,
+    }
+
+    impl TestCache {
+        fn new(shape: (u32, u32, u32, u32), fill: impl Fn(usize, usize) -> f32) -> Self {
+            let (layers, tokens, heads, dim) = shape;
+            let n = (tokens * heads * dim) as usize;
+            let data: Vec<Vec<f32>> = (0..2 * layers as usize)
+                .map(|t| (0..n).map(|i| fill(i, t) / 10.0 - 1.0).collect())
+                .collect();
+            let ptrs = data.iter().map(|d| d.as_ptr().cast()).collect();
+            TestCache {
+                shape,
+                _data: data,
+                ptrs,
+            }
+        }
+
+        /// Elements per tensor.
+        fn n(&self) -> usize {
+            let (_, tokens, heads, dim) = self.shape;
+            (tokens * heads * dim) as usize
+        }
+
+        /// The C view, borrowing this cache.
+        fn view(&self) -> kvc_cache {
+            let (layers, tokens, kv_heads, head_dim) = self.shape;
+            kvc_cache {
+                dtype: KVC_DTYPE_F32,
+                layers,
+                tokens,
+                kv_heads,
+                head_dim,
+                k: self.ptrs[..layers as usize].as_ptr(),
+                v: self.ptrs[layers as usize..].as_ptr(),
+            }
+        }
+    }
+
     /// Every corruption of a small stream (each byte flipped, each truncation) through the C
     /// functions gives a status, never a caught panic (`KVC_ERR_INTERNAL`).
     #[test]
     fn damaged_streams_give_statuses_not_panics() {
-        let (layers, tokens, heads, dim) = (2u32, 24u32, 1u32, 8u32);
-        let n = (tokens * heads * dim) as usize;
-        let data: Vec<Vec<f32>> = (0..2 * layers as usize)
-            .map(|t| {
-                (0..n)
-                    .map(|i| ((i * 31 + t * 7) % 23) as f32 / 9.0 - 1.0)
-                    .collect()
-            })
-            .collect();
-        let ptrs: Vec<*const c_void> = data.iter().map(|d| d.as_ptr().cast()).collect();
-        let cache = kvc_cache {
-            dtype: KVC_DTYPE_F32,
-            layers,
-            tokens,
-            kv_heads: heads,
-            head_dim: dim,
-            k: ptrs[..2].as_ptr(),
-            v: ptrs[2..].as_ptr(),
-        };
+        let test_cache = TestCache::new((2, 24, 1, 8), |i, t| ((i * 31 + t * 7) % 23) as f32);
+        let (cache, n, tokens) = (test_cache.view(), test_cache.n(), test_cache.shape.1);
         let mut profile = core::ptr::null_mut();
         let mut params = core::mem::MaybeUninit::uninit();
         let mut stream = kvc_bytes {
@@ -1052,25 +1079,8 @@ mod tests {
     /// each thread its own last error.
     #[test]
     fn a_stream_decodes_from_several_threads() {
-        let (layers, tokens, heads, dim) = (3u32, 64u32, 2u32, 8u32);
-        let n = (tokens * heads * dim) as usize;
-        let data: Vec<Vec<f32>> = (0..2 * layers as usize)
-            .map(|t| {
-                (0..n)
-                    .map(|i| ((i * 13 + t * 5) % 29) as f32 / 11.0 - 1.0)
-                    .collect()
-            })
-            .collect();
-        let ptrs: Vec<*const c_void> = data.iter().map(|d| d.as_ptr().cast()).collect();
-        let cache = kvc_cache {
-            dtype: KVC_DTYPE_F32,
-            layers,
-            tokens,
-            kv_heads: heads,
-            head_dim: dim,
-            k: ptrs[..3].as_ptr(),
-            v: ptrs[3..].as_ptr(),
-        };
+        let test_cache = TestCache::new((3, 64, 2, 8), |i, t| ((i * 13 + t * 5) % 29) as f32);
+        let (cache, n, tokens) = (test_cache.view(), test_cache.n(), test_cache.shape.1);
         let mut stream = kvc_bytes {
             data: core::ptr::null_mut(),
             len: 0,
