@@ -9,7 +9,7 @@ use codec_cuda::nvrtc::{parse_ptxas_log, Nvrtc, ARCHS, KERNELS, NVRTC_LIB_ENV};
 use codec_cuda::{compile_report, CudaError};
 
 /// NVRTC's directory, or why there is none.
-fn nvrtc_dir() -> Result<PathBuf, String> {
+fn find_nvrtc() -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os(NVRTC_LIB_ENV) {
         return Ok(PathBuf::from(dir));
     }
@@ -23,17 +23,25 @@ fn nvrtc_dir() -> Result<PathBuf, String> {
     ))
 }
 
-#[test]
-fn every_kernel_compiles_for_sm80_and_sm90_and_no_decode_kernel_spills() {
-    let dir = match nvrtc_dir() {
-        Ok(dir) => dir,
+/// NVRTC's directory, or `None` after printing why the test skips (a panic under
+/// `KVC_REQUIRE_NVRTC=1`).
+fn nvrtc_dir() -> Option<PathBuf> {
+    match find_nvrtc() {
+        Ok(dir) => Some(dir),
         Err(why) if std::env::var("KVC_REQUIRE_NVRTC").as_deref() == Ok("1") => {
             panic!("KVC_REQUIRE_NVRTC=1 but NVRTC is missing: {why}")
         }
         Err(why) => {
             println!("skipped: {why}");
-            return;
+            None
         }
+    }
+}
+
+#[test]
+fn every_kernel_compiles_for_sm80_and_sm90_and_no_decode_kernel_spills() {
+    let Some(dir) = nvrtc_dir() else {
+        return;
     };
     let version = Nvrtc::load(Some(&dir)).unwrap().version();
     println!("NVRTC {}.{} from {}", version.0, version.1, dir.display());
@@ -67,15 +75,8 @@ fn every_kernel_compiles_for_sm80_and_sm90_and_no_decode_kernel_spills() {
 /// What a device loads: every kernel file as a CUBIN (an ELF image) for sm_80 and sm_90.
 #[test]
 fn every_kernel_compiles_to_a_loadable_cubin() {
-    let dir = match nvrtc_dir() {
-        Ok(dir) => dir,
-        Err(why) if std::env::var("KVC_REQUIRE_NVRTC").as_deref() == Ok("1") => {
-            panic!("KVC_REQUIRE_NVRTC=1 but NVRTC is missing: {why}")
-        }
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
+    let Some(dir) = nvrtc_dir() else {
+        return;
     };
     let nvrtc = Nvrtc::load(Some(&dir)).unwrap();
     for k in KERNELS {
