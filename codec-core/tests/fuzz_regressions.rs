@@ -3,47 +3,21 @@
 //! crashed, kept fixed) and `fuzz/seeds/<target>/*` (the seed corpora). Runs under plain
 //! `cargo test`; the fuzz crate itself is not part of the workspace.
 
+#[path = "../../fuzz/replay.rs"]
+mod replay;
+
 use codec_core::fuzzing::{Harness, Target};
-use std::path::{Path, PathBuf};
+use replay::{fuzz_dir, inputs};
 
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
-}
-
-/// The input files of `dir` (not hidden files such as `.gitkeep`), sorted.
-fn inputs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
-        .collect();
-    files.sort();
-    files
-}
-
-/// Runs every input of `fuzz/<corpus>/<target>/`; returns how many ran and the failures.
+/// Runs every input of `fuzz/<corpus>/<target>/` for every target; returns how many ran and
+/// the failures.
 fn replay(harness: &Harness, corpus: &str) -> (usize, Vec<String>) {
     let mut ran = 0;
     let mut failures = Vec::new();
     for target in Target::ALL {
-        for file in inputs(&fuzz_dir().join(corpus).join(target.name())) {
-            let data = std::fs::read(&file).unwrap();
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                harness.run(target, &data)
-            }));
-            ran += 1;
-            if let Err(e) = result {
-                let msg = e
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                failures.push(format!("{}: {msg}", file.display()));
-            }
-        }
+        let (n, failed) = replay::replay(corpus, target.name(), |data| harness.run(target, data));
+        ran += n;
+        failures.extend(failed);
     }
     (ran, failures)
 }

@@ -8,10 +8,13 @@
 //! `write_seeds` and `write_search_seeds` (ignored) rewrite the `gen-*` seeds:
 //! `cargo test --release -p kvc-pq-core --test fuzz_regressions -- --ignored write_`.
 
+#[path = "../../fuzz/replay.rs"]
+mod replay;
+
 use pq_core::fuzzing::{pq_search, pq_search_input, pq_unpack_counting, pq_unpack_input};
+use replay::{fuzz_dir, replay};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::{Path, PathBuf};
 
 const TARGET: &str = "pq_unpack";
 const SEARCH: &str = "pq_search";
@@ -67,44 +70,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
-}
-
-/// The input files of `dir` (not hidden files such as `.gitkeep`), sorted.
-fn inputs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
-        .collect();
-    files.sort();
-    files
-}
-
-/// Runs every input of `fuzz/<corpus>/<target>/` through `harness`; returns how many ran and
-/// the failures.
-fn replay(corpus: &str, target: &str, harness: Harness) -> (usize, Vec<String>) {
-    let files = inputs(&fuzz_dir().join(corpus).join(target));
-    let mut failures = Vec::new();
-    for file in &files {
-        let data = std::fs::read(file).unwrap();
-        let result = std::panic::catch_unwind(|| harness(&data));
-        if let Err(e) = result {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(format!("{}: {msg}", file.display()));
-        }
-    }
-    (files.len(), failures)
-}
 
 #[test]
 fn regressions_replay_clean() {
