@@ -33,6 +33,7 @@ mod support;
 use std::time::Instant;
 
 use codec_core::{KvCache, Profile};
+use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::Source;
 use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
@@ -69,20 +70,30 @@ fn main() {
         t.elapsed().as_secs_f64() * 1e3
     );
     let (d, profile) = support::fixture();
-    let shape = d.kv.shape;
-
-    // Decode.
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
         bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
     }
     bench_decode_scaling(&mut gpu, &d.kv, &profile, (rounds, copies));
 
-    // Encode: every block of the middle level's stream, `copies` times, re-quantized (with
-    // its step exponents) and re-encoded (with its tables) from the cache's f16 values.
+    bench_encode_kernels(&gpu, &d, &profile, (rounds, copies));
+    bench_encode_chain(&gpu, &d, profile.levels() / 2, (rounds, copies));
+    bench_pq(&mut gpu, &d, (rounds, copies));
+}
+
+/// The encode kernels from host-built batches: every block of the middle level's stream,
+/// `copies` times, re-quantized (with its step exponents) and re-encoded (with its tables) from
+/// the cache's f16 values.
+fn bench_encode_kernels(
+    gpu: &Gpu,
+    d: &kvc_io::Dump,
+    profile: &Profile,
+    (rounds, copies): (usize, usize),
+) {
+    let shape = d.kv.shape;
     let tensors: Vec<Vec<f32>> = (0..shape.layers as usize)
         .flat_map(|l| [d.kv.k[l].to_f32_vec(), d.kv.v[l].to_f32_vec()])
         .collect();
-    let bytes = support::stream_bytes(&d.kv, &profile, profile.levels() / 2);
+    let bytes = support::stream_bytes(&d.kv, profile, profile.levels() / 2);
     let stream = support::open(&bytes);
     let (quant, enc) = support::encode_batches(&stream, &tensors, copies);
     let in_bytes =
@@ -106,10 +117,13 @@ fn main() {
         in_bytes / kq / 1e9,
         in_bytes / ke / 1e9,
     );
+}
 
-    bench_encode_chain(&gpu, &d, profile.levels() / 2, (rounds, copies));
-
-    // PQ: the fixture's layer 0, causal, all stored query heads, `copies` times.
+/// PQ search: the fixture's layer 0 (causal, every stored query head, `copies` times), then
+/// one long synthetic head (32768 tokens) with 256 queries, its keys in shared memory and in
+/// device memory.
+fn bench_pq(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {
+    let shape = d.kv.shape;
     let (kv_heads, dim, t) = (
         shape.kv_heads as usize,
         shape.head_dim as usize,
@@ -230,7 +244,14 @@ fn bench_decode(
         st[4] * 1e3,
         gbs(st[4]),
     );
-    // The symbol launch of format v2 against the 32-bit-state experiment, same symbols/tables.
+    bench_lane_decode(gpu, &plan, level, rounds);
+}
+
+/// The symbol launch of `plan` alone: format v2 against the 32-bit-state experiment on the
+/// same symbols and tables, then by launch shape (tables staged in shared memory, coded
+/// blocks per CUDA block).
+fn bench_lane_decode(gpu: &mut Gpu, plan: &DecodePlan<'_>, level: u8, rounds: usize) {
+    let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
     let exp = gpu.lane_decode(&plan.exponent_batch().unwrap()).unwrap();
     let exps = plan.exponents(&exp).unwrap();
     let sym_batch = plan.symbol_batch(&exps).unwrap();
@@ -261,8 +282,8 @@ fn bench_decode(
         gbs(k32),
         k64 / k32,
     );
-    // Tables staged in shared memory per lane-decode block (the default is 2): fewer tables
-    // let more blocks share an SM; blocks with more tables read them through the cache.
+    // Tables staged in shared memory per lane-decode block (the default is none): fewer
+    // tables let more blocks share an SM; blocks with more tables read them through the cache.
     let mut sweep = Vec::new();
     for t in [0u32, 1, 2, 4, 8] {
         gpu.set_lane_shared_tables(t).unwrap();
