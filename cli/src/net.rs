@@ -193,7 +193,7 @@ pub fn cmd_fetch(a: FetchArgs, force: bool) -> Result<()> {
         .block_on(fetch(&a.addr, &a.context, &opts))
         .map_err(|e| format!("{} {}: {e}", a.addr, a.context))?;
     let written = Instant::now();
-    kvc_io::write_dump(&out, &f.cache, &crate::dump_metadata(&f.cache.meta))
+    kvc_io::write_dump(&out, &f.cache, &crate::codec::dump_metadata(&f.cache.meta))
         .map_err(|e| e.to_string())?;
     let write_s = written.elapsed().as_secs_f64();
     if a.json {

@@ -1,14 +1,16 @@
-//! `kvc pq eval` and `kvc pq select`: options, and the table (or JSON) of the figures.
+//! `kvc pq eval` and `kvc pq select`: their arguments and options, the runs, and the table (or
+//! JSON) of the figures.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use kvc_io::pq::{self, Figures, Report, SecondSearch, Selector, Windows};
+use clap::Subcommand;
+use kvc_io::pq::{self, Figures, Report, Rerank, SecondSearch, Selector, Windows};
 use kvc_io::{Dump, Output};
 
 use crate::gpu::GpuCodec;
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
-use crate::Result;
+use crate::{load_with_queries, output_file, plot_file, Result};
 
 /// Where `kvc pq eval` prints: JSON instead of a table, and a chart into an SVG file.
 pub struct Out<'a> {
@@ -211,4 +213,193 @@ pub fn cmd_select(
         sel.name()
     );
     Ok(())
+}
+
+/// The subcommands of `kvc pq`.
+#[derive(Subcommand)]
+pub(crate) enum PqCmd {
+    /// Train codes on every (layer, KV head), search with the dump's queries, and report recall
+    /// of the exact top-k, attention mass, timings and block-cache hit rates, next to the
+    /// PQCache paper's product quantization.
+    Eval {
+        input: PathBuf,
+        #[command(flatten)]
+        opts: PqOpts,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Also draw code bits per key against the miss rate (1 - recall@T/5) into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// Also select every query head's tokens on GPU 0 with codec-cuda's PQ search kernel:
+        /// its token-scores per second, and an error unless its selections are pq-core's.
+        #[arg(long)]
+        gpu: bool,
+    },
+    /// Write the selected token indices: per layer `sel.{i}` int32 [n_q, q_heads, K] (token
+    /// indices up to each query's position, ascending, -1 padding).
+    Select {
+        input: PathBuf,
+        output: PathBuf,
+        /// Slots per query head: the first --n-init and last --n-local tokens, and the best of
+        /// the rest.
+        #[arg(long)]
+        k: usize,
+        #[command(flatten)]
+        opts: PqOpts,
+    },
+}
+
+/// The options both `kvc pq` subcommands take: the codes, the selector and the windows.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct PqOpts {
+    /// Quantizer: rq (residual, kvc's default) or pq (product, the PQCache paper's).
+    #[arg(long, default_value = "rq", value_parser = ["rq", "pq"])]
+    method: String,
+    /// Codes per key (stages for rq, sub-spaces for pq).
+    #[arg(long, default_value_t = 2)]
+    m: usize,
+    /// Bits per code.
+    #[arg(long, default_value_t = 6)]
+    b: u8,
+    /// Lloyd iterations per k-means.
+    #[arg(long)]
+    iters: Option<u32>,
+    /// Refinement rounds (rq only).
+    #[arg(long, default_value_t = 1)]
+    refine: u32,
+    /// Seed of the k-means++ draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Re-rank a short list of this many times k with the codec's decoded keys (0: off).
+    #[arg(long, default_value_t = 2.0)]
+    rerank: f64,
+    /// kvc level of the stream whose decoded keys re-rank the short list.
+    #[arg(long, default_value_t = 9)]
+    rerank_level: u8,
+    /// Profile for that stream (learned once per model, e.g. `kvc profile` on other text); without
+    /// it the stream is self-contained, its profile learned from the dump's keys and values.
+    #[arg(long)]
+    rerank_profile: Option<PathBuf>,
+    /// First tokens always selected (attention sinks).
+    #[arg(long, default_value_t = 4)]
+    n_init: usize,
+    /// Last tokens always selected (local window).
+    #[arg(long, default_value_t = 64)]
+    n_local: usize,
+}
+
+impl PqOpts {
+    fn params(&self) -> Result<pq_core::PqParams> {
+        let method = if self.method == "pq" {
+            pq_core::Method::Product
+        } else {
+            pq_core::Method::Residual
+        };
+        let base = if method == pq_core::Method::Product {
+            pq_core::PqParams::paper()
+        } else {
+            pq_core::PqParams::default()
+        };
+        if !(self.rerank == 0.0 || (self.rerank >= 1.0 && self.rerank <= 64.0)) {
+            return Err(format!(
+                "--rerank {} must be 0 or within 1..=64",
+                self.rerank
+            ));
+        }
+        Ok(pq_core::PqParams {
+            method,
+            m: self.m,
+            b: self.b,
+            max_iters: self.iters.unwrap_or(base.max_iters),
+            seed: self.seed,
+            refine_rounds: if method == pq_core::Method::Residual {
+                self.refine
+            } else {
+                0
+            },
+        })
+    }
+    /// The parameters checked against the dump's head dimension, in the options' terms.
+    fn checked_params(&self, head_dim: u32) -> Result<pq_core::PqParams> {
+        let p = self.params()?;
+        p.check(head_dim as usize).map_err(|e| {
+            format!(
+                "--method {} --m {} --b {} on keys of {head_dim} dimensions: {e}",
+                self.method, self.m, self.b
+            )
+        })?;
+        Ok(p)
+    }
+    fn selector(&self, with_rerank: bool) -> Result<Selector> {
+        Ok(Selector {
+            params: self.params()?,
+            rerank: (with_rerank && self.rerank > 0.0).then(|| Rerank {
+                factor: self.rerank,
+                level: self.rerank_level,
+                profile: self.rerank_profile.clone(),
+            }),
+        })
+    }
+    fn windows(&self) -> Windows {
+        Windows {
+            n_init: self.n_init,
+            n_local: self.n_local,
+        }
+    }
+}
+
+/// Runs a `kvc pq` subcommand.
+pub(crate) fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
+    // The options first: they fail faster than a dump loads.
+    match &cmd {
+        PqCmd::Eval { opts, .. } | PqCmd::Select { opts, .. } => opts.params()?,
+    };
+    match cmd {
+        PqCmd::Eval {
+            input,
+            opts,
+            json,
+            plot,
+            gpu,
+        } => {
+            let plot = plot_file(plot.as_deref(), &[&input], force)?;
+            let d = load_with_queries(&input)?;
+            opts.checked_params(d.kv.shape.head_dim)?;
+            let mut sels = Vec::new();
+            let paper = Selector {
+                params: pq_core::PqParams {
+                    seed: opts.seed,
+                    ..pq_core::PqParams::paper()
+                },
+                rerank: None,
+            };
+            let mine = opts.selector(false)?;
+            if mine.params != paper.params {
+                sels.push(paper);
+            }
+            sels.push(mine);
+            if opts.rerank > 0.0 {
+                sels.push(opts.selector(true)?);
+            }
+            let out = Out {
+                json,
+                plot: plot.as_ref(),
+            };
+            cmd_eval(&input, &d, (&sels, opts.windows()), out, gpu)
+        }
+        PqCmd::Select {
+            input,
+            output,
+            k,
+            opts,
+        } => {
+            let mut inputs = vec![input.as_path()];
+            inputs.extend(opts.rerank_profile.as_deref());
+            let out = output_file(&output, &inputs, force)?;
+            let d = load_with_queries(&input)?;
+            opts.checked_params(d.kv.shape.head_dim)?;
+            cmd_select(&d, &out, &opts.selector(true)?, opts.windows(), k)
+        }
+    }
 }
