@@ -133,9 +133,18 @@ fn demo_plot_draws_levels_and_baselines() {
     ] {
         assert!(texts.iter().any(|t| t == want), "{want} in {texts:?}");
     }
-    // A path that cannot be written fails cleanly, after the table.
+    // A path that cannot be written fails cleanly, after the table (`eval`, which `demo` runs,
+    // on the sample's first two layers).
+    let small = p(dir.path(), "small.safetensors");
+    common::write_sample_layers(&small, 2);
     let bad = p(dir.path(), "missing/demo.svg");
-    let (ok, out, err) = kvc(&["demo", "--json", "--plot", bad.to_str().unwrap()]);
+    let (ok, out, err) = kvc(&[
+        "eval",
+        small.to_str().unwrap(),
+        "--json",
+        "--plot",
+        bad.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("kvc: error:"), "{err}");
     assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok());
     assert!(!bad.exists());

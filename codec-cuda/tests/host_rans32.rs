@@ -15,8 +15,11 @@ use proptest::prelude::*;
 /// The symbol launch of the fixture's stream at `level` (all 30 layers, 128-token chunks),
 /// decoded by the v2 host kernel; with the stream's size and the elements it holds.
 fn fixture_symbols(level: u8) -> (LaneBatch, LaneDecoded, usize, usize) {
-    let (d, profile) = support::fixture();
-    let bytes = support::stream_bytes(&d.kv, &profile, level);
+    // Loaded and profiled once for the tests of this binary.
+    static FIXTURE: std::sync::OnceLock<(kvc_io::Dump, codec_core::Profile)> =
+        std::sync::OnceLock::new();
+    let (d, profile) = FIXTURE.get_or_init(support::fixture);
+    let bytes = support::stream_bytes(&d.kv, profile, level);
     let stream = support::open(&bytes);
     let plan = support::decode_plan(&stream, 1);
     let exp = plan.exponent_batch().unwrap().decode_host(4).unwrap();
@@ -41,25 +44,20 @@ fn real_streams_reencoded_with_a_32_bit_state_decode_to_the_same_symbols() {
             assert_eq!(out.outcome(b), Ok(()), "level {level} block {b}");
             assert_eq!(out.symbols(b), sym.symbols(b), "level {level} block {b}");
         }
-        // Shared memory or not, one block per CUDA block or several: the same, for both
-        // kernels (the fixture's 240 blocks, the last CUDA block of 7 part empty).
+        // Shared memory or not: the same.
         let out0 = b32.decode_host(0).unwrap();
         assert!((0..batch.blocks().len()).all(|b| out0.symbols(b) == sym.symbols(b)));
-        let shape = LaneShape::new(7, 2).unwrap();
-        let v2_in_7 = batch.decode_host_shaped(shape).unwrap();
-        let b32_in_7 = b32.decode_host_shaped(shape).unwrap();
-        for b in 0..batch.blocks().len() {
-            assert_eq!(v2_in_7.outcome(b), Ok(()), "level {level} block {b}");
-            assert_eq!(
-                v2_in_7.symbols(b),
-                sym.symbols(b),
-                "level {level} block {b}"
-            );
-            assert_eq!(
-                b32_in_7.symbols(b),
-                sym.symbols(b),
-                "level {level} block {b}"
-            );
+        // One block per CUDA block or several: the same, for both kernels (the fixture's 240
+        // blocks, the last CUDA block of 7 part empty; one level, for time).
+        if level == 6 {
+            let shape = LaneShape::new(7, 2).unwrap();
+            let v2_in_7 = batch.decode_host_shaped(shape).unwrap();
+            let b32_in_7 = b32.decode_host_shaped(shape).unwrap();
+            for b in 0..batch.blocks().len() {
+                assert_eq!(v2_in_7.outcome(b), Ok(()), "block {b}");
+                assert_eq!(v2_in_7.symbols(b), sym.symbols(b), "block {b}");
+                assert_eq!(b32_in_7.symbols(b), sym.symbols(b), "block {b}");
+            }
         }
         let (v2, v3) = (batch.payload_bytes(), b32.payload_bytes());
         let bpe = |bytes: usize| bytes as f64 * 8.0 / elements as f64;
