@@ -1,9 +1,9 @@
 // rANS lane decode (spec/FORMAT.md §6.3), bit for bit codec_core::rans::LaneDecoder.
 //
 // One warp per coded block (a chunk's layer K or V), one thread per lane, one or more warps per
-// CUDA block (kvc_warp_item in kvc_kernel.cuh); many blocks per launch. Lane `l` of a block decodes the symbols at positions l, l + 32, ... of
-// that block, each with the table its `symbol_table` entry names, from the lane's words read
-// backwards. Every input is checked before it is used; each lane reports a KvcLaneStatus.
+// CUDA block (kvc_warp_item in kvc_kernel.cuh); many blocks per launch. Lane `l` of a block
+// decodes the symbols at positions l, l + 32, ... of that block, each with the table its
+// `symbol_table` entry names, from the lane's words read backwards. Every input is checked before it is used; each lane reports a KvcLaneStatus.
 
 #include "kvc_kernel.cuh"
 
