@@ -65,7 +65,7 @@ pub struct Gpu {
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
     /// short).
     staging: Mutex<Option<PinnedHostSlice<u8>>>,
-    /// Threads that write a packed upload (0: [`DEFAULT_MAX_UPLOAD_THREADS`] or fewer cores).
+    /// Threads that write a packed upload (at least 1; see [`Gpu::set_upload_threads`]).
     upload_threads: usize,
     /// Pinned host memory encoded chunks are copied back through, kept for the next.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
@@ -103,6 +103,18 @@ impl UploadedPlan {
 /// [`Gpu::set_upload_threads`]).
 pub const DEFAULT_MAX_UPLOAD_THREADS: usize = 8;
 
+/// The upload threads `threads` asks for: itself, or with 0 the cores this process may use, at
+/// most [`DEFAULT_MAX_UPLOAD_THREADS`] (asked once: the count comes from the operating system's
+/// files, not for every upload).
+fn upload_threads(threads: usize) -> usize {
+    match threads {
+        0 => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(DEFAULT_MAX_UPLOAD_THREADS),
+        n => n,
+    }
+}
+
 /// Tables a lane-decode block stages in shared memory by default: [`LaneShape::DEFAULT`]'s,
 /// none.
 pub const DEFAULT_LANE_SHARED_TABLES: u32 = LaneShape::DEFAULT.shared_tables();
@@ -126,7 +138,7 @@ impl Gpu {
             lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
             staging: Mutex::new(None),
-            upload_threads: 0,
+            upload_threads: upload_threads(0),
             readback: Mutex::new(None),
             scratch: Mutex::new(None),
             chain_lock: Mutex::new(()),
@@ -624,19 +636,13 @@ impl Gpu {
     /// core the process may use, at most [`DEFAULT_MAX_UPLOAD_THREADS`]. What is uploaded is
     /// the same.
     pub fn set_upload_threads(&mut self, threads: usize) {
-        self.upload_threads = threads;
+        self.upload_threads = upload_threads(threads);
     }
 
     /// `p` uploaded through the kept staging buffer by the upload threads.
     fn packed_upload(&self, p: ffi::Packer<'_>) -> Result<Arc<CudaSlice<u8>>, CudaError> {
-        let threads = match self.upload_threads {
-            0 => std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(DEFAULT_MAX_UPLOAD_THREADS),
-            n => n,
-        };
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        p.upload(&self.stream, &mut staging, threads)
+        p.upload(&self.stream, &mut staging, self.upload_threads)
     }
 
     /// Frees the pinned staging and readback buffers and the decode scratch this `Gpu` keeps
