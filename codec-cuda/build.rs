@@ -29,6 +29,13 @@ fn main() {
         .warnings(true)
         .extra_warnings(true)
         .warnings_into_errors(true);
+    // Under AddressSanitizer (cargo fuzz's default, or `RUSTFLAGS=-Zsanitizer=address`) the
+    // kernels are instrumented too, so that an out-of-bounds access in a kernel is reported as
+    // one in the Rust code is.
+    println!("cargo:rerun-if-env-changed=CARGO_CFG_SANITIZE");
+    if std::env::var("CARGO_CFG_SANITIZE").is_ok_and(|s| s.split(',').any(|x| x == "address")) {
+        build.flag("-fsanitize=address");
+    }
     for s in &sources {
         build.file(s);
     }

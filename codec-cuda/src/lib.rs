@@ -25,6 +25,8 @@
 //!   by four launches, byte for byte codec-core's chunks ([`encode_plan::EncodePlan`]).
 //! - [`experiment`]: not part of any format: a 32-bit-state lane coder (16-bit words) and its
 //!   decode kernel, measured against format v2's 64-bit state (spec/FORMAT.md's appendix).
+//! - `fuzzing` (feature `fuzzing`): the cargo-fuzz target `decode_chain`'s body, the host-run
+//!   kernels against codec-core on any stream.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
 //!   once per process and loaded once, and every batch above uploaded, launched and downloaded
@@ -38,6 +40,8 @@ pub mod encode_plan;
 mod error;
 pub mod experiment;
 mod ffi;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod gpu;
 pub mod nvrtc;
 pub mod pq;

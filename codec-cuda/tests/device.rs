@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 use codec_core::{Limits, Stream};
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::EncodePlan;
+use codec_cuda::fuzzing::scatter;
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
 use codec_cuda::Gpu;
-use common::{codec_core_tensors, encode_case, golden, permutation, scatter};
+use common::{codec_core_tensors, encode_case, golden, permutation};
 use pq_core::{group_score_table, pack, search, Codebook, Method, PqParams};
 
 /// Device 0 with the kernels loaded, or `None` after printing why the test skips (a panic under

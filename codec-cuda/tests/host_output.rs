@@ -8,10 +8,11 @@ mod common;
 
 use codec_core::{encode, EncodeParams, Limits, ProfileMode, Stream};
 use codec_cuda::decode::DecodePlan;
+use codec_cuda::fuzzing::scatter;
 use codec_cuda::quant::{f32_to_bf16_bits, OutDtype, OutLayout, Output};
 use codec_cuda::stream::Destination;
 use codec_cuda::CudaError;
-use common::{codec_core_tensors, golden, permutation, scatter};
+use common::{codec_core_tensors, golden, permutation};
 use half::bf16;
 use proptest::prelude::*;
 

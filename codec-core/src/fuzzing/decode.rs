@@ -11,6 +11,7 @@ use crate::kv::{Dtype, KvCache, KvShape, Rope, Tensor};
 use crate::limits::Limits;
 use crate::profile::Profile;
 use crate::quant::ChannelParams;
+use alloc::borrow::Cow;
 use alloc::vec::Vec;
 use sha2::{Digest, Sha256};
 
@@ -36,36 +37,60 @@ pub const STREAM_PROFILE_FIX_CRCS: u8 = 2;
 
 /// A profile and a stream (`fuzz_targets/decode_stream_profile.rs`).
 ///
-/// Input: `flags: u8 | profile_len: u32 LE | profile (profile_len bytes, fewer if the input
-/// ends) | stream (the rest)`. `flags` holds [`STREAM_PROFILE_FIX_HASH`] and
-/// [`STREAM_PROFILE_FIX_CRCS`]: without them a mutated profile would never match the stream's
-/// SHA-256, and a mutated chunk never its CRC. The profile is parsed with
-/// [`Profile::from_bytes`]; the stream is opened with it (or with none if it does not parse)
-/// and checked as in [`decode_stream`].
+/// Input: as [`StreamProfileCase::read`] reads it. The stream is opened with the profile (or
+/// with none if it does not parse) and checked as in [`decode_stream`].
 pub fn decode_stream_profile(data: &[u8]) {
-    let mut input = Input::new(data);
-    let flags = input.u8();
-    let profile_len = input.u32() as usize;
-    let profile_bytes = input.bytes(profile_len);
-    let stream_bytes = input.take_rest();
-    let mut fixed;
-    let stream = if flags & (STREAM_PROFILE_FIX_HASH | STREAM_PROFILE_FIX_CRCS) != 0 {
-        fixed = stream_bytes.to_vec();
-        if flags & STREAM_PROFILE_FIX_HASH != 0 {
-            fix_profile_hash(&mut fixed, profile_bytes);
-        }
-        if flags & STREAM_PROFILE_FIX_CRCS != 0 {
-            fix_stream_crcs(&mut fixed);
-        } else {
-            fix_header_crc(&mut fixed);
-        }
-        &fixed[..]
-    } else {
-        stream_bytes
-    };
-    let profile = Profile::from_bytes(profile_bytes, &LIMITS).ok();
-    if let Ok(s) = Stream::open(stream, profile.as_ref(), &LIMITS) {
+    let case = StreamProfileCase::read(data);
+    if let Ok(s) = Stream::open(&case.stream, case.profile.as_ref(), &LIMITS) {
         check_stream(&s, data.len());
+    }
+}
+
+/// A [`decode_stream_profile`] input, read: also the input of the GPU chain's target
+/// (`codec_cuda::fuzzing`), which gives meaning to the flag bits this one leaves alone.
+#[derive(Debug)]
+pub struct StreamProfileCase<'a> {
+    /// The flag byte: [`STREAM_PROFILE_FIX_HASH`], [`STREAM_PROFILE_FIX_CRCS`], other bits as the
+    /// caller reads them.
+    pub flags: u8,
+    /// The stream, fixed up as the flags say.
+    pub stream: Cow<'a, [u8]>,
+    /// The profile, if its bytes parse (under [`LIMITS`]).
+    pub profile: Option<Profile>,
+}
+
+impl<'a> StreamProfileCase<'a> {
+    /// Reads `flags: u8 | profile_len: u32 LE | profile (profile_len bytes, fewer if the input
+    /// ends) | stream (the rest)`. With [`STREAM_PROFILE_FIX_HASH`] the stream's profile hash
+    /// is set to the profile it will be decoded with, with [`STREAM_PROFILE_FIX_CRCS`] every
+    /// chunk CRC is recomputed (else only the header CRC, if the hash was set): without them a
+    /// mutated profile would never match the stream's SHA-256, and a mutated chunk never its
+    /// CRC. The profile is parsed with [`Profile::from_bytes`].
+    pub fn read(data: &'a [u8]) -> Self {
+        let mut input = Input::new(data);
+        let flags = input.u8();
+        let profile_len = input.u32() as usize;
+        let profile_bytes = input.bytes(profile_len);
+        let stream_bytes = input.take_rest();
+        let stream = if flags & (STREAM_PROFILE_FIX_HASH | STREAM_PROFILE_FIX_CRCS) != 0 {
+            let mut fixed = stream_bytes.to_vec();
+            if flags & STREAM_PROFILE_FIX_HASH != 0 {
+                fix_profile_hash(&mut fixed, profile_bytes);
+            }
+            if flags & STREAM_PROFILE_FIX_CRCS != 0 {
+                fix_stream_crcs(&mut fixed);
+            } else {
+                fix_header_crc(&mut fixed);
+            }
+            Cow::Owned(fixed)
+        } else {
+            Cow::Borrowed(stream_bytes)
+        };
+        StreamProfileCase {
+            flags,
+            stream,
+            profile: Profile::from_bytes(profile_bytes, &LIMITS).ok(),
+        }
     }
 }
 

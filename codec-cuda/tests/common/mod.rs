@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
-use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, Tensor, TensorMut};
+use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, Tensor};
 use codec_cuda::encode_plan::Source;
 use codec_cuda::quant::OutDtype;
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
-use half::{bf16, f16};
 
 /// codec-core's decode of one block: its symbols (as far as it got) and its outcome.
 pub fn reference(
@@ -108,57 +107,9 @@ pub fn read_vector(name: &str) -> (Vec<u8>, Option<Profile>) {
 }
 
 /// codec-core's decode of `stream` into `dtype` buffers: per layer K then V, each `[T, H, D]`,
-/// as bits.
+/// as bits (the fuzz harness's oracle).
 pub fn codec_core_tensors(stream: &Stream<'_>, dtype: OutDtype) -> Vec<Vec<u16>> {
-    let h = stream.header();
-    let n = h.shape.tokens as usize * h.shape.channels();
-    let layers = h.shape.layers as usize;
-    let mut out = Vec::new();
-    match dtype {
-        OutDtype::F16 => {
-            let mut k = vec![vec![f16::ZERO; n]; layers];
-            let mut v = vec![vec![f16::ZERO; n]; layers];
-            let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::F16(t)).collect();
-            let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::F16(t)).collect();
-            stream.decode_into(&mut km, &mut vm).unwrap();
-            for (k, v) in k.iter().zip(&v) {
-                out.push(k.iter().map(|x| x.to_bits()).collect());
-                out.push(v.iter().map(|x| x.to_bits()).collect());
-            }
-        }
-        OutDtype::Bf16 => {
-            let mut k = vec![vec![bf16::ZERO; n]; layers];
-            let mut v = vec![vec![bf16::ZERO; n]; layers];
-            let mut km: Vec<TensorMut<'_>> = k.iter_mut().map(|t| TensorMut::Bf16(t)).collect();
-            let mut vm: Vec<TensorMut<'_>> = v.iter_mut().map(|t| TensorMut::Bf16(t)).collect();
-            stream.decode_into(&mut km, &mut vm).unwrap();
-            for (k, v) in k.iter().zip(&v) {
-                out.push(k.iter().map(|x| x.to_bits()).collect());
-                out.push(v.iter().map(|x| x.to_bits()).collect());
-            }
-        }
-    }
-    out
-}
-
-/// The reference scatter: token `t` of tensor `i` (a dense `[T, C]` tensor) to page
-/// `table[t / page_size]`, slot `t % page_size` of tensor `i` of a paged cache whose tensors
-/// are `tensor_len` elements apart.
-pub fn scatter(
-    cache: &mut [u16],
-    tensors: &[Vec<u16>],
-    table: &[u32],
-    page_size: usize,
-    c: usize,
-    tensor_len: usize,
-) {
-    for (i, tensor) in tensors.iter().enumerate() {
-        for (t, row) in tensor.chunks_exact(c).enumerate() {
-            let page = table[t / page_size] as usize;
-            let at = i * tensor_len + (page * page_size + t % page_size) * c;
-            cache[at..at + c].copy_from_slice(row);
-        }
-    }
+    codec_cuda::fuzzing::codec_core_bits(stream, dtype).expect("codec-core decodes the stream")
 }
 
 /// A permutation of `0..n` from a seed (xorshift, Fisher-Yates).

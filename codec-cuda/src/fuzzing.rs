@@ -1,0 +1,199 @@
+//! Fuzz harness (feature `fuzzing`): the body of the cargo-fuzz target `decode_chain` in
+//! `fuzz/`, and the oracle it shares with the crate's tests (codec-core's decode as f16/bf16
+//! bits, and the scatter of dense rows into pages).
+//!
+//! [`decode_chain`] runs the kernels compiled for the host on any stream, as a device would run
+//! them: the decode chain ([`DecodePlan::decode_chain_host`]) and the stepwise path
+//! ([`DecodePlan::decode_host`]) must accept exactly the streams codec-core decodes and write
+//! what it writes, bit for bit, and fail every other one with a typed error, never a panic.
+//! `tests/fuzz_regressions.rs` replays `fuzz/seeds/decode_chain/` and
+//! `fuzz/regressions/decode_chain/` through it under plain `cargo test`.
+
+use codec_core::fuzzing::{StreamProfileCase, LIMITS};
+use codec_core::{DecodeError, Stream, TensorMut};
+use half::{bf16, f16};
+
+use crate::decode::DecodePlan;
+use crate::quant::{OutDtype, OutLayout, Output};
+use crate::stream::Destination;
+
+/// Flag bit of [`decode_chain`]'s input (the bits of codec-core's [`StreamProfileCase`] above
+/// it): bf16 output (else f16).
+pub const CHAIN_BF16: u8 = 4;
+/// Flag bit of [`decode_chain`]'s input: paged output, `1 + (flags >> 4)` tokens per page, the
+/// pages in reverse order, one spare page (else dense `[T, H, D]` tensors).
+pub const CHAIN_PAGED: u8 = 8;
+
+/// A stream through the host-run kernels against codec-core (`fuzz_targets/decode_chain.rs`).
+///
+/// Input: codec-core's `decode_stream_profile` input ([`StreamProfileCase::read`]: `flags u8 |
+/// profile_len u32 | profile | stream`), whose flag bits 2 ([`CHAIN_BF16`]) and 3
+/// ([`CHAIN_PAGED`]) and high nibble choose the output. A stream that opens is decoded by
+/// codec-core ([`codec_core_bits`]) and by both host-run paths of a [`DecodePlan`] of all its
+/// chunks. Asserts: the plan's paths succeed exactly when codec-core does, with codec-core's
+/// bits (scattered into pages by [`scatter`] for paged output); they fail with a
+/// [`crate::CudaError::Stream`] or `Input`; neither panics. Returns whether the stream decoded
+/// (so that a replay can tell that its inputs reach the kernels).
+pub fn decode_chain(data: &[u8]) -> bool {
+    let case = StreamProfileCase::read(data);
+    let Ok(stream) = Stream::open(&case.stream, case.profile.as_ref(), &LIMITS) else {
+        return false;
+    };
+    let dtype = if case.flags & CHAIN_BF16 != 0 {
+        OutDtype::Bf16
+    } else {
+        OutDtype::F16
+    };
+    let paging = (case.flags & CHAIN_PAGED != 0)
+        .then(|| Paging::of(&stream, 1 + usize::from(case.flags >> 4)));
+    let channels = stream.header().shape.channels();
+    let want = codec_core_bits(&stream, dtype).map(|tensors| match &paging {
+        None => tensors.concat(),
+        Some(p) => p.cache(&tensors, channels),
+    });
+    let plan = match &paging {
+        None => DecodePlan::for_stream(&stream, dtype),
+        Some(p) => p.plan(&stream, dtype),
+    };
+    for (path, got) in [
+        (
+            "chain",
+            plan.as_ref()
+                .map_err(Clone::clone)
+                .and_then(|p| p.decode_chain_host()),
+        ),
+        (
+            "stepwise",
+            plan.as_ref()
+                .map_err(Clone::clone)
+                .and_then(|p| p.decode_host()),
+        ),
+    ] {
+        match (&want, got) {
+            (Ok(w), Ok(g)) => assert!(*w == g, "{path}: the bits differ from codec-core's"),
+            (Ok(_), Err(e)) => panic!("{path} fails a stream codec-core decodes: {e}"),
+            (Err(e), Ok(_)) => panic!("{path} decodes a stream codec-core rejects: {e}"),
+            (Err(_), Err(e)) => assert!(
+                matches!(
+                    e,
+                    crate::CudaError::Stream { .. } | crate::CudaError::Input { .. }
+                ),
+                "{path}: {e:?}"
+            ),
+        }
+    }
+    want.is_ok()
+}
+
+/// codec-core's decode of `stream` into `dtype` buffers ([`Stream::decode_into`]): per layer K
+/// then V, each `[T, H, D]`, as bits.
+pub fn codec_core_bits(stream: &Stream<'_>, dtype: OutDtype) -> Result<Vec<Vec<u16>>, DecodeError> {
+    match dtype {
+        OutDtype::F16 => decode_bits(stream, f16::ZERO, |t| TensorMut::F16(t), f16::to_bits),
+        OutDtype::Bf16 => decode_bits(stream, bf16::ZERO, |t| TensorMut::Bf16(t), bf16::to_bits),
+    }
+}
+
+/// [`codec_core_bits`] for one element type: `wrap` makes a tensor of it, `bits` its bits.
+fn decode_bits<T: Copy>(
+    stream: &Stream<'_>,
+    zero: T,
+    wrap: for<'a> fn(&'a mut [T]) -> TensorMut<'a>,
+    bits: fn(T) -> u16,
+) -> Result<Vec<Vec<u16>>, DecodeError> {
+    let shape = stream.header().shape;
+    let mut tensors = vec![vec![zero; shape.tensor_len()]; 2 * shape.layers as usize];
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    for (i, t) in tensors.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            k.push(wrap(t))
+        } else {
+            v.push(wrap(t))
+        }
+    }
+    stream.decode_into(&mut k, &mut v)?;
+    Ok(tensors
+        .iter()
+        .map(|t| t.iter().map(|&x| bits(x)).collect())
+        .collect())
+}
+
+/// The reference scatter: token `t` of tensor `i` (a dense `[T, C]` tensor of `tensors`) to
+/// page `table[t / page_size]`, slot `t % page_size` of tensor `i` of a paged cache whose
+/// tensors are `tensor_len` elements apart.
+pub fn scatter(
+    cache: &mut [u16],
+    tensors: &[Vec<u16>],
+    table: &[u32],
+    page_size: usize,
+    c: usize,
+    tensor_len: usize,
+) {
+    for (i, tensor) in tensors.iter().enumerate() {
+        for (t, row) in tensor.chunks_exact(c).enumerate() {
+            let page = table[t / page_size] as usize;
+            let at = i * tensor_len + (page * page_size + t % page_size) * c;
+            cache[at..at + c].copy_from_slice(row);
+        }
+    }
+}
+
+/// [`decode_chain`]'s paged layout of a stream: `page_size` tokens per page, the stream's pages
+/// in reverse order, one spare page at the end of each tensor.
+struct Paging {
+    page_size: usize,
+    table: Vec<u32>,
+    /// Elements per tensor.
+    tensor_len: usize,
+}
+
+impl Paging {
+    fn of(stream: &Stream<'_>, page_size: usize) -> Self {
+        let shape = stream.header().shape;
+        let pages = (shape.tokens as usize).div_ceil(page_size);
+        Paging {
+            page_size,
+            table: (0..pages as u32).rev().collect(),
+            tensor_len: (pages + 1) * page_size * shape.channels(),
+        }
+    }
+
+    /// The paged cache holding `tensors` (per layer K then V, `[T, H, D]`), zero elsewhere.
+    fn cache(&self, tensors: &[Vec<u16>], channels: usize) -> Vec<u16> {
+        let mut cache = vec![0u16; tensors.len() * self.tensor_len];
+        scatter(
+            &mut cache,
+            tensors,
+            &self.table,
+            self.page_size,
+            channels,
+            self.tensor_len,
+        );
+        cache
+    }
+
+    /// A plan of every chunk of `stream` into this layout.
+    fn plan<'s>(
+        &self,
+        stream: &'s Stream<'s>,
+        dtype: OutDtype,
+    ) -> Result<DecodePlan<'s>, crate::CudaError> {
+        let shape = stream.header().shape;
+        let output = Output {
+            dtype,
+            layout: OutLayout::Paged {
+                page_size: self.page_size as u32,
+            },
+            len: 2 * shape.layers as usize * self.tensor_len,
+        };
+        let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+        let page_start = plan.add_page_table(&self.table);
+        let dest = Destination {
+            base: 0,
+            tensor_stride: self.tensor_len as u64,
+            page_start,
+        };
+        plan.add_stream(stream, dest)?;
+        Ok(plan)
+    }
+}
