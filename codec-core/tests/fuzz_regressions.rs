@@ -54,7 +54,13 @@ fn seeds_replay_clean() {
 /// replayed by `pq-core/tests/fuzz_regressions.rs`), kvc-net's (`kvc_net::fuzzing`, replayed
 /// by `net/tests/fuzz_seeds.rs`) and codec-cuda's (`codec_cuda::fuzzing`, replayed by
 /// `codec-cuda/tests/fuzz_regressions.rs`).
-const OTHER_CRATES_TARGETS: &[&str] = &["pq_search", "pq_unpack", "frame_decode", "decode_chain"];
+const OTHER_CRATES_TARGETS: &[&str] = &[
+    "pq_search",
+    "pq_unpack",
+    "frame_decode",
+    "decode_chain",
+    "encode_chain",
+];
 
 /// Every cargo-fuzz target (but [`OTHER_CRATES_TARGETS`]) has a harness, a seed directory and a
 /// regression directory, and vice versa.

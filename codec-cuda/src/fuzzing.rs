@@ -1,19 +1,22 @@
-//! Fuzz harness (feature `fuzzing`): the body of the cargo-fuzz target `decode_chain` in
-//! `fuzz/`, and the oracle it shares with the crate's tests (codec-core's decode as f16/bf16
-//! bits, and the scatter of dense rows into pages).
+//! Fuzz harnesses (feature `fuzzing`): the bodies of the cargo-fuzz targets `decode_chain` and
+//! `encode_chain` in `fuzz/`, and the oracle they share with the crate's tests (codec-core's
+//! decode as f16/bf16 bits, and the scatter of dense rows into pages).
 //!
-//! [`decode_chain`] runs the kernels compiled for the host on any stream, as a device would run
-//! them: the decode chain ([`DecodePlan::decode_chain_host`]) and the stepwise path
+//! [`decode_chain`] runs the decode kernels compiled for the host on any stream, as a device
+//! would run them: the decode chain ([`DecodePlan::decode_chain_host`]) and the stepwise path
 //! ([`DecodePlan::decode_host`]) must accept exactly the streams codec-core decodes and write
 //! what it writes, bit for bit, and fail every other one with a typed error, never a panic.
-//! `tests/fuzz_regressions.rs` replays `fuzz/seeds/decode_chain/` and
-//! `fuzz/regressions/decode_chain/` through it under plain `cargo test`.
+//! [`encode_chain`] encodes a small cache derived from the input with the encode kernels
+//! compiled for the host ([`EncodePlan::encode_host`]) into codec-core's stream, byte for byte.
+//! `tests/fuzz_regressions.rs` replays `fuzz/seeds/<target>/` and `fuzz/regressions/<target>/`
+//! through them under plain `cargo test`.
 
-use codec_core::fuzzing::{StreamProfileCase, LIMITS};
+use codec_core::fuzzing::{Input, RoundtripCase, StreamProfileCase, LIMITS};
 use codec_core::{DecodeError, Stream, TensorMut};
 use half::{bf16, f16};
 
 use crate::decode::DecodePlan;
+use crate::encode_plan::{EncodePlan, Source};
 use crate::quant::{OutDtype, OutLayout, Output};
 use crate::stream::Destination;
 
@@ -83,6 +86,43 @@ pub fn decode_chain(data: &[u8]) -> bool {
         }
     }
     want.is_ok()
+}
+
+/// A small cache through the host-run encode chain against codec-core
+/// (`fuzz_targets/encode_chain.rs`).
+///
+/// Input: codec-core's `roundtrip_codec` input ([`RoundtripCase::read`]: a cache of up to 3
+/// layers, 3 KV heads of 16 channels and 80 tokens in any dtype, outliers and, for f32, raw
+/// bits; chunking, levels, group, sink rows, positions, rotary settings, queries and the
+/// importance policy; a profile learned from it). Its chunks are encoded as `kvc encode
+/// --gpu` does: the frame of [`codec_core::stream_frame`], every chunk by an [`EncodePlan`]
+/// over the cache's tensors, the stream assembled by [`codec_core::assemble`]. Asserts: that
+/// stream is the one [`codec_core::encode`] writes, byte for byte, and codec-core refuses no
+/// case the chain codes. Returns whether the case was encoded.
+pub fn encode_chain(data: &[u8]) -> bool {
+    let case = RoundtripCase::read(&mut Input::new(data));
+    let want = case.encode();
+    let view = case.cache.view();
+    let Ok(frame) = codec_core::stream_frame(&view, case.mode(), &case.params) else {
+        assert!(want.is_none(), "stream_frame refuses a case encode codes");
+        return false;
+    };
+    let (src, source) = Source::of_view(&view);
+    let mut plan = EncodePlan::new(&frame.context, source).expect("the frame's dtype and shape");
+    for e in &frame.header.chunks {
+        plan.add_chunk(e.token_start..e.token_start + e.tokens, e.level)
+            .expect("the frame's chunks");
+    }
+    let chunks = match plan.encode_host(&src) {
+        Ok(c) => c,
+        Err(e) => panic!("the encode chain fails a case codec-core codes: {e}"),
+    };
+    let parts: Vec<(u8, &[u8])> = (frame.header.chunks.iter().zip(&chunks))
+        .map(|(e, c)| (e.level, c.as_slice()))
+        .collect();
+    let got = codec_core::assemble(&frame.header, &parts, &frame.profile).ok();
+    assert!(got == want, "the chain's stream differs from codec-core's");
+    got.is_some()
 }
 
 /// codec-core's decode of `stream` into `dtype` buffers ([`Stream::decode_into`]): per layer K

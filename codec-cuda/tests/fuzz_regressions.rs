@@ -1,20 +1,40 @@
-//! Replays the committed inputs of the cargo-fuzz target `decode_chain` through its harness
-//! (`codec_cuda::fuzzing::decode_chain`, the function the target calls): `fuzz/regressions/
-//! decode_chain/*` (inputs that once crashed, kept fixed) and `fuzz/seeds/decode_chain/*` (a link
-//! to `decode_stream_profile`'s seeds, whose input layout it reads), each seed also with every
-//! output the flag bits choose (f16 or bf16, dense or paged with 1, 3 or 16 tokens per page).
+//! Replays the committed inputs of the cargo-fuzz targets `decode_chain` and `encode_chain`
+//! through their harnesses (`codec_cuda::fuzzing`, the functions the targets call):
+//! `fuzz/regressions/<target>/*` (inputs that once crashed, kept fixed) and
+//! `fuzz/seeds/<target>/*` (links to the seeds of `decode_stream_profile` and `roundtrip_codec`,
+//! whose input layouts they read); each `decode_chain` seed also with every output the flag
+//! bits choose (f16 or bf16, dense or paged with 1, 3 or 16 tokens per page).
 
 #[path = "../../fuzz/replay.rs"]
 mod replay;
 
-use codec_cuda::fuzzing::{decode_chain, CHAIN_BF16, CHAIN_PAGED};
+use codec_cuda::fuzzing::{decode_chain, encode_chain, CHAIN_BF16, CHAIN_PAGED};
 
 #[test]
 fn regressions_replay_clean() {
-    let (_, failures) = replay::replay("regressions", "decode_chain", |data| {
+    let (_, mut failures) = replay::replay("regressions", "decode_chain", |data| {
         decode_chain(data);
     });
+    failures.extend(
+        replay::replay("regressions", "encode_chain", |data| {
+            encode_chain(data);
+        })
+        .1,
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn encode_seeds_replay_clean() {
+    let encoded = std::cell::Cell::new(0);
+    let (ran, failures) = replay::replay("seeds", "encode_chain", |data| {
+        encoded.set(encoded.get() + usize::from(encode_chain(data)));
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(ran >= 3, "{ran} seeds");
+    // Every seed codes a cache but `gen-raw-rope.bin`, whose rotary theta and scaling are raw
+    // bits that are not finite: both coders refuse it.
+    assert_eq!(encoded.get(), ran - 1, "seeds that encoded");
 }
 
 /// The output choices of the flag byte's bits 2-7.

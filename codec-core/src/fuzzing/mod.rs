@@ -51,7 +51,7 @@ pub use rans::{
     fixed_tables, freq_table, freq_table_input, rans_lanes, rans_lanes_input,
     reference_lane_decode, roundtrip_rans, LaneDecodeResult, FIXED_TABLES,
 };
-pub use roundtrip::{expected_reconstruction, roundtrip_codec};
+pub use roundtrip::{expected_reconstruction, roundtrip_codec, RoundtripCase};
 
 use crate::limits::Limits;
 use crate::profile::Profile;

@@ -160,48 +160,20 @@ fn scale_of(b: u8) -> f32 {
 /// [`max_encoded_len`]; a token range decodes to the same bits as the full decode.
 pub fn roundtrip_codec(data: &[u8]) {
     let mut input = Input::new(data);
-    let case = CodecCase::read(&mut input);
-    let cache = case.cache(&mut input);
-    let q_data = case.queries(&mut input);
-    let queries = q_data.as_ref().map(|(q, q_heads, q_start)| Queries {
-        q: q.iter().map(Vec::as_slice).collect(),
-        q_heads: *q_heads,
-        q_start: *q_start,
-    });
-    let sample = Sample {
-        kv: cache.view(),
-        queries,
+    let case = RoundtripCase::read(&mut input);
+    let Some(bytes) = case.encode() else {
+        return;
     };
-    let profile = match learn_profile(&[sample], &case.learn) {
-        Ok(p) => p,
-        Err(e) => panic!("learn_profile failed on a valid cache: {e}"),
-    };
-    let embedded = case.flags & 1 != 0;
-    let mode = if embedded {
-        ProfileMode::Embedded(&profile)
-    } else {
-        ProfileMode::Referenced(&profile)
-    };
-    let bytes = match crate::encode(&cache.view(), mode, &case.params) {
-        Ok(b) => b,
-        Err(e) => {
-            let rope = cache.meta.rope;
-            assert!(
-                !(rope.theta.is_finite() && rope.scaling.is_finite()),
-                "encode failed on a valid cache: {e}"
-            );
-            return;
-        }
-    };
-    let profile_len = if embedded {
+    let (cache, profile, params) = (&case.cache, &case.profile, &case.params);
+    let profile_len = if case.embedded {
         profile.as_bytes().len() as u64
     } else {
         0
     };
     let bound = max_encoded_len(
         &cache.shape,
-        case.dtype,
-        &case.params,
+        cache.dtype(),
+        params,
         profile_len,
         cache.meta.model_id.len(),
     );
@@ -210,8 +182,76 @@ pub fn roundtrip_codec(data: &[u8]) {
         "stream of {} bytes exceeds max_encoded_len {bound}",
         bytes.len()
     );
-    let supplied = if embedded { None } else { Some(&profile) };
-    check_decode(&mut input, &bytes, supplied, &cache, &profile, &case.params);
+    let supplied = if case.embedded { None } else { Some(profile) };
+    check_decode(&mut input, &bytes, supplied, cache, profile, params);
+}
+
+/// What a [`roundtrip_codec`] input codes (items 1-6 of its layout): also the input of
+/// codec-cuda's `encode_chain` target, which encodes it on the host-run kernels.
+#[derive(Debug)]
+pub struct RoundtripCase {
+    /// The cache.
+    pub cache: KvCache,
+    /// The profile learned from it.
+    pub profile: Profile,
+    /// How it is encoded.
+    pub params: EncodeParams,
+    /// Whether the stream embeds the profile (else references it).
+    pub embedded: bool,
+}
+
+impl RoundtripCase {
+    /// Reads the case from the front of `input`; panics if [`learn_profile`] fails on its
+    /// cache (a harness failure).
+    pub fn read(input: &mut Input<'_>) -> Self {
+        let case = CodecCase::read(input);
+        let cache = case.cache(input);
+        let q_data = case.queries(input);
+        let queries = q_data.as_ref().map(|(q, q_heads, q_start)| Queries {
+            q: q.iter().map(Vec::as_slice).collect(),
+            q_heads: *q_heads,
+            q_start: *q_start,
+        });
+        let sample = Sample {
+            kv: cache.view(),
+            queries,
+        };
+        let profile = match learn_profile(&[sample], &case.learn) {
+            Ok(p) => p,
+            Err(e) => panic!("learn_profile failed on a valid cache: {e}"),
+        };
+        RoundtripCase {
+            cache,
+            profile,
+            params: case.params,
+            embedded: case.flags & 1 != 0,
+        }
+    }
+
+    /// The stream [`encode`](crate::encode) writes; `None` if it refuses the case, which it
+    /// may only for a non-finite rope theta or scaling (asserted).
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        match crate::encode(&self.cache.view(), self.mode(), &self.params) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                let rope = self.cache.meta.rope;
+                assert!(
+                    !(rope.theta.is_finite() && rope.scaling.is_finite()),
+                    "encode failed on a valid cache: {e}"
+                );
+                None
+            }
+        }
+    }
+
+    /// The profile mode the stream is written with.
+    pub fn mode(&self) -> ProfileMode<'_> {
+        if self.embedded {
+            ProfileMode::Embedded(&self.profile)
+        } else {
+            ProfileMode::Referenced(&self.profile)
+        }
+    }
 }
 
 /// The stream `bytes` of `cache` decodes to exactly [`expected_reconstruction`] with the
