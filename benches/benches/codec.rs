@@ -7,9 +7,13 @@
 //! Encoding and decoding into reused buffers run on 1 and 2 threads and on every core
 //! (`threads1`, `threads2`, `threads_all`; the last is left out where it is 2).
 //!
+//! `open/`: a self-contained stream's profile parsed, and the stream decoded from its bytes.
+//!
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
-use codec_core::{decode, encode_threads, thread_count, EncodeParams, Limits, ProfileMode, Stream};
+use codec_core::{
+    decode, encode_threads, thread_count, EncodeParams, Limits, Profile, ProfileMode, Stream,
+};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path, self_profile};
 use std::hint::black_box;
@@ -59,6 +63,27 @@ fn bench_fixture(c: &mut Criterion, name: &str, path: &Path) {
     g.finish();
 }
 
+/// What a self-contained stream costs before its first element: its embedded profile parsed
+/// and hashed (`Profile::from_bytes`, in `Stream::open`), and its whole decode from bytes, which
+/// builds the decode lookups of the level it uses (as a binding's `decode(bytes)` does).
+fn bench_open(c: &mut Criterion, name: &str, path: &Path) {
+    let f = load(path);
+    let profile = self_profile(&f);
+    let mut g = c.benchmark_group(format!("open/{name}"));
+    g.sample_size(20);
+    g.bench_function("profile_from_bytes", |b| {
+        b.iter(|| Profile::from_bytes(black_box(profile.as_bytes()), &Limits::DEFAULT).unwrap())
+    });
+    let params = EncodeParams::default();
+    let mode = ProfileMode::Embedded(&profile);
+    let stream = encode_threads(&f.kv.view(), mode, &params, 0).unwrap();
+    g.throughput(Throughput::Bytes(f.kv.shape.total_elements() * 2));
+    g.bench_function("decode_self_contained", |b| {
+        b.iter(|| decode(black_box(&stream), None, &Limits::DEFAULT).unwrap())
+    });
+    g.finish();
+}
+
 /// 1 and 2 threads, and every core where that is more than 2.
 fn thread_counts() -> Vec<(usize, &'static str)> {
     let mut t = vec![(1, "threads1"), (2, "threads2")];
@@ -70,6 +95,7 @@ fn thread_counts() -> Vec<(usize, &'static str)> {
 
 fn codec(c: &mut Criterion) {
     bench_fixture(c, "smollm2-512", &sample_path());
+    bench_open(c, "smollm2-512", &sample_path());
     if let Some(p) = big_fixture_path() {
         bench_fixture(c, "smollm2-2048", &p);
     }

@@ -16,9 +16,11 @@ use crate::importance::ImportanceParams;
 use crate::limits::Limits;
 pub use crate::quant::ChannelParams;
 use crate::rans::{DecodeTable, FreqTable};
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 pub use error::ProfileError;
 use format::Parts;
+use once_cell::race::OnceBox;
 use sha2::{Digest, Sha256};
 
 /// `x` rounded to the nearest bf16 (ties to even), widened back to f32: the values a version-3
@@ -78,7 +80,10 @@ pub struct Profile {
     down_pow: Vec<Vec<u8>>,
     bytes: Vec<u8>,
     hash: [u8; 32],
-    decode_tables: Vec<Vec<DecodeTable>>,
+    /// Per level, its tables' decode lookups, built on the level's first decode (21.5 KB a
+    /// table: a stream at one level of a 12-level profile builds a twelfth of them). Threads
+    /// decoding at once may each build a level's; one is kept, and all are the same.
+    decode_tables: Vec<OnceBox<Vec<DecodeTable>>>,
 }
 
 impl PartialEq for Profile {
@@ -130,16 +135,7 @@ impl Profile {
     /// allocates only after checking every count against `limits` and the bytes present.
     pub fn from_bytes(bytes: &[u8], limits: &Limits) -> Result<Self, ProfileError> {
         let parts = format::parse(bytes, limits)?;
-        let decode_tables = parts
-            .levels
-            .iter()
-            .map(|lv| {
-                lv.tables
-                    .iter()
-                    .map(|t| DecodeTable::from(&t.freqs))
-                    .collect()
-            })
-            .collect();
+        let decode_tables = parts.levels.iter().map(|_| OnceBox::new()).collect();
         let down_pow = parts.levels.iter().map(down_powers).collect();
         Ok(Profile {
             parts,
@@ -210,7 +206,10 @@ impl Profile {
         self.parts.importance.as_ref()
     }
     pub(crate) fn decode_tables(&self, level: u8) -> &[DecodeTable] {
-        &self.decode_tables[level as usize]
+        self.decode_tables[level as usize].get_or_init(|| {
+            let tables = &self.parts.levels[level as usize].tables;
+            Box::new(tables.iter().map(|t| DecodeTable::from(&t.freqs)).collect())
+        })
     }
     /// Hex form of the hash (64 characters).
     pub fn hash_hex(&self) -> alloc::string::String {
