@@ -19,6 +19,7 @@ use crate::decode::DecodePlan;
 use crate::encode_plan::{EncodePlan, Source};
 use crate::quant::{OutDtype, OutLayout, Output};
 use crate::stream::Destination;
+use crate::CudaError;
 
 /// Flag bit of [`decode_chain`]'s input (the bits of codec-core's [`StreamProfileCase`] above
 /// it): bf16 output (else f16).
@@ -27,17 +28,36 @@ pub const CHAIN_BF16: u8 = 4;
 /// pages in reverse order, one spare page (else dense `[T, H, D]` tensors).
 pub const CHAIN_PAGED: u8 = 8;
 
+/// A way to run a [`DecodePlan`] (the host-run chain, the stepwise path, a device): its name and
+/// the call.
+pub type DecodePath<'a> = (
+    &'a str,
+    &'a dyn Fn(&DecodePlan<'_>) -> Result<Vec<u16>, CudaError>,
+);
+
 /// A stream through the host-run kernels against codec-core (`fuzz_targets/decode_chain.rs`).
 ///
 /// Input: codec-core's `decode_stream_profile` input ([`StreamProfileCase::read`]: `flags u8 |
 /// profile_len u32 | profile | stream`), whose flag bits 2 ([`CHAIN_BF16`]) and 3
 /// ([`CHAIN_PAGED`]) and high nibble choose the output. A stream that opens is decoded by
 /// codec-core ([`codec_core_bits`]) and by both host-run paths of a [`DecodePlan`] of all its
-/// chunks. Asserts: the plan's paths succeed exactly when codec-core does, with codec-core's
-/// bits (scattered into pages by [`scatter`] for paged output); they fail with a
-/// [`crate::CudaError::Stream`] or `Input`; neither panics. Returns whether the stream decoded
-/// (so that a replay can tell that its inputs reach the kernels).
+/// chunks ([`decode_chain_on`]). Returns whether the stream decoded (so that a replay can tell
+/// that its inputs reach the kernels).
 pub fn decode_chain(data: &[u8]) -> bool {
+    decode_chain_on(
+        data,
+        &[
+            ("chain", &|p: &DecodePlan<'_>| p.decode_chain_host()),
+            ("stepwise", &|p: &DecodePlan<'_>| p.decode_host()),
+        ],
+    )
+}
+
+/// [`decode_chain`] with the plan run by each of `paths` (a device test passes the GPU's).
+/// Asserts: every path succeeds exactly when codec-core does, with codec-core's bits
+/// (scattered into pages by [`scatter`] for paged output), and fails with a
+/// [`CudaError::Stream`] or `Input` otherwise; none panics.
+pub fn decode_chain_on(data: &[u8], paths: &[DecodePath<'_>]) -> bool {
     let case = StreamProfileCase::read(data);
     let Ok(stream) = Stream::open(&case.stream, case.profile.as_ref(), &LIMITS) else {
         return false;
@@ -58,34 +78,57 @@ pub fn decode_chain(data: &[u8]) -> bool {
         None => DecodePlan::for_stream(&stream, dtype),
         Some(p) => p.plan(&stream, dtype),
     };
-    for (path, got) in [
-        (
-            "chain",
-            plan.as_ref()
-                .map_err(Clone::clone)
-                .and_then(|p| p.decode_chain_host()),
-        ),
-        (
-            "stepwise",
-            plan.as_ref()
-                .map_err(Clone::clone)
-                .and_then(|p| p.decode_host()),
-        ),
-    ] {
+    for (path, run) in paths {
+        let got = plan.as_ref().map_err(Clone::clone).and_then(run);
         match (&want, got) {
             (Ok(w), Ok(g)) => assert!(*w == g, "{path}: the bits differ from codec-core's"),
             (Ok(_), Err(e)) => panic!("{path} fails a stream codec-core decodes: {e}"),
             (Err(e), Ok(_)) => panic!("{path} decodes a stream codec-core rejects: {e}"),
             (Err(_), Err(e)) => assert!(
-                matches!(
-                    e,
-                    crate::CudaError::Stream { .. } | crate::CudaError::Input { .. }
-                ),
+                matches!(e, CudaError::Stream { .. } | CudaError::Input { .. }),
                 "{path}: {e:?}"
             ),
         }
     }
     want.is_ok()
+}
+
+/// The output choices of [`decode_chain`]'s flag bits 2-7 that the replays take: f16 and bf16
+/// dense, paged with 1 token per page, bf16 with 3, f16 with 16.
+pub const CHAIN_OUTPUTS: [u8; 5] = [
+    0,
+    CHAIN_BF16,
+    CHAIN_PAGED,
+    CHAIN_PAGED | CHAIN_BF16 | (2 << 4),
+    CHAIN_PAGED | (15 << 4),
+];
+
+/// Variants of a `decode_chain` seed for replays (host and device): `seed` with each of
+/// [`CHAIN_OUTPUTS`], and, with the f16 dense output, `damaged` copies whose stream has one byte
+/// flipped (at spread positions) and every CRC fixed up, so that the damage reaches the chunks'
+/// parsers and kernels rather than the checksums.
+pub fn chain_seed_variants(seed: &[u8], damaged: usize) -> Vec<Vec<u8>> {
+    let Some((&flags, rest)) = seed.split_first() else {
+        return Vec::new();
+    };
+    let with_flags = |f: u8| [&[f][..], rest].concat();
+    let mut out: Vec<Vec<u8>> = CHAIN_OUTPUTS
+        .iter()
+        .map(|&o| with_flags((flags & 3) | o))
+        .collect();
+    // Bytes before the stream: flags, profile length, profile.
+    let profile_len = rest
+        .get(..4)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    let stream_at = (5 + profile_len).min(seed.len());
+    let stream_len = seed.len() - stream_at;
+    for i in 0..damaged.min(stream_len) {
+        let mut v = with_flags(flags | codec_core::fuzzing::STREAM_PROFILE_FIX_CRCS);
+        let at = stream_at + (i * 7919 + 13) % stream_len;
+        v[at] ^= 1 << (i % 8);
+        out.push(v);
+    }
+    out
 }
 
 /// A small cache through the host-run encode chain against codec-core
@@ -217,7 +260,7 @@ impl Paging {
         &self,
         stream: &'s Stream<'s>,
         dtype: OutDtype,
-    ) -> Result<DecodePlan<'s>, crate::CudaError> {
+    ) -> Result<DecodePlan<'s>, CudaError> {
         let shape = stream.header().shape;
         let output = Output {
             dtype,

@@ -1,7 +1,8 @@
 //! The kernels on a device, checked as the host runs are: the golden streams and the real
 //! fixture decoded by `Gpu::decode` (f16 and bf16, dense and paged) to codec-core's bits,
 //! corrupted lanes and block headers giving the same statuses and symbols as the host-run
-//! kernels, and PQ selections equal to pq-core's.
+//! kernels, the fuzz seeds (intact and damaged) decoded or rejected as codec-core does, and PQ
+//! selections equal to pq-core's.
 //!
 //! Where `Gpu::new(0)` fails (no driver, no device) or NVRTC is missing, each test prints that
 //! it skips and why; with `KVC_REQUIRE_GPU=1` that is a failure instead. NVRTC is loaded from
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use codec_core::{Limits, Stream};
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::EncodePlan;
-use codec_cuda::fuzzing::scatter;
+use codec_cuda::fuzzing::{chain_seed_variants, decode_chain_on, scatter, CHAIN_OUTPUTS};
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
@@ -96,6 +97,45 @@ fn device_golden_streams_decode_as_codec_core() {
             assert!(gpu.decode(&plan).unwrap() == want, "{name} {dtype:?} paged");
         }
     }
+}
+
+/// The fuzz seeds of `decode_chain` (`decode_stream_profile`'s: valid streams of every kind the
+/// seed generator makes: f32 and bf16 sources, groups, sink rows, step exponents, every level,
+/// no tokens), each with five outputs and damaged (`chain_seed_variants`): `Gpu::decode` decodes
+/// exactly the streams codec-core decodes, with its bits, and rejects the others with a typed
+/// error (`decode_chain_on`, the fuzz harness with the device as its path).
+#[test]
+fn device_decodes_the_fuzz_seeds_as_codec_core() {
+    let Some(gpu) = gpu("device_decodes_the_fuzz_seeds_as_codec_core") else {
+        return;
+    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/decode_stream_profile");
+    let mut seeds: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+        .collect();
+    seeds.sort();
+    assert!(
+        seeds.len() >= 10,
+        "{} seeds in {}",
+        seeds.len(),
+        dir.display()
+    );
+    let device = |p: &DecodePlan<'_>| gpu.decode(p);
+    let (mut ran, mut decoded) = (0, 0);
+    for seed in &seeds {
+        let data = std::fs::read(seed).unwrap();
+        for v in chain_seed_variants(&data, 16) {
+            ran += 1;
+            decoded += usize::from(decode_chain_on(&v, &[("device", &device)]));
+        }
+    }
+    assert!(
+        decoded >= seeds.len() * CHAIN_OUTPUTS.len() && decoded < ran,
+        "{decoded} of {ran}"
+    );
+    println!("{decoded} of {ran} seed variants decoded, as codec-core's");
 }
 
 /// Every chunk's two lane-decode launches, intact and with words flipped, dropped or zeroed:
