@@ -9,6 +9,10 @@
 //! `KVC_NVRTC_LIB`, else from `target/nvrtc/13.5.37/lib` (`tools/fetch-nvrtc`), else by name.
 
 mod common;
+// The fuzz corpora's listing (`replay::inputs`); its replay itself is not used here.
+#[allow(dead_code)]
+#[path = "../../fuzz/replay.rs"]
+mod replay;
 
 use std::path::{Path, PathBuf};
 
@@ -109,13 +113,9 @@ fn device_decodes_the_fuzz_seeds_as_codec_core() {
     let Some(gpu) = gpu("device_decodes_the_fuzz_seeds_as_codec_core") else {
         return;
     };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/decode_stream_profile");
-    let mut seeds: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "bin"))
-        .collect();
-    seeds.sort();
+    // The seeds' own directory (`seeds/decode_chain` links to it).
+    let dir = replay::fuzz_dir().join("seeds/decode_stream_profile");
+    let seeds = replay::inputs(&dir);
     assert!(
         seeds.len() >= 10,
         "{} seeds in {}",
