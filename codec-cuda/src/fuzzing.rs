@@ -69,10 +69,9 @@ pub fn decode_chain_on(data: &[u8], paths: &[DecodePath<'_>]) -> bool {
     };
     let paging = (case.flags & CHAIN_PAGED != 0)
         .then(|| Paging::of(&stream, 1 + usize::from(case.flags >> 4)));
-    let channels = stream.header().shape.channels();
     let want = codec_core_bits(&stream, dtype).map(|tensors| match &paging {
         None => tensors.concat(),
-        Some(p) => p.cache(&tensors, channels),
+        Some(p) => p.cache(&tensors),
     });
     let plan = match &paging {
         None => DecodePlan::for_stream(&stream, dtype),
@@ -225,6 +224,8 @@ pub fn scatter(
 /// in reverse order, one spare page at the end of each tensor.
 struct Paging {
     page_size: usize,
+    /// Channels per token row.
+    channels: usize,
     table: Vec<u32>,
     /// Elements per tensor.
     tensor_len: usize,
@@ -236,20 +237,21 @@ impl Paging {
         let pages = (shape.tokens as usize).div_ceil(page_size);
         Paging {
             page_size,
+            channels: shape.channels(),
             table: (0..pages as u32).rev().collect(),
             tensor_len: (pages + 1) * page_size * shape.channels(),
         }
     }
 
     /// The paged cache holding `tensors` (per layer K then V, `[T, H, D]`), zero elsewhere.
-    fn cache(&self, tensors: &[Vec<u16>], channels: usize) -> Vec<u16> {
+    fn cache(&self, tensors: &[Vec<u16>]) -> Vec<u16> {
         let mut cache = vec![0u16; tensors.len() * self.tensor_len];
         scatter(
             &mut cache,
             tensors,
             &self.table,
             self.page_size,
-            channels,
+            self.channels,
             self.tensor_len,
         );
         cache

@@ -25,8 +25,8 @@
 //!   by four launches, byte for byte codec-core's chunks ([`encode_plan::EncodePlan`]).
 //! - [`experiment`]: not part of any format: a 32-bit-state lane coder (16-bit words) and its
 //!   decode kernel, measured against format v2's 64-bit state (spec/FORMAT.md's appendix).
-//! - `fuzzing` (feature `fuzzing`): the cargo-fuzz target `decode_chain`'s body, the host-run
-//!   kernels against codec-core on any stream.
+//! - `fuzzing` (feature `fuzzing`): the bodies of the cargo-fuzz targets `decode_chain` and
+//!   `encode_chain`, the host-run kernels against codec-core on any stream and small caches.
 //! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
 //! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
 //!   once per process and loaded once, and every batch above uploaded, launched and downloaded
