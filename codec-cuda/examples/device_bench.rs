@@ -11,7 +11,8 @@
 //! own in one dense output) per round. Reported per round's best: the whole `Gpu::decode_into`
 //! (the chain built, packed into pinned memory and uploaded in one copy, five launches, the
 //! statuses), its upload alone (`Gpu::upload_plan`, its packing by the default threads and by
-//! one), the decode of a plan uploaded once
+//! one), the same decode from the streams in page-locked memory (`Gpu::decode_from`, each copy
+//! a stream of its own there), the decode of a plan uploaded once
 //! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
 //! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
@@ -206,9 +207,10 @@ fn bench_decode(
     let gbs = |t: f64| out_bytes / t / 1e9;
     let (whole, r) = best_of(rounds, || gpu.decode_into(&plan, &mut out));
     r.unwrap();
-    let upload = gpu.time_upload_plan(&plan, rounds).unwrap();
+    let want = gpu.stream().clone_dtoh(&out).unwrap();
+    let upload = gpu.time_upload_plan(&plan, None, rounds).unwrap();
     gpu.set_upload_threads(1);
-    let upload_one = gpu.time_upload_plan(&plan, rounds).unwrap();
+    let upload_one = gpu.time_upload_plan(&plan, None, rounds).unwrap();
     gpu.set_upload_threads(0);
     let up = gpu.upload_plan(&plan).unwrap();
     let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, &mut out));
@@ -244,7 +246,37 @@ fn bench_decode(
         st[4] * 1e3,
         gbs(st[4]),
     );
+    bench_decode_from(gpu, &bytes, (rounds, copies), &want);
     bench_lane_decode(gpu, &plan, level, rounds);
+}
+
+/// The same decode with `copies` copies of the stream `bytes` back to back in page-locked
+/// memory, as a server would receive them: `Gpu::decode_from` (the bytes copied to the device
+/// as they are, the words gathered there); `want`, the output `decode_into` gave.
+fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), want: &[u16]) {
+    let mut host = gpu.host_buffer(bytes.len() * copies).unwrap();
+    for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
+        copy.copy_from_slice(bytes);
+    }
+    let raw = host.as_slice().unwrap();
+    let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
+    let plan = support::decode_plan_of(&streams.iter().collect::<Vec<_>>());
+    let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+    let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
+    let (whole, r) = best_of(rounds, || gpu.decode_from(&plan, &host, &mut out));
+    r.unwrap();
+    let same = gpu.stream().clone_dtoh(&out).unwrap() == want;
+    let upload = gpu.time_upload_plan(&plan, Some(&host), rounds).unwrap();
+    println!(
+        "decode from page-locked memory, {copies} streams of {} bytes: whole decode_from {:.3}          ms = {:.2} GB/s (of which upload_plan_from {:.3} ms: chain built {:.3}, bytes copied          as they are with the rest packed, words gathered {:.3}, outputs allocated {:.3} ms);          bits as decode_into's: {same}",
+        bytes.len(),
+        whole * 1e3,
+        gbs(whole),
+        upload[0] * 1e3,
+        upload[1] * 1e3,
+        upload[2] * 1e3,
+        upload[3] * 1e3,
+    );
 }
 
 /// The symbol launch of `plan` alone: format v2 against the 32-bit-state experiment on the

@@ -1,6 +1,10 @@
 // The two steps between a chunk's launches, on the device, so that a batch of chunks decodes in
-// one chain of launches with no host round trip (codec_cuda::decode):
+// one chain of launches with no host round trip (codec_cuda::decode), and the step before them
+// when the streams were copied to the device as they are:
 //
+// - kvc_gather_words (before the first launch, for a plan uploaded from page-locked host memory
+//   the streams lie in: Gpu::upload_plan_from): every coded block's lane words, stored
+//   little-endian at any byte offset of the copied bytes, into the chain's word array.
 // - kvc_resolve_tables (between the exponent and the symbol lane decode; spec/FORMAT.md §6.1):
 //   every value symbol's table, as an index into its block's table list, from the row kind, the
 //   channel and the step exponent the first launch decoded, through a per-(layer, K/V, level)
@@ -23,6 +27,51 @@ enum KvcChainStatus : kvc_u32 {
     // An escape without a value, an escape value out of range (B7) or values left over (B9).
     KVC_CHAIN_BAD_ESCAPES = 2,
 };
+
+// ----------------------------------------------------------------------------------------------
+// Word gather
+
+struct KvcGatherPart {
+    // Byte offset in `raw` of the part's first word.
+    kvc_u64 src;
+    // Index in `words` of the part's first word.
+    kvc_u64 dst;
+    kvc_u64 n_words;
+};
+
+struct KvcGatherArgs {
+    const kvc_u8* raw;
+    kvc_u64 n_raw;
+    kvc_u32* words;
+    kvc_u64 n_words;
+    const KvcGatherPart* parts;
+    kvc_u32* status;
+    kvc_u64 n_parts;
+};
+
+__device__ __forceinline__ bool kvc_gather_ok(const KvcGatherArgs& a, const KvcGatherPart& p) {
+    return p.n_words <= a.n_words && p.dst <= a.n_words - p.n_words && p.src <= a.n_raw &&
+           p.n_words <= (a.n_raw - p.src) / 4;
+}
+
+// One CUDA block per part. The words are assembled from bytes (a part may start at any byte),
+// so the host run computes exactly what the device does; a warp still reads 128 consecutive
+// bytes per load.
+__device__ __forceinline__ void kvc_gather(const KvcGatherArgs& a, unsigned char*) {
+    if (blockIdx.x >= a.n_parts) return;
+    const KvcGatherPart p = a.parts[blockIdx.x];
+    const bool ok = kvc_gather_ok(a, p);
+    if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
+    if (!ok) return;
+    const kvc_u8* __restrict__ src = a.raw + p.src;
+    kvc_u32* __restrict__ dst = a.words + p.dst;
+    for (kvc_u64 w = threadIdx.x; w < p.n_words; w += blockDim.x) {
+        const kvc_u8* b = src + 4 * w;
+        dst[w] = (kvc_u32)b[0] | (kvc_u32)b[1] << 8 | (kvc_u32)b[2] << 16 | (kvc_u32)b[3] << 24;
+    }
+}
+
+KVC_KERNEL(kvc_gather_words, KvcGatherArgs, kvc_gather)
 
 // ----------------------------------------------------------------------------------------------
 // Table resolution
@@ -359,6 +408,18 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcValueArgs, status),
         offsetof(KvcValueArgs, n_blocks),
         sizeof(KvcValueShared),
+        sizeof(KvcGatherPart),
+        offsetof(KvcGatherPart, src),
+        offsetof(KvcGatherPart, dst),
+        offsetof(KvcGatherPart, n_words),
+        sizeof(KvcGatherArgs),
+        offsetof(KvcGatherArgs, raw),
+        offsetof(KvcGatherArgs, n_raw),
+        offsetof(KvcGatherArgs, words),
+        offsetof(KvcGatherArgs, n_words),
+        offsetof(KvcGatherArgs, parts),
+        offsetof(KvcGatherArgs, status),
+        offsetof(KvcGatherArgs, n_parts),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

@@ -13,7 +13,12 @@
 //! 4. `kvc_map_values`: table indices to symbol values, with escapes (§6.4);
 //! 5. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output.
 //!
-//! [`DecodePlan::decode_chain_host`] runs the same chain on the kernels compiled for the CPU;
+//! `Gpu::decode_from` runs it on streams that lie in page-locked host memory, their bytes
+//! copied to the device as they are and the lane words gathered there by one more launch,
+//! `kvc_gather_words`.
+//!
+//! [`DecodePlan::decode_chain_host`] runs the same chain on the kernels compiled for the CPU
+//! ([`DecodePlan::decode_chain_host_from`] with the words gathered as `Gpu::decode_from` does);
 //! [`DecodePlan::decode_host`] (and `Gpu::decode_into_stepwise`) the stepwise path, steps 2 and
 //! 4 on the host. Every path reports a failing chunk as [`CudaError::Stream`] (B6-B10 as the
 //! launches find them), never panicking, and writes what codec-core decodes, bit for bit.
@@ -564,14 +569,36 @@ impl DecodePlan<'_> {
     /// device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
-        let words = ch.words();
+        self.run_chain_host(&ch, &ch.words())
+    }
+
+    /// [`decode_chain_host`](Self::decode_chain_host) with the lane words gathered from `raw`,
+    /// the bytes every stream of the plan lies in, by the host-run word gather: as
+    /// `Gpu::upload_plan_from` gathers them on a device from the bytes it copied.
+    pub fn decode_chain_host_from(&self, raw: &[u8]) -> Result<Vec<u16>, CudaError> {
+        let ch = self.chain()?;
+        let (span, parts) = ch.gather_parts(raw)?;
+        let mut words = vec![0u32; ch.n_words];
+        let mut status = vec![0u32; parts.len()];
+        ffi::host_gather_words(ffi::GatherIo {
+            raw: &raw[span],
+            words: &mut words,
+            parts: &parts,
+            status: &mut status,
+        })?;
+        check_gather(&status)?;
+        self.run_chain_host(&ch, &words)
+    }
+
+    /// The chain's five launches on the host, `words` the chain's lane words.
+    fn run_chain_host(&self, ch: &Chain<'_>, words: &[u32]) -> Result<Vec<u16>, CudaError> {
         let heads = self.heads;
         let head_dim = self.head_dim;
         let shape = LaneShape::new(1, LaneBatch::MAX_SHARED_TABLES)?;
         let mut exps = vec![0u8; ch.n_exps];
         let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &words,
+            words,
             tables: &ch.tables,
             table_list: &ch.table_list,
             symbol_table: &vec![0u16; ch.n_exps],
@@ -594,7 +621,7 @@ impl DecodePlan<'_> {
         let mut symbols = vec![0u8; ch.n_symbols];
         let mut sym_status = vec![0u32; ch.sym_blocks.len() * LANES];
         ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words: &words,
+            words,
             tables: &ch.tables,
             table_list: &ch.table_list,
             symbol_table: &sym_table,
@@ -635,6 +662,43 @@ impl DecodePlan<'_> {
 }
 
 impl Chain<'_> {
+    /// Where every block's lane words lie in `raw`, the bytes the plan's streams lie in: the
+    /// range of `raw` that holds them all (to be copied) and each block's part, its source
+    /// offset counted from the range's start (blocks without words have none). An input error
+    /// if some block's words lie outside `raw`.
+    pub(crate) fn gather_parts(
+        &self,
+        raw: &[u8],
+    ) -> Result<(std::ops::Range<usize>, Vec<ffi::GatherPart>), CudaError> {
+        let base = raw.as_ptr() as usize;
+        let mut at = Vec::with_capacity(self.word_parts.len());
+        let (mut lo, mut hi, mut dst) = (raw.len(), 0, 0);
+        for w in &self.word_parts {
+            let bytes = w.as_le_bytes();
+            if !bytes.is_empty() {
+                let start = (bytes.as_ptr() as usize).wrapping_sub(base);
+                if start > raw.len() || bytes.len() > raw.len() - start {
+                    return Err(CudaError::Input {
+                        what: "a plan whose streams lie outside the given bytes",
+                    });
+                }
+                (lo, hi) = (lo.min(start), hi.max(start + bytes.len()));
+                at.push((start, dst, w.len()));
+            }
+            dst += w.len();
+        }
+        let lo = lo.min(hi);
+        let parts = at
+            .into_iter()
+            .map(|(start, dst, n)| ffi::GatherPart {
+                src: (start - lo) as u64,
+                dst: dst as u64,
+                n_words: n as u64,
+            })
+            .collect();
+        Ok((lo..hi, parts))
+    }
+
     /// Every launch's statuses: the first failing block's chunk and what failed.
     pub(crate) fn check(
         &self,
@@ -652,6 +716,17 @@ impl Chain<'_> {
             dq_status,
         ];
         check_chain(&self.chunk_of, statuses)
+    }
+}
+
+/// A word gather's statuses: any part outside its buffers is a fault of the plan's own
+/// arithmetic, reported as an input error.
+pub(crate) fn check_gather(status: &[u32]) -> Result<(), CudaError> {
+    match status.iter().all(|&s| s == 0) {
+        true => Ok(()),
+        false => Err(CudaError::Input {
+            what: "lane words gathered from outside the copied bytes",
+        }),
     }
 }
 

@@ -3,8 +3,9 @@
 //! decode as f16/bf16 bits, and the scatter of dense rows into pages).
 //!
 //! [`decode_chain`] runs the decode kernels compiled for the host on any stream, as a device
-//! would run them: the decode chain ([`DecodePlan::decode_chain_host`]) and the stepwise path
-//! ([`DecodePlan::decode_host`]) must accept exactly the streams codec-core decodes and write
+//! would run them: the decode chain ([`DecodePlan::decode_chain_host`], and with the lane words
+//! gathered from the stream's bytes, [`DecodePlan::decode_chain_host_from`]) and the stepwise
+//! path ([`DecodePlan::decode_host`]) must accept exactly the streams codec-core decodes and write
 //! what it writes, bit for bit, and fail every other one with a typed error, never a panic.
 //! [`encode_chain`] encodes a small cache derived from the input with the encode kernels
 //! compiled for the host ([`EncodePlan::encode_host`]) into codec-core's stream, byte for byte.
@@ -29,10 +30,10 @@ pub const CHAIN_BF16: u8 = 4;
 pub const CHAIN_PAGED: u8 = 8;
 
 /// A way to run a [`DecodePlan`] (the host-run chain, the stepwise path, a device): its name and
-/// the call.
+/// the call, given the plan and the bytes its stream lies in.
 pub type DecodePath<'a> = (
     &'a str,
-    &'a dyn Fn(&DecodePlan<'_>) -> Result<Vec<u16>, CudaError>,
+    &'a dyn Fn(&DecodePlan<'_>, &[u8]) -> Result<Vec<u16>, CudaError>,
 );
 
 /// A stream through the host-run kernels against codec-core (`fuzz_targets/decode_chain.rs`).
@@ -40,15 +41,21 @@ pub type DecodePath<'a> = (
 /// Input: codec-core's `decode_stream_profile` input ([`StreamProfileCase::read`]: `flags u8 |
 /// profile_len u32 | profile | stream`), whose flag bits 2 ([`CHAIN_BF16`]) and 3
 /// ([`CHAIN_PAGED`]) and high nibble choose the output. A stream that opens is decoded by
-/// codec-core ([`codec_core_bits`]) and by both host-run paths of a [`DecodePlan`] of all its
+/// codec-core ([`codec_core_bits`]) and by the three host-run paths of a [`DecodePlan`] of all its
 /// chunks ([`decode_chain_on`]). Returns whether the stream decoded (so that a replay can tell
 /// that its inputs reach the kernels).
 pub fn decode_chain(data: &[u8]) -> bool {
     decode_chain_on(
         data,
         &[
-            ("chain", &|p: &DecodePlan<'_>| p.decode_chain_host()),
-            ("stepwise", &|p: &DecodePlan<'_>| p.decode_host()),
+            ("chain", &|p: &DecodePlan<'_>, _: &[u8]| {
+                p.decode_chain_host()
+            }),
+            (
+                "chain, words gathered from the stream's bytes",
+                &|p, raw| p.decode_chain_host_from(raw),
+            ),
+            ("stepwise", &|p, _| p.decode_host()),
         ],
     )
 }
@@ -78,7 +85,10 @@ pub fn decode_chain_on(data: &[u8], paths: &[DecodePath<'_>]) -> bool {
         Some(p) => p.plan(&stream, dtype),
     };
     for (path, run) in paths {
-        let got = plan.as_ref().map_err(Clone::clone).and_then(run);
+        let got = plan
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|p| run(p, &case.stream));
         match (&want, got) {
             (Ok(w), Ok(g)) => assert!(*w == g, "{path}: the bits differ from codec-core's"),
             (Ok(_), Err(e)) => panic!("{path} fails a stream codec-core decodes: {e}"),

@@ -25,6 +25,11 @@ use crate::pq::{PqBatch, PqSelected};
 use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, Output};
 use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded, LaneShape};
 
+mod from_host;
+
+pub use from_host::HostBuffer;
+use from_host::{WordSource, Words};
+
 /// Every kernel file's CUBIN for one architecture.
 type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
 /// CUBINs by architecture: NVRTC runs once per architecture per process.
@@ -45,6 +50,7 @@ struct Kernels {
     seal_chunks: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
+    gather_words: CudaFunction,
     /// Dynamic shared memory a PQ search block may ask for: the device's opt-in maximum, to
     /// which the function's limit is raised.
     pq_shared_budget: u64,
@@ -246,6 +252,7 @@ impl Gpu {
             seal_chunks: load("encode.cu", "kvc_seal_chunks")?,
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
+            gather_words: load("chain.cu", "kvc_gather_words")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
             pq_shared_budget: 0,
         };
@@ -477,7 +484,7 @@ impl Gpu {
     /// staging buffer), to be decoded by [`decode_uploaded_into`](Self::decode_uploaded_into)
     /// once or many times.
     pub fn upload_plan(&self, plan: &DecodePlan<'_>) -> Result<UploadedPlan, CudaError> {
-        self.upload_plan_timed(plan, None)
+        self.upload_plan_timed(plan, None, None)
     }
 
     /// [`upload_plan`](Self::upload_plan); with `times`, the seconds of building the chain, of
@@ -485,6 +492,7 @@ impl Gpu {
     fn upload_plan_timed(
         &self,
         plan: &DecodePlan<'_>,
+        host: Option<&HostBuffer>,
         times: Option<&mut [f64; 3]>,
     ) -> Result<UploadedPlan, CudaError> {
         if plan.output().layout == (OutLayout::Paged { page_size: 0 }) {
@@ -494,9 +502,22 @@ impl Gpu {
         }
         let t = std::time::Instant::now();
         let chain = plan.chain()?;
+        let gather;
+        let source = match host {
+            None => WordSource::Packed,
+            Some(h) => {
+                let bytes = h.as_slice()?;
+                let (span, parts) = chain.gather_parts(bytes)?;
+                gather = parts;
+                WordSource::Raw {
+                    raw: &bytes[span],
+                    parts: &gather,
+                }
+            }
+        };
         let built = t.elapsed().as_secs_f64();
         let mut parts = [0.0; 2];
-        let dev = self.upload_chain(&chain, times.is_some().then_some(&mut parts))?;
+        let dev = self.upload_chain(&chain, source, times.is_some().then_some(&mut parts))?;
         if let Some(times) = times {
             *times = [built, parts[0], parts[1]];
         }
@@ -540,10 +561,13 @@ impl Gpu {
 
     /// For benches: the best time in seconds over `reps` runs of [`upload_plan`](Self::upload_plan)
     /// (the chain built from the plan, packed, copied from pinned memory to the device, its
-    /// outputs allocated), and of each of those three steps (each synchronized).
+    /// outputs allocated), or with `host` of [`upload_plan_from`](Self::upload_plan_from), and of
+    /// each of those three steps (each synchronized; the words' copy and gather count in the
+    /// second).
     pub fn time_upload_plan(
         &self,
         plan: &DecodePlan<'_>,
+        host: Option<&HostBuffer>,
         reps: usize,
     ) -> Result<[f64; 4], CudaError> {
         self.kernels(None)?;
@@ -551,7 +575,7 @@ impl Gpu {
         for _ in 0..reps.max(1) {
             let mut parts = [0.0; 3];
             let t = std::time::Instant::now();
-            drop(self.upload_plan_timed(plan, Some(&mut parts))?);
+            drop(self.upload_plan_timed(plan, host, Some(&mut parts))?);
             best[0] = best[0].min(t.elapsed().as_secs_f64());
             for (b, p) in best[1..].iter_mut().zip(parts) {
                 *b = b.min(p);
@@ -572,7 +596,7 @@ impl Gpu {
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.time_launches(
             reps,
-            |g| g.upload_chain(&chain, None),
+            |g| g.upload_chain(&chain, WordSource::Packed, None),
             |g, k, d| g.launch_chain(k, d, plan.output(), out),
         )
     }
@@ -607,7 +631,7 @@ impl Gpu {
         let k = self.kernels(None)?;
         let chain = plan.chain()?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let dev = self.upload_chain(&chain, None)?;
+        let dev = self.upload_chain(&chain, WordSource::Packed, None)?;
         let kernels = chain_kernels(&k, plan.output());
         let n_out = plan.output().len;
         self.sync()?;
@@ -676,6 +700,7 @@ impl Gpu {
     fn upload_chain(
         &self,
         ch: &Chain<'_>,
+        source: WordSource<'_>,
         times: Option<&mut [f64; 2]>,
     ) -> Result<ffi::ChainDev, CudaError> {
         let s = &self.stream;
@@ -683,7 +708,11 @@ impl Gpu {
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
         let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
-        let words = p.add_bytes_as::<u32>(&word_bytes);
+        let words = match source {
+            WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
+            // Queued before the packed upload, whose filling overlaps this copy.
+            WordSource::Raw { raw, parts } => Words::Raw(DevBuf::upload(s, raw)?, p.add(parts)),
+        };
         let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
         let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
         let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
@@ -691,6 +720,12 @@ impl Gpu {
         let (sink, consts) = (p.add(io.sink), p.add(io.consts));
         let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
         let base = self.packed_upload(p)?;
+        let words = match words {
+            Words::Packed(slot) => DevBuf::view(&base, slot)?,
+            Words::Raw(raw, parts) => {
+                self.gather_words(&raw, &DevBuf::view(&base, parts)?, ch.n_words)?
+            }
+        };
         let t1 = std::time::Instant::now();
         let mut o = ffi::Packer::default();
         let exps = o.reserve::<u8>(ch.n_exps);
@@ -701,7 +736,7 @@ impl Gpu {
         let (b, x) = (&base, &scratch);
         let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
-                words: DevBuf::view(b, words)?,
+                words,
                 tables: DevBuf::view(b, tables)?,
                 table_list: DevBuf::view(b, table_list)?,
                 symbol_table: DevBuf::zeros(s, ch.n_exps)?,

@@ -51,7 +51,7 @@ pub mod stream;
 
 pub use error::CudaError;
 pub use gpu::{
-    EncodeTimes, Gpu, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES,
+    EncodeTimes, Gpu, HostBuffer, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES,
     DEFAULT_MAX_UPLOAD_THREADS,
 };
 pub use nvrtc::{compile_report, KernelResources};

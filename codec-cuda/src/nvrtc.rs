@@ -35,7 +35,7 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "chain.cu",
         source: include_str!("../kernels/chain.cu"),
-        entries: &["kvc_resolve_tables", "kvc_map_values"],
+        entries: &["kvc_gather_words", "kvc_resolve_tables", "kvc_map_values"],
         decode: true,
     },
     KernelSource {

@@ -1,8 +1,8 @@
 //! The kernels on a device, checked as the host runs are: the golden streams and the real
 //! fixture decoded by `Gpu::decode` (f16 and bf16, dense and paged) to codec-core's bits,
 //! corrupted lanes and block headers giving the same statuses and symbols as the host-run
-//! kernels, the fuzz seeds (intact and damaged) decoded or rejected as codec-core does, and PQ
-//! selections equal to pq-core's.
+//! kernels, the fuzz seeds (intact and damaged) decoded or rejected as codec-core does, streams
+//! decoded from page-locked memory (`Gpu::decode_from`), and PQ selections equal to pq-core's.
 //!
 //! Where `Gpu::new(0)` fails (no driver, no device) or NVRTC is missing, each test prints that
 //! it skips and why; with `KVC_REQUIRE_GPU=1` that is a failure instead. NVRTC is loaded from
@@ -122,7 +122,7 @@ fn device_decodes_the_fuzz_seeds_as_codec_core() {
         seeds.len(),
         dir.display()
     );
-    let device = |p: &DecodePlan<'_>| gpu.decode(p);
+    let device = |p: &DecodePlan<'_>, _: &[u8]| gpu.decode(p);
     let (mut ran, mut decoded) = (0, 0);
     for seed in &seeds {
         let data = std::fs::read(seed).unwrap();
@@ -473,6 +473,90 @@ fn device_uploaded_plan_decodes_again_and_again() {
         .alloc_zeros::<u16>(plan.output().len)
         .unwrap();
     assert!(other.decode_uploaded_into(&up, &mut out).is_err());
+}
+
+/// Streams received into page-locked memory (`Gpu::host_buffer`) decode from it
+/// (`Gpu::decode_from`: the bytes copied to the device as they are, the lane words gathered
+/// there) to codec-core's bits: every golden stream and the real fixture (4 layers) at every
+/// byte offset mod 4, dense bf16, an uploaded plan decoded twice; and the decode seeds that
+/// decode, f16 (intact and damaged: the host-run chain's verdict and bits, which the fuzz
+/// target holds to codec-core's). A plan whose streams lie outside the buffer is an input
+/// error.
+#[test]
+fn device_decodes_streams_in_page_locked_memory() {
+    let Some(gpu) = gpu("device_decodes_streams_in_page_locked_memory") else {
+        return;
+    };
+    let mut streams = golden();
+    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    for (name, bytes, profile) in &streams {
+        let mut host = gpu.host_buffer(bytes.len() + 3).unwrap();
+        for at in 0..4 {
+            host.as_mut_slice().unwrap()[at..at + bytes.len()].copy_from_slice(bytes);
+            let raw = &host.as_slice().unwrap()[at..at + bytes.len()];
+            let stream = Stream::open(raw, profile.as_ref(), &Limits::DEFAULT).unwrap();
+            let want = codec_core_tensors(&stream, OutDtype::Bf16).concat();
+            let plan = DecodePlan::for_stream(&stream, OutDtype::Bf16).unwrap();
+            let up = gpu.upload_plan_from(&plan, &host).unwrap();
+            let mut out = gpu.stream().alloc_zeros::<u16>(want.len().max(1)).unwrap();
+            for round in 0..2 {
+                gpu.decode_uploaded_into(&up, &mut out).unwrap();
+                let mut got = gpu.stream().clone_dtoh(&out).unwrap();
+                got.truncate(want.len());
+                assert!(got == want, "{name} at {at}, round {round}");
+            }
+            let elsewhere = gpu.host_buffer(bytes.len()).unwrap();
+            assert!(matches!(
+                gpu.upload_plan_from(&plan, &elsewhere),
+                Err(codec_cuda::CudaError::Input { .. })
+            ));
+        }
+    }
+    let dir = replay::fuzz_dir().join("seeds/decode_stream_profile");
+    let (mut ran, mut decoded) = (0, 0);
+    for seed in replay::inputs(&dir) {
+        for v in chain_seed_variants(&std::fs::read(&seed).unwrap(), 16) {
+            let case = codec_core::fuzzing::StreamProfileCase::read(&v);
+            let mut host = gpu.host_buffer(case.stream.len().max(1)).unwrap();
+            host.as_mut_slice().unwrap()[..case.stream.len()].copy_from_slice(&case.stream);
+            let raw = &host.as_slice().unwrap()[..case.stream.len()];
+            let limits = codec_core::fuzzing::LIMITS;
+            let Ok(stream) = Stream::open(raw, case.profile.as_ref(), &limits) else {
+                continue;
+            };
+            let Ok(plan) = DecodePlan::for_stream(&stream, OutDtype::F16) else {
+                continue;
+            };
+            ran += 1;
+            let mut out = gpu
+                .stream()
+                .alloc_zeros::<u16>(plan.output().len.max(1))
+                .unwrap();
+            let got = gpu.decode_from(&plan, &host, &mut out).map(|()| {
+                let mut bits = gpu.stream().clone_dtoh(&out).unwrap();
+                bits.truncate(plan.output().len);
+                bits
+            });
+            match (plan.decode_chain_host(), got) {
+                (Ok(w), Ok(g)) => {
+                    assert!(w == g, "{}: the bits differ", seed.display());
+                    decoded += 1;
+                }
+                (Err(_), Err(e)) => assert!(matches!(
+                    e,
+                    codec_cuda::CudaError::Stream { .. } | codec_cuda::CudaError::Input { .. }
+                )),
+                (w, g) => panic!(
+                    "{}: host {:?}, device {:?}",
+                    seed.display(),
+                    w.err(),
+                    g.err()
+                ),
+            }
+        }
+    }
+    assert!(decoded >= 10 && decoded < ran, "{decoded} of {ran}");
+    println!("{decoded} of {ran} seed variants decoded from page-locked memory");
 }
 
 /// Every lane-decode shape (coded blocks per CUDA block, tables each stages in shared memory)

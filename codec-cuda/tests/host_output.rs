@@ -192,6 +192,52 @@ fn real_fixture_two_sequences_share_a_paged_cache() {
     println!("{} chunks in one plan", plan.chunks());
 }
 
+/// Streams received into one buffer, as a server receives them into page-locked memory: the
+/// real fixture's stream four times, at byte offsets of every remainder mod 4, in one plan whose lane words the host-run gather takes from the buffer
+/// (`decode_chain_host_from`, what `Gpu::decode_from` runs on a device): codec-core's bits.
+/// A buffer that lacks some stream of the plan is an input error, never a read outside it.
+#[test]
+fn streams_in_one_buffer_decode_with_their_words_gathered_from_it() {
+    let (bytes, _) = common::fixture_stream(3);
+    let mut buf = Vec::new();
+    let mut starts = Vec::new();
+    for align in 0..4 {
+        // The stream at `align` past a multiple of 4, so its words lie at every alignment.
+        buf.resize(buf.len() + (4 + align - buf.len() % 4) % 4, 0xEE);
+        starts.push(buf.len());
+        buf.extend_from_slice(&bytes);
+    }
+    let open = |at: usize| Stream::open(&buf[at..at + bytes.len()], None, &Limits::DEFAULT);
+    let streams: Vec<Stream<'_>> = starts.iter().map(|&at| open(at).unwrap()).collect();
+    let shape = streams[0].header().shape;
+    let c = shape.channels();
+    let per_stream = 2 * shape.layers as usize * shape.tokens as usize * c;
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: streams.len() * per_stream,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    for (i, stream) in streams.iter().enumerate() {
+        let dest = Destination {
+            base: (i * per_stream) as u64,
+            ..Destination::dense(shape.tokens, c)
+        };
+        plan.add_stream(stream, dest).unwrap();
+    }
+    let want = codec_core_tensors(&streams[0], OutDtype::F16)
+        .concat()
+        .repeat(4);
+    assert!(plan.decode_chain_host_from(&buf).unwrap() == want);
+    let last = starts[3];
+    for short in [&buf[..last], &buf[last + 1..], &buf.clone()[..]] {
+        assert!(matches!(
+            plan.decode_chain_host_from(short),
+            Err(CudaError::Input { .. })
+        ));
+    }
+}
+
 #[test]
 fn f32_to_bf16_narrowing_matches_ieee() {
     // Every 4099th bit pattern and every pattern near the rounding and overflow boundaries,

@@ -60,16 +60,22 @@ pub fn stream_bytes(cache: &KvCache, profile: &Profile, level: u8) -> Vec<u8> {
 /// A plan decoding `stream` `copies` times, each copy a sequence of its own in one dense f16
 /// output.
 pub fn decode_plan<'s>(stream: &'s Stream<'s>, copies: usize) -> DecodePlan<'s> {
-    let shape = stream.header().shape;
+    decode_plan_of(&vec![stream; copies])
+}
+
+/// A plan decoding each of `streams` (of one shape) as a sequence of its own, in order, in one
+/// dense f16 output.
+pub fn decode_plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+    let shape = streams[0].header().shape;
     let (tokens, c) = (shape.tokens, shape.channels());
     let per_copy = 2 * shape.layers as usize * tokens as usize * c;
     let output = Output {
         dtype: OutDtype::F16,
         layout: OutLayout::Dense,
-        len: copies * per_copy,
+        len: streams.len() * per_copy,
     };
     let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    for i in 0..copies {
+    for (i, stream) in streams.iter().enumerate() {
         let dest = Destination {
             base: (i * per_copy) as u64,
             ..Destination::dense(tokens, c)

@@ -1,5 +1,5 @@
-//! The decode chain's table resolution and value mapping (`kernels/chain.cu`), and the chain
-//! of launches from lane words to f16/bf16 rows.
+//! The decode chain's word gather, table resolution and value mapping (`kernels/chain.cu`),
+//! and the chain of launches from lane words to f16/bf16 rows.
 
 use std::ffi::c_int;
 
@@ -15,6 +15,12 @@ use crate::rans::{LaneBlock, LaneShape};
 
 // The kernels compiled for the host (`build.rs`).
 extern "C" {
+    fn kvc_gather_words_host(
+        args: *const GatherArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     fn kvc_resolve_tables_host(
         args: *const ResolveArgs<OnHost>,
         grid: u32,
@@ -29,6 +35,31 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_chain_layout(out: *mut u64, cap: u64) -> u64;
+}
+
+/// `KvcGatherPart` (invariant 1): one coded block's lane words in the bytes a plan's streams
+/// were copied from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GatherPart {
+    /// Byte offset of the first word in the copied bytes.
+    pub src: u64,
+    /// Index of the first word in the chain's words.
+    pub dst: u64,
+    pub n_words: u64,
+}
+
+/// `KvcGatherArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct GatherArgs<S: Space> {
+    raw: S::Const<u8>,
+    n_raw: u64,
+    words: S::Mut<u32>,
+    n_words: u64,
+    parts: S::Const<GatherPart>,
+    status: S::Mut<u32>,
+    n_parts: u64,
 }
 
 /// `KvcResolveBlock` (invariant 1).
@@ -99,6 +130,77 @@ struct ValueArgs<S: Space> {
 
 /// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + `KVC_VALUE_LIST`).
 pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096 + 4096;
+
+/// The buffers of one word gather.
+#[derive(Debug)]
+pub(crate) struct GatherIo<'a> {
+    pub raw: &'a [u8],
+    pub words: &'a mut [u32],
+    pub parts: &'a [GatherPart],
+    /// One entry per part.
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_gather_words` on the host.
+pub(crate) fn host_gather_words(io: GatherIo<'_>) -> Result<(), CudaError> {
+    let grid = launch_grid(io.parts.len())?;
+    if io.status.len() != io.parts.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per part",
+        });
+    }
+    let args = GatherArgs::<OnHost> {
+        raw: io.raw.as_ptr(),
+        n_raw: io.raw.len() as u64,
+        words: io.words.as_mut_ptr(),
+        n_words: io.words.len() as u64,
+        parts: io.parts.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_parts: io.parts.len() as u64,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (CHAIN_THREADS threads, no shared memory).
+    let rc = unsafe { kvc_gather_words_host(&args, grid, CHAIN_THREADS, 0) };
+    host_ran(rc, "kvc_gather_words")
+}
+
+/// Queues `kvc_gather_words` on `stream`: every part of `raw` into `words`, a status per part.
+pub(crate) fn launch_gather_words(
+    stream: &CudaStream,
+    gather: &CudaFunction,
+    raw: &DevBuf<u8>,
+    parts: &DevBuf<GatherPart>,
+    words: &DevBuf<u32>,
+    status: &DevBuf<u32>,
+) -> Result<(), CudaError> {
+    if status.len() != parts.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per part",
+        });
+    }
+    let g = launch_grid(parts.len())?;
+    if g == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs::default();
+    let (raw, n_raw) = a.of(raw, stream);
+    let (words, n_words) = a.of(words, stream);
+    let (parts, n_parts) = a.of(parts, stream);
+    let (status, _) = a.of(status, stream);
+    let args = GatherArgs::<OnDevice> {
+        raw,
+        n_raw,
+        words,
+        n_words,
+        parts,
+        status,
+        n_parts,
+    };
+    let cfg = launch_shape(g, CHAIN_THREADS, 0);
+    // SAFETY: invariants 1, 6 (the buffers are borrowed by the caller, which synchronizes the
+    // stream before it drops them), 7 and 3.
+    unsafe { launch_args(stream, gather, &args, cfg, a) }
+}
 
 /// The buffers of one table-resolution launch.
 #[derive(Debug)]
@@ -186,7 +288,8 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
 // SAFETY (invariant 7): `#[repr(C)]` integers (invariant 1).
 unsafe impl DeviceRepr for ResolveArgs<OnDevice> {}
 unsafe impl DeviceRepr for ValueArgs<OnDevice> {}
-device_values!(ResolveBlock, ValueBlock);
+unsafe impl DeviceRepr for GatherArgs<OnDevice> {}
+device_values!(ResolveBlock, ValueBlock, GatherPart);
 
 /// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
 /// within its buffer; built from one `decode::Chain`).
@@ -357,6 +460,10 @@ mod tests {
             },
         ];
         v.push(u64::from(VALUE_SHARED_BYTES));
+        v.extend(layout![
+            GatherPart { src, dst, n_words },
+            GatherArgs<S> { raw, n_raw, words, n_words, parts, status, n_parts },
+        ]);
         v
     }
 
@@ -488,6 +595,65 @@ mod tests {
                 proptest::prop_assert_eq!(&q[..n as usize], &c.want[..]);
             }
             proptest::prop_assert_eq!(&q[n as usize..], &second.want[..]);
+        }
+
+        /// `kvc_gather_words` against a plain gather: parts at any byte offset and of any
+        /// length (more than a block's threads), each into its own words; a part reaching past
+        /// the bytes or the words gets `KVC_CHAIN_BAD_RANGE` and writes nothing.
+        #[test]
+        fn gather_words_match_a_plain_gather(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4000),
+            parts in proptest::collection::vec((0u64..4100, 0u64..700, 0u64..1000), 0..6),
+        ) {
+            let n_words = 1500;
+            let parts: Vec<GatherPart> = parts
+                .into_iter()
+                .map(|(src, n_words, dst)| GatherPart { src, dst, n_words })
+                .collect();
+            let mut words = vec![0xDEAD_BEEF_u32; n_words];
+            let mut status = vec![9u32; parts.len()];
+            host_gather_words(GatherIo {
+                raw: &raw,
+                words: &mut words,
+                parts: &parts,
+                status: &mut status,
+            })
+            .unwrap();
+            // Parts applied in order, as the kernel's blocks run on the host.
+            let mut want = vec![0xDEAD_BEEF_u32; n_words];
+            for (p, &st) in parts.iter().zip(&status) {
+                let (src, dst, n) = (p.src as usize, p.dst as usize, p.n_words as usize);
+                let fits = src + 4 * n <= raw.len() && dst + n <= n_words;
+                proptest::prop_assert_eq!(st, u32::from(!fits));
+                if fits {
+                    for (w, b) in want[dst..dst + n].iter_mut().zip(raw[src..].chunks_exact(4)) {
+                        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(words, want);
+        }
+
+        /// A part whose end overflows 64 bits is refused, not wrapped.
+        #[test]
+        fn gather_parts_near_u64_max_are_bad_range(src in proptest::prelude::any::<u64>()) {
+            let raw = [1u8; 64];
+            let mut words = [0u32; 16];
+            let parts = [
+                GatherPart { src, dst: 0, n_words: u64::MAX / 4 + 1 },
+                GatherPart { src: 0, dst: u64::MAX - 1, n_words: 2 },
+                GatherPart { src: src | (1 << 63), dst: 0, n_words: 1 },
+            ];
+            let mut status = [9u32; 3];
+            host_gather_words(GatherIo {
+                raw: &raw,
+                words: &mut words,
+                parts: &parts,
+                status: &mut status,
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(status, [1, 1, 1]);
+            proptest::prop_assert_eq!(words, [0u32; 16]);
         }
     }
 }

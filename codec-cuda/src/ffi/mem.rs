@@ -6,7 +6,8 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, SyncOnDrop, ValidAsZeroBits,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, SyncOnDrop,
+    ValidAsZeroBits,
 };
 
 use super::driver_err;
@@ -178,20 +179,38 @@ fn pinned_at_least<'p>(
     }
     if held.as_ref().is_none_or(|p| p.len() < need) {
         *held = None;
-        let cap = need.next_power_of_two();
-        // SAFETY: alloc_pinned_with_flags' contract (the memory is uninitialized): it is
-        // zeroed through the raw pointer below before any slice of it is formed. `cap` is far
-        // below isize::MAX (checked above), so cudarc's size assertions hold.
-        let mut p = unsafe { stream.context().alloc_pinned_with_flags::<u8>(cap, flags) }
-            .map_err(driver_err("cuMemHostAlloc"))?;
-        let ptr = p.as_mut_ptr().map_err(driver_err("cuEventSynchronize"))?;
-        // SAFETY: `ptr` points to `cap` bytes of pinned memory owned by `p`.
-        unsafe { ptr.write_bytes(0, cap) };
-        *held = Some(p);
+        *held = Some(pinned_zeroed(
+            stream.context(),
+            need.next_power_of_two(),
+            flags,
+        )?);
     }
     held.as_mut().ok_or(CudaError::Input {
         what: "no pinned buffer",
     })
+}
+
+/// A new page-locked buffer of `len` bytes (at least 1, at most `isize::MAX / 4`) with the
+/// driver's `flags`, zeroed.
+pub(crate) fn pinned_zeroed(
+    ctx: &Arc<CudaContext>,
+    len: usize,
+    flags: u32,
+) -> Result<PinnedHostSlice<u8>, CudaError> {
+    if len == 0 || len > isize::MAX as usize / 4 {
+        return Err(CudaError::Input {
+            what: "pinned memory of 0 bytes or over isize::MAX / 4",
+        });
+    }
+    // SAFETY: alloc_pinned_with_flags' contract (the memory is uninitialized): it is zeroed
+    // through the raw pointer below before any slice of it is formed. `len` is far below
+    // isize::MAX and not 0 (checked above), so cudarc's size assertions hold.
+    let mut p = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, flags) }
+        .map_err(driver_err("cuMemHostAlloc"))?;
+    let ptr = p.as_mut_ptr().map_err(driver_err("cuEventSynchronize"))?;
+    // SAFETY: `ptr` points to `len` bytes of pinned memory owned by `p`.
+    unsafe { ptr.write_bytes(0, len) };
+    Ok(p)
 }
 
 /// Bytes of a packed upload queued to the device at a time: the host fills the staging buffer

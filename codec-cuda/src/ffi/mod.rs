@@ -20,7 +20,8 @@
 //!    block's ranges against the counts before use (`kvc_block_range_ok`, `kvc_block_tables_ok` and
 //!    a symbol's table index against its block's table count in the lane decode;
 //!    `kvc_dequant_block_ok` and, per row of a paged output, `kvc_dequant_pages_ok` in the
-//!    dequantization), so any *content* of the inputs is memory-safe; only the counts must be
+//!    dequantization; each part's source bytes and destination words, `kvc_gather_ok`, in the
+//!    word gather), so any *content* of the inputs is memory-safe; only the counts must be
 //!    right, and [`host_lane_decode`] and [`host_dequant`] derive them from the slices. In the lane
 //!    decode, `symbols` and `symbol_table` have the same length and `status` holds 32 entries per
 //!    block; in the dequantization, `status` holds one entry per block; in the PQ search, one per

@@ -1,0 +1,148 @@
+//! Decoding streams that lie in page-locked host memory: their bytes copied to the device as
+//! they are, by DMA, and each block's lane words gathered there (`kvc_gather_words`), instead
+//! of the host copying every word into the staging buffer first (the copy that bounds
+//! [`Gpu::decode_into`] for a fresh plan).
+
+use cudarc::driver::CudaSlice;
+use cudarc::driver::PinnedHostSlice;
+
+use super::Gpu;
+use crate::decode::{check_gather, DecodePlan};
+use crate::error::CudaError;
+use crate::ffi::{self, DevBuf, GatherPart, PackSlot};
+use crate::UploadedPlan;
+
+/// Page-locked host memory of a [`Gpu`]'s device, zeroed when allocated, that streams are read
+/// or received into so that [`Gpu::upload_plan_from`] and [`Gpu::decode_from`] copy them to the
+/// device straight from it.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use codec_core::{Limits, Stream};
+/// use codec_cuda::decode::DecodePlan;
+/// use codec_cuda::quant::OutDtype;
+/// use codec_cuda::Gpu;
+///
+/// let gpu = Gpu::new(0)?;
+/// gpu.load_kernels(None)?;
+/// let mut file = std::fs::File::open("cache.kvc")?;
+/// let len = file.metadata()?.len() as usize;
+/// let mut host = gpu.host_buffer(len)?;
+/// std::io::Read::read_exact(&mut file, host.as_mut_slice()?)?;
+/// let stream = Stream::open(host.as_slice()?, None, &Limits::DEFAULT)?;
+/// let plan = DecodePlan::for_stream(&stream, OutDtype::F16)?;
+/// let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len)?;
+/// gpu.decode_from(&plan, &host, &mut out)?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct HostBuffer {
+    pinned: PinnedHostSlice<u8>,
+    len: usize,
+}
+
+impl HostBuffer {
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, once every copy the device was reading them for has finished.
+    pub fn as_slice(&self) -> Result<&[u8], CudaError> {
+        let all = self
+            .pinned
+            .as_slice()
+            .map_err(ffi::driver_err("cuEventSynchronize"))?;
+        Ok(&all[..self.len])
+    }
+
+    /// The bytes to write, once every copy the device was reading them for has finished.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], CudaError> {
+        let all = self
+            .pinned
+            .as_mut_slice()
+            .map_err(ffi::driver_err("cuEventSynchronize"))?;
+        Ok(&mut all[..self.len])
+    }
+}
+
+/// Where an upload takes a chain's lane words from.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum WordSource<'a> {
+    /// The streams wherever they lie: each block's words copied by the host into the packed
+    /// upload.
+    Packed,
+    /// `raw`, page-locked bytes the streams lie in, copied to the device as they are; `parts`
+    /// says where each block's words are in it ([`crate::decode::Chain::gather_parts`]).
+    Raw {
+        raw: &'a [u8],
+        parts: &'a [GatherPart],
+    },
+}
+
+/// Where an upload put the lane words: in the packed upload, or in bytes copied as they are
+/// with the gather parts in the packed upload.
+pub(super) enum Words {
+    Packed(PackSlot<u32>),
+    Raw(DevBuf<u8>, PackSlot<GatherPart>),
+}
+
+impl Gpu {
+    /// A zeroed page-locked host buffer of `len` bytes (at least 1) on this device's context,
+    /// for [`upload_plan_from`](Self::upload_plan_from).
+    pub fn host_buffer(&self, len: usize) -> Result<HostBuffer, CudaError> {
+        Ok(HostBuffer {
+            pinned: ffi::pinned_zeroed(&self.ctx, len, 0)?,
+            len,
+        })
+    }
+
+    /// [`upload_plan`](Self::upload_plan) for a plan whose streams all lie in `host`: the
+    /// part of `host` that holds their lane words goes to the device in one copy straight
+    /// from it, where one launch gathers each block's words (the rest of the chain, a few
+    /// bytes per symbol less, goes up as in `upload_plan`). An input error if some chunk of the
+    /// plan lies outside `host`.
+    pub fn upload_plan_from(
+        &self,
+        plan: &DecodePlan<'_>,
+        host: &HostBuffer,
+    ) -> Result<UploadedPlan, CudaError> {
+        self.upload_plan_timed(plan, Some(host), None)
+    }
+
+    /// [`decode_into`](Self::decode_into) through
+    /// [`upload_plan_from`](Self::upload_plan_from): the same bits.
+    pub fn decode_from(
+        &self,
+        plan: &DecodePlan<'_>,
+        host: &HostBuffer,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let up = self.upload_plan_from(plan, host)?;
+        self.decode_uploaded_into(&up, out)
+    }
+
+    /// `n_words` lane words gathered from `raw` by `parts` into a new device buffer (the
+    /// stream synchronized, the statuses checked).
+    pub(super) fn gather_words(
+        &self,
+        raw: &DevBuf<u8>,
+        parts: &DevBuf<GatherPart>,
+        n_words: usize,
+    ) -> Result<DevBuf<u32>, CudaError> {
+        let k = self.kernels(None)?;
+        let s = &self.stream;
+        let words = DevBuf::zeros(s, n_words)?;
+        let status = DevBuf::zeros(s, parts.len())?;
+        ffi::launch_gather_words(s, &k.gather_words, raw, parts, &words, &status)?;
+        self.sync()?;
+        check_gather(&status.download(s)?)?;
+        Ok(words)
+    }
+}
