@@ -77,8 +77,8 @@ use crate::stream::{ChunkLanes, CodedBlock, Destination};
 /// A chunk of a plan: its blocks and where its rows go.
 #[derive(Debug)]
 struct PlannedChunk<'s> {
-    /// Index of the chunk's stream in the plan's streams.
-    stream: usize,
+    /// Index of the chunk's profile in the plan's profiles.
+    profile: usize,
     lanes: ChunkLanes<'s>,
     dest: Destination,
     /// Index of the chunk's first block in the plan's blocks.
@@ -92,8 +92,9 @@ pub struct DecodePlan<'s> {
     head_dim: u32,
     output: Output,
     page_tables: Vec<u32>,
-    /// The plan's streams by address (compared only, to share their level tables).
-    streams: Vec<usize>,
+    /// The plan's profiles by their SHA-256: chunks of streams with one profile, embedded in
+    /// each or not, share its level tables, table maps and channel constants.
+    profiles: Vec<[u8; 32]>,
     chunks: Vec<PlannedChunk<'s>>,
     blocks: usize,
 }
@@ -106,7 +107,7 @@ impl<'s> DecodePlan<'s> {
             head_dim,
             output,
             page_tables: Vec::new(),
-            streams: Vec::new(),
+            profiles: Vec::new(),
             chunks: Vec::new(),
             blocks: 0,
         }
@@ -166,18 +167,18 @@ impl<'s> DecodePlan<'s> {
             return Err(bad("chunk CRC mismatch (C1)"));
         }
         let lanes = ChunkLanes::from_body(stream, chunk, body)?;
-        let id = stream as *const Stream<'s> as usize;
-        let index = match self.streams.iter().position(|&s| s == id) {
+        let id = stream.profile().hash();
+        let index = match self.profiles.iter().position(|&p| p == id) {
             Some(i) => i,
             None => {
-                self.streams.push(id);
-                self.streams.len() - 1
+                self.profiles.push(id);
+                self.profiles.len() - 1
             }
         };
         let first_block = self.blocks;
         self.blocks += lanes.blocks.len();
         self.chunks.push(PlannedChunk {
-            stream: index,
+            profile: index,
             lanes,
             dest,
             first_block,
@@ -239,12 +240,12 @@ impl<'s> DecodePlan<'s> {
         Ok(exps)
     }
 
-    /// The second launch: every symbol of every block, level tables shared per (stream, level).
+    /// The second launch: every symbol of every block, level tables shared per (profile, level).
     pub fn symbol_batch(&self, exps: &[&[u8]]) -> Result<LaneBatch, CudaError> {
         let mut batch = LaneBatch::new();
         let mut level_tables: Vec<((usize, u8), Vec<TableId>)> = Vec::new();
         for c in &self.chunks {
-            let key = (c.stream, c.lanes.level());
+            let key = (c.profile, c.lanes.level());
             let tables = match level_tables.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
@@ -477,7 +478,7 @@ impl<'p> Chain<'p> {
     }
 }
 
-/// A table map's key: (stream, level, layer, K/V).
+/// A table map's key: (profile, level, layer, K/V).
 type MapKey = (usize, u8, u32, usize);
 
 impl DecodePlan<'_> {
@@ -512,14 +513,14 @@ impl DecodePlan<'_> {
         let sink = all_blocks().map(|b| b.sink.len()).sum();
         ch.dequant.reserve_external(self.blocks, sink);
         let c = self.heads as usize * self.head_dim as usize;
-        // Per (stream, level): the level's table ids; per (stream, level, layer, kv): the map.
+        // Per (profile, level): the level's table ids; per (profile, level, layer, kv): the map.
         let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();
         let mut maps: Vec<(MapKey, (u64, u64))> = Vec::new();
         for pc in &self.chunks {
             let lanes = &pc.lanes;
             let profile = lanes.stream().profile();
             let level = lanes.level();
-            let key = (pc.stream, level);
+            let key = (pc.profile, level);
             let level_ids = match levels.iter().position(|(k, _)| *k == key) {
                 Some(i) => levels[i].1.clone(),
                 None => {
@@ -540,8 +541,8 @@ impl DecodePlan<'_> {
                 });
             }
             for blk in &lanes.blocks {
-                let map_key = (pc.stream, level, blk.layer, blk.kv);
-                // The map and the channel constants, once per (stream, level, layer, K/V).
+                let map_key = (pc.profile, level, blk.layer, blk.kv);
+                // The map and the channel constants, once per (profile, level, layer, K/V).
                 let starts = match maps.iter().find(|(k, _)| *k == map_key) {
                     Some(&(_, s)) => s,
                     None => {
@@ -754,4 +755,73 @@ pub(crate) fn check_chain(chunk_of: &[usize], statuses: [&[u32]; 5]) -> Result<(
     }
     let status: Vec<DequantStatus> = crate::quant::statuses(dq_status.to_vec());
     check_dequant(&status)
+}
+
+#[cfg(test)]
+mod tests {
+    use codec_core::{encode, learn_profile, EncodeParams, KvCache, KvMeta, KvShape, Limits};
+    use codec_core::{LearnParams, ProfileMode, Sample, Stream, Tensor};
+
+    use super::*;
+
+    /// A plan of `streams`, each into dense f16 tensors of its own.
+    fn plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+        let shape = streams[0].header().shape;
+        let per = 2 * shape.layers as usize * shape.tensor_len();
+        let output = Output {
+            dtype: OutDtype::F16,
+            layout: OutLayout::Dense,
+            len: streams.len() * per,
+        };
+        let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+        for (i, s) in streams.iter().enumerate() {
+            let dest = Destination {
+                base: (i * per) as u64,
+                ..Destination::dense(shape.tokens, shape.channels())
+            };
+            plan.add_stream(s, dest).unwrap();
+        }
+        plan
+    }
+
+    /// Two streams over two copies of one stream's bytes (one embedded profile) add no table
+    /// map and no channel constants to the chain of one: the plan shares them by the
+    /// profile's SHA-256, not by the stream.
+    #[test]
+    fn streams_of_one_profile_share_table_maps_and_constants() {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            tokens: 64,
+        };
+        let t = |s: f32| Tensor::F32((0..512).map(|i| (i as f32 * s).sin()).collect());
+        let cache = KvCache {
+            shape,
+            k: vec![t(0.3), t(0.5)],
+            v: vec![t(0.7), t(1.1)],
+            meta: KvMeta::default(),
+        };
+        let sample = Sample {
+            kv: cache.view(),
+            queries: None,
+        };
+        let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+        let params = EncodeParams {
+            chunk_tokens: 16,
+            ..EncodeParams::default()
+        };
+        let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+        let copy = bytes.clone();
+        let one = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let two = Stream::open(&copy, None, &Limits::DEFAULT).unwrap();
+        let single = plan_of(&[&one]);
+        let both = plan_of(&[&one, &two]);
+        let (a, b) = (single.chain().unwrap(), both.chain().unwrap());
+        assert!(!a.map.is_empty());
+        assert_eq!(a.map, b.map);
+        let consts = |c: &Chain<'_>| c.dequant.io(&mut [], &mut []).consts.len();
+        assert_eq!(consts(&a), consts(&b));
+        assert_eq!(b.values.len(), 2 * a.values.len());
+    }
 }

@@ -192,6 +192,57 @@ fn real_fixture_two_sequences_share_a_paged_cache() {
     println!("{} chunks in one plan", plan.chunks());
 }
 
+/// One cache coded with two profiles (learned to different target errors), both streams and a
+/// second copy of the first in one plan: the plan shares level tables, table maps and channel
+/// constants between streams by their profile's SHA-256 only, so each chunk decodes with its
+/// own profile's to codec-core's bits, through the chain and the stepwise path.
+#[test]
+fn streams_of_two_profiles_in_one_plan_decode_each_with_its_own() {
+    use codec_core::{learn_profile, LearnParams, Sample};
+    let (cache, profile) = common::fixture_cache(2);
+    let sample = Sample {
+        kv: cache.view(),
+        queries: None,
+    };
+    let coarse = LearnParams {
+        target_error: LearnParams::default().target_error * 3.0,
+        ..LearnParams::default()
+    };
+    let other = learn_profile(&[sample], &coarse).unwrap();
+    assert_ne!(profile.hash(), other.hash());
+    let params = EncodeParams {
+        chunk_tokens: 128,
+        levels: vec![4],
+        ..EncodeParams::default()
+    };
+    let code = |p| encode(&cache.view(), ProfileMode::Embedded(p), &params).unwrap();
+    let (a, b) = (code(&profile), code(&other));
+    let a2 = a.clone();
+    let open = |bytes| Stream::open(bytes, None, &Limits::DEFAULT).unwrap();
+    let streams = [open(&a), open(&b), open(&a2)];
+    let shape = streams[0].header().shape;
+    let c = shape.channels();
+    let per_stream = 2 * shape.layers as usize * shape.tokens as usize * c;
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: streams.len() * per_stream,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    let mut want = Vec::new();
+    for (i, stream) in streams.iter().enumerate() {
+        let dest = Destination {
+            base: (i * per_stream) as u64,
+            ..Destination::dense(shape.tokens, c)
+        };
+        plan.add_stream(stream, dest).unwrap();
+        want.extend(codec_core_tensors(stream, OutDtype::F16).concat());
+    }
+    assert!(want[..per_stream] != want[per_stream..2 * per_stream]);
+    assert!(plan.decode_chain_host().unwrap() == want);
+    assert!(plan.decode_host().unwrap() == want);
+}
+
 /// Streams received into one buffer, as a server receives them into page-locked memory: the
 /// real fixture's stream four times, at byte offsets of every remainder mod 4, in one plan whose lane words the host-run gather takes from the buffer
 /// (`decode_chain_host_from`, what `Gpu::decode_from` runs on a device): codec-core's bits.
