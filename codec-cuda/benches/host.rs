@@ -1,7 +1,8 @@
 //! Criterion benches of the host side of a GPU decode, which runs on every call and needs no
 //! device (`cargo bench -p kvc-codec-cuda --bench host`): building a [`DecodePlan`] of the real
 //! fixture decoded 8 times over (every chunk's CRC checked and its blocks read, their lane
-//! words borrowed from the stream), in bytes of compressed input, at levels 0, 6 and 11.
+//! words borrowed from the stream; `DecodePlan::add_streams` on 1 and 2 threads), in bytes of
+//! compressed input, at levels 0, 6 and 11.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -21,10 +22,13 @@ fn main() {
     for level in [0, 6, 11] {
         let bytes = support::stream_bytes(&d.kv, &profile, level);
         let stream = support::open(&bytes);
+        let streams = vec![&stream; copies];
         g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
-        g.bench_function(format!("level {level}"), |b| {
-            b.iter(|| support::decode_plan(&stream, copies))
-        });
+        for threads in [1, 2] {
+            g.bench_function(format!("level {level}, {threads} threads"), |b| {
+                b.iter(|| support::decode_plan_threads(&streams, threads))
+            });
+        }
     }
     g.finish();
     c.final_summary();

@@ -260,7 +260,11 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
     }
     let raw = host.as_slice().unwrap();
     let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
-    let plan = support::decode_plan_of(&streams.iter().collect::<Vec<_>>());
+    let refs: Vec<_> = streams.iter().collect();
+    // The plan built (every chunk's CRC checked, its blocks read) on one thread and on the
+    // default threads.
+    let (plan_one, _) = best_of(rounds, || support::decode_plan_threads(&refs, 1));
+    let (plan_all, plan) = best_of(rounds, || support::decode_plan_threads(&refs, 0));
     let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
     let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
     let (whole, r) = best_of(rounds, || gpu.decode_from(&plan, &host, &mut out));
@@ -268,7 +272,11 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
     let same = gpu.stream().clone_dtoh(&out).unwrap() == want;
     let upload = gpu.time_upload_plan(&plan, Some(&host), rounds).unwrap();
     println!(
-        "decode from page-locked memory, {copies} streams of {} bytes: whole decode_from {:.3}          ms = {:.2} GB/s (of which upload_plan_from {:.3} ms: chain built {:.3}, bytes copied          as they are with the rest packed, words gathered {:.3}, outputs allocated {:.3} ms);          bits as decode_into's: {same}",
+        "decode from page-locked memory, {copies} streams of {} bytes: whole decode_from {:.3} \
+         ms = {:.2} GB/s (of which upload_plan_from {:.3} ms: chain built {:.3}, bytes copied \
+         as they are with the rest packed, words gathered {:.3}, outputs allocated {:.3} ms); \
+         bits as decode_into's: {same}; the plan built before it (add_streams) {:.3} ms on one \
+         thread, {:.3} ms on the default threads",
         bytes.len(),
         whole * 1e3,
         gbs(whole),
@@ -276,6 +284,8 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
         upload[1] * 1e3,
         upload[2] * 1e3,
         upload[3] * 1e3,
+        plan_one * 1e3,
+        plan_all * 1e3,
     );
 }
 

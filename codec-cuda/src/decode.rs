@@ -148,26 +148,62 @@ impl<'s> DecodePlan<'s> {
         chunk: usize,
         dest: Destination,
     ) -> Result<(), CudaError> {
+        self.check_shape(stream)?;
+        let lanes = check_chunk(stream, chunk)?;
+        self.push_chunk(lanes, dest);
+        Ok(())
+    }
+
+    /// Adds every chunk of `stream`, written to `dest`.
+    pub fn add_stream(
+        &mut self,
+        stream: &'s Stream<'s>,
+        dest: Destination,
+    ) -> Result<(), CudaError> {
+        for chunk in 0..stream.header().chunks.len() {
+            self.add_chunk(stream, chunk, dest)?;
+        }
+        Ok(())
+    }
+
+    /// [`add_stream`](Self::add_stream) for each of `streams` in order, their chunks checked
+    /// (CRCs, block structure) on up to `threads` threads (0: the cores this process may use,
+    /// at most [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS)). The plan is the
+    /// same for every thread count; on an error, the chunks before the first failing one (in
+    /// order) are added, as `add_stream` leaves them.
+    pub fn add_streams(
+        &mut self,
+        streams: &[(&'s Stream<'s>, Destination)],
+        threads: usize,
+    ) -> Result<(), CudaError> {
+        let jobs: Vec<(&'s Stream<'s>, usize, Destination)> = streams
+            .iter()
+            .flat_map(|&(s, d)| (0..s.header().chunks.len()).map(move |c| (s, c, d)))
+            .collect();
+        let checked = parallel_map(&jobs, crate::host_threads(threads), |&(s, c, _)| {
+            check_chunk(s, c)
+        });
+        for (&(stream, _, dest), lanes) in jobs.iter().zip(checked) {
+            self.check_shape(stream)?;
+            self.push_chunk(lanes?, dest);
+        }
+        Ok(())
+    }
+
+    /// An input error unless `stream` has the plan's heads and head size.
+    fn check_shape(&self, stream: &Stream<'_>) -> Result<(), CudaError> {
         let shape = stream.header().shape;
-        if shape.kv_heads != self.heads || shape.head_dim != self.head_dim {
-            return Err(CudaError::Input {
+        match shape.kv_heads == self.heads && shape.head_dim == self.head_dim {
+            true => Ok(()),
+            false => Err(CudaError::Input {
                 what: "a stream's heads or head size differ from the plan's",
-            });
+            }),
         }
-        let bad = |what| CudaError::Stream { chunk, what };
-        let bytes = stream
-            .chunk_bytes(chunk)
-            .map_err(|_| bad("no such chunk"))?;
-        let body_len = bytes
-            .len()
-            .checked_sub(4)
-            .ok_or(bad("chunk shorter than its CRC"))?;
-        let (body, crc) = bytes.split_at(body_len);
-        if crc32c(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-            return Err(bad("chunk CRC mismatch (C1)"));
-        }
-        let lanes = ChunkLanes::from_body(stream, chunk, body)?;
-        let id = stream.profile().hash();
+    }
+
+    /// Appends a checked chunk, its profile's index found (or added) by the profile's hash.
+    fn push_chunk(&mut self, lanes: ChunkLanes<'s>, dest: Destination) {
+        let id = lanes.stream().profile().hash();
         let index = match self.profiles.iter().position(|&p| p == id) {
             Some(i) => i,
             None => {
@@ -183,19 +219,6 @@ impl<'s> DecodePlan<'s> {
             dest,
             first_block,
         });
-        Ok(())
-    }
-
-    /// Adds every chunk of `stream`, written to `dest`.
-    pub fn add_stream(
-        &mut self,
-        stream: &'s Stream<'s>,
-        dest: Destination,
-    ) -> Result<(), CudaError> {
-        for chunk in 0..stream.header().chunks.len() {
-            self.add_chunk(stream, chunk, dest)?;
-        }
-        Ok(())
     }
 
     /// Chunks in the plan.
@@ -476,6 +499,59 @@ impl<'p> Chain<'p> {
         self.chunk_of.push(lanes.chunk());
         Ok(())
     }
+}
+
+/// Chunk `chunk` of `stream` read into its blocks after its CRC (C1) is checked.
+fn check_chunk<'s>(stream: &'s Stream<'s>, chunk: usize) -> Result<ChunkLanes<'s>, CudaError> {
+    let bad = |what| CudaError::Stream { chunk, what };
+    let bytes = stream
+        .chunk_bytes(chunk)
+        .map_err(|_| bad("no such chunk"))?;
+    let body_len = bytes
+        .len()
+        .checked_sub(4)
+        .ok_or(bad("chunk shorter than its CRC"))?;
+    let (body, crc) = bytes.split_at(body_len);
+    if crc32c(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return Err(bad("chunk CRC mismatch (C1)"));
+    }
+    ChunkLanes::from_body(stream, chunk, body)
+}
+
+/// `f` of every item, in order, computed on up to `threads` threads (each taking the next item
+/// not yet taken).
+fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.clamp(1, items.len().max(1));
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else {
+                            return out;
+                        };
+                        out.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    done.sort_unstable_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// A table map's key: (profile, level, layer, K/V).
@@ -764,8 +840,11 @@ mod tests {
 
     use super::*;
 
-    /// A plan of `streams`, each into dense f16 tensors of its own.
-    fn plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+    /// An empty plan for `streams` (of one shape), each into dense f16 tensors of its own, and
+    /// their destinations.
+    fn layout<'s>(
+        streams: &[&'s Stream<'s>],
+    ) -> (DecodePlan<'s>, Vec<(&'s Stream<'s>, Destination)>) {
         let shape = streams[0].header().shape;
         let per = 2 * shape.layers as usize * shape.tensor_len();
         let output = Output {
@@ -773,22 +852,29 @@ mod tests {
             layout: OutLayout::Dense,
             len: streams.len() * per,
         };
-        let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-        for (i, s) in streams.iter().enumerate() {
+        let plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+        let dests = streams.iter().enumerate().map(|(i, &s)| {
             let dest = Destination {
                 base: (i * per) as u64,
                 ..Destination::dense(shape.tokens, shape.channels())
             };
+            (s, dest)
+        });
+        (plan, dests.collect())
+    }
+
+    /// A plan of `streams`, each into dense f16 tensors of its own.
+    fn plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+        let (mut plan, dests) = layout(streams);
+        for (s, dest) in dests {
             plan.add_stream(s, dest).unwrap();
         }
         plan
     }
 
-    /// Two streams over two copies of one stream's bytes (one embedded profile) add no table
-    /// map and no channel constants to the chain of one: the plan shares them by the
-    /// profile's SHA-256, not by the stream.
-    #[test]
-    fn streams_of_one_profile_share_table_maps_and_constants() {
+    /// A small stream (2 layers, 1 head of 8 channels, 64 tokens in chunks of 16), its profile
+    /// embedded.
+    fn small_stream() -> Vec<u8> {
         let shape = KvShape {
             layers: 2,
             kv_heads: 1,
@@ -811,7 +897,43 @@ mod tests {
             chunk_tokens: 16,
             ..EncodeParams::default()
         };
-        let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+        encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap()
+    }
+
+    /// `add_streams` on 1-5 threads builds the plan `add_stream` builds one stream at a time:
+    /// the same chunks, decoded to the same bits; with a chunk whose CRC fails, the same
+    /// error and the same chunks added before it.
+    #[test]
+    fn add_streams_on_any_threads_is_add_stream_in_order() {
+        let bytes = small_stream();
+        let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let mut bad = bytes.clone();
+        bad[stream.header().chunks[2].offset as usize + 9] ^= 0x10;
+        let broken = Stream::open(&bad, None, &Limits::DEFAULT).unwrap();
+        for (streams, fails) in [
+            (vec![&stream, &stream, &stream], false),
+            (vec![&stream, &broken, &stream], true),
+        ] {
+            let (mut serial, dests) = layout(&streams);
+            let serial_result = dests.iter().try_for_each(|&(s, d)| serial.add_stream(s, d));
+            assert_eq!(serial_result.is_err(), fails);
+            let want = (serial.chunks(), serial.decode_chain_host().unwrap());
+            for threads in 1..=5 {
+                let (mut plan, dests) = layout(&streams);
+                let result = plan.add_streams(&dests, threads);
+                assert_eq!(result, serial_result, "{threads} threads");
+                let got = (plan.chunks(), plan.decode_chain_host().unwrap());
+                assert!(got == want, "{threads} threads");
+            }
+        }
+    }
+
+    /// Two streams over two copies of one stream's bytes (one embedded profile) add no table
+    /// map and no channel constants to the chain of one: the plan shares them by the
+    /// profile's SHA-256, not by the stream.
+    #[test]
+    fn streams_of_one_profile_share_table_maps_and_constants() {
+        let bytes = small_stream();
         let copy = bytes.clone();
         let one = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
         let two = Stream::open(&copy, None, &Limits::DEFAULT).unwrap();

@@ -20,6 +20,7 @@ use crate::encode_plan::{split_sealed, EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::experiment::Lane32Batch;
 use crate::ffi::{self, DevBuf, LaneWord, LANES};
+use crate::host_threads;
 use crate::nvrtc::{Nvrtc, KERNELS};
 use crate::pq::{PqBatch, PqSelected};
 use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, Output};
@@ -105,22 +106,6 @@ impl UploadedPlan {
     }
 }
 
-/// Most host threads that write a packed upload into pinned memory by default (see
-/// [`Gpu::set_upload_threads`]).
-pub const DEFAULT_MAX_UPLOAD_THREADS: usize = 8;
-
-/// The upload threads `threads` asks for: itself, or with 0 the cores this process may use, at
-/// most [`DEFAULT_MAX_UPLOAD_THREADS`] (asked once: the count comes from the operating system's
-/// files, not for every upload).
-fn upload_threads(threads: usize) -> usize {
-    match threads {
-        0 => std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(DEFAULT_MAX_UPLOAD_THREADS),
-        n => n,
-    }
-}
-
 /// Tables a lane-decode block stages in shared memory by default: [`LaneShape::DEFAULT`]'s,
 /// none.
 pub const DEFAULT_LANE_SHARED_TABLES: u32 = LaneShape::DEFAULT.shared_tables();
@@ -144,7 +129,7 @@ impl Gpu {
             lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
             staging: Mutex::new(None),
-            upload_threads: upload_threads(0),
+            upload_threads: host_threads(0),
             readback: Mutex::new(None),
             scratch: Mutex::new(None),
             chain_lock: Mutex::new(()),
@@ -657,10 +642,10 @@ impl Gpu {
 
     /// Sets how many host threads write a packed upload into the pinned staging buffer (each
     /// 4 MiB step queued to the device as soon as it is written); 0, the default, takes every
-    /// core the process may use, at most [`DEFAULT_MAX_UPLOAD_THREADS`]. What is uploaded is
+    /// core the process may use, at most [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS). What is uploaded is
     /// the same.
     pub fn set_upload_threads(&mut self, threads: usize) {
-        self.upload_threads = upload_threads(threads);
+        self.upload_threads = host_threads(threads);
     }
 
     /// `p` uploaded through the kept staging buffer by the upload threads.

@@ -52,7 +52,25 @@ pub mod stream;
 pub use error::CudaError;
 pub use gpu::{
     EncodeTimes, Gpu, HostBuffer, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES,
-    DEFAULT_MAX_UPLOAD_THREADS,
 };
 pub use nvrtc::{compile_report, KernelResources};
 pub use rans::LaneShape;
+
+/// Most host threads a call takes by default: threads that check a plan's chunks
+/// ([`decode::DecodePlan::add_streams`]) or write a packed upload ([`Gpu::set_upload_threads`]).
+pub const DEFAULT_MAX_HOST_THREADS: usize = 8;
+
+/// The host threads `threads` asks for: itself, or with 0 the cores this process may use, at
+/// most [`DEFAULT_MAX_HOST_THREADS`] (asked once per process: the count comes from the
+/// operating system's files).
+pub(crate) fn host_threads(threads: usize) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    match threads {
+        0 => *CORES.get_or_init(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(DEFAULT_MAX_HOST_THREADS)
+        }),
+        n => n,
+    }
+}

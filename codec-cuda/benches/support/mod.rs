@@ -66,6 +66,11 @@ pub fn decode_plan<'s>(stream: &'s Stream<'s>, copies: usize) -> DecodePlan<'s> 
 /// A plan decoding each of `streams` (of one shape) as a sequence of its own, in order, in one
 /// dense f16 output.
 pub fn decode_plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+    decode_plan_threads(streams, 1)
+}
+
+/// [`decode_plan_of`], the chunks checked on `threads` threads (`DecodePlan::add_streams`).
+pub fn decode_plan_threads<'s>(streams: &[&'s Stream<'s>], threads: usize) -> DecodePlan<'s> {
     let shape = streams[0].header().shape;
     let (tokens, c) = (shape.tokens, shape.channels());
     let per_copy = 2 * shape.layers as usize * tokens as usize * c;
@@ -75,13 +80,16 @@ pub fn decode_plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
         len: streams.len() * per_copy,
     };
     let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    for (i, stream) in streams.iter().enumerate() {
-        let dest = Destination {
-            base: (i * per_copy) as u64,
-            ..Destination::dense(tokens, c)
-        };
-        plan.add_stream(stream, dest).expect("plan");
-    }
+    let dests: Vec<_> = (streams.iter().enumerate())
+        .map(|(i, &stream)| {
+            let dest = Destination {
+                base: (i * per_copy) as u64,
+                ..Destination::dense(tokens, c)
+            };
+            (stream, dest)
+        })
+        .collect();
+    plan.add_streams(&dests, threads).expect("plan");
     plan
 }
 
