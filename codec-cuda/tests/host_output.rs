@@ -220,32 +220,21 @@ fn streams_of_two_profiles_in_one_plan_decode_each_with_its_own() {
     let a2 = a.clone();
     let open = |bytes| Stream::open(bytes, None, &Limits::DEFAULT).unwrap();
     let streams = [open(&a), open(&b), open(&a2)];
-    let shape = streams[0].header().shape;
-    let c = shape.channels();
-    let per_stream = 2 * shape.layers as usize * shape.tokens as usize * c;
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: streams.len() * per_stream,
-    };
-    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    let mut want = Vec::new();
-    for (i, stream) in streams.iter().enumerate() {
-        let dest = Destination {
-            base: (i * per_stream) as u64,
-            ..Destination::dense(shape.tokens, c)
-        };
-        plan.add_stream(stream, dest).unwrap();
-        want.extend(codec_core_tensors(stream, OutDtype::F16).concat());
-    }
+    let plan = common::dense_plan(&streams.iter().collect::<Vec<_>>());
+    let want: Vec<u16> = streams
+        .iter()
+        .flat_map(|s| codec_core_tensors(s, OutDtype::F16).concat())
+        .collect();
+    let per_stream = want.len() / 3;
     assert!(want[..per_stream] != want[per_stream..2 * per_stream]);
     assert!(plan.decode_chain_host().unwrap() == want);
     assert!(plan.decode_host().unwrap() == want);
 }
 
 /// Streams received into one buffer, as a server receives them into page-locked memory: the
-/// real fixture's stream four times, at byte offsets of every remainder mod 4, in one plan whose lane words the host-run gather takes from the buffer
-/// (`decode_chain_host_from`, what `Gpu::decode_from` runs on a device): codec-core's bits.
+/// real fixture's stream four times, at byte offsets of every remainder mod 4, in one plan
+/// whose lane words the host-run gather takes from the buffer (`decode_chain_host_from`, what
+/// `Gpu::decode_from` runs on a device): codec-core's bits.
 /// A buffer that lacks some stream of the plan is an input error, never a read outside it.
 #[test]
 fn streams_in_one_buffer_decode_with_their_words_gathered_from_it() {
@@ -260,22 +249,7 @@ fn streams_in_one_buffer_decode_with_their_words_gathered_from_it() {
     }
     let open = |at: usize| Stream::open(&buf[at..at + bytes.len()], None, &Limits::DEFAULT);
     let streams: Vec<Stream<'_>> = starts.iter().map(|&at| open(at).unwrap()).collect();
-    let shape = streams[0].header().shape;
-    let c = shape.channels();
-    let per_stream = 2 * shape.layers as usize * shape.tokens as usize * c;
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: streams.len() * per_stream,
-    };
-    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    for (i, stream) in streams.iter().enumerate() {
-        let dest = Destination {
-            base: (i * per_stream) as u64,
-            ..Destination::dense(shape.tokens, c)
-        };
-        plan.add_stream(stream, dest).unwrap();
-    }
+    let plan = common::dense_plan(&streams.iter().collect::<Vec<_>>());
     let want = codec_core_tensors(&streams[0], OutDtype::F16)
         .concat()
         .repeat(4);

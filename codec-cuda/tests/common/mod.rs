@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use codec_core::consts::LANES;
 use codec_core::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
 use codec_core::{ChunkContext, Dtype, KvCache, Limits, Profile, Stream, Tensor};
+use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::Source;
-use codec_cuda::quant::OutDtype;
+use codec_cuda::quant::{OutDtype, OutLayout, Output};
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
+use codec_cuda::stream::Destination;
 
 /// codec-core's decode of one block: its symbols (as far as it got) and its outcome.
 pub fn reference(
@@ -202,6 +204,27 @@ pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>], copies: usize) -> 
         values,
         lanes: lanes_out,
     }
+}
+
+/// A plan decoding each of `streams` (of one shape) into dense f16 tensors of its own, one
+/// after another in one output.
+pub fn dense_plan<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+    let shape = streams[0].header().shape;
+    let per_stream = 2 * shape.layers as usize * shape.tensor_len();
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: streams.len() * per_stream,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    for (i, stream) in streams.iter().enumerate() {
+        let dest = Destination {
+            base: (i * per_stream) as u64,
+            ..Destination::dense(shape.tokens, shape.channels())
+        };
+        plan.add_stream(stream, dest).unwrap();
+    }
+    plan
 }
 
 /// `cache` with its tokens in reverse order (every tensor's rows): a second source of the
