@@ -642,8 +642,9 @@ impl Gpu {
 
     /// Sets how many host threads write a packed upload into the pinned staging buffer (each
     /// 4 MiB step queued to the device as soon as it is written); 0, the default, takes every
-    /// core the process may use, at most [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS). What is uploaded is
-    /// the same.
+    /// core the process may use, at most
+    /// [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS). What is uploaded is the
+    /// same.
     pub fn set_upload_threads(&mut self, threads: usize) {
         self.upload_threads = host_threads(threads);
     }

@@ -3,8 +3,7 @@
 //! of the host copying every word into the staging buffer first (the copy that bounds
 //! [`Gpu::decode_into`] for a fresh plan).
 
-use cudarc::driver::CudaSlice;
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::Gpu;
 use crate::decode::{check_gather, DecodePlan};
