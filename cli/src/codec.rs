@@ -8,7 +8,7 @@ use codec_core::{EncodeParams, Limits, Stream};
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::{write_dump, Dump, Output};
 
-use crate::gpu::{decode_on_gpu, GpuCodec};
+use crate::gpu::GpuCodec;
 use crate::progress::Bars;
 use crate::{load, output_file, read, Result};
 
@@ -133,12 +133,28 @@ pub(crate) fn cmd_decode(
     let mut inputs = vec![input];
     inputs.extend(profile);
     let out = output_file(output, &inputs, force)?;
-    let bytes = read(input)?;
+    // With --gpu the file goes into page-locked memory, which the device copies it from as is.
+    let gpu = match gpu {
+        true => {
+            let codec = GpuCodec::open().map_err(|e| e.to_string())?;
+            let host = codec.read_file(input)?;
+            Some((codec, host))
+        }
+        false => None,
+    };
+    let owned = match gpu {
+        Some(_) => Vec::new(),
+        None => read(input)?,
+    };
+    let bytes = match &gpu {
+        Some((_, host)) => host.as_slice().map_err(|e| e.to_string())?,
+        None => &owned,
+    };
     let p = profile
         .map(policy::load_profile)
         .transpose()
         .map_err(|e| e.to_string())?;
-    let s = Stream::open(&bytes, p.as_ref(), &Limits::DEFAULT)
+    let s = Stream::open(bytes, p.as_ref(), &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
     if let Some(l) = level {
         let ladder = policy::ladder_levels(s.profile());
@@ -162,7 +178,7 @@ pub(crate) fn cmd_decode(
         );
     };
     let in_err = |e: &dyn std::fmt::Display| format!("{}: {e}", input.display());
-    if !gpu && position.is_none() {
+    if gpu.is_none() && position.is_none() {
         // Straight into the output file's buffer, written once.
         let metadata = dump_metadata(&h.meta);
         let mut file = kvc_io::dump::DumpFile::new(h.shape, h.dtype, &h.meta, &metadata)
@@ -175,9 +191,9 @@ pub(crate) fn cmd_decode(
         done(h.shape);
         return Ok(());
     }
-    let mut cache = match gpu {
-        true => decode_on_gpu(&s).map_err(|e| in_err(&e))?,
-        false => s.decode().map_err(|e| in_err(&e))?,
+    let mut cache = match &gpu {
+        Some((codec, host)) => codec.decode_from(&s, host).map_err(|e| in_err(&e))?,
+        None => s.decode().map_err(|e| in_err(&e))?,
     };
     if let Some(q) = position {
         codec_core::shift_cache(&mut cache, q)

@@ -3,12 +3,16 @@
 //!
 //! [`GpuCodec::open`] opens the device and loads the kernels once (the typed [`GpuError`] says
 //! why not, e.g. on a machine without a CUDA driver); it then encodes caches and decodes streams
-//! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`]) and selects tokens as
-//! pq-core does ([`GpuCodec::select`]). The eval hooks ([`kvc_io::eval::SecondDecoder`],
+//! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`], and
+//! [`GpuCodec::decode_from`] for a file [read](GpuCodec::read_file) into page-locked memory)
+//! and selects tokens as pq-core does ([`GpuCodec::select`]). The eval hooks ([`kvc_io::eval::SecondDecoder`],
 //! [`kvc_io::pq::SecondSearch`]) compare every output with the CPU's and fail loudly on any
 //! difference.
 
 use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
 use std::time::Instant;
 
 use codec_core::{Dtype, EncodeParams, KvCache, KvView, ProfileMode, Stream, Tensor};
@@ -16,7 +20,7 @@ use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::OutDtype;
-use codec_cuda::{CudaError, Gpu};
+use codec_cuda::{CudaError, Gpu, HostBuffer};
 use half::vec::HalfBitsVecExt;
 use kvc_io::pq::{SearchQuery, Searched};
 use pq_core::Codebook;
@@ -118,6 +122,38 @@ impl GpuCodec {
     /// Decodes `s` on the GPU: the cache `Stream::decode` gives, bit for bit (the kernels are
     /// checked against codec-core). Streams of f16 or bf16 only.
     pub fn decode(&self, s: &Stream<'_>) -> Result<KvCache, GpuError> {
+        self.decode_with(s, |plan| self.gpu.decode(plan))
+    }
+
+    /// [`decode`](Self::decode) for a stream whose bytes lie in `host` (from
+    /// [`read_file`](Self::read_file)): copied to the device as they are, with no host copy of
+    /// their lane words.
+    pub fn decode_from(&self, s: &Stream<'_>, host: &HostBuffer) -> Result<KvCache, GpuError> {
+        self.decode_with(s, |plan| self.gpu.decode_vec_from(plan, host))
+    }
+
+    /// The file at `path` read into page-locked memory of the device, for
+    /// [`decode_from`](Self::decode_from).
+    pub fn read_file(&self, path: &Path) -> crate::Result<HostBuffer> {
+        let why = |e: &dyn fmt::Display| format!("cannot read {}: {e}", path.display());
+        let mut file = File::open(path).map_err(|e| why(&e))?;
+        let len = file.metadata().map_err(|e| why(&e))?.len();
+        let len = usize::try_from(len).map_err(|e| why(&e))?;
+        let mut host = self.gpu.host_buffer(len).map_err(|e| why(&e))?;
+        file.read_exact(host.as_mut_slice().map_err(|e| why(&e))?)
+            .map_err(|e| why(&e))?;
+        if file.read(&mut [0u8]).map_err(|e| why(&e))? != 0 {
+            return Err(why(&"it grew while it was read"));
+        }
+        Ok(host)
+    }
+
+    /// `s` decoded by `decode`, which gives the bits of its plan's output.
+    fn decode_with(
+        &self,
+        s: &Stream<'_>,
+        decode: impl FnOnce(&DecodePlan<'_>) -> Result<Vec<u16>, CudaError>,
+    ) -> Result<KvCache, GpuError> {
         let h = s.header();
         let dtype = match h.dtype {
             Dtype::F16 => OutDtype::F16,
@@ -126,7 +162,7 @@ impl GpuCodec {
         };
         let per_tensor = h.shape.tensor_len();
         let plan = DecodePlan::for_stream(s, dtype).map_err(GpuError::Run)?;
-        let bits = self.gpu.decode(&plan).map_err(GpuError::Run)?;
+        let bits = decode(&plan).map_err(GpuError::Run)?;
         // Per layer K then V, each [T, H, D].
         let mut tensors = bits.chunks_exact(per_tensor.max(1)).map(|t| match h.dtype {
             Dtype::Bf16 => Tensor::Bf16(t.to_vec().reinterpret_into()),
@@ -271,12 +307,6 @@ impl kvc_io::pq::SecondSearch for GpuCodec {
     ) -> Result<Searched, Box<dyn std::error::Error + Send + Sync>> {
         Ok(self.select(heads, queries)?)
     }
-}
-
-/// Decodes `s` on GPU 0 (`kvc decode --gpu`): the cache `Stream::decode` gives, bit for bit.
-pub fn decode_on_gpu(s: &Stream<'_>) -> crate::Result<KvCache> {
-    let codec = GpuCodec::open().map_err(|e| e.to_string())?;
-    codec.decode(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -371,28 +371,6 @@ fn stream_sim_compares_the_adapter_with_every_level() {
     assert!(!ok && err.contains("--bytes-scale 0"), "{err}");
 }
 
-/// `kvc decode --gpu` writes the bytes the CPU decode writes; on a machine without a GPU (or
-/// with an f32 stream) it says why and writes nothing.
-#[test]
-fn decode_on_the_gpu_is_the_cpu_decode_or_says_why_not() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let (ok, _, err) = kvc(&["encode", SAMPLE, &p("s.kvc"), "--level", "4"]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = kvc(&["decode", &p("s.kvc"), &p("cpu.safetensors")]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = kvc(&["decode", &p("s.kvc"), &p("gpu.safetensors"), "--gpu"]);
-    if ok {
-        let (cpu, gpu) = (p("cpu.safetensors"), p("gpu.safetensors"));
-        assert!(std::fs::read(cpu).unwrap() == std::fs::read(gpu).unwrap());
-    } else {
-        assert!(err.contains("s.kvc: --gpu: "), "{err}");
-        let no_gpu = ["CUDA driver", "no CUDA device", "NVRTC"];
-        assert!(no_gpu.iter().any(|w| err.contains(w)), "{err}");
-        assert!(!dir.path().join("gpu.safetensors").exists());
-    }
-}
-
 /// `--threads` changes no byte: streams encoded (alone and into a store) and dumps decoded on
 /// 1, 2, 3 or every core are the same files; and the decode straight into the output file's
 /// buffer writes what decoding to a cache, then writing it, does (`--position 0` takes that

@@ -1,11 +1,12 @@
-//! `kvc eval --gpu`, `kvc pq eval --gpu` and `kvc encode --gpu`: on a machine with a GPU the
-//! GPU's figures next to the CPU's (its outputs checked equal inside the command) and the
-//! CPU's stream byte for byte; without one (CI) a clear error naming why, exit code != 0,
+//! `kvc eval --gpu`, `kvc pq eval --gpu`, `kvc encode --gpu` and `kvc decode --gpu`: on a
+//! machine with a GPU the GPU's figures next to the CPU's (its outputs checked equal inside the
+//! command), the CPU's stream and the CPU's dump byte for byte; without one (CI) a clear error naming why, exit code != 0,
 //! nothing printed on stdout and no output file. `KVC_REQUIRE_GPU=1` makes a
 //! failure on a GPU machine a test failure rather than "no GPU".
 
 mod common;
 use common::{kvc, write_sample_layers, SAMPLE};
+use std::path::Path;
 
 /// Whether this test must see the GPU path succeed.
 fn gpu_required() -> bool {
@@ -79,6 +80,28 @@ fn encode_on_the_gpu_writes_the_cpu_stream_or_says_why_not() {
     assert!(ok, "{err}");
     let (g, c) = (std::fs::read(&gpu).unwrap(), std::fs::read(&cpu).unwrap());
     assert!(g == c, "the GPU's stream differs from the CPU's");
+}
+
+#[test]
+fn decode_on_the_gpu_writes_the_cpu_dump_or_says_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let (stream, gpu, cpu) = (p("s.kvc"), p("gpu.safetensors"), p("cpu.safetensors"));
+    let args = ["--chunk-tokens", "200", "--levels", "0,6,11"];
+    let (ok, _, err) = kvc(&[&["encode", SAMPLE, &stream][..], &args].concat());
+    assert!(ok, "{err}");
+    let (ok, out, err) = kvc(&["decode", &stream, &gpu, "--gpu"]);
+    if !ok {
+        assert!(
+            !Path::new(&gpu).exists(),
+            "an output after a failed --gpu decode"
+        );
+        return assert_says_why_not(&out, &err);
+    }
+    let (ok, _, err) = kvc(&["decode", &stream, &cpu]);
+    assert!(ok, "{err}");
+    let (g, c) = (std::fs::read(&gpu).unwrap(), std::fs::read(&cpu).unwrap());
+    assert!(g == c, "the GPU's dump differs from the CPU's");
 }
 
 #[test]

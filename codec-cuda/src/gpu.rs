@@ -781,12 +781,21 @@ impl Gpu {
     /// Decodes every chunk of `plan` on the device: the output's f16 or bf16 bits, as
     /// [`DecodePlan::decode_host`] gives them.
     pub fn decode(&self, plan: &DecodePlan<'_>) -> Result<Vec<u16>, CudaError> {
+        self.decode_to_vec(plan, |out| self.decode_into(plan, out))
+    }
+
+    /// The output of `plan` decoded by `decode` into a new device buffer, copied back.
+    fn decode_to_vec(
+        &self,
+        plan: &DecodePlan<'_>,
+        decode: impl FnOnce(&mut CudaSlice<u16>) -> Result<(), CudaError>,
+    ) -> Result<Vec<u16>, CudaError> {
         let len = plan.output().len;
         let mut out = self
             .stream
             .alloc_zeros::<u16>(len.max(1))
             .map_err(ffi::driver_err("cuMemAllocAsync"))?;
-        self.decode_into(plan, &mut out)?;
+        decode(&mut out)?;
         let mut host = self
             .stream
             .clone_dtoh(&out)

@@ -127,6 +127,16 @@ impl Gpu {
         self.decode_uploaded_into(&up, out)
     }
 
+    /// [`decode`](Self::decode) through [`upload_plan_from`](Self::upload_plan_from): the
+    /// output's f16 or bf16 bits, copied back to the host.
+    pub fn decode_vec_from(
+        &self,
+        plan: &DecodePlan<'_>,
+        host: &HostBuffer,
+    ) -> Result<Vec<u16>, CudaError> {
+        self.decode_to_vec(plan, |out| self.decode_from(plan, host, out))
+    }
+
     /// `n_words` lane words gathered from `raw` by `parts` into a new device buffer (the
     /// stream synchronized, the statuses checked).
     pub(super) fn gather_words(
