@@ -407,54 +407,17 @@ impl<'p> Chain<'p> {
         (map_start, consts_start): (u64, u64),
         dest: Destination,
     ) -> Result<(), CudaError> {
-        let input = |what| CudaError::Input { what };
-        let h = lanes.stream().header();
-        let token_start = h.chunks[lanes.chunk()].token_start;
-        let group = u32::from(h.group);
-        // The list: the exponent table (or a stand-in) at 0, then the level's tables.
-        let list_start = self.table_list.len();
-        let exp_id = match &blk.exp_table {
-            Some(t) => self.add_table(t, 0),
-            None => level_ids[0],
-        };
-        self.table_list.push(exp_id);
-        self.table_list.extend_from_slice(level_ids);
-        let list_len = (level_ids.len() + 1) as u32;
-        let mut lane_len = [0u32; LANES];
-        for (d, &l) in lane_len.iter_mut().zip(&blk.lane_len) {
-            *d = u32::try_from(l).map_err(|_| input("over 2^32 words in a lane"))?;
-        }
-        let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
-        let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
-        let n_all = n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?;
-        let word_start = self.n_words as u64;
-        self.word_parts.push(blk.words);
-        self.n_words += blk.words.len();
-        let table_start =
-            u32::try_from(list_start).map_err(|_| input("over 2^32 table-list entries"))?;
-        self.exp_blocks.push(LaneBlock {
-            word_start,
-            symbol_start: self.n_exps as u64,
-            n_symbols: n_e,
-            table_start,
-            table_count: list_len,
-            lane_len,
-        });
-        self.sym_blocks.push(LaneBlock {
-            word_start,
-            symbol_start: self.n_symbols as u64,
-            n_symbols: n_all,
-            table_start,
-            table_count: list_len,
-            lane_len,
-        });
+        let n = BlockCounts::of(blk)?;
+        let (list_start, list_len) = self.push_table_list(blk, level_ids)?;
+        self.push_lane_blocks(blk, &n, list_start, list_len);
+        let group = u32::from(lanes.stream().header().group);
         let has_exps = u32::from(blk.exp_table.is_some());
         self.resolve.push(ResolveBlock {
             symbol_start: self.n_symbols as u64,
             exp_start: self.n_exps as u64,
             map_start,
-            n_e,
-            n_sym,
+            n_e: n.n_e,
+            n_sym: n.n_sym,
             sink_rows: lanes.sink_rows() as u32,
             group,
             has_exps,
@@ -462,42 +425,131 @@ impl<'p> Chain<'p> {
         });
         self.values.push(ValueBlock {
             index_start: (self.n_symbols + blk.n_e) as u64,
-            list_start: list_start as u64,
+            list_start: u64::from(list_start),
             escape_start: self.escapes.len() as u64,
             q_start: self.n_q as u64,
-            n_sym,
-            n_escapes: u32::try_from(blk.escapes.len()).map_err(|_| input("over 2^32 escapes"))?,
+            n_sym: n.n_sym,
+            n_escapes: n.n_escapes,
             list_len,
             reserved: 0,
         });
         self.escapes.extend_from_slice(&blk.escapes);
-        let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
-        let out_start = tensor
-            .checked_mul(dest.tensor_stride)
-            .and_then(|x| x.checked_add(dest.base))
-            .ok_or(input("output offsets overflow"))?;
-        self.dequant.add_block_external(
-            DequantBlock {
-                q_start: self.n_q as u64,
-                exp_start: self.n_exps as u64,
-                sink_start: 0,
-                out_start,
-                page_start: dest.page_start,
-                consts_start,
-                rows: lanes.rows() as u32,
-                sink_rows: lanes.sink_rows() as u32,
-                group,
-                has_exps,
-                token_start,
-                reserved: 0,
-            },
-            &blk.sink,
-        );
+        self.push_dequant_block(lanes, blk, consts_start, dest)?;
         self.n_exps += blk.n_e;
         self.n_symbols += blk.n_e + blk.n_sym;
         self.n_q += blk.n_sym;
         self.chunk_of.push(lanes.chunk());
         Ok(())
+    }
+
+    /// Appends the block's table list (its exponent table, or a stand-in, then the level's
+    /// tables) and returns where it starts and its length.
+    fn push_table_list(
+        &mut self,
+        blk: &CodedBlock<'_>,
+        level_ids: &[u32],
+    ) -> Result<(u32, u32), CudaError> {
+        let start = u32::try_from(self.table_list.len()).map_err(|_| CudaError::Input {
+            what: "over 2^32 table-list entries",
+        })?;
+        let exp_id = match &blk.exp_table {
+            Some(t) => self.add_table(t, 0),
+            None => level_ids[0],
+        };
+        self.table_list.push(exp_id);
+        self.table_list.extend_from_slice(level_ids);
+        Ok((start, (level_ids.len() + 1) as u32))
+    }
+
+    /// Appends the block's two lane decodes, of its exponents and of all its symbols, over
+    /// the same words and table list.
+    fn push_lane_blocks(
+        &mut self,
+        blk: &'p CodedBlock<'p>,
+        n: &BlockCounts,
+        table_start: u32,
+        table_count: u32,
+    ) {
+        let word_start = self.n_words as u64;
+        self.word_parts.push(blk.words);
+        self.n_words += blk.words.len();
+        let block = |symbol_start: usize, n_symbols| LaneBlock {
+            word_start,
+            symbol_start: symbol_start as u64,
+            n_symbols,
+            table_start,
+            table_count,
+            lane_len: n.lane_len,
+        };
+        self.exp_blocks.push(block(self.n_exps, n.n_e));
+        self.sym_blocks.push(block(self.n_symbols, n.n_all));
+    }
+
+    /// Appends the block's dequantization into tensor (layer, K/V) of `dest`.
+    fn push_dequant_block(
+        &mut self,
+        lanes: &ChunkLanes<'_>,
+        blk: &CodedBlock<'_>,
+        consts_start: u64,
+        dest: Destination,
+    ) -> Result<(), CudaError> {
+        let h = lanes.stream().header();
+        let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
+        let out_start = tensor
+            .checked_mul(dest.tensor_stride)
+            .and_then(|x| x.checked_add(dest.base))
+            .ok_or(CudaError::Input {
+                what: "output offsets overflow",
+            })?;
+        let block = DequantBlock {
+            q_start: self.n_q as u64,
+            exp_start: self.n_exps as u64,
+            sink_start: 0,
+            out_start,
+            page_start: dest.page_start,
+            consts_start,
+            rows: lanes.rows() as u32,
+            sink_rows: lanes.sink_rows() as u32,
+            group: u32::from(h.group),
+            has_exps: u32::from(blk.exp_table.is_some()),
+            token_start: h.chunks[lanes.chunk()].token_start,
+            reserved: 0,
+        };
+        self.dequant.add_block_external(block, &blk.sink);
+        Ok(())
+    }
+}
+
+/// A coded block's counts as the launches' 32-bit fields hold them.
+struct BlockCounts {
+    /// Exponent symbols.
+    n_e: u32,
+    /// Value symbols.
+    n_sym: u32,
+    /// Both: what the symbol launch decodes.
+    n_all: u32,
+    /// Escape values.
+    n_escapes: u32,
+    /// Words per lane.
+    lane_len: [u32; LANES],
+}
+
+impl BlockCounts {
+    fn of(blk: &CodedBlock<'_>) -> Result<Self, CudaError> {
+        let input = |what| CudaError::Input { what };
+        let mut lane_len = [0u32; LANES];
+        for (d, &l) in lane_len.iter_mut().zip(&blk.lane_len) {
+            *d = u32::try_from(l).map_err(|_| input("over 2^32 words in a lane"))?;
+        }
+        let n_e = u32::try_from(blk.n_e).map_err(|_| input("over 2^32 symbols"))?;
+        let n_sym = u32::try_from(blk.n_sym).map_err(|_| input("over 2^32 symbols"))?;
+        Ok(BlockCounts {
+            n_e,
+            n_sym,
+            n_all: n_e.checked_add(n_sym).ok_or(input("over 2^32 symbols"))?,
+            n_escapes: u32::try_from(blk.escapes.len()).map_err(|_| input("over 2^32 escapes"))?,
+            lane_len,
+        })
     }
 }
 
@@ -557,10 +609,87 @@ fn parallel_map<T: Sync, R: Send>(
 /// A table map's key: (profile, level, layer, K/V).
 type MapKey = (usize, u8, u32, usize);
 
+/// What a chain's blocks share: per (profile, level) the level's table ids, per (profile,
+/// level, layer, K/V) where its table map and its channel constants start.
+#[derive(Default)]
+struct Shared {
+    levels: Vec<((usize, u8), Vec<u32>)>,
+    maps: Vec<(MapKey, (u64, u64))>,
+}
+
+impl Shared {
+    /// The table ids of `pc`'s level, its tables added to `ch` the first time.
+    fn level_ids(
+        &mut self,
+        ch: &mut Chain<'_>,
+        pc: &PlannedChunk<'_>,
+    ) -> Result<Vec<u32>, CudaError> {
+        let level = pc.lanes.level();
+        let key = (pc.profile, level);
+        if let Some((_, ids)) = self.levels.iter().find(|(k, _)| *k == key) {
+            return Ok(ids.clone());
+        }
+        let tables = &pc.lanes.stream().profile().level_tables(level).tables;
+        if tables.is_empty() || tables.len() + 1 > usize::from(u16::MAX) {
+            return Err(CudaError::Stream {
+                chunk: pc.lanes.chunk(),
+                what: "a level without tables",
+            });
+        }
+        let ids: Vec<u32> = tables
+            .iter()
+            .map(|t| ch.add_table(&t.freqs, t.radius))
+            .collect();
+        self.levels.push((key, ids.clone()));
+        Ok(ids)
+    }
+
+    /// Where the table map and the channel constants of `blk` (of `pc`) start, both added to
+    /// `ch` the first time.
+    fn map_starts(
+        &mut self,
+        ch: &mut Chain<'_>,
+        pc: &PlannedChunk<'_>,
+        blk: &CodedBlock<'_>,
+    ) -> (u64, u64) {
+        let (profile, level) = (pc.lanes.stream().profile(), pc.lanes.level());
+        let key = (pc.profile, level, blk.layer, blk.kv);
+        if let Some(&(_, starts)) = self.maps.iter().find(|(k, _)| *k == key) {
+            return starts;
+        }
+        let map_start = ch.map.len() as u64;
+        ch.map
+            .extend(value_table_map(profile, level, blk.layer, blk.kv));
+        let mult = profile.level_multipliers()[usize::from(level)];
+        let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
+        let starts = (map_start, ch.dequant.add_consts(&consts));
+        self.maps.push((key, starts));
+        starts
+    }
+}
+
 impl DecodePlan<'_> {
     /// The plan's chain of launches ([`Chain`]).
     pub(crate) fn chain(&self) -> Result<Chain<'_>, CudaError> {
-        let input = |what| CudaError::Input { what };
+        if self.heads == 0 || self.head_dim == 0 {
+            return Err(CudaError::Input {
+                what: "no channels",
+            });
+        }
+        let mut ch = self.empty_chain();
+        let mut shared = Shared::default();
+        for pc in &self.chunks {
+            let level_ids = shared.level_ids(&mut ch, pc)?;
+            for blk in &pc.lanes.blocks {
+                let starts = shared.map_starts(&mut ch, pc, blk);
+                ch.push_block(&pc.lanes, blk, &level_ids, starts, pc.dest)?;
+            }
+        }
+        Ok(ch)
+    }
+
+    /// A chain with no blocks yet, with room for all of the plan's (and its page tables).
+    fn empty_chain(&self) -> Chain<'_> {
         let mut ch = Chain {
             word_parts: Vec::with_capacity(self.blocks),
             n_words: 0,
@@ -588,58 +717,7 @@ impl DecodePlan<'_> {
             .reserve(all_blocks().map(|b| b.escapes.len()).sum());
         let sink = all_blocks().map(|b| b.sink.len()).sum();
         ch.dequant.reserve_external(self.blocks, sink);
-        let c = self.heads as usize * self.head_dim as usize;
-        // Per (profile, level): the level's table ids; per (profile, level, layer, kv): the map.
-        let mut levels: Vec<((usize, u8), Vec<u32>)> = Vec::new();
-        let mut maps: Vec<(MapKey, (u64, u64))> = Vec::new();
-        for pc in &self.chunks {
-            let lanes = &pc.lanes;
-            let profile = lanes.stream().profile();
-            let level = lanes.level();
-            let key = (pc.profile, level);
-            let level_ids = match levels.iter().position(|(k, _)| *k == key) {
-                Some(i) => levels[i].1.clone(),
-                None => {
-                    let ids: Vec<u32> = profile
-                        .level_tables(level)
-                        .tables
-                        .iter()
-                        .map(|t| ch.add_table(&t.freqs, t.radius))
-                        .collect();
-                    levels.push((key, ids.clone()));
-                    ids
-                }
-            };
-            if level_ids.is_empty() || level_ids.len() + 1 > usize::from(u16::MAX) {
-                return Err(CudaError::Stream {
-                    chunk: lanes.chunk(),
-                    what: "a level without tables",
-                });
-            }
-            for blk in &lanes.blocks {
-                let map_key = (pc.profile, level, blk.layer, blk.kv);
-                // The map and the channel constants, once per (profile, level, layer, K/V).
-                let starts = match maps.iter().find(|(k, _)| *k == map_key) {
-                    Some(&(_, s)) => s,
-                    None => {
-                        let s = ch.map.len() as u64;
-                        ch.map
-                            .extend(value_table_map(profile, level, blk.layer, blk.kv));
-                        let mult = profile.level_multipliers()[usize::from(level)];
-                        let params = profile.channel_params(blk.layer, blk.kv);
-                        let consts = ChannelConsts::of_block(params, mult);
-                        let starts = (s, ch.dequant.add_consts(&consts));
-                        maps.push((map_key, starts));
-                        starts
-                    }
-                };
-                ch.push_block(lanes, blk, &level_ids, starts, pc.dest)?;
-            }
-        }
-        if c == 0 {
-            return Err(input("no channels"));
-        }
-        Ok(ch)
+        ch
     }
 
     /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a

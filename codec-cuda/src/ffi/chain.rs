@@ -350,7 +350,6 @@ pub(crate) fn launch_chain_stage(
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     let l = &c.lanes_exp;
-    let (lane, resolve, values, dequant) = (k.lane, k.resolve, k.values, k.dequant);
     if c.resolve_status.len() != c.resolve.len()
         || c.value_status.len() != c.values.len()
         || c.symbols.len() != c.sym_table.len()
@@ -358,82 +357,93 @@ pub(crate) fn launch_chain_stage(
     {
         return Err(input("chain buffers of mismatched lengths"));
     }
-    if stage == 0 {
-        return launch_lane_decode(stream, lane, l, lane_shape);
+    match stage {
+        0 => launch_lane_decode(stream, k.lane, l, lane_shape),
+        1 => launch_resolve(stream, k.resolve, c),
+        2 => {
+            let sym = LaneDecodeRef {
+                words: &l.words,
+                tables: &l.tables,
+                table_list: &l.table_list,
+                symbol_table: &c.sym_table,
+                blocks: &c.sym_blocks,
+                symbols: &c.symbols,
+                status: &c.sym_status,
+            };
+            launch_lane_decode_ref(stream, k.lane, &sym, lane_shape)
+        }
+        3 => launch_values(stream, k.values, c),
+        4 => launch_dequant_with(stream, k.dequant, &c.dequant, &c.q, &l.symbols, out, n_out),
+        _ => Err(input("a chain has five launches")),
     }
+}
+
+/// Queues the chain's table resolution (launch 1).
+fn launch_resolve(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<(), CudaError> {
     let g = launch_grid(c.resolve.len())?;
-    if stage == 1 && g > 0 {
-        let mut a = Addrs::default();
-        let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
-        let (exps, n_exps) = a.of(&l.symbols, stream);
-        let (map, n_map) = a.of(&c.map, stream);
-        let (blocks, n_blocks) = a.of(&c.resolve, stream);
-        let (status, _) = a.of(&c.resolve_status, stream);
-        let args = ResolveArgs::<OnDevice> {
-            symbol_table,
-            n_symbol_table,
-            exps,
-            n_exps,
-            map,
-            n_map,
-            blocks,
-            status,
-            n_blocks,
-            heads: c.heads,
-            head_dim: c.head_dim,
-        };
-        let cfg = launch_shape(g, CHAIN_THREADS, 0);
-        // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
-        // synchronized), 7 and 3.
-        unsafe { launch_args(stream, resolve, &args, cfg, a) }?;
+    if g == 0 {
+        return Ok(());
     }
-    let sym = LaneDecodeRef {
-        words: &l.words,
-        tables: &l.tables,
-        table_list: &l.table_list,
-        symbol_table: &c.sym_table,
-        blocks: &c.sym_blocks,
-        symbols: &c.symbols,
-        status: &c.sym_status,
+    let mut a = Addrs::default();
+    let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
+    let (exps, n_exps) = a.of(&c.lanes_exp.symbols, stream);
+    let (map, n_map) = a.of(&c.map, stream);
+    let (blocks, n_blocks) = a.of(&c.resolve, stream);
+    let (status, _) = a.of(&c.resolve_status, stream);
+    let args = ResolveArgs::<OnDevice> {
+        symbol_table,
+        n_symbol_table,
+        exps,
+        n_exps,
+        map,
+        n_map,
+        blocks,
+        status,
+        n_blocks,
+        heads: c.heads,
+        head_dim: c.head_dim,
     };
-    if stage == 2 {
-        return launch_lane_decode_ref(stream, lane, &sym, lane_shape);
-    }
+    let cfg = launch_shape(g, CHAIN_THREADS, 0);
+    // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
+    // synchronized), 7 and 3.
+    unsafe { launch_args(stream, f, &args, cfg, a) }
+}
+
+/// Queues the chain's value mapping with escapes (launch 3).
+fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<(), CudaError> {
     let g = launch_grid(c.values.len())?;
-    if stage == 3 && g > 0 {
-        let mut a = Addrs::default();
-        let (indices, n_indices) = a.of(&c.symbols, stream);
-        let (symbol_table, _) = a.of(&c.sym_table, stream);
-        let (table_list, n_table_list) = a.of(&l.table_list, stream);
-        let (radius, n_radius) = a.of(&c.radius, stream);
-        let (escapes, n_escapes) = a.of(&c.escapes, stream);
-        let (q, n_q) = a.of(&c.q, stream);
-        let (blocks, n_blocks) = a.of(&c.values, stream);
-        let (status, _) = a.of(&c.value_status, stream);
-        let args = ValueArgs::<OnDevice> {
-            indices,
-            symbol_table,
-            n_indices,
-            table_list,
-            n_table_list,
-            radius,
-            n_radius,
-            escapes,
-            n_escapes,
-            q,
-            n_q,
-            blocks,
-            status,
-            n_blocks,
-        };
-        let cfg = launch_shape(g, CHAIN_THREADS, VALUE_SHARED_BYTES);
-        // SAFETY: invariants 1, 6, 7 and 3 (the shared memory KvcValueShared needs).
-        unsafe { launch_args(stream, values, &args, cfg, a) }?;
+    if g == 0 {
+        return Ok(());
     }
-    if stage == 4 {
-        return launch_dequant_with(stream, dequant, &c.dequant, &c.q, &l.symbols, out, n_out);
-    }
-    Ok(())
+    let mut a = Addrs::default();
+    let (indices, n_indices) = a.of(&c.symbols, stream);
+    let (symbol_table, _) = a.of(&c.sym_table, stream);
+    let (table_list, n_table_list) = a.of(&c.lanes_exp.table_list, stream);
+    let (radius, n_radius) = a.of(&c.radius, stream);
+    let (escapes, n_escapes) = a.of(&c.escapes, stream);
+    let (q, n_q) = a.of(&c.q, stream);
+    let (blocks, n_blocks) = a.of(&c.values, stream);
+    let (status, _) = a.of(&c.value_status, stream);
+    let args = ValueArgs::<OnDevice> {
+        indices,
+        symbol_table,
+        n_indices,
+        table_list,
+        n_table_list,
+        radius,
+        n_radius,
+        escapes,
+        n_escapes,
+        q,
+        n_q,
+        blocks,
+        status,
+        n_blocks,
+    };
+    let cfg = launch_shape(g, CHAIN_THREADS, VALUE_SHARED_BYTES);
+    // SAFETY: invariants 1, 6 (as in `launch_resolve`), 7 and 3 (the shared memory
+    // KvcValueShared needs).
+    unsafe { launch_args(stream, f, &args, cfg, a) }
 }
 
 #[cfg(test)]
