@@ -494,18 +494,11 @@ impl<'p> Chain<'p> {
         dest: Destination,
     ) -> Result<(), CudaError> {
         let h = lanes.stream().header();
-        let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
-        let out_start = tensor
-            .checked_mul(dest.tensor_stride)
-            .and_then(|x| x.checked_add(dest.base))
-            .ok_or(CudaError::Input {
-                what: "output offsets overflow",
-            })?;
         let block = DequantBlock {
             q_start: self.n_q as u64,
             exp_start: self.n_exps as u64,
             sink_start: 0,
-            out_start,
+            out_start: dest.tensor_start(blk.layer, blk.kv)?,
             page_start: dest.page_start,
             consts_start,
             rows: lanes.rows() as u32,

@@ -297,13 +297,7 @@ impl<'s> ChunkLanes<'s> {
         for (b, blk) in self.blocks.iter().enumerate() {
             let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
             let consts_start = batch.add_consts(&consts);
-            let tensor = u64::from(blk.layer) * 2 + blk.kv as u64;
-            let out_start = tensor
-                .checked_mul(dest.tensor_stride)
-                .and_then(|x| x.checked_add(dest.base))
-                .ok_or(CudaError::Input {
-                    what: "output offsets overflow",
-                })?;
+            let out_start = dest.tensor_start(blk.layer, blk.kv)?;
             batch.add_block(DequantInput {
                 q: values.get(b).map(Vec::as_slice).unwrap_or(&[]),
                 exps: blk
@@ -354,6 +348,16 @@ impl Destination {
             tensor_stride: u64::from(tokens) * channels as u64,
             page_start: 0,
         }
+    }
+
+    /// The element tensor `(layer, kv)` starts at; an input error where it overflows.
+    pub(crate) fn tensor_start(&self, layer: u32, kv: usize) -> Result<u64, CudaError> {
+        (u64::from(layer) * 2 + kv as u64)
+            .checked_mul(self.tensor_stride)
+            .and_then(|x| x.checked_add(self.base))
+            .ok_or(CudaError::Input {
+                what: "output offsets overflow",
+            })
     }
 }
 
