@@ -5,9 +5,9 @@
 //! why not, e.g. on a machine without a CUDA driver); it then encodes caches and decodes streams
 //! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`], and
 //! [`GpuCodec::decode_from`] for a file [read](GpuCodec::read_file) into page-locked memory)
-//! and selects tokens as pq-core does ([`GpuCodec::select`]). The eval hooks ([`kvc_io::eval::SecondDecoder`],
-//! [`kvc_io::pq::SecondSearch`]) compare every output with the CPU's and fail loudly on any
-//! difference.
+//! and selects tokens as pq-core does ([`GpuCodec::select`]). The eval hooks
+//! ([`kvc_io::eval::SecondDecoder`], [`kvc_io::pq::SecondSearch`]) compare every output with the
+//! CPU's and fail loudly on any difference.
 
 use std::fmt;
 use std::fs::File;

@@ -1,8 +1,8 @@
 //! `kvc eval --gpu`, `kvc pq eval --gpu`, `kvc encode --gpu` and `kvc decode --gpu`: on a
 //! machine with a GPU the GPU's figures next to the CPU's (its outputs checked equal inside the
-//! command), the CPU's stream and the CPU's dump byte for byte; without one (CI) a clear error naming why, exit code != 0,
-//! nothing printed on stdout and no output file. `KVC_REQUIRE_GPU=1` makes a
-//! failure on a GPU machine a test failure rather than "no GPU".
+//! command), the CPU's stream and the CPU's dump byte for byte; without one (CI) a clear error
+//! naming why, exit code != 0, nothing printed on stdout and no output file.
+//! `KVC_REQUIRE_GPU=1` makes a failure on a GPU machine a test failure rather than "no GPU".
 
 mod common;
 use common::{kvc, write_sample_layers, SAMPLE};
