@@ -263,6 +263,24 @@ fn streams_in_one_buffer_decode_with_their_words_gathered_from_it() {
     }
 }
 
+/// A plan that reads no lane words (the golden streams of no tokens and of one token, a sink
+/// kept as it is) reads nothing from the bytes it is given: it decodes from any buffer (which
+/// `Gpu::upload_plan_from` matches on a device), to codec-core's values.
+#[test]
+fn a_plan_without_lane_words_decodes_from_any_bytes() {
+    for name in ["v20-zero-tokens.kvc", "v01-one-token.kvc"] {
+        let (bytes, profile) = common::read_vector(name);
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let want = codec_core_tensors(&stream, OutDtype::F16).concat();
+        let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
+        assert!(
+            plan.decode_chain_host_from(&[0xEE; 7]).unwrap() == want,
+            "{name}"
+        );
+        assert!(plan.decode_chain_host_from(&[]).unwrap() == want, "{name}");
+    }
+}
+
 #[test]
 fn f32_to_bf16_narrowing_matches_ieee() {
     // Every 4099th bit pattern and every pattern near the rounding and overflow boundaries,
