@@ -12,7 +12,8 @@
 //! (the chain built, packed into pinned memory and uploaded in one copy, five launches, the
 //! statuses), its upload alone (`Gpu::upload_plan`, its packing by the default threads and by
 //! one), the same decode from the streams in page-locked memory (`Gpu::decode_from`, each copy
-//! a stream of its own there), the decode of a plan uploaded once
+//! a stream of its own there), the same by 1 to 8 host threads at once, each with its own
+//! `Gpu::fork` and share of the copies (and of 4x as many), the decode of a plan uploaded once
 //! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
 //! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
@@ -25,6 +26,9 @@
 //! `copies * 576` queries over the fixture's layer-0 codes (causal), and a synthetic
 //! 32768-token head with 256 queries.
 //!
+//! With `threads` as the third argument, only the two halves of `decode_from` (upload, launches)
+//! on 1 to 8 host threads at once, apart, for the middle level.
+//!
 //! Without a GPU or NVRTC it says why and exits 0. NVRTC: `KVC_NVRTC_LIB`, else
 //! `target/nvrtc/13.5.37/lib`, else by name.
 
@@ -33,12 +37,12 @@ mod support;
 
 use std::time::Instant;
 
-use codec_core::{KvCache, Profile};
+use codec_core::{KvCache, Profile, Stream};
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::Source;
 use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
-use codec_cuda::{Gpu, LaneShape, DEFAULT_LANE_SHARED_TABLES};
+use codec_cuda::{Gpu, HostBuffer, LaneShape, DEFAULT_LANE_SHARED_TABLES};
 use pq_core::{pack, Codebook, PqParams};
 
 fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -71,6 +75,10 @@ fn main() {
         t.elapsed().as_secs_f64() * 1e3
     );
     let (d, profile) = support::fixture();
+    if args.next().as_deref() == Some("threads") {
+        bench_threads_apart(&gpu, &d.kv, &profile, (rounds, copies));
+        return;
+    }
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
         bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
     }
@@ -247,7 +255,116 @@ fn bench_decode(
         gbs(st[4]),
     );
     bench_decode_from(gpu, &bytes, (rounds, copies), &want);
+    let one_copy = &want[..want.len() / copies];
+    for n in [copies, 4 * copies] {
+        bench_decode_threads(gpu, &bytes, (rounds, n), one_copy);
+    }
     bench_lane_decode(gpu, &plan, level, rounds);
+}
+
+/// For `n` host threads: a handle forked from `gpu` each (packing uploads on its share of the
+/// cores) and a page-locked buffer holding `per` copies of the stream `bytes`.
+fn forked_shares(gpu: &Gpu, bytes: &[u8], n: usize, per: usize) -> Vec<(Gpu, HostBuffer)> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    (0..n)
+        .map(|_| {
+            let mut g = gpu.fork().unwrap();
+            g.set_upload_threads((cores / n).max(1));
+            let mut host = g.host_buffer(bytes.len() * per).unwrap();
+            for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
+                copy.copy_from_slice(bytes);
+            }
+            (g, host)
+        })
+        .collect()
+}
+
+/// The streams of each share, opened where they lie (each `len` bytes).
+fn open_shares(shares: &[(Gpu, HostBuffer)], len: usize) -> Vec<Vec<Stream<'_>>> {
+    (shares.iter())
+        .map(|(_, h)| {
+            let raw = h.as_slice().unwrap();
+            raw.chunks_exact(len).map(support::open).collect()
+        })
+        .collect()
+}
+
+/// Each place's largest value over `times` (the slowest thread's).
+fn slowest<const N: usize>(times: impl IntoIterator<Item = [f64; N]>) -> [f64; N] {
+    times.into_iter().fold([0.0; N], |mut m, t| {
+        m.iter_mut().zip(t).for_each(|(m, t)| *m = m.max(t));
+        m
+    })
+}
+
+/// `copies` copies of the stream `bytes` decoded by 1 to 8 host threads at once, each with a
+/// handle of its own (`Gpu::fork`: its own CUDA stream, staging and scratch) and its share of
+/// the copies in a page-locked buffer of its own, as a server decodes the requests it received:
+/// per thread, the plan built (on that thread) from its streams (opened before, as for
+/// `decode_from` above), `decode_from` into an output of its own. Timed from the threads'
+/// start to the last one's end; every output checked against `one_copy` (one copy's f16, as
+/// `decode_into` gave it); the slowest thread's plan and decode of the last round beside it.
+fn bench_decode_threads(
+    gpu: &Gpu,
+    bytes: &[u8],
+    (rounds, copies): (usize, usize),
+    one_copy: &[u16],
+) {
+    let mut line = Vec::new();
+    for n in [1usize, 2, 4, 8].into_iter().filter(|n| copies % n == 0) {
+        let per = copies / n;
+        let hosts = forked_shares(gpu, bytes, n, per);
+        let streams = open_shares(&hosts, bytes.len());
+        let mut outs: Vec<_> = hosts
+            .iter()
+            .map(|(g, _)| g.stream().alloc_zeros::<u16>(one_copy.len() * per).unwrap())
+            .collect();
+        let (t, ok) = best_of(rounds, || {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = (hosts.iter().zip(&streams).zip(outs.iter_mut()))
+                    .map(|(((g, host), streams), out)| {
+                        s.spawn(move || {
+                            let t = Instant::now();
+                            let refs: Vec<_> = streams.iter().collect();
+                            let plan = support::decode_plan_threads(&refs, 1);
+                            let planned = t.elapsed().as_secs_f64();
+                            g.decode_from(&plan, host, out).ok()?;
+                            Some([planned, t.elapsed().as_secs_f64() - planned])
+                        })
+                    })
+                    .collect();
+                let times: Option<Vec<[f64; 2]>> =
+                    threads.into_iter().map(|t| t.join().unwrap()).collect();
+                times.map(slowest)
+            })
+        });
+        let same = ok.is_some()
+            && hosts.iter().zip(&outs).all(|((g, _), out)| {
+                let got = g.stream().clone_dtoh(out).unwrap();
+                got.chunks_exact(one_copy.len()).all(|c| c == one_copy)
+            });
+        let gbs = (one_copy.len() * 2 * copies) as f64 / t / 1e9;
+        let differ = if same {
+            ""
+        } else {
+            " (NOT the bits of decode_into)"
+        };
+        let [plan, decode] = ok.unwrap_or_default();
+        line.push(format!(
+            "{n}: {:.3} ms = {gbs:.2} GB/s{differ} (last round's slowest thread: plan {:.3} ms, \
+             decode_from {:.3} ms)",
+            t * 1e3,
+            plan * 1e3,
+            decode * 1e3
+        ));
+    }
+    println!(
+        "decode on host threads, each with its own Gpu::fork, {copies} streams of {} bytes in \
+         page-locked memory -> {:.1} MB f16 (plan built, decode_from): {}",
+        bytes.len(),
+        (one_copy.len() * 2 * copies) as f64 / 1e6,
+        line.join("; ")
+    );
 }
 
 /// The same decode with `copies` copies of the stream `bytes` back to back in page-locked
@@ -287,6 +404,75 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
         plan_one * 1e3,
         plan_all * 1e3,
     );
+}
+
+/// The two halves of `decode_from` on host threads apart, each thread with its own
+/// `Gpu::fork`, page-locked buffer and plan (built before) of its share of `copies` streams
+/// of the middle level (`forked_shares`): the uploads alone (`Gpu::time_upload_plan` on every
+/// thread at once: the wall time, the slowest thread's chain build, copy and gather,
+/// allocation), then the uploaded plans' chains of launches (`decode_uploaded_into` on every
+/// thread at once).
+fn bench_threads_apart(
+    gpu: &Gpu,
+    kv: &KvCache,
+    profile: &Profile,
+    (rounds, copies): (usize, usize),
+) {
+    let bytes = support::stream_bytes(kv, profile, profile.levels() / 2);
+    let out_len = support::decode_plan(&support::open(&bytes), 1).output().len;
+    for n in [1usize, 2, 4, 8].into_iter().filter(|n| copies % n == 0) {
+        let per = copies / n;
+        let hosts = forked_shares(gpu, &bytes, n, per);
+        let streams = open_shares(&hosts, bytes.len());
+        let plans: Vec<_> = streams
+            .iter()
+            .map(|s| support::decode_plan_of(&s.iter().collect::<Vec<_>>()))
+            .collect();
+        let (upload, parts) = best_of(rounds, || {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = (hosts.iter().zip(&plans))
+                    .map(|((g, host), plan)| {
+                        s.spawn(move || g.time_upload_plan(plan, Some(host), 1).unwrap())
+                    })
+                    .collect();
+                slowest(threads.into_iter().map(|t| t.join().unwrap()))
+            })
+        });
+        let ups: Vec<_> = (hosts.iter().zip(&plans))
+            .map(|((g, host), plan)| g.upload_plan_from(plan, host).unwrap())
+            .collect();
+        let mut outs: Vec<_> = hosts
+            .iter()
+            .map(|(g, _)| g.stream().alloc_zeros::<u16>(out_len * per).unwrap())
+            .collect();
+        let (launched, ok) = best_of(rounds, || {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = (hosts.iter().zip(&ups).zip(outs.iter_mut()))
+                    .map(|(((g, _), up), out)| {
+                        s.spawn(move || g.decode_uploaded_into(up, out).is_ok())
+                    })
+                    .collect();
+                threads.into_iter().all(|t| t.join().unwrap())
+            })
+        });
+        let gbs = |t: f64| (out_len * 2 * copies) as f64 / t / 1e9;
+        println!(
+            "{n} threads apart, {copies} streams of {} bytes -> {:.1} MB f16: uploads at once \
+             {:.3} ms = {:.2} GB/s (slowest thread: whole {:.3}, chain built {:.3}, copied and \
+             gathered {:.3}, allocated {:.3} ms); uploaded chains at once {:.3} ms = {:.2} GB/s \
+             (all ok: {ok})",
+            bytes.len(),
+            (out_len * 2 * copies) as f64 / 1e6,
+            upload * 1e3,
+            gbs(upload),
+            parts[0] * 1e3,
+            parts[1] * 1e3,
+            parts[2] * 1e3,
+            parts[3] * 1e3,
+            launched * 1e3,
+            gbs(launched),
+        );
+    }
 }
 
 /// The symbol launch of `plan` alone: format v2 against the 32-bit-state experiment on the

@@ -136,6 +136,38 @@ impl Gpu {
         })
     }
 
+    /// Another handle on the same device and context, with a stream of its own (non-blocking)
+    /// and its own staging and scratch, the loaded kernels and every setting shared. For
+    /// decoding from several host threads, one handle each: their chains are built on the
+    /// host at once and one's copies to the device overlap another's kernels, where calls on
+    /// one `Gpu` run one after the other. Buffers for one handle's calls are allocated on its
+    /// [`stream`](Self::stream); a plan uploaded through one is not decoded by another.
+    pub fn fork(&self) -> Result<Gpu, CudaError> {
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(ffi::driver_err("cuStreamCreate"))?;
+        let kernels = self
+            .kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Ok(Gpu {
+            ctx: self.ctx.clone(),
+            stream,
+            ordinal: self.ordinal,
+            arch: self.arch.clone(),
+            kernels: Mutex::new(kernels),
+            lane_shape: self.lane_shape,
+            pq_shared_keys: self.pq_shared_keys,
+            staging: Mutex::new(None),
+            upload_threads: self.upload_threads,
+            readback: Mutex::new(None),
+            scratch: Mutex::new(None),
+            chain_lock: Mutex::new(()),
+        })
+    }
+
     /// Devices the driver reports ([`CudaError::NoDriver`] without a driver library).
     pub fn count() -> Result<usize, CudaError> {
         ffi::driver_device_count()

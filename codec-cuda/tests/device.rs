@@ -475,13 +475,59 @@ fn device_uploaded_plan_decodes_again_and_again() {
     assert!(other.decode_uploaded_into(&up, &mut out).is_err());
 }
 
+/// Handles forked from one `Gpu` (`Gpu::fork`: a stream, staging and scratch each) decode on
+/// four host threads at once, three rounds of every golden stream and the real fixture (4
+/// layers), each from a page-locked buffer of the handle's own: codec-core's bits. A plan
+/// uploaded through a fork is not decoded through the handle it was forked from.
+#[test]
+fn device_forked_handles_decode_on_threads_as_codec_core() {
+    let Some(gpu) = gpu("device_forked_handles_decode_on_threads_as_codec_core") else {
+        return;
+    };
+    let mut streams = golden();
+    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    let want: Vec<Vec<u16>> = streams
+        .iter()
+        .map(|(_, bytes, profile)| {
+            let stream = Stream::open(bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+            codec_core_tensors(&stream, OutDtype::F16).concat()
+        })
+        .collect();
+    let forks: Vec<Gpu> = (0..4).map(|_| gpu.fork().unwrap()).collect();
+    std::thread::scope(|s| {
+        for (t, fork) in forks.iter().enumerate() {
+            let (streams, want) = (&streams, &want);
+            s.spawn(move || {
+                for round in 0..3 {
+                    for ((name, bytes, profile), want) in streams.iter().zip(want) {
+                        let mut host = fork.host_buffer(bytes.len()).unwrap();
+                        host.as_mut_slice().unwrap().copy_from_slice(bytes);
+                        let raw = host.as_slice().unwrap();
+                        let limits = Limits::DEFAULT;
+                        let stream = Stream::open(raw, profile.as_ref(), &limits).unwrap();
+                        let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
+                        let got = fork.decode_vec_from(&plan, &host).unwrap();
+                        assert!(&got == want, "{name}: thread {t}, round {round}");
+                    }
+                }
+            });
+        }
+    });
+    let (_, bytes, profile) = streams.swap_remove(0);
+    let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+    let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
+    let up = forks[0].upload_plan(&plan).unwrap();
+    let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+    assert!(gpu.decode_uploaded_into(&up, &mut out).is_err());
+}
+
 /// Streams received into page-locked memory (`Gpu::host_buffer`) decode from it
 /// (`Gpu::decode_from`: the bytes copied to the device as they are, the lane words gathered
 /// there) to codec-core's bits: every golden stream and the real fixture (4 layers) at every
 /// byte offset mod 4, dense bf16, an uploaded plan decoded twice; and the decode seeds that
 /// decode, f16 (intact and damaged: the host-run chain's verdict and bits, which the fuzz
-/// target holds to codec-core's). A plan whose streams lie outside the buffer is an input
-/// error.
+/// target holds to codec-core's). A plan whose lane words lie outside the buffer is an input
+/// error, as on the host.
 #[test]
 fn device_decodes_streams_in_page_locked_memory() {
     let Some(gpu) = gpu("device_decodes_streams_in_page_locked_memory") else {
@@ -489,6 +535,7 @@ fn device_decodes_streams_in_page_locked_memory() {
     };
     let mut streams = golden();
     streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    let mut refused = 0;
     for (name, bytes, profile) in &streams {
         let mut host = gpu.host_buffer(bytes.len() + 3).unwrap();
         for at in 0..4 {
@@ -505,13 +552,23 @@ fn device_decodes_streams_in_page_locked_memory() {
                 got.truncate(want.len());
                 assert!(got == want, "{name} at {at}, round {round}");
             }
+            // Another buffer: an input error, as on the host, for a plan that reads lane words
+            // (one whose tokens are all sinks or none reads none, and decodes from any buffer).
             let elsewhere = gpu.host_buffer(bytes.len()).unwrap();
-            assert!(matches!(
-                gpu.upload_plan_from(&plan, &elsewhere),
-                Err(codec_cuda::CudaError::Input { .. })
-            ));
+            let on_host = plan.decode_chain_host_from(elsewhere.as_slice().unwrap());
+            let on_device = gpu.upload_plan_from(&plan, &elsewhere);
+            assert!(on_host.is_ok() == on_device.is_ok(), "{name} at {at}");
+            match on_device {
+                Ok(_) => {}
+                Err(codec_cuda::CudaError::Input { .. }) => refused += 1,
+                Err(e) => panic!("{name} at {at}: {e}"),
+            }
         }
     }
+    assert!(
+        refused >= 4,
+        "refused {refused}: the fixture at every offset at least"
+    );
     let dir = replay::fuzz_dir().join("seeds/decode_stream_profile");
     let (mut ran, mut decoded) = (0, 0);
     for seed in replay::inputs(&dir) {
