@@ -2,7 +2,8 @@
 //!
 //! The kernels are compiled by NVRTC to a CUBIN for the device's architecture once per process
 //! and architecture (a process-wide cache), and loaded once per [`Gpu`]. Every launch goes on
-//! the `Gpu`'s one stream; each entry point uploads its batch (tables, words, block headers),
+//! the `Gpu`'s one stream ([`Gpu::fork`] gives another handle with a stream of its own, for
+//! another host thread); each entry point uploads its batch (tables, words, block headers),
 //! launches, synchronizes and downloads what the host needs next.
 
 use std::collections::HashMap;
