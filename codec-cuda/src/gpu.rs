@@ -139,9 +139,9 @@ impl Gpu {
 
     /// Another handle on the same device and context, with a stream of its own (non-blocking)
     /// and its own staging and scratch, the loaded kernels and every setting shared. For
-    /// decoding from several host threads, one handle each: their chains are built on the
-    /// host at once and one's copies to the device overlap another's kernels, where calls on
-    /// one `Gpu` run one after the other. Buffers for one handle's calls are allocated on its
+    /// decoding from several host threads, one handle each: their plans and chains are built
+    /// on the host at once, beside one another's copies and kernels, where calls on one `Gpu`
+    /// run one after the other. Buffers for one handle's calls are allocated on its
     /// [`stream`](Self::stream); a plan uploaded through one is not decoded by another.
     pub fn fork(&self) -> Result<Gpu, CudaError> {
         let stream = self

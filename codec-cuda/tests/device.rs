@@ -16,7 +16,7 @@ mod replay;
 
 use std::path::{Path, PathBuf};
 
-use codec_core::{Limits, Stream};
+use codec_core::{Limits, Profile, Stream};
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::EncodePlan;
 use codec_cuda::fuzzing::{chain_seed_variants, decode_chain_on, scatter, CHAIN_OUTPUTS};
@@ -56,6 +56,13 @@ fn gpu(test: &str) -> Option<Gpu> {
     }
     println!("{test}: device {} ({})", gpu.ordinal(), gpu.arch());
     Some(gpu)
+}
+
+/// Every golden stream, then the real fixture's (4 layers, its profile embedded).
+fn golden_and_fixture() -> Vec<(String, Vec<u8>, Option<Profile>)> {
+    let mut streams = golden();
+    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    streams
 }
 
 #[test]
@@ -484,8 +491,7 @@ fn device_forked_handles_decode_on_threads_as_codec_core() {
     let Some(gpu) = gpu("device_forked_handles_decode_on_threads_as_codec_core") else {
         return;
     };
-    let mut streams = golden();
-    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    let mut streams = golden_and_fixture();
     let want: Vec<Vec<u16>> = streams
         .iter()
         .map(|(_, bytes, profile)| {
@@ -533,8 +539,7 @@ fn device_decodes_streams_in_page_locked_memory() {
     let Some(gpu) = gpu("device_decodes_streams_in_page_locked_memory") else {
         return;
     };
-    let mut streams = golden();
-    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    let streams = golden_and_fixture();
     let mut refused = 0;
     for (name, bytes, profile) in &streams {
         let mut host = gpu.host_buffer(bytes.len() + 3).unwrap();
@@ -615,8 +620,7 @@ fn device_lane_shapes_decode_as_codec_core() {
     let Some(mut gpu) = gpu("device_lane_shapes_decode_as_codec_core") else {
         return;
     };
-    let mut streams = golden();
-    streams.push(("fixture".into(), common::fixture_stream(4).0, None));
+    let streams = golden_and_fixture();
     for (warps, tables) in [(1, 0), (4, 0), (32, 0), (2, 7), (7, 2)] {
         gpu.set_lane_warps(1).unwrap();
         gpu.set_lane_shared_tables(tables).unwrap();
