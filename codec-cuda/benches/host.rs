@@ -1,7 +1,8 @@
 //! Criterion benches of the host side of a GPU decode, which runs on every call and needs no
 //! device (`cargo bench -p kvc-codec-cuda --bench host`): building a [`DecodePlan`] of the real
 //! fixture decoded 8 times over (every chunk's CRC checked and its blocks read, their lane
-//! words borrowed from the stream; `DecodePlan::add_streams` on 1 and 2 threads), in bytes of
+//! words borrowed from the stream; `DecodePlan::add_streams` on 1 and 2 threads), and building
+//! its chain of launches (`DecodePlan::time_chain`, what every upload does first), in bytes of
 //! compressed input, at levels 0, 6 and 11.
 
 #[path = "support/mod.rs"]
@@ -29,6 +30,17 @@ fn main() {
                 b.iter(|| support::decode_plan_threads(&streams, threads))
             });
         }
+    }
+    g.finish();
+    let mut g = c.benchmark_group("decode chain built on the host, 8 copies of the fixture");
+    for level in [0, 6, 11] {
+        let bytes = support::stream_bytes(&d.kv, &profile, level);
+        let stream = support::open(&bytes);
+        let plan = support::decode_plan(&stream, copies);
+        g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
+        g.bench_function(format!("level {level}"), |b| {
+            b.iter_custom(|n| Duration::from_secs_f64(plan.time_chain(n as usize).unwrap()))
+        });
     }
     g.finish();
     c.final_summary();

@@ -713,6 +713,16 @@ impl DecodePlan<'_> {
         ch
     }
 
+    /// For benches: the seconds `reps` builds of the plan's chain of launches take on the host
+    /// (the first step of every `Gpu` upload).
+    pub fn time_chain(&self, reps: usize) -> Result<f64, CudaError> {
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            drop(self.chain()?);
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
     /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a
     /// device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
