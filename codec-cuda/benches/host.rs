@@ -2,14 +2,17 @@
 //! device (`cargo bench -p kvc-codec-cuda --bench host`): building a [`DecodePlan`] of the real
 //! fixture decoded 8 times over (every chunk's CRC checked and its blocks read, their lane
 //! words borrowed from the stream; `DecodePlan::add_streams` on 1 and 2 threads), and building
-//! its chain of launches (`DecodePlan::time_chain`, what every upload does first), in bytes of
-//! compressed input, at levels 0, 6 and 11.
+//! its chain of launches (`DecodePlan::time_chain`, what every upload does first; the tables,
+//! table maps and channel constants of the stream's (profile, level) built in each, as in a
+//! `Gpu`'s first call, or kept, as in every later one), in bytes of compressed input, at levels
+//! 0, 6 and 11.
 
 #[path = "support/mod.rs"]
 mod support;
 
 use std::time::Duration;
 
+use codec_cuda::encode_plan::Source;
 use criterion::{Criterion, Throughput};
 
 fn main() {
@@ -38,10 +41,38 @@ fn main() {
         let stream = support::open(&bytes);
         let plan = support::decode_plan(&stream, copies);
         g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
-        g.bench_function(format!("level {level}"), |b| {
-            b.iter_custom(|n| Duration::from_secs_f64(plan.time_chain(n as usize).unwrap()))
-        });
+        for kept in [false, true] {
+            g.bench_function(format!("level {level}, {}", constants(kept)), |b| {
+                b.iter_custom(|n| {
+                    Duration::from_secs_f64(plan.time_chain(n as usize, kept).unwrap())
+                })
+            });
+        }
+    }
+    g.finish();
+    let mut g = c.benchmark_group("encode chain built on the host, 8 copies of the fixture");
+    let profile = support::profile_with_queries(&d);
+    let ctx = support::encode_context(&d, &profile);
+    let (src, source) = Source::of_view(&d.kv.view());
+    g.throughput(Throughput::Bytes((copies * src.len()) as u64));
+    for level in [0, 6, 11] {
+        let (plan, _) = support::encode_plan(&ctx, source, level, copies);
+        for kept in [false, true] {
+            g.bench_function(format!("level {level}, {}", constants(kept)), |b| {
+                b.iter_custom(|n| {
+                    Duration::from_secs_f64(plan.time_chain(n as usize, kept).unwrap())
+                })
+            });
+        }
     }
     g.finish();
     c.final_summary();
+}
+
+/// How a bench's chains get their level constants.
+fn constants(kept: bool) -> &'static str {
+    match kept {
+        false => "level constants built",
+        true => "level constants kept",
+    }
 }

@@ -62,16 +62,15 @@
 //! assert_eq!(bits, want);
 //! ```
 
+use std::sync::Arc;
+
 use codec_core::Stream;
 
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
-use crate::quant::{
-    ChannelConsts, DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output,
-};
-use crate::rans::{
-    value_table_map, LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId,
-};
+use crate::levels::{LevelCache, LevelConsts};
+use crate::quant::{DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output};
+use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
 /// A chunk of a plan: its blocks and where its rows go.
@@ -599,83 +598,87 @@ fn parallel_map<T: Sync, R: Send>(
     done.into_iter().map(|(_, r)| r).collect()
 }
 
-/// A table map's key: (profile, level, layer, K/V).
-type MapKey = (usize, u8, u32, usize);
-
-/// What a chain's blocks share: per (profile, level) the level's table ids, per (profile,
-/// level, layer, K/V) where its table map and its channel constants start.
-#[derive(Default)]
-struct Shared {
-    levels: Vec<((usize, u8), Vec<u32>)>,
-    maps: Vec<(MapKey, (u64, u64))>,
+/// Where one (profile, level)'s constants start in a chain: its tables' ids, and the first of
+/// its table maps and of its channel constants (every (layer, K/V)'s, in order).
+struct LevelStarts {
+    ids: Vec<u32>,
+    consts: Arc<LevelConsts>,
+    map_base: u64,
+    consts_base: u64,
 }
 
-impl Shared {
-    /// The table ids of `pc`'s level, its tables added to `ch` the first time.
-    fn level_ids(
-        &mut self,
-        ch: &mut Chain<'_>,
-        pc: &PlannedChunk<'_>,
-    ) -> Result<Vec<u32>, CudaError> {
-        let level = pc.lanes.level();
-        let key = (pc.profile, level);
-        if let Some((_, ids)) = self.levels.iter().find(|(k, _)| *k == key) {
-            return Ok(ids.clone());
+/// The (profile, level)s a chain's blocks use so far, each's constants appended to the chain
+/// once, from `cache`.
+struct Shared<'c> {
+    cache: &'c LevelCache,
+    levels: Vec<((usize, u8), LevelStarts)>,
+}
+
+impl<'c> Shared<'c> {
+    fn new(cache: &'c LevelCache) -> Self {
+        Shared {
+            cache,
+            levels: Vec::new(),
         }
-        let tables = &pc.lanes.stream().profile().level_tables(level).tables;
-        if tables.is_empty() || tables.len() + 1 > usize::from(u16::MAX) {
-            return Err(CudaError::Stream {
-                chunk: pc.lanes.chunk(),
-                what: "a level without tables",
-            });
-        }
-        let ids: Vec<u32> = tables
-            .iter()
-            .map(|t| ch.add_table(&t.freqs, t.radius))
-            .collect();
-        self.levels.push((key, ids.clone()));
-        Ok(ids)
     }
 
-    /// Where the table map and the channel constants of `blk` (of `pc`) start, both added to
-    /// `ch` the first time.
-    fn map_starts(
-        &mut self,
-        ch: &mut Chain<'_>,
-        pc: &PlannedChunk<'_>,
-        blk: &CodedBlock<'_>,
-    ) -> (u64, u64) {
-        let (profile, level) = (pc.lanes.stream().profile(), pc.lanes.level());
-        let key = (pc.profile, level, blk.layer, blk.kv);
-        if let Some(&(_, starts)) = self.maps.iter().find(|(k, _)| *k == key) {
-            return starts;
+    /// Where `pc`'s (profile, level) constants start in `ch`, appended the first time.
+    fn level(&mut self, ch: &mut Chain<'_>, pc: &PlannedChunk<'_>) -> Result<usize, CudaError> {
+        let key = (pc.profile, pc.lanes.level());
+        if let Some(i) = self.levels.iter().position(|(k, _)| *k == key) {
+            return Ok(i);
         }
-        let map_start = ch.map.len() as u64;
-        ch.map
-            .extend(value_table_map(profile, level, blk.layer, blk.kv));
-        let mult = profile.level_multipliers()[usize::from(level)];
-        let consts = ChannelConsts::of_block(profile.channel_params(blk.layer, blk.kv), mult);
-        let starts = (map_start, ch.dequant.add_consts(&consts));
-        self.maps.push((key, starts));
-        starts
+        let consts = self
+            .cache
+            .get(pc.lanes.stream().profile(), key.1)
+            .map_err(|what| CudaError::Stream {
+                chunk: pc.lanes.chunk(),
+                what,
+            })?;
+        let first = ch.radius.len() as u32;
+        ch.tables.extend_from_slice(&consts.tables);
+        ch.radius.extend_from_slice(&consts.radius);
+        let ids = (first..first + consts.n_tables() as u32).collect();
+        let map_base = ch.map.len() as u64;
+        ch.map.extend_from_slice(&consts.maps);
+        let consts_base = ch.dequant.add_consts(&consts.consts);
+        let starts = LevelStarts {
+            ids,
+            consts,
+            map_base,
+            consts_base,
+        };
+        self.levels.push((key, starts));
+        Ok(self.levels.len() - 1)
     }
 }
 
 impl DecodePlan<'_> {
     /// The plan's chain of launches ([`Chain`]).
     pub(crate) fn chain(&self) -> Result<Chain<'_>, CudaError> {
+        self.chain_with(&LevelCache::default())
+    }
+
+    /// [`chain`](Self::chain), each (profile, level)'s constants taken from `cache` (and kept
+    /// there).
+    pub(crate) fn chain_with(&self, cache: &LevelCache) -> Result<Chain<'_>, CudaError> {
         if self.heads == 0 || self.head_dim == 0 {
             return Err(CudaError::Input {
                 what: "no channels",
             });
         }
         let mut ch = self.empty_chain();
-        let mut shared = Shared::default();
+        let mut shared = Shared::new(cache);
         for pc in &self.chunks {
-            let level_ids = shared.level_ids(&mut ch, pc)?;
+            let at = shared.level(&mut ch, pc)?;
+            let level = &shared.levels[at].1;
             for blk in &pc.lanes.blocks {
-                let starts = shared.map_starts(&mut ch, pc, blk);
-                ch.push_block(&pc.lanes, blk, &level_ids, starts, pc.dest)?;
+                let (map, consts) = level.consts.starts(blk.layer, blk.kv);
+                let starts = (
+                    level.map_base + map as u64,
+                    level.consts_base + consts as u64,
+                );
+                ch.push_block(&pc.lanes, blk, &level.ids, starts, pc.dest)?;
             }
         }
         Ok(ch)
@@ -714,11 +717,20 @@ impl DecodePlan<'_> {
     }
 
     /// For benches: the seconds `reps` builds of the plan's chain of launches take on the host
-    /// (the first step of every `Gpu` upload).
-    pub fn time_chain(&self, reps: usize) -> Result<f64, CudaError> {
+    /// (the first step of every `Gpu` upload): with `kept`, each (profile, level)'s constants
+    /// built before the first and kept, as a `Gpu` keeps them after its first call; without,
+    /// built in every build, as in a `Gpu`'s first call.
+    pub fn time_chain(&self, reps: usize, kept: bool) -> Result<f64, CudaError> {
+        let cache = LevelCache::default();
+        if kept {
+            drop(self.chain_with(&cache)?);
+        }
         let t = std::time::Instant::now();
         for _ in 0..reps {
-            drop(self.chain()?);
+            match kept {
+                true => drop(self.chain_with(&cache)?),
+                false => drop(self.chain()?),
+            }
         }
         Ok(t.elapsed().as_secs_f64())
     }
@@ -956,6 +968,11 @@ mod tests {
     /// A small stream (2 layers, 1 head of 8 channels, 64 tokens in chunks of 16), its profile
     /// embedded.
     fn small_stream() -> Vec<u8> {
+        small_stream_with(EncodeParams::default())
+    }
+
+    /// [`small_stream`] coded with `params` (in chunks of 16 tokens).
+    fn small_stream_with(params: EncodeParams) -> Vec<u8> {
         let shape = KvShape {
             layers: 2,
             kv_heads: 1,
@@ -976,7 +993,7 @@ mod tests {
         let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
         let params = EncodeParams {
             chunk_tokens: 16,
-            ..EncodeParams::default()
+            ..params
         };
         encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap()
     }
@@ -1026,5 +1043,29 @@ mod tests {
         let consts = |c: &Chain<'_>| c.dequant.io(&mut [], &mut []).consts.len();
         assert_eq!(consts(&a), consts(&b));
         assert_eq!(b.values.len(), 2 * a.values.len());
+    }
+
+    /// A chain whose level constants come from a cache that other chains filled (in another
+    /// order, with a level this plan lacks) is the chain built with none kept: the same
+    /// tables, maps, constants and blocks, so the same bits.
+    #[test]
+    fn a_chain_from_kept_level_constants_is_the_one_built_afresh() {
+        let at = |level| {
+            small_stream_with(EncodeParams {
+                levels: vec![level],
+                ..EncodeParams::default()
+            })
+        };
+        let (b0, b2, b5) = (at(0), at(2), at(5));
+        let open = |b| Stream::open(b, None, &Limits::DEFAULT).unwrap();
+        let (s0, s2, s5) = (open(&b0), open(&b2), open(&b5));
+        let plan = plan_of(&[&s2, &s0, &s2]);
+        let cache = LevelCache::default();
+        plan_of(&[&s5, &s0]).chain_with(&cache).unwrap();
+        let afresh = format!("{:?}", plan.chain().unwrap());
+        for _ in 0..2 {
+            assert_eq!(format!("{:?}", plan.chain_with(&cache).unwrap()), afresh);
+        }
+        assert_eq!(cache.len(), 3);
     }
 }

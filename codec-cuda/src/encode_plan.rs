@@ -42,8 +42,9 @@
 //! assert_eq!(chunks[1], ctx.encode_chunk(&cache.view(), 3..8, 2).unwrap());
 //! ```
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::ops::Range;
+use std::sync::Arc;
 
 use codec_core::importance::reference_queries;
 use codec_core::rans::FreqTable;
@@ -53,8 +54,8 @@ use codec_core::{ChunkContext, Dtype, KvView, Profile, RopeStyle, TensorRef};
 use crate::encode::{encode_table, LaneEncodeBlock};
 use crate::error::CudaError;
 use crate::ffi::{self, LANES};
+use crate::levels::{LevelCache, LevelConsts};
 use crate::quant::ChannelConsts;
-use crate::rans::value_table_map;
 
 /// Where the source tensors lie in one buffer of `dtype` elements: tensor `(layer, K/V)` starts
 /// at element `base + (2 * layer + kv) * tensor_stride`, its token `t` `t * C` elements later.
@@ -239,9 +240,15 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// bytes, little-endian elements): every chunk's bytes, blocks and CRC, as
     /// [`ChunkContext::encode_chunk`] returns them.
     pub fn encode_host(&self, src: &[u8]) -> Result<Vec<Vec<u8>>, CudaError> {
+        self.encode_host_over(src, 0)
+    }
+
+    /// [`encode_host`](Self::encode_host) with the launches' large outputs (those a `Gpu`
+    /// keeps between calls, not zeroed) holding `fill` in every byte before the first.
+    fn encode_host_over(&self, src: &[u8], fill: u8) -> Result<Vec<Vec<u8>>, CudaError> {
         let mut ch = self.chain()?;
         ch.check_source_bytes(src.len())?;
-        let mut run = HostRun::new(&ch);
+        let mut run = HostRun::new(&ch, fill);
         self.blocks_host(&mut ch, src, &mut run)?;
         run.lanes_host(&ch)?;
         self.write_host(&ch, src, &mut run)?;
@@ -270,7 +277,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             tables: &mut ch.tables,
             symbols: &mut run.symbols,
             symbol_table: &mut run.symbol_table,
-            q: &mut vec![0i32; ch.n_q],
+            q: &mut run.q,
             escapes: &mut run.escapes,
             blocks: &ch.blocks,
             results: &mut run.results,
@@ -301,6 +308,12 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
 
     /// The plan's launches' inputs ([`EncodeChain`]).
     pub(crate) fn chain(&self) -> Result<EncodeChain, CudaError> {
+        self.chain_with(&LevelCache::default())
+    }
+
+    /// [`chain`](Self::chain), each level's table maps and channel constants taken from
+    /// `cache` (and kept there).
+    pub(crate) fn chain_with(&self, cache: &LevelCache) -> Result<EncodeChain, CudaError> {
         let ctx = self.ctx;
         let profile = ctx.profile();
         let shape = ctx.shape();
@@ -322,31 +335,20 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             }
             ch.tau = imp.tau.clone();
         }
-        // Per level its tables' ids; per (level, layer, K/V) its map and constants.
-        let mut level_ids: HashMap<u8, Vec<u32>> = HashMap::new();
-        let mut starts: HashMap<(u8, u32, usize), (u64, u64)> = HashMap::new();
+        // Per level its tables' ids, its constants and where they start in the chain.
+        let mut levels: HashMap<u8, ChainLevel> = HashMap::new();
         for (tokens, level) in &self.chunks {
             let (first_block, out_start) = (ch.blocks.len(), ch.n_out);
             let rot_start = ch.add_rotations(ctx, tokens);
-            let ids = match level_ids.get(level) {
-                Some(ids) => ids.clone(),
-                None => {
-                    let ids = ch.add_level(profile, *level);
-                    level_ids.insert(*level, ids.clone());
-                    ids
-                }
+            let lv = match levels.entry(*level) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(ch.add_level(cache, profile, *level)?),
             };
             for layer in 0..shape.layers {
                 for kv in 0..2 {
-                    let key = (*level, layer, kv);
-                    let (map_start, consts_start) = match starts.get(&key) {
-                        Some(&s) => s,
-                        None => {
-                            let s = ch.add_block_consts(profile, key);
-                            starts.insert(key, s);
-                            s
-                        }
-                    };
+                    let (map, consts) = lv.consts.starts(layer, kv);
+                    let (map_start, consts_start) =
+                        (lv.map_base + map as u64, lv.consts_base + consts as u64);
                     let at = BlockAt {
                         rot_start,
                         layer,
@@ -354,7 +356,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
                         map_start,
                         consts_start,
                     };
-                    ch.push_block(self, tokens, &ids, at)?;
+                    ch.push_block(self, tokens, &lv.ids, at)?;
                 }
             }
             ch.chunks.push(ChunkOut {
@@ -366,6 +368,24 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             });
         }
         Ok(ch)
+    }
+
+    /// For benches: the seconds `reps` builds of the plan's chain take on the host (the first
+    /// step of every `Gpu::encode`): with `kept`, each level's table maps and channel
+    /// constants built before the first and kept, as a `Gpu` keeps them after its first call.
+    pub fn time_chain(&self, reps: usize, kept: bool) -> Result<f64, CudaError> {
+        let cache = LevelCache::default();
+        if kept {
+            drop(self.chain_with(&cache)?);
+        }
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            match kept {
+                true => drop(self.chain_with(&cache)?),
+                false => drop(self.chain()?),
+            }
+        }
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// The importance policy's constants, if the context turns it on and it can change a step
@@ -393,6 +413,16 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             rope_style,
         }))
     }
+}
+
+/// A level in a chain: its constants and where they are.
+struct ChainLevel {
+    /// Its tables' ids.
+    ids: Vec<u32>,
+    consts: Arc<LevelConsts>,
+    /// Where its first table map and channel constants are.
+    map_base: u64,
+    consts_base: u64,
 }
 
 /// Where a block sits: its layer, K/V and its (layer, K/V, level)'s map and constants.
@@ -446,6 +476,7 @@ pub(crate) struct EncodeChain {
 struct HostRun {
     symbols: Vec<u8>,
     symbol_table: Vec<u16>,
+    q: Vec<i32>,
     escapes: Vec<i32>,
     results: Vec<EncResult>,
     lane_blocks: Vec<LaneEncodeBlock>,
@@ -459,21 +490,26 @@ struct HostRun {
 }
 
 impl HostRun {
-    /// Zeroed outputs for `ch`'s launches.
-    fn new(ch: &EncodeChain) -> Self {
+    /// Outputs for `ch`'s launches: those a `Gpu` keeps in its scratch (symbols, their
+    /// tables, values, escapes, words, chunk bytes, sealed bytes) with `fill` in every byte,
+    /// the rest (results, lane records, statuses) zeroed, as a `Gpu` zeroes them.
+    fn new(ch: &EncodeChain, fill: u8) -> Self {
         let n = ch.blocks.len();
+        let x16 = u16::from_le_bytes([fill; 2]);
+        let x32 = u32::from_le_bytes([fill; 4]);
         HostRun {
-            symbols: vec![0; ch.n_symbols],
-            symbol_table: vec![0; ch.n_symbols],
-            escapes: vec![0; ch.n_q],
+            symbols: vec![fill; ch.n_symbols],
+            symbol_table: vec![x16; ch.n_symbols],
+            q: vec![x32 as i32; ch.n_q],
+            escapes: vec![x32 as i32; ch.n_q],
             results: vec![EncResult::default(); n],
             lane_blocks: vec![LaneEncodeBlock::default(); n],
-            words: vec![0; ch.n_words],
+            words: vec![x32; ch.n_words],
             lane_len: vec![0; n * LANES],
             lane_status: vec![0; n * LANES],
             chunk_results: vec![ChunkResult::default(); ch.chunks.len()],
-            out: vec![0; ch.n_out],
-            sealed: vec![0; ch.n_sealed()],
+            out: vec![fill; ch.n_out],
+            sealed: vec![fill; ch.n_sealed()],
             seal_results: vec![SealResult::default(); ch.chunks.len()],
         }
     }
@@ -534,28 +570,31 @@ impl EncodeChain {
         start
     }
 
-    /// Adds the tables of `level`; returns their ids.
-    fn add_level(&mut self, profile: &Profile, level: u8) -> Vec<u32> {
+    /// Adds the tables of `level`, its table maps and channel constants (from `cache`);
+    /// returns where they are.
+    fn add_level(
+        &mut self,
+        cache: &LevelCache,
+        profile: &Profile,
+        level: u8,
+    ) -> Result<ChainLevel, CudaError> {
+        let consts = cache
+            .get(profile, level)
+            .map_err(|what| CudaError::Input { what })?;
         let tables = &profile.level_tables(level).tables;
-        tables
+        let ids = tables
             .iter()
             .map(|t| self.add_table(&t.freqs, t.radius))
-            .collect()
-    }
-
-    /// Adds the table map and channel constants of `(level, layer, kv)`; returns where they
-    /// start.
-    fn add_block_consts(
-        &mut self,
-        profile: &Profile,
-        (level, layer, kv): (u8, u32, usize),
-    ) -> (u64, u64) {
-        let starts = (self.map.len() as u64, self.consts.len() as u64);
-        self.map.extend(value_table_map(profile, level, layer, kv));
-        let mult = profile.level_multipliers()[usize::from(level)];
-        let params = profile.channel_params(layer, kv);
-        self.consts.extend(ChannelConsts::of_block(params, mult));
-        starts
+            .collect();
+        let (map_base, consts_base) = (self.map.len() as u64, self.consts.len() as u64);
+        self.map.extend_from_slice(&consts.maps);
+        self.consts.extend_from_slice(&consts.consts);
+        Ok(ChainLevel {
+            ids,
+            consts,
+            map_base,
+            consts_base,
+        })
     }
 
     /// Appends the block at `at` of chunk `tokens`: its table list (a fresh exponent slot, then
@@ -800,7 +839,7 @@ mod tests {
             plan.add_chunk(5..12, 1).unwrap();
             let mut ch = plan.chain().unwrap();
             set_block_field(&mut ch.blocks[block], field, value);
-            let mut run = HostRun::new(&ch);
+            let mut run = HostRun::new(&ch, 0);
             plan.blocks_host(&mut ch, &src, &mut run).unwrap();
             prop_assert!(run.results.iter().all(|r| r.status <= 2));
             run.lanes_host(&ch).unwrap();
@@ -919,5 +958,37 @@ mod tests {
         plan.add_chunk(5..12, 1).unwrap();
         let got = plan.encode_host(&src).unwrap();
         assert_eq!(got[1], ctx.encode_chunk(&cache.view(), 5..12, 1).unwrap());
+    }
+
+    /// The launches read none of their large outputs before writing them: whatever those
+    /// buffers hold before the first launch (a `Gpu` keeps them from call to call, unzeroed),
+    /// the chunks are codec-core's, byte for byte.
+    #[test]
+    fn chunks_do_not_depend_on_what_the_kept_outputs_held() {
+        let (cache, profile, src) = setup();
+        let ctx = ChunkContext::new(cache.shape, Dtype::F32, 0, 3, 2, &profile, Rope::default())
+            .unwrap()
+            .with_query_position(Some(12));
+        let source = Source {
+            dtype: Dtype::F32,
+            base: 0,
+            tensor_stride: 96,
+        };
+        let mut plan = EncodePlan::new(&ctx, source).unwrap();
+        let chunks = [(0..4, 0), (4..12, 1), (0..12, 2), (9..12, 0)];
+        for (tokens, level) in chunks.iter().cloned() {
+            plan.add_chunk(tokens, level).unwrap();
+        }
+        let want: Vec<Vec<u8>> = chunks
+            .iter()
+            .map(|(t, l)| ctx.encode_chunk(&cache.view(), t.clone(), *l).unwrap())
+            .collect();
+        for fill in [0x00, 0x01, 0x5A, 0xA5, 0x80, 0xFF] {
+            assert_eq!(
+                plan.encode_host_over(&src, fill).unwrap(),
+                want,
+                "fill {fill:#x}"
+            );
+        }
     }
 }

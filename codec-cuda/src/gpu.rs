@@ -22,6 +22,7 @@ use crate::error::CudaError;
 use crate::experiment::Lane32Batch;
 use crate::ffi::{self, DevBuf, LaneWord, LANES};
 use crate::host_threads;
+use crate::levels::LevelCache;
 use crate::nvrtc::{Nvrtc, KERNELS};
 use crate::pq::{PqBatch, PqSelected};
 use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, Output};
@@ -77,13 +78,16 @@ pub struct Gpu {
     upload_threads: usize,
     /// Pinned host memory encoded chunks are copied back through, kept for the next.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
-    /// The device scratch of the decode chains (symbols, their tables, values), kept for the
-    /// next upload (grown when short): every chain writes all of it that it reads, and chains
-    /// run one at a time (`chain_lock`).
+    /// The device scratch of the decode and encode chains (symbols, their tables, values,
+    /// words, chunk bytes), kept for the next upload (grown when short): every chain writes
+    /// all of it that it reads, and chains run one at a time (`chain_lock`).
     scratch: Mutex<Option<Arc<CudaSlice<u8>>>>,
-    /// Held from a chain's first launch until its statuses are read: the chains of several
-    /// threads share the scratch, so one chain runs at a time.
+    /// Held from a chain's first launch until its statuses are read (decode) or its chunks
+    /// copied back (encode): the chains of several threads share the scratch, so one chain
+    /// runs at a time.
     chain_lock: Mutex<()>,
+    /// The level constants of the chains built so far (shared with forks).
+    levels: Arc<LevelCache>,
 }
 
 /// A [`DecodePlan`]'s chain uploaded to one device ([`Gpu::upload_plan`]): every input of its
@@ -134,14 +138,15 @@ impl Gpu {
             readback: Mutex::new(None),
             scratch: Mutex::new(None),
             chain_lock: Mutex::new(()),
+            levels: Arc::default(),
         })
     }
 
     /// Another handle on the same device and context, with a stream of its own (non-blocking)
-    /// and its own staging and scratch, the loaded kernels and every setting shared. For
-    /// decoding from several host threads, one handle each: their plans and chains are built
-    /// on the host at once, beside one another's copies and kernels, where calls on one `Gpu`
-    /// run one after the other. Buffers for one handle's calls are allocated on its
+    /// and its own staging and scratch, the loaded kernels, level constants and settings
+    /// shared. For decoding from several host threads, one handle each: their plans and chains
+    /// are built on the host at once, beside one another's copies and kernels, where calls on
+    /// one `Gpu` run one after the other. Buffers for one handle's calls are allocated on its
     /// [`stream`](Self::stream); a plan uploaded through one is not decoded by another.
     pub fn fork(&self) -> Result<Gpu, CudaError> {
         let stream = self
@@ -166,6 +171,7 @@ impl Gpu {
             readback: Mutex::new(None),
             scratch: Mutex::new(None),
             chain_lock: Mutex::new(()),
+            levels: self.levels.clone(),
         })
     }
 
@@ -519,7 +525,7 @@ impl Gpu {
             });
         }
         let t = std::time::Instant::now();
-        let chain = plan.chain()?;
+        let chain = plan.chain_with(&self.levels)?;
         let gather;
         let source = match host {
             None => WordSource::Packed,
@@ -610,7 +616,7 @@ impl Gpu {
         out: &mut CudaSlice<u16>,
         reps: usize,
     ) -> Result<f64, CudaError> {
-        let chain = plan.chain()?;
+        let chain = plan.chain_with(&self.levels)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.time_launches(
             reps,
@@ -647,7 +653,7 @@ impl Gpu {
         reps: usize,
     ) -> Result<[f64; 5], CudaError> {
         let k = self.kernels(None)?;
-        let chain = plan.chain()?;
+        let chain = plan.chain_with(&self.levels)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let dev = self.upload_chain(&chain, WordSource::Packed, None)?;
         let kernels = chain_kernels(&k, plan.output());
@@ -688,15 +694,18 @@ impl Gpu {
         p.upload(&self.stream, &mut staging, self.upload_threads)
     }
 
-    /// Frees the pinned staging and readback buffers and the decode scratch this `Gpu` keeps
-    /// between calls (the next call allocates them again).
+    /// Frees the pinned staging and readback buffers, the chains' scratch and the level
+    /// constants (tables, table maps, channel constants of each profile and level decoded)
+    /// this `Gpu` keeps between calls (the next call allocates or builds them again; the
+    /// level constants are shared with forks).
     pub fn free_cached(&self) {
         *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.readback.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.levels.clear();
     }
 
-    /// The decode scratch, at least `bytes` long: the kept one, or a new one kept instead.
+    /// The chains' scratch, at least `bytes` long: the kept one, or a new one kept instead.
     fn scratch(&self, bytes: usize) -> Result<Arc<CudaSlice<u8>>, CudaError> {
         let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = held.as_ref().filter(|s| s.len() >= bytes) {
@@ -988,14 +997,14 @@ impl Gpu {
     }
 
     /// Builds `plan`'s launch records and uploads them with its tables, constants and
-    /// reference queries in one packed copy, and allocates its scratch on this device: what
-    /// [`encode_uploaded`](Self::encode_uploaded) needs to encode any source laid out as the
+    /// reference queries in one packed copy, its large outputs in this `Gpu`'s kept scratch:
+    /// what [`encode_uploaded`](Self::encode_uploaded) needs to encode any source laid out as the
     /// plan's, as often as wanted (a server encoding each new context of one shape).
     pub fn upload_encode_plan(
         &self,
         plan: &EncodePlan<'_, '_>,
     ) -> Result<UploadedEncodePlan, CudaError> {
-        let ch = plan.chain()?;
+        let ch = plan.chain_with(&self.levels)?;
         let dev = self.upload_encode(&ch)?;
         Ok(UploadedEncodePlan {
             ch,
@@ -1008,12 +1017,14 @@ impl Gpu {
     /// four launches (blocks, lanes, chunk layout, chunks sealed with their CRCs and packed)
     /// with no host step between them, then the chunks' places and their bytes copied back
     /// (two copies, the second through pinned memory kept for the next call). `up` is
-    /// borrowed mutably: its scratch holds one encode at a time.
+    /// borrowed mutably: its statuses hold one encode at a time; encodes and decodes of one
+    /// `Gpu` run one at a time (they share its scratch).
     pub fn encode_uploaded<T>(
         &self,
         up: &mut UploadedEncodePlan,
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.encode_launched(up, src)?;
         self.encoded_chunks(up)
     }
@@ -1027,8 +1038,8 @@ impl Gpu {
         reps: usize,
     ) -> Result<EncodeTimes, CudaError> {
         let whole = best_time(reps, || self.encode(plan, src).map(drop))?;
-        let chain = best_time(reps, || plan.chain().map(drop))?;
-        let ch = plan.chain()?;
+        let chain = best_time(reps, || plan.chain_with(&self.levels).map(drop))?;
+        let ch = plan.chain_with(&self.levels)?;
         let upload = best_time(reps, || {
             self.upload_encode(&ch)?;
             self.sync()
@@ -1036,6 +1047,7 @@ impl Gpu {
         let mut up = self.upload_encode_plan(plan)?;
         let uploaded = best_time(reps, || self.encode_uploaded(&mut up, src).map(drop))?;
         let launches = best_time(reps, || {
+            let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
             self.encode_launched(&up, src)?;
             self.sync()
         })?;
@@ -1081,9 +1093,9 @@ impl Gpu {
     }
 
     /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
-    /// written by the first launch), its intermediate outputs in one fresh scratch, the
-    /// chunks' rooms and the sealed chunks in allocations of their own (only the sealed
-    /// chunks and their places are copied back).
+    /// written by the first launch); its large outputs (symbols to the chunks' rooms and the
+    /// sealed chunks, of which only these and their places are copied back) in the kept
+    /// scratch; its results and statuses zeroed.
     fn upload_encode(&self, ch: &EncodeChain) -> Result<ffi::EncodeDev, CudaError> {
         let s = &self.stream;
         let n = ch.blocks.len();
@@ -1093,18 +1105,15 @@ impl Gpu {
         let (map, table_list, radius) = (p.add(&ch.map), p.add(&ch.table_list), p.add(&ch.radius));
         let (tables, blocks, chunks) = (p.add(&ch.tables), p.add(&ch.blocks), p.add(&ch.chunks));
         let base = self.packed_upload(p)?;
+        // The large outputs in the kept scratch, as they are: the launches write every byte
+        // of them they read (a host-run test fills them with garbage first).
         let mut o = ffi::Packer::default();
         let symbols = o.reserve::<u8>(ch.n_symbols);
         let symbol_table = o.reserve::<u16>(ch.n_symbols);
         let (q, escapes) = (o.reserve::<i32>(ch.n_q), o.reserve::<i32>(ch.n_q));
-        let results = o.reserve(n);
-        let lane_blocks = o.reserve(n);
         let words = o.reserve::<u32>(ch.n_words);
-        let (lane_len, lane_status) = (o.reserve::<u32>(n * LANES), o.reserve::<u32>(n * LANES));
-        let scratch = Arc::new(
-            s.alloc_zeros::<u8>(o.total().max(1))
-                .map_err(ffi::driver_err("cuMemAllocAsync"))?,
-        );
+        let (out, sealed) = (o.reserve::<u8>(ch.n_out), o.reserve::<u8>(ch.n_sealed()));
+        let scratch = self.scratch(o.total())?;
         let (b, x) = (&base, &scratch);
         Ok(ffi::EncodeDev {
             importance: ch.importance,
@@ -1118,20 +1127,20 @@ impl Gpu {
             chunks: DevBuf::view(b, chunks)?,
             q: DevBuf::view(x, q)?,
             escapes: DevBuf::view(x, escapes)?,
-            results: DevBuf::view(x, results)?,
+            results: DevBuf::zeros(s, n)?,
             lanes: ffi::LaneEncodeDev {
                 symbols: DevBuf::view(x, symbols)?,
                 symbol_table: DevBuf::view(x, symbol_table)?,
                 tables: DevBuf::view(b, tables)?,
                 table_list: DevBuf::view(b, table_list)?,
                 words: DevBuf::view(x, words)?,
-                lane_len: DevBuf::view(x, lane_len)?,
-                blocks: DevBuf::view(x, lane_blocks)?,
-                status: DevBuf::view(x, lane_status)?,
+                lane_len: DevBuf::zeros(s, n * LANES)?,
+                blocks: DevBuf::zeros(s, n)?,
+                status: DevBuf::zeros(s, n * LANES)?,
             },
             chunk_results: DevBuf::zeros(s, ch.chunks.len())?,
-            out: DevBuf::zeros(s, ch.n_out)?,
-            sealed: DevBuf::zeros(s, ch.n_sealed())?,
+            out: DevBuf::view(x, out)?,
+            sealed: DevBuf::view(x, sealed)?,
             seal_results: DevBuf::zeros(s, ch.chunks.len())?,
             heads: ch.heads,
             head_dim: ch.head_dim,

@@ -43,6 +43,7 @@ mod ffi;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod gpu;
+mod levels;
 pub mod nvrtc;
 pub mod pq;
 pub mod quant;

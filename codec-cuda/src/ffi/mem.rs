@@ -22,7 +22,8 @@ pub(crate) struct DevBuf<T> {
     len: usize,
 }
 
-/// Where a [`DevBuf`] lies: its own allocation, or a part of a packed upload ([`Packer`]).
+/// Where a [`DevBuf`] lies: its own allocation, or a part of a packed upload or scratch
+/// ([`Packer`]).
 #[derive(Debug)]
 enum DevMem<T> {
     Own(CudaSlice<T>),
@@ -60,7 +61,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
         })
     }
 
-    /// The part `slot` of the packed upload `base` (an input: never downloaded).
+    /// The part `slot` of `base`, a packed upload or a scratch laid out by a [`Packer`].
     pub(crate) fn view(base: &Arc<CudaSlice<u8>>, slot: PackSlot<T>) -> Result<Self, CudaError> {
         let end = slot
             .len
@@ -104,8 +105,8 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
 
 impl DevBuf<u8> {
     /// Copies bytes `0..len` back through `pinned` (page-locked memory the caller keeps for
-    /// the next copy, grown when short) and hands them to `read` (buffers of their own only):
-    /// the device's copy at the speed of pinned memory, then one host copy, `read`'s.
+    /// the next copy, grown when short) and hands them to `read`: the device's copy at the
+    /// speed of pinned memory, then one host copy, `read`'s.
     pub(crate) fn download_pinned<R>(
         &self,
         stream: &Arc<CudaStream>,
@@ -116,8 +117,9 @@ impl DevBuf<u8> {
         let outside = CudaError::Input {
             what: "a download outside its buffer",
         };
-        let DevMem::Own(slice) = &self.mem else {
-            return Err(outside);
+        let (slice, offset) = match &self.mem {
+            DevMem::Own(slice) => (slice, 0),
+            DevMem::View { base, offset, .. } => (&**base, *offset),
         };
         if len > self.len {
             return Err(outside);
@@ -133,7 +135,7 @@ impl DevBuf<u8> {
         // The destination is exactly `len` bytes: the driver copies the destination's length.
         let dst = &mut host[..len];
         stream
-            .memcpy_dtoh(&slice.slice(0..len), dst)
+            .memcpy_dtoh(&slice.slice(offset..offset + len), dst)
             .map_err(driver_err("cuMemcpyDtoHAsync"))?;
         stream
             .synchronize()
