@@ -373,7 +373,11 @@ pub(crate) struct Chain<'p> {
     pub map: Vec<u16>,
     pub resolve: Vec<ResolveBlock>,
     pub radius: Vec<u8>,
-    pub escapes: Vec<i32>,
+    /// Every block's escape values, in order, as stored (little-endian i32), borrowed as
+    /// `word_parts` are ([`Chain::escapes`] joins them).
+    pub escape_parts: Vec<LaneWords<'p>>,
+    /// Escapes in `escape_parts`.
+    pub n_escapes: usize,
     pub values: Vec<ValueBlock>,
     pub n_q: usize,
     pub dequant: DequantBatch,
@@ -385,6 +389,12 @@ impl<'p> Chain<'p> {
     /// Every block's words in one buffer (for the host-run chain).
     pub fn words(&self) -> Vec<u32> {
         self.word_parts.iter().flat_map(|w| w.iter()).collect()
+    }
+
+    /// Every block's escapes in one buffer (for the host-run chain).
+    pub fn escapes(&self) -> Vec<i32> {
+        let parts = self.escape_parts.iter();
+        parts.flat_map(|e| e.iter().map(|x| x as i32)).collect()
     }
 
     /// Adds a table with its radius; returns its id.
@@ -425,14 +435,15 @@ impl<'p> Chain<'p> {
         self.values.push(ValueBlock {
             index_start: (self.n_symbols + blk.n_e) as u64,
             list_start: u64::from(list_start),
-            escape_start: self.escapes.len() as u64,
+            escape_start: self.n_escapes as u64,
             q_start: self.n_q as u64,
             n_sym: n.n_sym,
             n_escapes: n.n_escapes,
             list_len,
             reserved: 0,
         });
-        self.escapes.extend_from_slice(&blk.escapes);
+        self.escape_parts.push(blk.escapes);
+        self.n_escapes += blk.escapes.len();
         self.push_dequant_block(lanes, blk, consts_start, dest)?;
         self.n_exps += blk.n_e;
         self.n_symbols += blk.n_e + blk.n_sym;
@@ -698,7 +709,8 @@ impl DecodePlan<'_> {
             map: Vec::new(),
             resolve: Vec::with_capacity(self.blocks),
             radius: Vec::new(),
-            escapes: Vec::new(),
+            escape_parts: Vec::with_capacity(self.blocks),
+            n_escapes: 0,
             values: Vec::with_capacity(self.blocks),
             n_q: 0,
             dequant: DequantBatch::with_output(self.heads, self.head_dim, self.output),
@@ -707,10 +719,8 @@ impl DecodePlan<'_> {
         if matches!(self.output.layout, OutLayout::Paged { .. }) {
             ch.dequant.add_page_table(&self.page_tables);
         }
-        // Room for every block's escapes and sink rows at once (no regrowth while copying).
+        // Room for every block's sink rows at once (no regrowth while copying).
         let all_blocks = || self.chunks.iter().flat_map(|pc| &pc.lanes.blocks);
-        ch.escapes
-            .reserve(all_blocks().map(|b| b.escapes.len()).sum());
         let sink = all_blocks().map(|b| b.sink.len()).sum();
         ch.dequant.reserve_external(self.blocks, sink);
         ch
@@ -807,7 +817,7 @@ impl DecodePlan<'_> {
             symbol_table: &sym_table,
             table_list: &ch.table_list,
             radius: &ch.radius,
-            escapes: &ch.escapes,
+            escapes: &ch.escapes(),
             q: &mut q,
             blocks: &ch.values,
             status: &mut value_status,

@@ -736,6 +736,7 @@ impl Gpu {
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
         let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
+        let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
         let words = match source {
             WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
             // Queued before the packed upload, whose filling overlaps this copy.
@@ -744,7 +745,7 @@ impl Gpu {
         let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
         let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
         let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
-        let (escapes, values) = (p.add(&ch.escapes), p.add(&ch.values));
+        let (escapes, values) = (p.add_bytes_as::<i32>(&escape_bytes), p.add(&ch.values));
         let (sink, consts) = (p.add(io.sink), p.add(io.consts));
         let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
         let base = self.packed_upload(p)?;

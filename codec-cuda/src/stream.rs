@@ -36,8 +36,9 @@ pub struct CodedBlock<'b> {
     pub n_e: usize,
     /// Value symbols, `(rows - S) * C`.
     pub n_sym: usize,
-    /// The escape values, in stored order.
-    pub escapes: Vec<i32>,
+    /// The escape values in stored order, as stored: each a little-endian i32 (its bits are
+    /// the words [`LaneWords::iter`] gives).
+    pub escapes: LaneWords<'b>,
     /// The sink rows widened to f32 (§1.2), row-major.
     pub sink: Vec<f32>,
 }
@@ -268,7 +269,7 @@ impl<'s> ChunkLanes<'s> {
                 out.push(q);
                 continue;
             }
-            let &e = escapes.next().ok_or(bad("escape without a value (B7)"))?;
+            let e = escapes.next().ok_or(bad("escape without a value (B7)"))? as i32;
             if e.unsigned_abs() <= radius as u32 || e.unsigned_abs() > MAX_SYMBOL as u32 {
                 return Err(bad("escape value out of range (B7)"));
             }
@@ -412,10 +413,7 @@ fn read_block<'b>(
     if !sink.iter().all(|x| x.is_finite()) {
         return Err("sink value not finite (B10)");
     }
-    let escapes = take(r, 4 * n_escapes)?
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let escapes = LaneWords::from_le_bytes(take(r, 4 * n_escapes)?).ok_or("escapes (B4)")?;
     let total: usize = lane_len.iter().sum();
     let words = take(r, total.checked_mul(4).ok_or("lane words (B5)")?)?;
     let words = LaneWords::from_le_bytes(words).ok_or("lane words (B5)")?;
