@@ -388,12 +388,19 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
     r.unwrap();
     let same = gpu.stream().clone_dtoh(&out).unwrap() == want;
     let upload = gpu.time_upload_plan(&plan, Some(&host), rounds).unwrap();
+    // From the bytes to the output: the plan built (default threads), then decode_from.
+    let (from_bytes, r) = best_of(rounds, || {
+        let plan = support::decode_plan_threads(&refs, 0);
+        gpu.decode_from(&plan, &host, &mut out)
+    });
+    r.unwrap();
     println!(
         "decode from page-locked memory, {copies} streams of {} bytes: whole decode_from {:.3} \
          ms = {:.2} GB/s (of which upload_plan_from {:.3} ms: chain built {:.3}, bytes copied \
          as they are with the rest packed, words gathered {:.3}, outputs allocated {:.3} ms); \
          bits as decode_into's: {same}; the plan built before it (add_streams) {:.3} ms on one \
-         thread, {:.3} ms on the default threads",
+         thread, {:.3} ms on the default threads; plan and decode_from together {:.3} ms = \
+         {:.2} GB/s",
         bytes.len(),
         whole * 1e3,
         gbs(whole),
@@ -403,6 +410,8 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
         upload[3] * 1e3,
         plan_one * 1e3,
         plan_all * 1e3,
+        from_bytes * 1e3,
+        gbs(from_bytes),
     );
 }
 
