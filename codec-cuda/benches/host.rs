@@ -1,7 +1,8 @@
 //! Criterion benches of the host side of a GPU decode, which runs on every call and needs no
 //! device (`cargo bench -p kvc-codec-cuda --bench host`): building a [`DecodePlan`] of the real
 //! fixture decoded 8 times over (every chunk's CRC checked and its blocks read, their lane
-//! words borrowed from the stream; `DecodePlan::add_streams` on 1 and 2 threads), and building
+//! words borrowed from the stream; `DecodePlan::add_streams` on 1 and 2 threads; on 1 with
+//! the CRCs left to the decode, `DecodePlan::set_crc_at_decode`), and building
 //! its chain of launches (`DecodePlan::time_chain`, what every upload does first; the tables,
 //! table maps and channel constants of the stream's (profile, level) built in each, as in a
 //! `Gpu`'s first call, or kept, as in every later one), in bytes of compressed input, at levels
@@ -28,9 +29,14 @@ fn main() {
         let stream = support::open(&bytes);
         let streams = vec![&stream; copies];
         g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
-        for threads in [1, 2] {
-            g.bench_function(format!("level {level}, {threads} threads"), |b| {
-                b.iter(|| support::decode_plan_threads(&streams, threads))
+        for (threads, crc_at_decode) in [(1, false), (2, false), (1, true)] {
+            let crc = if crc_at_decode {
+                ", CRCs at decode"
+            } else {
+                ""
+            };
+            g.bench_function(format!("level {level}, {threads} threads{crc}"), |b| {
+                b.iter(|| support::decode_plan_with(&streams, threads, crc_at_decode))
             });
         }
     }

@@ -310,6 +310,19 @@ fn bench_decode_threads(
     (rounds, copies): (usize, usize),
     one_copy: &[u16],
 ) {
+    for crc_at_decode in [false, true] {
+        bench_decode_threads_with(gpu, bytes, (rounds, copies), one_copy, crc_at_decode);
+    }
+}
+
+/// [`bench_decode_threads`], the plans' CRCs checked at decode (on the device) or not.
+fn bench_decode_threads_with(
+    gpu: &Gpu,
+    bytes: &[u8],
+    (rounds, copies): (usize, usize),
+    one_copy: &[u16],
+    crc_at_decode: bool,
+) {
     let mut line = Vec::new();
     for n in [1usize, 2, 4, 8].into_iter().filter(|n| copies % n == 0) {
         let per = copies / n;
@@ -326,7 +339,7 @@ fn bench_decode_threads(
                         s.spawn(move || {
                             let t = Instant::now();
                             let refs: Vec<_> = streams.iter().collect();
-                            let plan = support::decode_plan_threads(&refs, 1);
+                            let plan = support::decode_plan_with(&refs, 1, crc_at_decode);
                             let planned = t.elapsed().as_secs_f64();
                             g.decode_from(&plan, host, out).ok()?;
                             Some([planned, t.elapsed().as_secs_f64() - planned])
@@ -358,9 +371,14 @@ fn bench_decode_threads(
             decode * 1e3
         ));
     }
+    let crc = if crc_at_decode {
+        ", CRCs on the device"
+    } else {
+        ""
+    };
     println!(
         "decode on host threads, each with its own Gpu::fork, {copies} streams of {} bytes in \
-         page-locked memory -> {:.1} MB f16 (plan built, decode_from): {}",
+         page-locked memory -> {:.1} MB f16 (plan built{crc}, decode_from): {}",
         bytes.len(),
         (one_copy.len() * 2 * copies) as f64 / 1e6,
         line.join("; ")
@@ -388,19 +406,26 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
     r.unwrap();
     let same = gpu.stream().clone_dtoh(&out).unwrap() == want;
     let upload = gpu.time_upload_plan(&plan, Some(&host), rounds).unwrap();
-    // From the bytes to the output: the plan built (default threads), then decode_from.
-    let (from_bytes, r) = best_of(rounds, || {
-        let plan = support::decode_plan_threads(&refs, 0);
-        gpu.decode_from(&plan, &host, &mut out)
+    // From the bytes to the output: the plan built (default threads), then decode_from; and
+    // the same with the chunks' CRCs checked on the device.
+    let from_bytes = [false, true].map(|crc_at_decode| {
+        let (t, r) = best_of(rounds, || {
+            let plan = support::decode_plan_with(&refs, 0, crc_at_decode);
+            gpu.decode_from(&plan, &host, &mut out)
+        });
+        r.unwrap();
+        t
     });
-    r.unwrap();
+    let crc_plan = support::decode_plan_with(&refs, 0, true);
+    let same_crc = gpu.decode_vec_from(&crc_plan, &host).unwrap() == want;
     println!(
         "decode from page-locked memory, {copies} streams of {} bytes: whole decode_from {:.3} \
          ms = {:.2} GB/s (of which upload_plan_from {:.3} ms: chain built {:.3}, bytes copied \
          as they are with the rest packed, words gathered {:.3}, outputs allocated {:.3} ms); \
          bits as decode_into's: {same}; the plan built before it (add_streams) {:.3} ms on one \
          thread, {:.3} ms on the default threads; plan and decode_from together {:.3} ms = \
-         {:.2} GB/s",
+         {:.2} GB/s, with the CRCs checked on the device {:.3} ms = {:.2} GB/s (bits as \
+         decode_into's: {same_crc})",
         bytes.len(),
         whole * 1e3,
         gbs(whole),
@@ -410,8 +435,10 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
         upload[3] * 1e3,
         plan_one * 1e3,
         plan_all * 1e3,
-        from_bytes * 1e3,
-        gbs(from_bytes),
+        from_bytes[0] * 1e3,
+        gbs(from_bytes[0]),
+        from_bytes[1] * 1e3,
+        gbs(from_bytes[1]),
     );
 }
 

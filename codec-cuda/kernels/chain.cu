@@ -5,6 +5,8 @@
 // - kvc_gather_words (before the first launch, for a plan uploaded from page-locked host memory
 //   the streams lie in: Gpu::upload_plan_from): every coded block's lane words, stored
 //   little-endian at any byte offset of the copied bytes, into the chain's word array.
+// - kvc_check_chunks (beside it, for a plan whose chunks' CRCs are checked at decode): each
+//   chunk's CRC-32C (C1) in the copied bytes, against the CRC stored after it (kvc_crc.cuh).
 // - kvc_resolve_tables (between the exponent and the symbol lane decode; spec/FORMAT.md §6.1):
 //   every value symbol's table, as an index into its block's table list, from the row kind, the
 //   channel and the step exponent the first launch decoded, through a per-(layer, K/V, level)
@@ -15,6 +17,7 @@
 //
 // One CUDA block per coded block; every range is checked before use.
 
+#include "kvc_crc.cuh"
 #include "kvc_kernel.cuh"
 
 #define KVC_MAX_SYMBOL_VALUE (1 << 24)
@@ -26,6 +29,8 @@ enum KvcChainStatus : kvc_u32 {
     KVC_CHAIN_BAD_RANGE = 1,
     // An escape without a value, an escape value out of range (B7) or values left over (B9).
     KVC_CHAIN_BAD_ESCAPES = 2,
+    // A chunk whose bytes do not have the CRC stored after them (C1).
+    KVC_CHAIN_BAD_CRC = 3,
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -72,6 +77,59 @@ __device__ __forceinline__ void kvc_gather(const KvcGatherArgs& a, unsigned char
 }
 
 KVC_KERNEL(kvc_gather_words, KvcGatherArgs, kvc_gather)
+
+// ----------------------------------------------------------------------------------------------
+// Chunk check
+
+// A chunk whose CRC (C1) a decode checks on the device, in the bytes copied there.
+struct KvcChunkCheck {
+    // Byte offset in `raw` of the chunk's first byte.
+    kvc_u64 src;
+    // Bytes the CRC covers: the chunk without its CRC.
+    kvc_u64 len;
+    // The CRC stored after them.
+    kvc_u32 crc;
+    kvc_u32 reserved;
+};
+
+struct KvcCheckArgs {
+    const kvc_u8* raw;
+    kvc_u64 n_raw;
+    const KvcChunkCheck* checks;
+    kvc_u32* status;
+    kvc_u64 n_checks;
+};
+
+__device__ __forceinline__ bool kvc_check_ok(const KvcCheckArgs& a, const KvcChunkCheck& c) {
+    return c.src <= a.n_raw && c.len <= a.n_raw - c.src;
+}
+
+// Phase 1: the CRC table and powers.
+__device__ __forceinline__ void kvc_check_begin(const KvcCheckArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_checks) return;
+    kvc_crc_begin((KvcCrcShared*)shared);
+}
+
+// Phase 2: each thread's stretch of the chunk.
+__device__ __forceinline__ void kvc_check_stretch(const KvcCheckArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_checks) return;
+    const KvcChunkCheck c = a.checks[blockIdx.x];
+    if (!kvc_check_ok(a, c)) return;
+    kvc_crc_stretch((KvcCrcShared*)shared, a.raw + c.src, c.len);
+}
+
+// Phase 3 (thread 0): the chunk's status.
+__device__ __forceinline__ void kvc_check_status(const KvcCheckArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_checks || threadIdx.x != 0) return;
+    const KvcChunkCheck c = a.checks[blockIdx.x];
+    kvc_u32 status = KVC_CHAIN_BAD_RANGE;
+    if (kvc_check_ok(a, c))
+        status = kvc_crc_sum((const KvcCrcShared*)shared) == c.crc ? KVC_CHAIN_OK : KVC_CHAIN_BAD_CRC;
+    a.status[blockIdx.x] = status;
+}
+
+// One CUDA block per chunk. Dynamic shared memory: sizeof(KvcCrcShared).
+KVC_KERNEL(kvc_check_chunks, KvcCheckArgs, kvc_check_begin, kvc_check_stretch, kvc_check_status)
 
 // ----------------------------------------------------------------------------------------------
 // Table resolution
@@ -360,7 +418,8 @@ KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage, kvc
 #ifdef KVC_HOST
 #include <stddef.h>
 // For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
-// in declaration order, then sizeof(KvcValueShared). Writes at most `cap` values.
+// in declaration order, with sizeof(KvcValueShared) after the value mapping's and
+// sizeof(KvcCrcShared) at the end. Writes at most `cap` values.
 extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
         sizeof(KvcResolveBlock),
@@ -420,6 +479,18 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcGatherArgs, parts),
         offsetof(KvcGatherArgs, status),
         offsetof(KvcGatherArgs, n_parts),
+        sizeof(KvcChunkCheck),
+        offsetof(KvcChunkCheck, src),
+        offsetof(KvcChunkCheck, len),
+        offsetof(KvcChunkCheck, crc),
+        offsetof(KvcChunkCheck, reserved),
+        sizeof(KvcCheckArgs),
+        offsetof(KvcCheckArgs, raw),
+        offsetof(KvcCheckArgs, n_raw),
+        offsetof(KvcCheckArgs, checks),
+        offsetof(KvcCheckArgs, status),
+        offsetof(KvcCheckArgs, n_checks),
+        sizeof(KvcCrcShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

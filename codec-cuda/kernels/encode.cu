@@ -15,6 +15,7 @@
 //   the first, the encode chain from K/V in memory to sealed chunk bytes (see their sections
 //   below).
 
+#include "kvc_crc.cuh"
 #include "kvc_kernel.cuh"
 
 // Largest symbol magnitude (codec_core::consts::MAX_SYMBOL).
@@ -967,16 +968,8 @@ KVC_KERNEL(kvc_write_chunks, KvcWriteArgs, kvc_write_offsets, kvc_write_fields,
 //
 // kvc_seal_chunks (after kvc_write_chunks) copies each chunk's body to `sealed`, right after the
 // sealed chunks before it (body + 4 bytes each; a chunk that did not end well takes none), and
-// appends the CRC-32C of the body (Castagnoli, reflected, as codec_core's; little-endian), so
-// that the host copies a batch back in one transfer and checks nothing byte by byte. One CUDA
-// block per chunk: each thread takes the CRC register of its own stretch of the body (the
-// first thread from the initial value, the others from 0), and the stretches are combined by
-// carrying each register over the bytes after it: CRC is linear, and n zero bytes multiply the
-// register by x^(8n) modulo the polynomial.
-
-#define KVC_CRC32C_POLY 0x82F63B78u
-// Threads that take part (codec_cuda launches CHAIN_THREADS = 256; more would idle).
-#define KVC_SEAL_THREADS 256u
+// appends the CRC-32C of the body (kvc_crc.cuh; little-endian), so that the host copies a batch
+// back in one transfer and checks nothing byte by byte. One CUDA block per chunk.
 
 // Per chunk: where its sealed bytes lie in `sealed` and how many (body and CRC; 0 if the
 // chunk is not sealed), and its status.
@@ -1005,32 +998,10 @@ struct KvcSealShared {
     kvc_u32 reserved;
     kvc_u64 start;
     kvc_u64 len;
-    // The byte-wise CRC table, and x^(2^k) modulo the polynomial for k = 0..63.
-    kvc_u32 table[256];
-    kvc_u32 x2k[64];
-    // Per thread: the sealed bytes of the earlier chunks it summed, then its stretch's
-    // register carried to the body's end.
-    kvc_u64 before[KVC_SEAL_THREADS];
-    kvc_u32 part[KVC_SEAL_THREADS];
+    KvcCrcShared crc;
+    // Per thread: the sealed bytes of the earlier chunks it summed.
+    kvc_u64 before[KVC_CRC_THREADS];
 };
-
-// a * b modulo the CRC-32C polynomial, both reflected (bit 31 holds x^0).
-__device__ __forceinline__ kvc_u32 kvc_crc_mul(kvc_u32 a, kvc_u32 b) {
-    kvc_u32 p = 0;
-    for (kvc_u32 i = 0; i < 32; i++) {
-        if (a & (0x80000000u >> i)) p ^= b;
-        b = (b >> 1) ^ (KVC_CRC32C_POLY & (0u - (b & 1u)));
-    }
-    return p;
-}
-
-// x^(8n) modulo the polynomial: what n zero bytes multiply a register by.
-__device__ __forceinline__ kvc_u32 kvc_crc_x8n(const kvc_u32* x2k, kvc_u64 n) {
-    kvc_u32 p = 0x80000000u;
-    for (kvc_u32 k = 3; n != 0 && k < 64; k++, n >>= 1)
-        if (n & 1) p = kvc_crc_mul(x2k[k], p);
-    return p;
-}
 
 // The bytes chunk c takes in `sealed`: its body and CRC if it ended well inside its room.
 __device__ __forceinline__ kvc_u64 kvc_sealed_size(const KvcSealArgs& a, kvc_u64 c) {
@@ -1041,31 +1012,19 @@ __device__ __forceinline__ kvc_u64 kvc_sealed_size(const KvcSealArgs& a, kvc_u64
     return ok ? r.len + 4 : 0;
 }
 
-// The threads that take part.
-__device__ __forceinline__ kvc_u32 kvc_seal_threads() {
-    return blockDim.x < KVC_SEAL_THREADS ? blockDim.x : KVC_SEAL_THREADS;
-}
-
-// Phase 1: the CRC table; each thread sums the sealed sizes of a share of the earlier chunks;
-// thread 0 also the powers x^(2^k).
+// Phase 1: the CRC table and powers; each thread sums the sealed sizes of a share of the
+// earlier chunks.
 __device__ __forceinline__ void kvc_seal_begin(const KvcSealArgs& a, unsigned char* shared) {
-    const kvc_u32 t = threadIdx.x, nt = kvc_seal_threads();
+    const kvc_u32 t = threadIdx.x, nt = kvc_crc_threads();
     if (blockIdx.x >= a.n_chunks || t >= nt) return;
     KvcSealShared* s = (KvcSealShared*)shared;
-    for (kvc_u32 i = t; i < 256; i += nt) {
-        kvc_u32 c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (KVC_CRC32C_POLY & (0u - (c & 1u)));
-        s->table[i] = c;
-    }
+    kvc_crc_begin(&s->crc);
     kvc_u64 before = 0;
     for (kvc_u64 c = t; c < blockIdx.x; c += nt) {
         const kvc_u64 sum = before + kvc_sealed_size(a, c);
         before = sum < before ? ~0ull : sum;
     }
     s->before[t] = before;
-    if (t != 0) return;
-    s->x2k[0] = 0x40000000u;
-    for (kvc_u32 k = 1; k < 64; k++) s->x2k[k] = kvc_crc_mul(s->x2k[k - 1], s->x2k[k - 1]);
 }
 
 // Phase 2 (thread 0): the chunk's place in `sealed`, and whether it is sealed.
@@ -1073,7 +1032,7 @@ __device__ __forceinline__ void kvc_seal_place(const KvcSealArgs& a, unsigned ch
     if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
     KvcSealShared* s = (KvcSealShared*)shared;
     kvc_u64 start = 0;
-    for (kvc_u32 t = 0; t < kvc_seal_threads(); t++) {
+    for (kvc_u32 t = 0; t < kvc_crc_threads(); t++) {
         const kvc_u64 sum = start + s->before[t];
         start = sum < start ? ~0ull : sum;
     }
@@ -1087,7 +1046,7 @@ __device__ __forceinline__ void kvc_seal_place(const KvcSealArgs& a, unsigned ch
 
 // Phase 3: the body copied (coalesced), and each thread's stretch's CRC register.
 __device__ __forceinline__ void kvc_seal_copy(const KvcSealArgs& a, unsigned char* shared) {
-    const kvc_u32 t = threadIdx.x, nt = kvc_seal_threads();
+    const kvc_u32 t = threadIdx.x, nt = kvc_crc_threads();
     if (blockIdx.x >= a.n_chunks || t >= nt) return;
     KvcSealShared* s = (KvcSealShared*)shared;
     if (s->status != KVC_ENCODE_OK) return;
@@ -1095,12 +1054,7 @@ __device__ __forceinline__ void kvc_seal_copy(const KvcSealArgs& a, unsigned cha
     const kvc_u8* body = a.out + a.chunks[blockIdx.x].out_start;
     kvc_u8* to = a.sealed + s->start;
     for (kvc_u64 j = t; j < len; j += nt) to[j] = body[j];
-    const kvc_u64 stretch = (len + nt - 1) / nt;
-    const kvc_u64 from = t * stretch < len ? t * stretch : len;
-    const kvc_u64 end = len - from > stretch ? from + stretch : len;
-    kvc_u32 r = t == 0 ? 0xFFFFFFFFu : 0u;
-    for (kvc_u64 j = from; j < end; j++) r = s->table[(r ^ body[j]) & 0xFFu] ^ (r >> 8);
-    s->part[t] = kvc_crc_mul(kvc_crc_x8n(s->x2k, len - end), r);
+    kvc_crc_stretch(&s->crc, body, len);
 }
 
 // Phase 4 (thread 0): the CRC written after the body, and the chunk's result.
@@ -1113,9 +1067,7 @@ __device__ __forceinline__ void kvc_seal_finish(const KvcSealArgs& a, unsigned c
     r.status = s->status;
     r.reserved = 0;
     if (s->status == KVC_ENCODE_OK) {
-        kvc_u32 crc = 0xFFFFFFFFu;
-        for (kvc_u32 t = 0; t < kvc_seal_threads(); t++) crc ^= s->part[t];
-        kvc_put_u32(a.sealed + s->start + s->len, crc);
+        kvc_put_u32(a.sealed + s->start + s->len, kvc_crc_sum(&s->crc));
         r.len = s->len + 4;
     }
     a.seal_results[blockIdx.x] = r;

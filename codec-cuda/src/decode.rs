@@ -2,7 +2,9 @@
 //! into one f16/bf16 output: dense `[T, H, D]` tensors or vLLM's pages.
 //!
 //! A [`DecodePlan`] holds the chunks and where their rows go; adding a chunk checks its CRC
-//! (C1) and block structure (B1-B5, C2), and borrows its lane words from the stream.
+//! (C1) and block structure (B1-B5, C2), and borrows its lane words from the stream (with
+//! [`DecodePlan::set_crc_at_decode`], the CRC is checked at decode instead: by the device, one
+//! launch `kvc_check_chunks`, when the streams are copied there as they are).
 //! `Gpu::decode` and `Gpu::decode_into` run a plan as one chain of five launches, with no host
 //! step between them:
 //!
@@ -73,6 +75,9 @@ use crate::quant::{DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayou
 use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
+/// The bytes a chunk's CRC covers and the CRC stored after them.
+type CrcCovered<'s> = (&'s [u8], u32);
+
 /// A chunk of a plan: its blocks and where its rows go.
 #[derive(Debug)]
 struct PlannedChunk<'s> {
@@ -82,6 +87,9 @@ struct PlannedChunk<'s> {
     dest: Destination,
     /// Index of the chunk's first block in the plan's blocks.
     first_block: usize,
+    /// The bytes its CRC covers and the CRC stored after them, if the CRC is checked at
+    /// decode ([`DecodePlan::set_crc_at_decode`]).
+    crc: Option<CrcCovered<'s>>,
 }
 
 /// Chunks to decode in one batch, and the output they are written to.
@@ -96,6 +104,7 @@ pub struct DecodePlan<'s> {
     profiles: Vec<[u8; 32]>,
     chunks: Vec<PlannedChunk<'s>>,
     blocks: usize,
+    crc_at_decode: bool,
 }
 
 impl<'s> DecodePlan<'s> {
@@ -109,7 +118,20 @@ impl<'s> DecodePlan<'s> {
             profiles: Vec::new(),
             chunks: Vec::new(),
             blocks: 0,
+            crc_at_decode: false,
         }
+    }
+
+    /// With `at_decode`, the chunks added after this call have their CRC (C1) checked when the
+    /// plan is decoded (or uploaded) instead of when they are added: by the device for
+    /// `Gpu::upload_plan_from` and `Gpu::decode_from` (in the bytes it copies, one launch
+    /// beside the word gather), by the host on the other paths. The CPU's part of a decode is
+    /// then reading each chunk's structure; the bits decoded are the same. A chunk whose CRC
+    /// fails is reported as when it is added (a [`CudaError::Stream`] naming it), before what
+    /// the kernels find in any chunk; a chunk whose structure is broken too is refused when
+    /// added, for its structure.
+    pub fn set_crc_at_decode(&mut self, at_decode: bool) {
+        self.crc_at_decode = at_decode;
     }
 
     /// A plan decoding every chunk of `stream` into a dense output of its own: `dtype`
@@ -148,8 +170,8 @@ impl<'s> DecodePlan<'s> {
         dest: Destination,
     ) -> Result<(), CudaError> {
         self.check_shape(stream)?;
-        let lanes = check_chunk(stream, chunk)?;
-        self.push_chunk(lanes, dest);
+        let (lanes, crc) = check_chunk(stream, chunk, self.crc_at_decode)?;
+        self.push_chunk(lanes, crc, dest);
         Ok(())
     }
 
@@ -179,12 +201,14 @@ impl<'s> DecodePlan<'s> {
             .iter()
             .flat_map(|&(s, d)| (0..s.header().chunks.len()).map(move |c| (s, c, d)))
             .collect();
+        let at_decode = self.crc_at_decode;
         let checked = parallel_map(&jobs, crate::host_threads(threads), |&(s, c, _)| {
-            check_chunk(s, c)
+            check_chunk(s, c, at_decode)
         });
         for (&(stream, _, dest), lanes) in jobs.iter().zip(checked) {
             self.check_shape(stream)?;
-            self.push_chunk(lanes?, dest);
+            let (lanes, crc) = lanes?;
+            self.push_chunk(lanes, crc, dest);
         }
         Ok(())
     }
@@ -201,7 +225,12 @@ impl<'s> DecodePlan<'s> {
     }
 
     /// Appends a checked chunk, its profile's index found (or added) by the profile's hash.
-    fn push_chunk(&mut self, lanes: ChunkLanes<'s>, dest: Destination) {
+    fn push_chunk(
+        &mut self,
+        lanes: ChunkLanes<'s>,
+        crc: Option<CrcCovered<'s>>,
+        dest: Destination,
+    ) {
         let id = lanes.stream().profile().hash();
         let index = match self.profiles.iter().position(|&p| p == id) {
             Some(i) => i,
@@ -217,6 +246,7 @@ impl<'s> DecodePlan<'s> {
             lanes,
             dest,
             first_block,
+            crc,
         });
     }
 
@@ -321,6 +351,7 @@ impl<'s> DecodePlan<'s> {
     /// Runs the three kernels compiled for the host: the output's f16 or bf16 bits (elements
     /// no chunk writes are 0).
     pub fn decode_host(&self) -> Result<Vec<u16>, CudaError> {
+        self.check_crcs_host()?;
         let exp_out = self
             .exponent_batch()?
             .decode_host(LaneBatch::MAX_SHARED_TABLES)?;
@@ -383,6 +414,53 @@ pub(crate) struct Chain<'p> {
     pub dequant: DequantBatch,
     /// Per block, its chunk (for errors).
     pub chunk_of: Vec<usize>,
+    /// The chunks whose CRCs are checked at decode.
+    pub checks: Vec<ChunkCrc<'p>>,
+}
+
+/// A chunk whose CRC (C1) a decode checks: the bytes it covers, the CRC stored after them and
+/// the chunk (for errors).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkCrc<'p> {
+    pub covered: &'p [u8],
+    pub crc: u32,
+    pub chunk: usize,
+}
+
+/// The first failing check's error, from each check's status (0, 1 when outside the copied
+/// bytes, [`ffi::CHECK_BAD_CRC`]).
+pub(crate) fn check_crcs(checks: &[ChunkCrc<'_>], status: &[u32]) -> Result<(), CudaError> {
+    let outside = CudaError::Input {
+        what: "a chunk checked outside the copied bytes",
+    };
+    if status.len() != checks.len() {
+        return Err(outside);
+    }
+    for (c, &st) in checks.iter().zip(status) {
+        match st {
+            0 => {}
+            ffi::CHECK_BAD_CRC => {
+                return Err(CudaError::Stream {
+                    chunk: c.chunk,
+                    what: CRC_MISMATCH,
+                })
+            }
+            _ => return Err(outside),
+        }
+    }
+    Ok(())
+}
+
+/// `checks` done on the host (on up to the default host threads): the first failing one's
+/// error.
+pub(crate) fn check_crcs_host(checks: &[ChunkCrc<'_>]) -> Result<(), CudaError> {
+    let status = parallel_map(checks, crate::host_threads(0), |c| {
+        match crc32c(c.covered) == c.crc {
+            true => 0,
+            false => ffi::CHECK_BAD_CRC,
+        }
+    });
+    check_crcs(checks, &status)
 }
 
 impl<'p> Chain<'p> {
@@ -556,8 +634,13 @@ impl BlockCounts {
     }
 }
 
-/// Chunk `chunk` of `stream` read into its blocks after its CRC (C1) is checked.
-fn check_chunk<'s>(stream: &'s Stream<'s>, chunk: usize) -> Result<ChunkLanes<'s>, CudaError> {
+/// Chunk `chunk` of `stream` read into its blocks after its CRC (C1) is checked, or with
+/// `crc_at_decode` read with the bytes its CRC covers and the CRC, to be checked at decode.
+fn check_chunk<'s>(
+    stream: &'s Stream<'s>,
+    chunk: usize,
+    crc_at_decode: bool,
+) -> Result<(ChunkLanes<'s>, Option<CrcCovered<'s>>), CudaError> {
     let bad = |what| CudaError::Stream { chunk, what };
     let bytes = stream
         .chunk_bytes(chunk)
@@ -567,11 +650,16 @@ fn check_chunk<'s>(stream: &'s Stream<'s>, chunk: usize) -> Result<ChunkLanes<'s
         .checked_sub(4)
         .ok_or(bad("chunk shorter than its CRC"))?;
     let (body, crc) = bytes.split_at(body_len);
-    if crc32c(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-        return Err(bad("chunk CRC mismatch (C1)"));
+    let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    if !crc_at_decode && crc32c(body) != crc {
+        return Err(bad(CRC_MISMATCH));
     }
-    ChunkLanes::from_body(stream, chunk, body)
+    let lanes = ChunkLanes::from_body(stream, chunk, body)?;
+    Ok((lanes, crc_at_decode.then_some((body, crc))))
 }
+
+/// What a chunk whose CRC fails is reported as.
+const CRC_MISMATCH: &str = "chunk CRC mismatch (C1)";
 
 /// `f` of every item, in order, computed on up to `threads` threads (each taking the next item
 /// not yet taken).
@@ -679,6 +767,7 @@ impl DecodePlan<'_> {
             });
         }
         let mut ch = self.empty_chain();
+        ch.checks = self.crc_checks();
         let mut shared = Shared::new(cache);
         for pc in &self.chunks {
             let at = shared.level(&mut ch, pc)?;
@@ -715,6 +804,7 @@ impl DecodePlan<'_> {
             n_q: 0,
             dequant: DequantBatch::with_output(self.heads, self.head_dim, self.output),
             chunk_of: Vec::with_capacity(self.blocks),
+            checks: Vec::new(),
         };
         if matches!(self.output.layout, OutLayout::Paged { .. }) {
             ch.dequant.add_page_table(&self.page_tables);
@@ -724,6 +814,23 @@ impl DecodePlan<'_> {
         let sink = all_blocks().map(|b| b.sink.len()).sum();
         ch.dequant.reserve_external(self.blocks, sink);
         ch
+    }
+
+    /// The CRCs of the chunks whose CRCs are checked at decode, checked on the host.
+    pub(crate) fn check_crcs_host(&self) -> Result<(), CudaError> {
+        check_crcs_host(&self.crc_checks())
+    }
+
+    /// The chunks whose CRCs are checked at decode, in order.
+    fn crc_checks(&self) -> Vec<ChunkCrc<'_>> {
+        let checks = self.chunks.iter().filter_map(|pc| {
+            pc.crc.map(|(covered, crc)| ChunkCrc {
+                covered,
+                crc,
+                chunk: pc.lanes.chunk(),
+            })
+        });
+        checks.collect()
     }
 
     /// For benches: the seconds `reps` builds of the plan's chain of launches take on the host
@@ -749,6 +856,7 @@ impl DecodePlan<'_> {
     /// device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
+        check_crcs_host(&ch.checks)?;
         self.run_chain_host(&ch, &ch.words())
     }
 
@@ -757,16 +865,23 @@ impl DecodePlan<'_> {
     /// `Gpu::upload_plan_from` gathers them on a device from the bytes it copied.
     pub fn decode_chain_host_from(&self, raw: &[u8]) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
-        let (span, parts) = ch.gather_parts(raw)?;
+        let (span, parts, checks) = ch.gather_parts(raw)?;
         let mut words = vec![0u32; ch.n_words];
         let mut status = vec![0u32; parts.len()];
         ffi::host_gather_words(ffi::GatherIo {
-            raw: &raw[span],
+            raw: &raw[span.clone()],
             words: &mut words,
             parts: &parts,
             status: &mut status,
         })?;
         check_gather(&status)?;
+        let mut status = vec![0u32; checks.len()];
+        ffi::host_check_chunks(ffi::CheckIo {
+            raw: &raw[span],
+            checks: &checks,
+            status: &mut status,
+        })?;
+        check_crcs(&ch.checks, &status)?;
         self.run_chain_host(&ch, &words)
     }
 
@@ -841,31 +956,49 @@ impl DecodePlan<'_> {
     }
 }
 
+/// Where a chain's inputs lie in the bytes its streams lie in: the range to copy, each block's
+/// gather part, each checked chunk ([`Chain::gather_parts`]).
+pub(crate) type RawPlaces = (
+    std::ops::Range<usize>,
+    Vec<ffi::GatherPart>,
+    Vec<ffi::ChunkCheck>,
+);
+
 impl Chain<'_> {
-    /// Where every block's lane words lie in `raw`, the bytes the plan's streams lie in: the
-    /// range of `raw` that holds them all (to be copied) and each block's part, its source
-    /// offset counted from the range's start (blocks without words have none). An input error
-    /// if some block's words lie outside `raw`.
-    pub(crate) fn gather_parts(
-        &self,
-        raw: &[u8],
-    ) -> Result<(std::ops::Range<usize>, Vec<ffi::GatherPart>), CudaError> {
+    /// Where every block's lane words and every chunk checked at decode lie in `raw`, the
+    /// bytes the plan's streams lie in: the range of `raw` that holds them all (to be copied),
+    /// each block's gather part and each chunk's check, their offsets counted from the range's
+    /// start (blocks without words have no part). An input error if some block's words or
+    /// checked chunk lie outside `raw`.
+    pub(crate) fn gather_parts(&self, raw: &[u8]) -> Result<RawPlaces, CudaError> {
         let base = raw.as_ptr() as usize;
+        let (mut lo, mut hi) = (raw.len(), 0);
+        // Where `bytes` starts in `raw` (if not empty), the range widened to hold it.
+        let mut place = |bytes: &[u8]| {
+            if bytes.is_empty() {
+                return Ok(None);
+            }
+            let start = (bytes.as_ptr() as usize).wrapping_sub(base);
+            if start > raw.len() || bytes.len() > raw.len() - start {
+                return Err(CudaError::Input {
+                    what: "a plan whose streams lie outside the given bytes",
+                });
+            }
+            (lo, hi) = (lo.min(start), hi.max(start + bytes.len()));
+            Ok(Some(start))
+        };
         let mut at = Vec::with_capacity(self.word_parts.len());
-        let (mut lo, mut hi, mut dst) = (raw.len(), 0, 0);
+        let mut dst = 0;
         for w in &self.word_parts {
-            let bytes = w.as_le_bytes();
-            if !bytes.is_empty() {
-                let start = (bytes.as_ptr() as usize).wrapping_sub(base);
-                if start > raw.len() || bytes.len() > raw.len() - start {
-                    return Err(CudaError::Input {
-                        what: "a plan whose streams lie outside the given bytes",
-                    });
-                }
-                (lo, hi) = (lo.min(start), hi.max(start + bytes.len()));
+            if let Some(start) = place(w.as_le_bytes())? {
                 at.push((start, dst, w.len()));
             }
             dst += w.len();
+        }
+        let mut checked = Vec::with_capacity(self.checks.len());
+        for c in &self.checks {
+            // An empty chunk body is checked at offset 0 of the range.
+            checked.push((place(c.covered)?, c));
         }
         let lo = lo.min(hi);
         let parts = at
@@ -876,7 +1009,16 @@ impl Chain<'_> {
                 n_words: n as u64,
             })
             .collect();
-        Ok((lo..hi, parts))
+        let checks = checked
+            .into_iter()
+            .map(|(start, c)| ffi::ChunkCheck {
+                src: start.map_or(0, |s| s - lo) as u64,
+                len: c.covered.len() as u64,
+                crc: c.crc,
+                reserved: 0,
+            })
+            .collect();
+        Ok((lo..hi, parts, checks))
     }
 
     /// Every launch's statuses: the first failing block's chunk and what failed.
@@ -1077,5 +1219,48 @@ mod tests {
             assert_eq!(format!("{:?}", plan.chain_with(&cache).unwrap()), afresh);
         }
         assert_eq!(cache.len(), 3);
+    }
+
+    /// A plan whose CRCs are checked at decode decodes the bits of one checked when chunks are
+    /// added, on every host path; a chunk whose lane words or stored CRC were altered (its
+    /// structure intact) is added, then refused at decode with the error the other plan gives
+    /// when adding it, naming the chunk of the right stream.
+    #[test]
+    fn crcs_checked_at_decode_refuse_what_adding_refuses() {
+        fn at_decode<'s>(streams: &[&'s Stream<'s>]) -> Result<DecodePlan<'s>, CudaError> {
+            let (mut plan, dests) = layout(streams);
+            plan.set_crc_at_decode(true);
+            plan.add_streams(&dests, 2)?;
+            Ok(plan)
+        }
+        let bytes = small_stream();
+        let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let want = plan_of(&[&stream, &stream]).decode_chain_host().unwrap();
+        let plan = at_decode(&[&stream, &stream]).unwrap();
+        assert_eq!(plan.crc_checks().len(), 2 * stream.header().chunks.len());
+        assert_eq!(plan.decode_chain_host().unwrap(), want);
+        assert_eq!(plan.decode_chain_host_from(&bytes).unwrap(), want);
+        assert_eq!(plan.decode_host().unwrap(), want);
+        let chunk = stream.chunk_bytes(2).unwrap();
+        let end = chunk.as_ptr() as usize - bytes.as_ptr() as usize + chunk.len();
+        // Both copies of the stream in one buffer: the second's chunk 2 altered.
+        for at in [end - 5, end - 1] {
+            let mut two = [&bytes[..], &bytes[..]].concat();
+            two[bytes.len() + at] ^= 0x10;
+            let (good, bad) = two.split_at(bytes.len());
+            let open = |b| Stream::open(b, None, &Limits::DEFAULT).unwrap();
+            let (good, bad) = (open(good), open(bad));
+            let (mut checked, dests) = layout(&[&good, &bad]);
+            let refused = checked.add_streams(&dests, 2).unwrap_err();
+            let want_err = CudaError::Stream {
+                chunk: 2,
+                what: CRC_MISMATCH,
+            };
+            assert_eq!(refused, want_err);
+            let plan = at_decode(&[&good, &bad]).unwrap();
+            assert_eq!(plan.decode_chain_host(), Err(want_err.clone()));
+            assert_eq!(plan.decode_chain_host_from(&two), Err(want_err.clone()));
+            assert_eq!(plan.decode_host(), Err(want_err));
+        }
     }
 }

@@ -42,7 +42,8 @@ pub type DecodePath<'a> = (
 /// profile_len u32 | profile | stream`), whose flag bits 2 ([`CHAIN_BF16`]) and 3
 /// ([`CHAIN_PAGED`]) and high nibble choose the output. A stream that opens is decoded by
 /// codec-core ([`codec_core_bits`]) and by the three host-run paths of a [`DecodePlan`] of all its
-/// chunks ([`decode_chain_on`]). Returns whether the stream decoded (so that a replay can tell
+/// chunks ([`decode_chain_on`]), its chunks' CRCs checked when added and, in a second plan, at
+/// decode ([`DecodePlan::set_crc_at_decode`]). Returns whether the stream decoded (so that a replay can tell
 /// that its inputs reach the kernels).
 pub fn decode_chain(data: &[u8]) -> bool {
     decode_chain_on(
@@ -80,26 +81,48 @@ pub fn decode_chain_on(data: &[u8], paths: &[DecodePath<'_>]) -> bool {
         None => tensors.concat(),
         Some(p) => p.cache(&tensors),
     });
-    let plan = match &paging {
-        None => DecodePlan::for_stream(&stream, dtype),
-        Some(p) => p.plan(&stream, dtype),
-    };
-    for (path, run) in paths {
-        let got = plan
-            .as_ref()
-            .map_err(Clone::clone)
-            .and_then(|p| run(p, &case.stream));
-        match (&want, got) {
-            (Ok(w), Ok(g)) => assert!(*w == g, "{path}: the bits differ from codec-core's"),
-            (Ok(_), Err(e)) => panic!("{path} fails a stream codec-core decodes: {e}"),
-            (Err(e), Ok(_)) => panic!("{path} decodes a stream codec-core rejects: {e}"),
-            (Err(_), Err(e)) => assert!(
-                matches!(e, CudaError::Stream { .. } | CudaError::Input { .. }),
-                "{path}: {e:?}"
-            ),
+    for crc_at_decode in [false, true] {
+        let plan = match &paging {
+            None => dense_plan(&stream, dtype, crc_at_decode),
+            Some(p) => p.plan(&stream, dtype, crc_at_decode),
+        };
+        for (path, run) in paths {
+            let got = plan
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|p| run(p, &case.stream));
+            let path = format!("{path} (CRCs at decode: {crc_at_decode})");
+            match (&want, got) {
+                (Ok(w), Ok(g)) => assert!(*w == g, "{path}: the bits differ from codec-core's"),
+                (Ok(_), Err(e)) => panic!("{path} fails a stream codec-core decodes: {e}"),
+                (Err(e), Ok(_)) => panic!("{path} decodes a stream codec-core rejects: {e}"),
+                (Err(_), Err(e)) => assert!(
+                    matches!(e, CudaError::Stream { .. } | CudaError::Input { .. }),
+                    "{path}: {e:?}"
+                ),
+            }
         }
     }
     want.is_ok()
+}
+
+/// A plan of every chunk of `stream` into dense tensors (as [`DecodePlan::for_stream`]), its
+/// CRCs checked at decode or not.
+fn dense_plan<'s>(
+    stream: &'s Stream<'s>,
+    dtype: OutDtype,
+    crc_at_decode: bool,
+) -> Result<DecodePlan<'s>, CudaError> {
+    let shape = stream.header().shape;
+    let output = Output {
+        dtype,
+        layout: OutLayout::Dense,
+        len: 2 * shape.layers as usize * shape.tensor_len(),
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    plan.set_crc_at_decode(crc_at_decode);
+    plan.add_stream(stream, Destination::dense(shape.tokens, shape.channels()))?;
+    Ok(plan)
 }
 
 /// The output choices of [`decode_chain`]'s flag bits 2-7 that the replays take: f16 and bf16
@@ -267,11 +290,12 @@ impl Paging {
         cache
     }
 
-    /// A plan of every chunk of `stream` into this layout.
+    /// A plan of every chunk of `stream` into this layout, its CRCs checked at decode or not.
     fn plan<'s>(
         &self,
         stream: &'s Stream<'s>,
         dtype: OutDtype,
+        crc_at_decode: bool,
     ) -> Result<DecodePlan<'s>, CudaError> {
         let shape = stream.header().shape;
         let output = Output {
@@ -282,6 +306,7 @@ impl Paging {
             len: 2 * shape.layers as usize * self.tensor_len,
         };
         let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+        plan.set_crc_at_decode(crc_at_decode);
         let page_start = plan.add_page_table(&self.table);
         let dest = Destination {
             base: 0,

@@ -15,7 +15,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::decode::{check_chain, check_dequant, Chain, DecodePlan};
+use crate::decode::{check_chain, check_crcs_host, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::encode_plan::{split_sealed, EncodeChain, EncodePlan};
 use crate::error::CudaError;
@@ -54,6 +54,7 @@ struct Kernels {
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
     gather_words: CudaFunction,
+    check_chunks: CudaFunction,
     /// Dynamic shared memory a PQ search block may ask for: the device's opt-in maximum, to
     /// which the function's limit is raised.
     pq_shared_budget: u64,
@@ -277,6 +278,7 @@ impl Gpu {
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
             gather_words: load("chain.cu", "kvc_gather_words")?,
+            check_chunks: load("chain.cu", "kvc_check_chunks")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
             pq_shared_budget: 0,
         };
@@ -526,16 +528,20 @@ impl Gpu {
         }
         let t = std::time::Instant::now();
         let chain = plan.chain_with(&self.levels)?;
-        let gather;
+        let (gather, checks);
         let source = match host {
-            None => WordSource::Packed,
+            None => {
+                check_crcs_host(&chain.checks)?;
+                WordSource::Packed
+            }
             Some(h) => {
                 let bytes = h.as_slice()?;
-                let (span, parts) = chain.gather_parts(bytes)?;
-                gather = parts;
+                let (span, parts, chunk_checks) = chain.gather_parts(bytes)?;
+                (gather, checks) = (parts, chunk_checks);
                 WordSource::Raw {
                     raw: &bytes[span],
                     parts: &gather,
+                    checks: &checks,
                 }
             }
         };
@@ -740,7 +746,9 @@ impl Gpu {
         let words = match source {
             WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
             // Queued before the packed upload, whose filling overlaps this copy.
-            WordSource::Raw { raw, parts } => Words::Raw(DevBuf::upload(s, raw)?, p.add(parts)),
+            WordSource::Raw { raw, parts, checks } => {
+                Words::Raw(DevBuf::upload(s, raw)?, p.add(parts), p.add(checks))
+            }
         };
         let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
         let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
@@ -751,8 +759,9 @@ impl Gpu {
         let base = self.packed_upload(p)?;
         let words = match words {
             Words::Packed(slot) => DevBuf::view(&base, slot)?,
-            Words::Raw(raw, parts) => {
-                self.gather_words(&raw, &DevBuf::view(&base, parts)?, ch.n_words)?
+            Words::Raw(raw, parts, checks) => {
+                let (parts, checks) = (DevBuf::view(&base, parts)?, DevBuf::view(&base, checks)?);
+                self.gather_and_check(&raw, &parts, (&checks, &ch.checks), ch.n_words)?
             }
         };
         let t1 = std::time::Instant::now();
@@ -814,6 +823,7 @@ impl Gpu {
         plan: &DecodePlan<'_>,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
+        plan.check_crcs_host()?;
         let exp_out = self.lane_decode(&plan.exponent_batch()?)?;
         let exps = plan.exponents(&exp_out)?;
         let sym_out = self.lane_decode(&plan.symbol_batch(&exps)?)?;

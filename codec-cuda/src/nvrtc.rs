@@ -35,7 +35,12 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "chain.cu",
         source: include_str!("../kernels/chain.cu"),
-        entries: &["kvc_gather_words", "kvc_resolve_tables", "kvc_map_values"],
+        entries: &[
+            "kvc_gather_words",
+            "kvc_check_chunks",
+            "kvc_resolve_tables",
+            "kvc_map_values",
+        ],
         decode: true,
     },
     KernelSource {
@@ -77,7 +82,10 @@ pub const KERNELS: &[KernelSource] = &[
 ];
 
 /// The headers kernels include by name, given to NVRTC as in-memory files.
-const HEADERS: &[(&str, &str)] = &[("kvc_kernel.cuh", include_str!("../kernels/kvc_kernel.cuh"))];
+const HEADERS: &[(&str, &str)] = &[
+    ("kvc_kernel.cuh", include_str!("../kernels/kvc_kernel.cuh")),
+    ("kvc_crc.cuh", include_str!("../kernels/kvc_crc.cuh")),
+];
 
 /// A loaded NVRTC.
 #[derive(Debug)]

@@ -534,6 +534,74 @@ fn device_forked_handles_decode_on_threads_as_codec_core() {
 /// decode, f16 (intact and damaged: the host-run chain's verdict and bits, which the fuzz
 /// target holds to codec-core's). A plan whose lane words lie outside the buffer is an input
 /// error, as on the host.
+/// A plan of `stream` into a dense output of its own, its chunks' CRCs checked at decode.
+fn plan_crc_at_decode<'s>(stream: &'s Stream<'s>) -> DecodePlan<'s> {
+    let shape = stream.header().shape;
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: 2 * shape.layers as usize * shape.tensor_len(),
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    plan.set_crc_at_decode(true);
+    let dest = Destination::dense(shape.tokens, shape.channels());
+    plan.add_stream(stream, dest).unwrap();
+    plan
+}
+
+/// Chunk CRCs checked on the device (`kvc_check_chunks`, `DecodePlan::set_crc_at_decode`):
+/// every golden stream and the fixture, at four byte offsets of page-locked memory, decode
+/// to codec-core's bits; with each chunk's stored CRC altered in turn, the upload is refused
+/// naming that chunk, as the host-run check refuses it.
+#[test]
+fn device_checks_chunk_crcs_at_decode() {
+    let Some(gpu) = gpu("device_checks_chunk_crcs_at_decode") else {
+        return;
+    };
+    let mut refused = 0;
+    for (name, bytes, profile) in &golden_and_fixture() {
+        let mut host = gpu.host_buffer(bytes.len() + 3).unwrap();
+        for at in 0..4 {
+            host.as_mut_slice().unwrap()[at..at + bytes.len()].copy_from_slice(bytes);
+            let raw = &host.as_slice().unwrap()[at..at + bytes.len()];
+            let stream = Stream::open(raw, profile.as_ref(), &Limits::DEFAULT).unwrap();
+            let want = codec_core_tensors(&stream, OutDtype::F16).concat();
+            let plan = plan_crc_at_decode(&stream);
+            let mut got = gpu.decode_vec_from(&plan, &host).unwrap();
+            got.truncate(want.len());
+            assert!(got == want, "{name} at {at}");
+            let ends: Vec<usize> = (0..stream.header().chunks.len())
+                .map(|c| {
+                    let chunk = stream.chunk_bytes(c).unwrap();
+                    chunk.as_ptr() as usize - raw.as_ptr() as usize + at + chunk.len()
+                })
+                .collect();
+            drop(plan);
+            drop(stream);
+            for (c, end) in ends.into_iter().enumerate() {
+                host.as_mut_slice().unwrap()[end - 1] ^= 0x40;
+                let raw = &host.as_slice().unwrap()[at..at + bytes.len()];
+                let stream = Stream::open(raw, profile.as_ref(), &Limits::DEFAULT).unwrap();
+                let plan = plan_crc_at_decode(&stream);
+                let on_host = plan.decode_chain_host_from(host.as_slice().unwrap());
+                let on_device = gpu.upload_plan_from(&plan, &host).map(drop);
+                assert_eq!(on_device, on_host.map(drop), "{name} at {at}, chunk {c}");
+                assert!(
+                    matches!(on_device, Err(codec_cuda::CudaError::Stream { chunk, .. }) if chunk == c)
+                );
+                refused += 1;
+                drop(plan);
+                drop(stream);
+                host.as_mut_slice().unwrap()[end - 1] ^= 0x40;
+            }
+        }
+    }
+    assert!(
+        refused >= 4 * 4,
+        "refused {refused}: the fixture's chunks at every offset"
+    );
+}
+
 #[test]
 fn device_decodes_streams_in_page_locked_memory() {
     let Some(gpu) = gpu("device_decodes_streams_in_page_locked_memory") else {

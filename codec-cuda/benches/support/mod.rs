@@ -71,6 +71,16 @@ pub fn decode_plan_of<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
 
 /// [`decode_plan_of`], the chunks checked on `threads` threads (`DecodePlan::add_streams`).
 pub fn decode_plan_threads<'s>(streams: &[&'s Stream<'s>], threads: usize) -> DecodePlan<'s> {
+    decode_plan_with(streams, threads, false)
+}
+
+/// [`decode_plan_threads`], with `crc_at_decode` the chunks' CRCs left to the decode
+/// (`DecodePlan::set_crc_at_decode`).
+pub fn decode_plan_with<'s>(
+    streams: &[&'s Stream<'s>],
+    threads: usize,
+    crc_at_decode: bool,
+) -> DecodePlan<'s> {
     let shape = streams[0].header().shape;
     let (tokens, c) = (shape.tokens, shape.channels());
     let per_copy = 2 * shape.layers as usize * tokens as usize * c;
@@ -80,6 +90,7 @@ pub fn decode_plan_threads<'s>(streams: &[&'s Stream<'s>], threads: usize) -> De
         len: streams.len() * per_copy,
     };
     let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    plan.set_crc_at_decode(crc_at_decode);
     let dests: Vec<_> = (streams.iter().enumerate())
         .map(|(i, &stream)| {
             let dest = Destination {

@@ -21,6 +21,12 @@ extern "C" {
         block: u32,
         shared_bytes: u64,
     ) -> c_int;
+    fn kvc_check_chunks_host(
+        args: *const CheckArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     fn kvc_resolve_tables_host(
         args: *const ResolveArgs<OnHost>,
         grid: u32,
@@ -130,6 +136,103 @@ struct ValueArgs<S: Space> {
 
 /// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + `KVC_VALUE_LIST`).
 pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096 + 4096;
+
+/// `KvcChunkCheck` (invariant 1): a chunk whose CRC (C1) is checked in the bytes a plan's
+/// streams were copied from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ChunkCheck {
+    /// Byte offset of the chunk in the copied bytes.
+    pub src: u64,
+    /// Bytes the CRC covers: the chunk without its CRC.
+    pub len: u64,
+    /// The CRC stored after them.
+    pub crc: u32,
+    pub reserved: u32,
+}
+
+/// `KvcCheckArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct CheckArgs<S: Space> {
+    raw: S::Const<u8>,
+    n_raw: u64,
+    checks: S::Const<ChunkCheck>,
+    status: S::Mut<u32>,
+    n_checks: u64,
+}
+
+/// Bytes of `KvcCrcShared` (the CRC table, 64 powers, a register per thread of
+/// `KVC_CRC_THREADS` = [`CHAIN_THREADS`]).
+pub(crate) const CRC_SHARED_BYTES: u32 = 4 * 256 + 4 * 64 + 4 * CHAIN_THREADS;
+
+/// A chunk check's status: its CRC differs from the one stored (C1).
+pub(crate) const CHECK_BAD_CRC: u32 = 3;
+
+/// The buffers of one chunk check.
+#[derive(Debug)]
+pub(crate) struct CheckIo<'a> {
+    pub raw: &'a [u8],
+    pub checks: &'a [ChunkCheck],
+    /// One entry per check: 0, 1 (outside `raw`) or [`CHECK_BAD_CRC`].
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_check_chunks` on the host.
+pub(crate) fn host_check_chunks(io: CheckIo<'_>) -> Result<(), CudaError> {
+    let grid = launch_grid(io.checks.len())?;
+    if io.status.len() != io.checks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per check",
+        });
+    }
+    let args = CheckArgs::<OnHost> {
+        raw: io.raw.as_ptr(),
+        n_raw: io.raw.len() as u64,
+        checks: io.checks.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_checks: io.checks.len() as u64,
+    };
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
+    // 3 (CHAIN_THREADS threads, the shared memory KvcCrcShared needs).
+    let rc =
+        unsafe { kvc_check_chunks_host(&args, grid, CHAIN_THREADS, u64::from(CRC_SHARED_BYTES)) };
+    host_ran(rc, "kvc_check_chunks")
+}
+
+/// Queues `kvc_check_chunks` on `stream`: every check's CRC in `raw`, a status per check.
+pub(crate) fn launch_check_chunks(
+    stream: &CudaStream,
+    check: &CudaFunction,
+    raw: &DevBuf<u8>,
+    checks: &DevBuf<ChunkCheck>,
+    status: &DevBuf<u32>,
+) -> Result<(), CudaError> {
+    if status.len() != checks.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per check",
+        });
+    }
+    let g = launch_grid(checks.len())?;
+    if g == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs::default();
+    let (raw, n_raw) = a.of(raw, stream);
+    let (checks, n_checks) = a.of(checks, stream);
+    let (status, _) = a.of(status, stream);
+    let args = CheckArgs::<OnDevice> {
+        raw,
+        n_raw,
+        checks,
+        status,
+        n_checks,
+    };
+    let cfg = launch_shape(g, CHAIN_THREADS, CRC_SHARED_BYTES);
+    // SAFETY: invariants 1, 6 (the buffers are borrowed by the caller, which synchronizes the
+    // stream before it drops them), 7 and 3 (the shared memory KvcCrcShared needs).
+    unsafe { launch_args(stream, check, &args, cfg, a) }
+}
 
 /// The buffers of one word gather.
 #[derive(Debug)]
@@ -289,7 +392,8 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
 unsafe impl DeviceRepr for ResolveArgs<OnDevice> {}
 unsafe impl DeviceRepr for ValueArgs<OnDevice> {}
 unsafe impl DeviceRepr for GatherArgs<OnDevice> {}
-device_values!(ResolveBlock, ValueBlock, GatherPart);
+unsafe impl DeviceRepr for CheckArgs<OnDevice> {}
+device_values!(ResolveBlock, ValueBlock, GatherPart, ChunkCheck);
 
 /// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
 /// within its buffer; built from one `decode::Chain`).
@@ -473,7 +577,10 @@ mod tests {
         v.extend(layout![
             GatherPart { src, dst, n_words },
             GatherArgs<S> { raw, n_raw, words, n_words, parts, status, n_parts },
+            ChunkCheck { src, len, crc, reserved },
+            CheckArgs<S> { raw, n_raw, checks, status, n_checks },
         ]);
+        v.push(u64::from(CRC_SHARED_BYTES));
         v
     }
 
@@ -664,6 +771,40 @@ mod tests {
             .unwrap();
             proptest::prop_assert_eq!(status, [1, 1, 1]);
             proptest::prop_assert_eq!(words, [0u32; 16]);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// `kvc_check_chunks` against the CRC-32C of the host: chunks at any byte offset and of
+        /// any length (0, under and over a thread's share, several thousand bytes), their CRCs
+        /// right or one bit off, and chunks reaching past the bytes.
+        #[test]
+        fn chunk_checks_match_the_host_crc(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..9000),
+            chunks in proptest::collection::vec((0u64..9100, 0u64..9100, 0u32..3), 0..12),
+        ) {
+            let mut checks = Vec::new();
+            let mut want = Vec::new();
+            for (src, len, kind) in chunks {
+                let inside = src <= raw.len() as u64 && len <= raw.len() as u64 - src;
+                let crc = match inside {
+                    true => crate::decode::crc32c(&raw[src as usize..(src + len) as usize]),
+                    false => 0,
+                };
+                let flip = if kind == 0 { 1u32 << (len % 32) } else { 0 };
+                checks.push(ChunkCheck { src, len, crc: crc ^ flip, reserved: 0 });
+                want.push(match (inside, flip) {
+                    (false, _) => 1,
+                    (true, 0) => 0,
+                    (true, _) => CHECK_BAD_CRC,
+                });
+            }
+            let mut status = vec![7u32; checks.len()];
+            host_check_chunks(CheckIo { raw: &raw, checks: &checks, status: &mut status })
+                .unwrap();
+            proptest::prop_assert_eq!(status, want);
         }
     }
 }

@@ -430,7 +430,7 @@ pub(crate) struct SealArgs<S: Space> {
 }
 
 /// Bytes of `KvcSealShared` (status, start and length, the CRC table, 64 powers, and a sum
-/// and a register per thread of `KVC_SEAL_THREADS` = [`CHAIN_THREADS`]).
+/// and a register per thread of `KVC_CRC_THREADS` = [`CHAIN_THREADS`]).
 pub(crate) const SEAL_SHARED_BYTES: u32 = 8 + 16 + 4 * 256 + 4 * 64 + (8 + 4) * CHAIN_THREADS;
 
 /// The buffers of one sealing launch (`kvc_seal_chunks`).

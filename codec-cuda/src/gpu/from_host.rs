@@ -6,9 +6,9 @@
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::Gpu;
-use crate::decode::{check_gather, DecodePlan};
+use crate::decode::{check_crcs, check_gather, ChunkCrc, DecodePlan};
 use crate::error::CudaError;
-use crate::ffi::{self, DevBuf, GatherPart, PackSlot};
+use crate::ffi::{self, ChunkCheck, DevBuf, GatherPart, PackSlot};
 use crate::UploadedPlan;
 
 /// Page-locked host memory of a [`Gpu`]'s device, zeroed when allocated, that streams are read
@@ -78,18 +78,20 @@ pub(super) enum WordSource<'a> {
     /// upload.
     Packed,
     /// `raw`, page-locked bytes the streams lie in, copied to the device as they are; `parts`
-    /// says where each block's words are in it ([`crate::decode::Chain::gather_parts`]).
+    /// says where each block's words are in it, `checks` where each chunk whose CRC is
+    /// checked at decode is ([`crate::decode::Chain::gather_parts`]).
     Raw {
         raw: &'a [u8],
         parts: &'a [GatherPart],
+        checks: &'a [ChunkCheck],
     },
 }
 
 /// Where an upload put the lane words: in the packed upload, or in bytes copied as they are
-/// with the gather parts in the packed upload.
+/// with the gather parts and chunk checks in the packed upload.
 pub(super) enum Words {
     Packed(PackSlot<u32>),
-    Raw(DevBuf<u8>, PackSlot<GatherPart>),
+    Raw(DevBuf<u8>, PackSlot<GatherPart>, PackSlot<ChunkCheck>),
 }
 
 impl Gpu {
@@ -137,12 +139,15 @@ impl Gpu {
         self.decode_to_vec(plan, |out| self.decode_from(plan, host, out))
     }
 
-    /// `n_words` lane words gathered from `raw` by `parts` into a new device buffer (the
-    /// stream synchronized, the statuses checked).
-    pub(super) fn gather_words(
+    /// `n_words` lane words gathered from `raw` by `parts` into a new device buffer, and the
+    /// CRCs of the chunks `checks` (on the device, and as the chain lists them) checked in
+    /// `raw` beside it (the stream synchronized, the statuses checked: the gather's, then the
+    /// first failing chunk's CRC).
+    pub(super) fn gather_and_check(
         &self,
         raw: &DevBuf<u8>,
         parts: &DevBuf<GatherPart>,
+        (checks, chunks): (&DevBuf<ChunkCheck>, &[ChunkCrc<'_>]),
         n_words: usize,
     ) -> Result<DevBuf<u32>, CudaError> {
         let k = self.kernels(None)?;
@@ -150,8 +155,11 @@ impl Gpu {
         let words = DevBuf::zeros(s, n_words)?;
         let status = DevBuf::zeros(s, parts.len())?;
         ffi::launch_gather_words(s, &k.gather_words, raw, parts, &words, &status)?;
+        let crc_status = DevBuf::zeros(s, checks.len())?;
+        ffi::launch_check_chunks(s, &k.check_chunks, raw, checks, &crc_status)?;
         self.sync()?;
         check_gather(&status.download(s)?)?;
+        check_crcs(chunks, &crc_status.download(s)?)?;
         Ok(words)
     }
 }
