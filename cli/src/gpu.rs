@@ -122,14 +122,14 @@ impl GpuCodec {
     /// Decodes `s` on the GPU: the cache `Stream::decode` gives, bit for bit (the kernels are
     /// checked against codec-core). Streams of f16 or bf16 only.
     pub fn decode(&self, s: &Stream<'_>) -> Result<KvCache, GpuError> {
-        self.decode_with(s, |plan| self.gpu.decode(plan))
+        self.decode_with(s, false, |plan| self.gpu.decode(plan))
     }
 
     /// [`decode`](Self::decode) for a stream whose bytes lie in `host` (from
     /// [`read_file`](Self::read_file)): copied to the device as they are, with no host copy of
-    /// their lane words.
+    /// their lane words, the chunks' CRCs checked there.
     pub fn decode_from(&self, s: &Stream<'_>, host: &HostBuffer) -> Result<KvCache, GpuError> {
-        self.decode_with(s, |plan| self.gpu.decode_vec_from(plan, host))
+        self.decode_with(s, true, |plan| self.gpu.decode_vec_from(plan, host))
     }
 
     /// The file at `path` read into page-locked memory of the device, for
@@ -148,10 +148,12 @@ impl GpuCodec {
         Ok(host)
     }
 
-    /// `s` decoded by `decode`, which gives the bits of its plan's output.
+    /// `s` decoded by `decode`, which gives the bits of its plan's output (its chunks' CRCs
+    /// checked at decode or not).
     fn decode_with(
         &self,
         s: &Stream<'_>,
+        crc_at_decode: bool,
         decode: impl FnOnce(&DecodePlan<'_>) -> Result<Vec<u16>, CudaError>,
     ) -> Result<KvCache, GpuError> {
         let h = s.header();
@@ -161,7 +163,7 @@ impl GpuCodec {
             d => return Err(GpuError::Dtype(d)),
         };
         let per_tensor = h.shape.tensor_len();
-        let plan = DecodePlan::for_stream(s, dtype).map_err(GpuError::Run)?;
+        let plan = DecodePlan::for_stream_with(s, dtype, crc_at_decode).map_err(GpuError::Run)?;
         let bits = decode(&plan).map_err(GpuError::Run)?;
         // Per layer K then V, each [T, H, D].
         let mut tensors = bits.chunks_exact(per_tensor.max(1)).map(|t| match h.dtype {

@@ -137,6 +137,16 @@ impl<'s> DecodePlan<'s> {
     /// A plan decoding every chunk of `stream` into a dense output of its own: `dtype`
     /// elements, per layer K then V, each `[T, H, D]` (as codec-core decodes a stream).
     pub fn for_stream(stream: &'s Stream<'s>, dtype: OutDtype) -> Result<Self, CudaError> {
+        Self::for_stream_with(stream, dtype, false)
+    }
+
+    /// [`for_stream`](Self::for_stream), with `crc_at_decode` the chunks' CRCs checked at
+    /// decode ([`set_crc_at_decode`](Self::set_crc_at_decode)).
+    pub fn for_stream_with(
+        stream: &'s Stream<'s>,
+        dtype: OutDtype,
+        crc_at_decode: bool,
+    ) -> Result<Self, CudaError> {
         let shape = stream.header().shape;
         let output = Output {
             dtype,
@@ -144,6 +154,7 @@ impl<'s> DecodePlan<'s> {
             len: 2 * shape.layers as usize * shape.tensor_len(),
         };
         let mut plan = Self::new(shape.kv_heads, shape.head_dim, output);
+        plan.set_crc_at_decode(crc_at_decode);
         plan.add_stream(stream, Destination::dense(shape.tokens, shape.channels()))?;
         Ok(plan)
     }

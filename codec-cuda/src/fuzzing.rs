@@ -83,7 +83,7 @@ pub fn decode_chain_on(data: &[u8], paths: &[DecodePath<'_>]) -> bool {
     });
     for crc_at_decode in [false, true] {
         let plan = match &paging {
-            None => dense_plan(&stream, dtype, crc_at_decode),
+            None => DecodePlan::for_stream_with(&stream, dtype, crc_at_decode),
             Some(p) => p.plan(&stream, dtype, crc_at_decode),
         };
         for (path, run) in paths {
@@ -104,25 +104,6 @@ pub fn decode_chain_on(data: &[u8], paths: &[DecodePath<'_>]) -> bool {
         }
     }
     want.is_ok()
-}
-
-/// A plan of every chunk of `stream` into dense tensors (as [`DecodePlan::for_stream`]), its
-/// CRCs checked at decode or not.
-fn dense_plan<'s>(
-    stream: &'s Stream<'s>,
-    dtype: OutDtype,
-    crc_at_decode: bool,
-) -> Result<DecodePlan<'s>, CudaError> {
-    let shape = stream.header().shape;
-    let output = Output {
-        dtype,
-        layout: OutLayout::Dense,
-        len: 2 * shape.layers as usize * shape.tensor_len(),
-    };
-    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    plan.set_crc_at_decode(crc_at_decode);
-    plan.add_stream(stream, Destination::dense(shape.tokens, shape.channels()))?;
-    Ok(plan)
 }
 
 /// The output choices of [`decode_chain`]'s flag bits 2-7 that the replays take: f16 and bf16

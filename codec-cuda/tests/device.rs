@@ -534,21 +534,6 @@ fn device_forked_handles_decode_on_threads_as_codec_core() {
 /// decode, f16 (intact and damaged: the host-run chain's verdict and bits, which the fuzz
 /// target holds to codec-core's). A plan whose lane words lie outside the buffer is an input
 /// error, as on the host.
-/// A plan of `stream` into a dense output of its own, its chunks' CRCs checked at decode.
-fn plan_crc_at_decode<'s>(stream: &'s Stream<'s>) -> DecodePlan<'s> {
-    let shape = stream.header().shape;
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: 2 * shape.layers as usize * shape.tensor_len(),
-    };
-    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    plan.set_crc_at_decode(true);
-    let dest = Destination::dense(shape.tokens, shape.channels());
-    plan.add_stream(stream, dest).unwrap();
-    plan
-}
-
 /// Chunk CRCs checked on the device (`kvc_check_chunks`, `DecodePlan::set_crc_at_decode`):
 /// every golden stream and the fixture, at four byte offsets of page-locked memory, decode
 /// to codec-core's bits; with each chunk's stored CRC altered in turn, the upload is refused
@@ -566,7 +551,7 @@ fn device_checks_chunk_crcs_at_decode() {
             let raw = &host.as_slice().unwrap()[at..at + bytes.len()];
             let stream = Stream::open(raw, profile.as_ref(), &Limits::DEFAULT).unwrap();
             let want = codec_core_tensors(&stream, OutDtype::F16).concat();
-            let plan = plan_crc_at_decode(&stream);
+            let plan = DecodePlan::for_stream_with(&stream, OutDtype::F16, true).unwrap();
             let mut got = gpu.decode_vec_from(&plan, &host).unwrap();
             got.truncate(want.len());
             assert!(got == want, "{name} at {at}");
@@ -582,7 +567,7 @@ fn device_checks_chunk_crcs_at_decode() {
                 host.as_mut_slice().unwrap()[end - 1] ^= 0x40;
                 let raw = &host.as_slice().unwrap()[at..at + bytes.len()];
                 let stream = Stream::open(raw, profile.as_ref(), &Limits::DEFAULT).unwrap();
-                let plan = plan_crc_at_decode(&stream);
+                let plan = DecodePlan::for_stream_with(&stream, OutDtype::F16, true).unwrap();
                 let on_host = plan.decode_chain_host_from(host.as_slice().unwrap());
                 let on_device = gpu.upload_plan_from(&plan, &host).map(drop);
                 assert_eq!(on_device, on_host.map(drop), "{name} at {at}, chunk {c}");
