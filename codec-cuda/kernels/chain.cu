@@ -123,8 +123,10 @@ __device__ __forceinline__ void kvc_check_status(const KvcCheckArgs& a, unsigned
     if (blockIdx.x >= a.n_checks || threadIdx.x != 0) return;
     const KvcChunkCheck c = a.checks[blockIdx.x];
     kvc_u32 status = KVC_CHAIN_BAD_RANGE;
-    if (kvc_check_ok(a, c))
-        status = kvc_crc_sum((const KvcCrcShared*)shared) == c.crc ? KVC_CHAIN_OK : KVC_CHAIN_BAD_CRC;
+    if (kvc_check_ok(a, c)) {
+        const kvc_u32 crc = kvc_crc_sum((const KvcCrcShared*)shared);
+        status = crc == c.crc ? KVC_CHAIN_OK : KVC_CHAIN_BAD_CRC;
+    }
     a.status[blockIdx.x] = status;
 }
 

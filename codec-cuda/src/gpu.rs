@@ -1009,8 +1009,8 @@ impl Gpu {
 
     /// Builds `plan`'s launch records and uploads them with its tables, constants and
     /// reference queries in one packed copy, its large outputs in this `Gpu`'s kept scratch:
-    /// what [`encode_uploaded`](Self::encode_uploaded) needs to encode any source laid out as the
-    /// plan's, as often as wanted (a server encoding each new context of one shape).
+    /// what [`encode_uploaded`](Self::encode_uploaded) needs to encode any source laid out as
+    /// the plan's, as often as wanted (a server encoding each new context of one shape).
     pub fn upload_encode_plan(
         &self,
         plan: &EncodePlan<'_, '_>,

@@ -23,7 +23,7 @@ use codec_cuda::fuzzing::{chain_seed_variants, decode_chain_on, scatter, CHAIN_O
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
-use codec_cuda::Gpu;
+use codec_cuda::{CudaError, Gpu};
 use common::{codec_core_tensors, encode_case, golden, permutation};
 use pq_core::{group_score_table, pack, search, Codebook, Method, PqParams};
 
@@ -571,9 +571,8 @@ fn device_checks_chunk_crcs_at_decode() {
                 let on_host = plan.decode_chain_host_from(host.as_slice().unwrap());
                 let on_device = gpu.upload_plan_from(&plan, &host).map(drop);
                 assert_eq!(on_device, on_host.map(drop), "{name} at {at}, chunk {c}");
-                assert!(
-                    matches!(on_device, Err(codec_cuda::CudaError::Stream { chunk, .. }) if chunk == c)
-                );
+                let named = matches!(on_device, Err(CudaError::Stream { chunk, .. }) if chunk == c);
+                assert!(named, "{name} at {at}, chunk {c}: {on_device:?}");
                 refused += 1;
                 drop(plan);
                 drop(stream);
