@@ -70,7 +70,7 @@ use codec_core::Stream;
 
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
-use crate::levels::{LevelCache, LevelConsts};
+use crate::levels::{time_builds, LevelCache, LevelConsts};
 use crate::quant::{DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output};
 use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
@@ -849,18 +849,7 @@ impl DecodePlan<'_> {
     /// built before the first and kept, as a `Gpu` keeps them after its first call; without,
     /// built in every build, as in a `Gpu`'s first call.
     pub fn time_chain(&self, reps: usize, kept: bool) -> Result<f64, CudaError> {
-        let cache = LevelCache::default();
-        if kept {
-            drop(self.chain_with(&cache)?);
-        }
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            match kept {
-                true => drop(self.chain_with(&cache)?),
-                false => drop(self.chain()?),
-            }
-        }
-        Ok(t.elapsed().as_secs_f64())
+        time_builds(reps, kept, |cache| self.chain_with(cache))
     }
 
     /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a

@@ -54,7 +54,7 @@ use codec_core::{ChunkContext, Dtype, KvView, Profile, RopeStyle, TensorRef};
 use crate::encode::{encode_table, LaneEncodeBlock};
 use crate::error::CudaError;
 use crate::ffi::{self, LANES};
-use crate::levels::{LevelCache, LevelConsts};
+use crate::levels::{time_builds, LevelCache, LevelConsts};
 use crate::quant::ChannelConsts;
 
 /// Where the source tensors lie in one buffer of `dtype` elements: tensor `(layer, K/V)` starts
@@ -374,18 +374,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// step of every `Gpu::encode`): with `kept`, each level's table maps and channel
     /// constants built before the first and kept, as a `Gpu` keeps them after its first call.
     pub fn time_chain(&self, reps: usize, kept: bool) -> Result<f64, CudaError> {
-        let cache = LevelCache::default();
-        if kept {
-            drop(self.chain_with(&cache)?);
-        }
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            match kept {
-                true => drop(self.chain_with(&cache)?),
-                false => drop(self.chain()?),
-            }
-        }
-        Ok(t.elapsed().as_secs_f64())
+        time_builds(reps, kept, |cache| self.chain_with(cache))
     }
 
     /// The importance policy's constants, if the context turns it on and it can change a step
@@ -828,13 +817,9 @@ mod tests {
             result_value in wild(),
             lane in 0usize..32,
         ) {
-            let (_, profile, src) = setup();
-            let shape = profile_shape(&profile);
-            let ctx = ChunkContext::new(shape, Dtype::F32, 0, 3, 2, &profile, Rope::default())
-                .unwrap()
-                .with_query_position(Some(12));
-            let source = Source { dtype: Dtype::F32, base: 0, tensor_stride: 96 };
-            let mut plan = EncodePlan::new(&ctx, source).unwrap();
+            let (cache, profile, src) = setup();
+            let ctx = context(&cache, &profile);
+            let mut plan = EncodePlan::new(&ctx, SOURCE).unwrap();
             plan.add_chunk(0..7, 0).unwrap();
             plan.add_chunk(5..12, 1).unwrap();
             let mut ch = plan.chain().unwrap();
@@ -932,28 +917,26 @@ mod tests {
         }
     }
 
-    fn profile_shape(p: &Profile) -> KvShape {
-        KvShape {
-            layers: p.layers(),
-            kv_heads: p.kv_heads(),
-            head_dim: p.head_dim(),
-            tokens: 12,
-        }
+    /// The chunk context of [`setup`]'s cache (importance policy on: queries at 12).
+    fn context<'p>(cache: &KvCache, profile: &'p Profile) -> ChunkContext<'p> {
+        ChunkContext::new(cache.shape, Dtype::F32, 0, 3, 2, profile, Rope::default())
+            .unwrap()
+            .with_query_position(Some(12))
     }
+
+    /// [`setup`]'s source bytes: f32, every tensor 96 elements after the one before.
+    const SOURCE: Source = Source {
+        dtype: Dtype::F32,
+        base: 0,
+        tensor_stride: 96,
+    };
 
     /// Unaltered records: every block and chunk ends well (the test above alters one of each).
     #[test]
     fn intact_records_end_well() {
         let (cache, profile, src) = setup();
-        let ctx = ChunkContext::new(cache.shape, Dtype::F32, 0, 3, 2, &profile, Rope::default())
-            .unwrap()
-            .with_query_position(Some(12));
-        let source = Source {
-            dtype: Dtype::F32,
-            base: 0,
-            tensor_stride: 96,
-        };
-        let mut plan = EncodePlan::new(&ctx, source).unwrap();
+        let ctx = context(&cache, &profile);
+        let mut plan = EncodePlan::new(&ctx, SOURCE).unwrap();
         plan.add_chunk(0..7, 0).unwrap();
         plan.add_chunk(5..12, 1).unwrap();
         let got = plan.encode_host(&src).unwrap();
@@ -966,15 +949,8 @@ mod tests {
     #[test]
     fn chunks_do_not_depend_on_what_the_kept_outputs_held() {
         let (cache, profile, src) = setup();
-        let ctx = ChunkContext::new(cache.shape, Dtype::F32, 0, 3, 2, &profile, Rope::default())
-            .unwrap()
-            .with_query_position(Some(12));
-        let source = Source {
-            dtype: Dtype::F32,
-            base: 0,
-            tensor_stride: 96,
-        };
-        let mut plan = EncodePlan::new(&ctx, source).unwrap();
+        let ctx = context(&cache, &profile);
+        let mut plan = EncodePlan::new(&ctx, SOURCE).unwrap();
         let chunks = [(0..4, 0), (4..12, 1), (0..12, 2), (9..12, 0)];
         for (tokens, level) in chunks.iter().cloned() {
             plan.add_chunk(tokens, level).unwrap();

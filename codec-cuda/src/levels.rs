@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use codec_core::Profile;
 
+use crate::error::CudaError;
 use crate::ffi::SLOTS;
 use crate::quant::ChannelConsts;
 use crate::rans::{packed_table, value_table_map};
@@ -85,6 +86,27 @@ impl LevelConsts {
             + 2 * self.maps.len()
             + std::mem::size_of::<ChannelConsts>() * self.consts.len()
     }
+}
+
+/// For benches: the seconds `reps` runs of `build` take, given a cache kept from a run before
+/// the first (`kept`) or a new cache each (as a `Gpu`'s first call builds every constant).
+pub(crate) fn time_builds<T>(
+    reps: usize,
+    kept: bool,
+    build: impl Fn(&LevelCache) -> Result<T, CudaError>,
+) -> Result<f64, CudaError> {
+    let cache = LevelCache::default();
+    if kept {
+        drop(build(&cache)?);
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        match kept {
+            true => drop(build(&cache)?),
+            false => drop(build(&LevelCache::default())?),
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// A kept entry: the profile's hash, the level, its constants.
