@@ -43,6 +43,7 @@ use codec_cuda::encode_plan::Source;
 use codec_cuda::experiment::Lane32Batch;
 use codec_cuda::pq::PqBatch;
 use codec_cuda::{Gpu, HostBuffer, LaneShape, DEFAULT_LANE_SHARED_TABLES};
+use cudarc::driver::CudaSlice;
 use pq_core::{pack, Codebook, PqParams};
 
 fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -230,7 +231,7 @@ fn bench_decode(
     println!(
         "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole decode_into {:.3} ms = \
          {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
-         pinned memory {:.3} (written by one thread: {:.3}), outputs allocated {:.3} ms); plan \
+         pinned memory {:.3} (written by one thread: {:.3}), statuses read {:.3} ms); plan \
          uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's five kernels \
          alone {:.3} ms = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, \
          values {:.3}, dequantization {:.3} ms = {:.1} GB/s)",
@@ -259,7 +260,101 @@ fn bench_decode(
     for n in [copies, 4 * copies] {
         bench_decode_threads(gpu, &bytes, (rounds, n), one_copy);
     }
+    for n in [copies, 4 * copies] {
+        bench_decode_pieces(gpu, &bytes, (rounds, n), one_copy);
+    }
     bench_lane_decode(gpu, &plan, level, rounds);
+}
+
+/// `copies` copies of the stream `bytes` decoded on one handle in pieces of 0 (whole), 4096,
+/// 2048, 1024 and 512 coded blocks (`Gpu::set_decode_piece_blocks`): `decode_from` from
+/// page-locked memory (the plan built before, its CRCs checked on the device) and
+/// `decode_into` (words packed, CRCs checked as the plan was built); every output checked
+/// against `one_copy`. Then, at the fastest piece size, the plan built and `decode_from`
+/// together.
+fn bench_decode_pieces(
+    gpu: &mut Gpu,
+    bytes: &[u8],
+    (rounds, copies): (usize, usize),
+    one_copy: &[u16],
+) {
+    let mut host = gpu.host_buffer(bytes.len() * copies).unwrap();
+    for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
+        copy.copy_from_slice(bytes);
+    }
+    let raw = host.as_slice().unwrap();
+    let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
+    let refs: Vec<_> = streams.iter().collect();
+    let [packed, at_decode] = [false, true].map(|crc| support::decode_plan_with(&refs, 0, crc));
+    let mut out = gpu
+        .stream()
+        .alloc_zeros::<u16>(one_copy.len() * copies)
+        .unwrap();
+    let gbs = |t: f64| (one_copy.len() * 2 * copies) as f64 / t / 1e9;
+    let mut line = Vec::new();
+    let mut best = (f64::INFINITY, 0);
+    for piece_blocks in [0, 4096, 2048, 1024, 512] {
+        gpu.set_decode_piece_blocks(piece_blocks);
+        let mut ok = true;
+        let mut time = |decode: &mut dyn FnMut(&mut CudaSlice<u16>) -> Result<(), _>| {
+            gpu.stream().memset_zeros(&mut out).unwrap();
+            let (t, r) = best_of(rounds, || decode(&mut out));
+            let got = gpu.stream().clone_dtoh(&out).unwrap();
+            ok &= r.is_ok() && got.chunks_exact(one_copy.len()).all(|c| c == one_copy);
+            t
+        };
+        let from = time(&mut |out| gpu.decode_from(&at_decode, &host, out));
+        let into = time(&mut |out| gpu.decode_into(&packed, out));
+        if from < best.0 {
+            best = (from, piece_blocks);
+        }
+        line.push(format!(
+            "{piece_blocks}: decode_from {:.3} ms = {:.2} GB/s, decode_into {:.3} ms = {:.2} \
+             GB/s (bits ok: {ok})",
+            from * 1e3,
+            gbs(from),
+            into * 1e3,
+            gbs(into)
+        ));
+    }
+    gpu.set_decode_piece_blocks(best.1);
+    let (together, r) = best_of(rounds, || {
+        let plan = support::decode_plan_with(&refs, 0, true);
+        gpu.decode_from(&plan, &host, &mut out)
+    });
+    r.unwrap();
+    // When each piece's steps happened in decode_from at 1024 blocks a piece (the last of
+    // `rounds` runs).
+    gpu.set_decode_piece_blocks(1024);
+    let mut timeline = Vec::new();
+    for _ in 0..rounds {
+        timeline = gpu
+            .time_decode_pieces(&at_decode, Some(&host), &mut out)
+            .unwrap();
+    }
+    gpu.set_decode_piece_blocks(codec_cuda::DEFAULT_PIECE_BLOCKS);
+    let timeline: Vec<String> = timeline
+        .iter()
+        .map(|t| {
+            format!(
+                "host {:.2}/{:.2}/{:.2}, copy {:.2}-{:.2}, launches {:.2}-{:.2}",
+                t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+            )
+        })
+        .collect();
+    println!(
+        "decode in pieces on one handle, {copies} streams of {} bytes -> {:.1} MB f16, by \
+         blocks a piece: {}; plan built and decode_from together at {}: {:.3} ms = {:.2} GB/s; \
+         decode_from at 1024 blocks a piece, each piece's steps in ms from its start (host: \
+         chain built/upload queued/launches queued; device): {}",
+        bytes.len(),
+        (one_copy.len() * 2 * copies) as f64 / 1e6,
+        line.join("; "),
+        best.1,
+        together * 1e3,
+        gbs(together),
+        timeline.join("; ")
+    );
 }
 
 /// For `n` host threads: a handle forked from `gpu` each (packing uploads on its share of the
@@ -421,7 +516,8 @@ fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), 
     println!(
         "decode from page-locked memory, {copies} streams of {} bytes: whole decode_from {:.3} \
          ms = {:.2} GB/s (of which upload_plan_from {:.3} ms: chain built {:.3}, bytes copied \
-         as they are with the rest packed, words gathered {:.3}, outputs allocated {:.3} ms); \
+         as they are with the rest packed, words gathered, chunks checked {:.3}, statuses \
+         read {:.3} ms); \
          bits as decode_into's: {same}; the plan built before it (add_streams) {:.3} ms on one \
          thread, {:.3} ms on the default threads; plan and decode_from together {:.3} ms = \
          {:.2} GB/s, with the CRCs checked on the device {:.3} ms = {:.2} GB/s (bits as \
@@ -495,8 +591,8 @@ fn bench_threads_apart(
         println!(
             "{n} threads apart, {copies} streams of {} bytes -> {:.1} MB f16: uploads at once \
              {:.3} ms = {:.2} GB/s (slowest thread: whole {:.3}, chain built {:.3}, copied and \
-             gathered {:.3}, allocated {:.3} ms); uploaded chains at once {:.3} ms = {:.2} GB/s \
-             (all ok: {ok})",
+             gathered {:.3}, statuses read {:.3} ms); uploaded chains at once {:.3} ms = {:.2} \
+             GB/s (all ok: {ok})",
             bytes.len(),
             (out_len * 2 * copies) as f64 / 1e6,
             upload * 1e3,

@@ -64,6 +64,7 @@
 //! assert_eq!(bits, want);
 //! ```
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use codec_core::Stream;
@@ -612,6 +613,18 @@ impl<'p> Chain<'p> {
     }
 }
 
+/// Those of `chunks` whose CRCs are checked at decode, in order.
+fn crc_checks<'p>(chunks: &[PlannedChunk<'p>]) -> Vec<ChunkCrc<'p>> {
+    let checks = chunks.iter().filter_map(|pc| {
+        pc.crc.map(|(covered, crc)| ChunkCrc {
+            covered,
+            crc,
+            chunk: pc.lanes.chunk(),
+        })
+    });
+    checks.collect()
+}
+
 /// A coded block's counts as the launches' 32-bit fields hold them.
 struct BlockCounts {
     /// Exponent symbols.
@@ -772,15 +785,28 @@ impl DecodePlan<'_> {
     /// [`chain`](Self::chain), each (profile, level)'s constants taken from `cache` (and kept
     /// there).
     pub(crate) fn chain_with(&self, cache: &LevelCache) -> Result<Chain<'_>, CudaError> {
+        self.chain_of(cache, 0..self.chunks.len())
+    }
+
+    /// [`chain_with`](Self::chain_with) of the plan's chunks `chunks` alone (the pieces of
+    /// [`pieces`](Self::pieces) write disjoint parts of the output, as the whole plan does).
+    pub(crate) fn chain_of(
+        &self,
+        cache: &LevelCache,
+        chunks: Range<usize>,
+    ) -> Result<Chain<'_>, CudaError> {
         if self.heads == 0 || self.head_dim == 0 {
             return Err(CudaError::Input {
                 what: "no channels",
             });
         }
-        let mut ch = self.empty_chain();
-        ch.checks = self.crc_checks();
+        let chunks = self.chunks.get(chunks).ok_or(CudaError::Input {
+            what: "chunks past the plan's",
+        })?;
+        let mut ch = self.empty_chain(chunks);
+        ch.checks = crc_checks(chunks);
         let mut shared = Shared::new(cache);
-        for pc in &self.chunks {
+        for pc in chunks {
             let at = shared.level(&mut ch, pc)?;
             let level = &shared.levels[at].1;
             for blk in &pc.lanes.blocks {
@@ -795,53 +821,67 @@ impl DecodePlan<'_> {
         Ok(ch)
     }
 
-    /// A chain with no blocks yet, with room for all of the plan's (and its page tables).
-    fn empty_chain(&self) -> Chain<'_> {
+    /// The plan's chunks cut into runs of about `piece_blocks` blocks each (0: one run of
+    /// them all), of about equal blocks, none empty: the pieces a `Gpu` decodes one after
+    /// another, each piece's upload beside the launches of the piece before.
+    pub(crate) fn pieces(&self, piece_blocks: usize) -> Vec<Range<usize>> {
+        let n = match piece_blocks {
+            0 => 1,
+            b => ((self.blocks + b / 2) / b).max(1),
+        };
+        let mut pieces = Vec::with_capacity(n);
+        let mut start = 0;
+        for (i, pc) in self.chunks.iter().enumerate() {
+            // A piece ends with the chunk that takes it to its share of the blocks.
+            let share = (pieces.len() + 1) * self.blocks / n;
+            if pc.first_block + pc.lanes.blocks.len() >= share && pieces.len() + 1 < n {
+                pieces.push(start..i + 1);
+                start = i + 1;
+            }
+        }
+        if start < self.chunks.len() || pieces.is_empty() {
+            pieces.push(start..self.chunks.len());
+        }
+        pieces
+    }
+
+    /// A chain with no blocks yet, with room for all of `chunks`' (and the plan's page
+    /// tables).
+    fn empty_chain(&self, chunks: &[PlannedChunk<'_>]) -> Chain<'_> {
+        let blocks = chunks.iter().map(|pc| pc.lanes.blocks.len()).sum();
         let mut ch = Chain {
-            word_parts: Vec::with_capacity(self.blocks),
+            word_parts: Vec::with_capacity(blocks),
             n_words: 0,
             tables: Vec::new(),
             table_list: Vec::new(),
-            exp_blocks: Vec::with_capacity(self.blocks),
+            exp_blocks: Vec::with_capacity(blocks),
             n_exps: 0,
-            sym_blocks: Vec::with_capacity(self.blocks),
+            sym_blocks: Vec::with_capacity(blocks),
             n_symbols: 0,
             map: Vec::new(),
-            resolve: Vec::with_capacity(self.blocks),
+            resolve: Vec::with_capacity(blocks),
             radius: Vec::new(),
-            escape_parts: Vec::with_capacity(self.blocks),
+            escape_parts: Vec::with_capacity(blocks),
             n_escapes: 0,
-            values: Vec::with_capacity(self.blocks),
+            values: Vec::with_capacity(blocks),
             n_q: 0,
             dequant: DequantBatch::with_output(self.heads, self.head_dim, self.output),
-            chunk_of: Vec::with_capacity(self.blocks),
+            chunk_of: Vec::with_capacity(blocks),
             checks: Vec::new(),
         };
         if matches!(self.output.layout, OutLayout::Paged { .. }) {
             ch.dequant.add_page_table(&self.page_tables);
         }
         // Room for every block's sink rows at once (no regrowth while copying).
-        let all_blocks = || self.chunks.iter().flat_map(|pc| &pc.lanes.blocks);
+        let all_blocks = || chunks.iter().flat_map(|pc| &pc.lanes.blocks);
         let sink = all_blocks().map(|b| b.sink.len()).sum();
-        ch.dequant.reserve_external(self.blocks, sink);
+        ch.dequant.reserve_external(blocks, sink);
         ch
     }
 
     /// The CRCs of the chunks whose CRCs are checked at decode, checked on the host.
     pub(crate) fn check_crcs_host(&self) -> Result<(), CudaError> {
-        check_crcs_host(&self.crc_checks())
-    }
-
-    /// The chunks whose CRCs are checked at decode, in order.
-    fn crc_checks(&self) -> Vec<ChunkCrc<'_>> {
-        let checks = self.chunks.iter().filter_map(|pc| {
-            pc.crc.map(|(covered, crc)| ChunkCrc {
-                covered,
-                crc,
-                chunk: pc.lanes.chunk(),
-            })
-        });
-        checks.collect()
+        check_crcs_host(&crc_checks(&self.chunks))
     }
 
     /// For benches: the seconds `reps` builds of the plan's chain of launches take on the host
@@ -857,7 +897,9 @@ impl DecodePlan<'_> {
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
-        self.run_chain_host(&ch, &ch.words())
+        let mut out = vec![0u16; self.output.len];
+        self.run_chain_host(&ch, &ch.words(), &mut out)?;
+        Ok(out)
     }
 
     /// [`decode_chain_host`](Self::decode_chain_host) with the lane words gathered from `raw`,
@@ -882,11 +924,19 @@ impl DecodePlan<'_> {
             status: &mut status,
         })?;
         check_crcs(&ch.checks, &status)?;
-        self.run_chain_host(&ch, &words)
+        let mut out = vec![0u16; self.output.len];
+        self.run_chain_host(&ch, &words, &mut out)?;
+        Ok(out)
     }
 
-    /// The chain's five launches on the host, `words` the chain's lane words.
-    fn run_chain_host(&self, ch: &Chain<'_>, words: &[u32]) -> Result<Vec<u16>, CudaError> {
+    /// The chain's five launches on the host into `out` (the plan's output), `words` the
+    /// chain's lane words.
+    fn run_chain_host(
+        &self,
+        ch: &Chain<'_>,
+        words: &[u32],
+        out: &mut [u16],
+    ) -> Result<(), CudaError> {
         let heads = self.heads;
         let head_dim = self.head_dim;
         let shape = LaneShape::new(1, LaneBatch::MAX_SHARED_TABLES)?;
@@ -937,22 +987,20 @@ impl DecodePlan<'_> {
             blocks: &ch.values,
             status: &mut value_status,
         })?;
-        let mut out = vec![0u16; self.output.len];
         let mut dq_status = vec![0u32; ch.resolve.len()];
         if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
             return Err(CudaError::Input {
                 what: "a page size of 0",
             });
         }
-        ffi::host_dequant(ch.dequant.io_with(&q, &exps, &mut out, &mut dq_status))?;
+        ffi::host_dequant(ch.dequant.io_with(&q, &exps, out, &mut dq_status))?;
         ch.check(
             &exp_status,
             &resolve_status,
             &sym_status,
             &value_status,
             &dq_status,
-        )?;
-        Ok(out)
+        )
     }
 }
 
@@ -1150,6 +1198,35 @@ mod tests {
         encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap()
     }
 
+    /// A plan's pieces are runs of its chunks in order, none empty, about `piece_blocks`
+    /// blocks each; their chains run on the host one after another into one output give the
+    /// whole chain's bits.
+    #[test]
+    fn pieces_decode_to_the_whole_plans_bits() {
+        let bytes = small_stream();
+        let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let plan = plan_of(&[&stream, &stream, &stream]);
+        let want = plan.decode_chain_host().unwrap();
+        // 3 streams of 4 chunks of 2 layers' K and V: 48 blocks.
+        assert_eq!(plan.blocks, 48);
+        for (piece_blocks, n) in [(0, 1), (48, 1), (100, 1), (24, 2), (16, 3), (8, 6), (1, 12)] {
+            let pieces = plan.pieces(piece_blocks);
+            assert_eq!(pieces.len(), n, "{piece_blocks} blocks a piece: {pieces:?}");
+            assert_eq!(pieces.first().map(|p| p.start), Some(0));
+            assert_eq!(pieces.last().map(|p| p.end), Some(plan.chunks()));
+            assert!(pieces.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(pieces.iter().all(|p| !p.is_empty()));
+            let mut out = vec![0u16; plan.output().len];
+            for p in pieces {
+                let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
+                plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
+            }
+            assert!(out == want, "{piece_blocks} blocks a piece");
+        }
+        let past = plan.chain_of(&LevelCache::default(), 11..13);
+        assert!(matches!(past, Err(CudaError::Input { .. })));
+    }
+
     /// `add_streams` on 1-5 threads builds the plan `add_stream` builds one stream at a time:
     /// the same chunks, decoded to the same bits; with a chunk whose CRC fails, the same
     /// error and the same chunks added before it.
@@ -1237,7 +1314,10 @@ mod tests {
         let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
         let want = plan_of(&[&stream, &stream]).decode_chain_host().unwrap();
         let plan = at_decode(&[&stream, &stream]).unwrap();
-        assert_eq!(plan.crc_checks().len(), 2 * stream.header().chunks.len());
+        assert_eq!(
+            crc_checks(&plan.chunks).len(),
+            2 * stream.header().chunks.len()
+        );
         assert_eq!(plan.decode_chain_host().unwrap(), want);
         assert_eq!(plan.decode_chain_host_from(&bytes).unwrap(), want);
         assert_eq!(plan.decode_host().unwrap(), want);

@@ -29,15 +29,29 @@ use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, O
 use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded, LaneShape};
 
 mod from_host;
+mod pieces;
+mod queued;
 
 pub use from_host::HostBuffer;
-use from_host::{WordSource, Words};
+use from_host::WordSource;
+pub use pieces::{PieceTimes, DEFAULT_PIECE_BLOCKS};
+use queued::QueuedChain;
 
 /// Every kernel file's CUBIN for one architecture.
 type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
 /// CUBINs by architecture: NVRTC runs once per architecture per process.
 type CubinCache = HashMap<String, Cubins>;
 static CUBINS: Mutex<Option<CubinCache>> = Mutex::new(None);
+
+/// An input error for a paged output of page size 0.
+fn check_page_size(plan: &DecodePlan<'_>) -> Result<(), CudaError> {
+    match plan.output().layout {
+        OutLayout::Paged { page_size: 0 } => Err(CudaError::Input {
+            what: "a page size of 0",
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// The loaded kernels' entry points.
 #[derive(Debug)]
@@ -73,16 +87,21 @@ pub struct Gpu {
     lane_shape: LaneShape,
     pq_shared_keys: u32,
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
-    /// short).
-    staging: Mutex<Option<PinnedHostSlice<u8>>>,
+    /// short); a decode in pieces alternates between the two.
+    staging: Mutex<[Option<PinnedHostSlice<u8>>; 2]>,
     /// Threads that write a packed upload (at least 1; see [`Gpu::set_upload_threads`]).
     upload_threads: usize,
     /// Pinned host memory encoded chunks are copied back through, kept for the next.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
     /// The device scratch of the decode and encode chains (symbols, their tables, values,
     /// words, chunk bytes), kept for the next upload (grown when short): every chain writes
-    /// all of it that it reads, and chains run one at a time (`chain_lock`).
-    scratch: Mutex<Option<Arc<CudaSlice<u8>>>>,
+    /// all of it that it reads, and chains run one at a time (`chain_lock`) but for a decode
+    /// in pieces, whose pieces on its two compute streams alternate between the two.
+    scratch: Mutex<[Option<Arc<CudaSlice<u8>>>; 2]>,
+    /// The decode in pieces' copy stream and second compute stream, made by its first call.
+    pipe: Mutex<Option<pieces::PipeStreams>>,
+    /// Coded blocks a piece of a decode holds ([`Gpu::set_decode_piece_blocks`]).
+    piece_blocks: usize,
     /// Held from a chain's first launch until its statuses are read (decode) or its chunks
     /// copied back (encode): the chains of several threads share the scratch, so one chain
     /// runs at a time.
@@ -97,7 +116,7 @@ pub struct Gpu {
 /// no host work but the launches and the statuses.
 #[derive(Debug)]
 pub struct UploadedPlan {
-    dev: ffi::ChainDev,
+    queued: QueuedChain,
     /// Per block, its chunk (for errors).
     chunk_of: Vec<usize>,
     output: Output,
@@ -134,10 +153,12 @@ impl Gpu {
             kernels: Mutex::new(None),
             lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
-            staging: Mutex::new(None),
+            piece_blocks: DEFAULT_PIECE_BLOCKS,
+            staging: Mutex::new([None, None]),
             upload_threads: host_threads(0),
             readback: Mutex::new(None),
-            scratch: Mutex::new(None),
+            scratch: Mutex::new([None, None]),
+            pipe: Mutex::new(None),
             chain_lock: Mutex::new(()),
             levels: Arc::default(),
         })
@@ -167,10 +188,12 @@ impl Gpu {
             kernels: Mutex::new(kernels),
             lane_shape: self.lane_shape,
             pq_shared_keys: self.pq_shared_keys,
-            staging: Mutex::new(None),
+            piece_blocks: self.piece_blocks,
+            staging: Mutex::new([None, None]),
             upload_threads: self.upload_threads,
             readback: Mutex::new(None),
-            scratch: Mutex::new(None),
+            scratch: Mutex::new([None, None]),
+            pipe: Mutex::new(None),
             chain_lock: Mutex::new(()),
             levels: self.levels.clone(),
         })
@@ -495,14 +518,15 @@ impl Gpu {
     /// length (e.g. a serving engine's KV pages) on [`stream`](Self::stream): every input
     /// uploaded at once ([`upload_plan`](Self::upload_plan)), then one chain of five launches
     /// (exponents, table resolution, symbols, values with escapes, dequantization) with no host
-    /// step between them, then the statuses.
+    /// step between them, then the statuses. A plan of more than about
+    /// [`set_decode_piece_blocks`](Self::set_decode_piece_blocks) coded blocks goes in pieces,
+    /// each piece's upload beside the launches of the one before; the bits are the same.
     pub fn decode_into(
         &self,
         plan: &DecodePlan<'_>,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let up = self.upload_plan(plan)?;
-        self.decode_uploaded_into(&up, out)
+        self.decode_in_pieces(plan, None, out)
     }
 
     /// Builds `plan`'s chain and uploads every input of its launches to this device in one
@@ -514,45 +538,41 @@ impl Gpu {
     }
 
     /// [`upload_plan`](Self::upload_plan); with `times`, the seconds of building the chain, of
-    /// its packed upload and of its outputs' allocation.
+    /// its upload queued and done (the packed copy, and with `host` the copy of the bytes as
+    /// they lie, the word gather and the chunk checks) and of its statuses read and checked.
     fn upload_plan_timed(
         &self,
         plan: &DecodePlan<'_>,
         host: Option<&HostBuffer>,
         times: Option<&mut [f64; 3]>,
     ) -> Result<UploadedPlan, CudaError> {
-        if plan.output().layout == (OutLayout::Paged { page_size: 0 }) {
-            return Err(CudaError::Input {
-                what: "a page size of 0",
-            });
-        }
-        let t = std::time::Instant::now();
+        check_page_size(plan)?;
+        let t0 = std::time::Instant::now();
         let chain = plan.chain_with(&self.levels)?;
-        let (gather, checks);
-        let source = match host {
+        let raw = match host {
             None => {
                 check_crcs_host(&chain.checks)?;
-                WordSource::Packed
+                None
             }
-            Some(h) => {
-                let bytes = h.as_slice()?;
-                let (span, parts, chunk_checks) = chain.gather_parts(bytes)?;
-                (gather, checks) = (parts, chunk_checks);
-                WordSource::Raw {
-                    raw: &bytes[span],
-                    parts: &gather,
-                    checks: &checks,
-                }
-            }
+            Some(h) => Some((h.as_slice()?, chain.gather_parts(h.as_slice()?)?)),
         };
-        let built = t.elapsed().as_secs_f64();
-        let mut parts = [0.0; 2];
-        let dev = self.upload_chain(&chain, source, times.is_some().then_some(&mut parts))?;
+        let source = WordSource::of(&raw);
+        let t1 = std::time::Instant::now();
+        let queued = {
+            let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+            let q = self.queue_chain(&chain, source, &self.stream, &mut staging[0], 0)?;
+            self.sync()?;
+            q
+        };
+        let t2 = std::time::Instant::now();
+        let statuses = ffi::download_base(&self.stream, &queued.statuses)?;
+        queued.check_gathered(&statuses, &chain.checks)?;
         if let Some(times) = times {
-            *times = [built, parts[0], parts[1]];
+            let secs = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
+            *times = [secs(t0, t1), secs(t1, t2), t2.elapsed().as_secs_f64()];
         }
         Ok(UploadedPlan {
-            dev,
+            queued,
             chunk_of: chain.chunk_of,
             output: plan.output(),
             stream: self.stream.clone(),
@@ -573,27 +593,17 @@ impl Gpu {
         }
         let k = self.kernels(None)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.launch_chain(&k, &up.dev, up.output, out)?;
-        self.sync()?;
-        let s = &self.stream;
-        let d = &up.dev;
-        check_chain(
-            &up.chunk_of,
-            [
-                &d.lanes_exp.status.download(s)?,
-                &d.resolve_status.download(s)?,
-                &d.sym_status.download(s)?,
-                &d.value_status.download(s)?,
-                &d.dequant.status.download(s)?,
-            ],
-        )
+        self.launch_chain(&self.stream, &k, &up.queued.dev, up.output, out)?;
+        let statuses = ffi::download_base(&self.stream, &up.queued.statuses)?;
+        let [exp, resolve, sym, value, dequant] = up.queued.chain_statuses(&statuses)?;
+        check_chain(&up.chunk_of, [&exp, &resolve, &sym, &value, &dequant])
     }
 
     /// For benches: the best time in seconds over `reps` runs of [`upload_plan`](Self::upload_plan)
     /// (the chain built from the plan, packed, copied from pinned memory to the device, its
-    /// outputs allocated), or with `host` of [`upload_plan_from`](Self::upload_plan_from), and of
-    /// each of those three steps (each synchronized; the words' copy and gather count in the
-    /// second).
+    /// statuses read), or with `host` of [`upload_plan_from`](Self::upload_plan_from), and of
+    /// each of those three steps (each synchronized; the words' copy and gather and the chunk
+    /// checks count in the second).
     pub fn time_upload_plan(
         &self,
         plan: &DecodePlan<'_>,
@@ -626,27 +636,22 @@ impl Gpu {
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.time_launches(
             reps,
-            |g| g.upload_chain(&chain, WordSource::Packed, None),
-            |g, k, d| g.launch_chain(k, d, plan.output(), out),
+            |g| g.upload_chain(&chain),
+            |g, k, q| g.launch_chain(&g.stream, k, &q.dev, plan.output(), out),
         )
     }
 
+    /// Queues the chain `dev`'s five launches into `out` on `stream`.
     fn launch_chain(
         &self,
+        stream: &CudaStream,
         k: &Kernels,
         dev: &ffi::ChainDev,
         output: crate::quant::Output,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
         let kernels = chain_kernels(k, output);
-        ffi::launch_chain(
-            &self.stream,
-            &kernels,
-            dev,
-            self.lane_shape,
-            out,
-            output.len,
-        )
+        ffi::launch_chain(stream, &kernels, dev, self.lane_shape, out, output.len)
     }
 
     /// For benches: the best time in seconds of each of the chain's five launches (exponents,
@@ -661,7 +666,7 @@ impl Gpu {
         let k = self.kernels(None)?;
         let chain = plan.chain_with(&self.levels)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let dev = self.upload_chain(&chain, WordSource::Packed, None)?;
+        let dev = self.upload_chain(&chain)?.dev;
         let kernels = chain_kernels(&k, plan.output());
         let n_out = plan.output().len;
         self.sync()?;
@@ -694,10 +699,19 @@ impl Gpu {
         self.upload_threads = host_threads(threads);
     }
 
-    /// `p` uploaded through the kept staging buffer by the upload threads.
+    /// `p` uploaded through the first kept staging buffer by the upload threads.
     fn packed_upload(&self, p: ffi::Packer<'_>) -> Result<Arc<CudaSlice<u8>>, CudaError> {
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        p.upload(&self.stream, &mut staging, self.upload_threads)
+        p.upload(&self.stream, &mut staging[0], self.upload_threads)
+    }
+
+    /// `ch` uploaded with its words packed, on this `Gpu`'s stream (synchronized): for the
+    /// benches of its launches.
+    fn upload_chain(&self, ch: &Chain<'_>) -> Result<QueuedChain, CudaError> {
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let queued = self.queue_chain(ch, WordSource::Packed, &self.stream, &mut staging[0], 0)?;
+        self.sync()?;
+        Ok(queued)
     }
 
     /// Frees the pinned staging and readback buffers, the chains' scratch and the level
@@ -705,115 +719,36 @@ impl Gpu {
     /// this `Gpu` keeps between calls (the next call allocates or builds them again; the
     /// level constants are shared with forks).
     pub fn free_cached(&self) {
-        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = [None, None];
         *self.readback.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = [None, None];
         self.levels.clear();
     }
 
-    /// The chains' scratch, at least `bytes` long: the kept one, or a new one kept instead.
-    fn scratch(&self, bytes: usize) -> Result<Arc<CudaSlice<u8>>, CudaError> {
-        let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    /// The chains' scratch slot `slot` (0 or 1), at least `bytes` long: the kept one, or a
+    /// new one allocated on `stream` and kept instead (a chain holds its scratch until it is
+    /// done).
+    fn scratch(
+        &self,
+        slot: usize,
+        bytes: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let mut slots = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let held = slots.get_mut(slot).ok_or(CudaError::Input {
+            what: "a scratch slot past the second",
+        })?;
         if let Some(s) = held.as_ref().filter(|s| s.len() >= bytes) {
             return Ok(s.clone());
         }
         *held = None;
         let new = Arc::new(
-            self.stream
+            stream
                 .alloc_zeros::<u8>(bytes.max(1))
                 .map_err(ffi::driver_err("cuMemAllocAsync"))?,
         );
         *held = Some(new.clone());
         Ok(new)
-    }
-
-    /// Every input of `ch`'s launches in one packed upload (see [`ffi::Packer`]); its
-    /// launches' large outputs in the kept scratch, the statuses (and the exponents' table
-    /// indices, which must be zero) zeroed. With `times`, the seconds of the packed upload and
-    /// of the outputs' allocation (each synchronized).
-    fn upload_chain(
-        &self,
-        ch: &Chain<'_>,
-        source: WordSource<'_>,
-        times: Option<&mut [f64; 2]>,
-    ) -> Result<ffi::ChainDev, CudaError> {
-        let s = &self.stream;
-        let t0 = std::time::Instant::now();
-        let io = ch.dequant.io(&mut [], &mut []);
-        let mut p = ffi::Packer::default();
-        let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
-        let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
-        let words = match source {
-            WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
-            // Queued before the packed upload, whose filling overlaps this copy.
-            WordSource::Raw { raw, parts, checks } => {
-                Words::Raw(DevBuf::upload(s, raw)?, p.add(parts), p.add(checks))
-            }
-        };
-        let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
-        let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
-        let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
-        let (escapes, values) = (p.add_bytes_as::<i32>(&escape_bytes), p.add(&ch.values));
-        let (sink, consts) = (p.add(io.sink), p.add(io.consts));
-        let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
-        let base = self.packed_upload(p)?;
-        let words = match words {
-            Words::Packed(slot) => DevBuf::view(&base, slot)?,
-            Words::Raw(raw, parts, checks) => {
-                let (parts, checks) = (DevBuf::view(&base, parts)?, DevBuf::view(&base, checks)?);
-                self.gather_and_check(&raw, &parts, (&checks, &ch.checks), ch.n_words)?
-            }
-        };
-        let t1 = std::time::Instant::now();
-        let mut o = ffi::Packer::default();
-        let exps = o.reserve::<u8>(ch.n_exps);
-        let sym_table = o.reserve::<u16>(ch.n_symbols);
-        let symbols = o.reserve::<u8>(ch.n_symbols);
-        let q = o.reserve::<i32>(ch.n_q);
-        let scratch = self.scratch(o.total())?;
-        let (b, x) = (&base, &scratch);
-        let dev = ffi::ChainDev {
-            lanes_exp: ffi::LaneDecodeDev {
-                words,
-                tables: DevBuf::view(b, tables)?,
-                table_list: DevBuf::view(b, table_list)?,
-                symbol_table: DevBuf::zeros(s, ch.n_exps)?,
-                blocks: DevBuf::view(b, exp_blocks)?,
-                symbols: DevBuf::view(x, exps)?,
-                status: DevBuf::zeros(s, ch.exp_blocks.len() * LANES)?,
-            },
-            sym_blocks: DevBuf::view(b, sym_blocks)?,
-            sym_table: DevBuf::view(x, sym_table)?,
-            symbols: DevBuf::view(x, symbols)?,
-            sym_status: DevBuf::zeros(s, ch.sym_blocks.len() * LANES)?,
-            map: DevBuf::view(b, map)?,
-            resolve: DevBuf::view(b, resolve)?,
-            resolve_status: DevBuf::zeros(s, ch.resolve.len())?,
-            radius: DevBuf::view(b, radius)?,
-            escapes: DevBuf::view(b, escapes)?,
-            q: DevBuf::view(x, q)?,
-            values: DevBuf::view(b, values)?,
-            value_status: DevBuf::zeros(s, ch.values.len())?,
-            dequant: ffi::DequantDev {
-                q: DevBuf::zeros(s, 0)?,
-                exps: DevBuf::zeros(s, 0)?,
-                sink: DevBuf::view(b, sink)?,
-                consts: DevBuf::view(b, consts)?,
-                pages: DevBuf::view(b, pages)?,
-                blocks: DevBuf::view(b, dq_blocks)?,
-                status: DevBuf::zeros(s, io.blocks.len())?,
-                heads: io.heads,
-                head_dim: io.head_dim,
-                page_size: io.page_size,
-            },
-            heads: io.heads,
-            head_dim: io.head_dim,
-        };
-        if let Some(t) = times {
-            self.sync()?;
-            *t = [(t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()];
-        }
-        Ok(dev)
     }
 
     /// The three-launch path with the host's steps between launches (table resolution and
@@ -1124,7 +1059,7 @@ impl Gpu {
         let (q, escapes) = (o.reserve::<i32>(ch.n_q), o.reserve::<i32>(ch.n_q));
         let words = o.reserve::<u32>(ch.n_words);
         let (out, sealed) = (o.reserve::<u8>(ch.n_out), o.reserve::<u8>(ch.n_sealed()));
-        let scratch = self.scratch(o.total())?;
+        let scratch = self.scratch(0, o.total(), &self.stream)?;
         let (b, x) = (&base, &scratch);
         Ok(ffi::EncodeDev {
             importance: ch.importance,

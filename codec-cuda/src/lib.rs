@@ -52,7 +52,8 @@ pub mod stream;
 
 pub use error::CudaError;
 pub use gpu::{
-    EncodeTimes, Gpu, HostBuffer, UploadedEncodePlan, UploadedPlan, DEFAULT_LANE_SHARED_TABLES,
+    EncodeTimes, Gpu, HostBuffer, PieceTimes, UploadedEncodePlan, UploadedPlan,
+    DEFAULT_LANE_SHARED_TABLES, DEFAULT_PIECE_BLOCKS,
 };
 pub use nvrtc::{compile_report, KernelResources};
 pub use rans::LaneShape;

@@ -23,7 +23,7 @@ use codec_cuda::fuzzing::{chain_seed_variants, decode_chain_on, scatter, CHAIN_O
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
-use codec_cuda::{CudaError, Gpu};
+use codec_cuda::{CudaError, Gpu, HostBuffer};
 use common::{codec_core_tensors, encode_case, golden, permutation};
 use pq_core::{group_score_table, pack, search, Codebook, Method, PqParams};
 
@@ -484,13 +484,16 @@ fn device_uploaded_plan_decodes_again_and_again() {
 
 /// Handles forked from one `Gpu` (`Gpu::fork`: a stream, staging and scratch each) decode on
 /// four host threads at once, three rounds of every golden stream and the real fixture (4
-/// layers), each from a page-locked buffer of the handle's own: codec-core's bits. A plan
+/// layers, decoded in three pieces), each from a page-locked buffer of the handle's own:
+/// codec-core's bits. A plan
 /// uploaded through a fork is not decoded through the handle it was forked from.
 #[test]
 fn device_forked_handles_decode_on_threads_as_codec_core() {
-    let Some(gpu) = gpu("device_forked_handles_decode_on_threads_as_codec_core") else {
+    let Some(mut gpu) = gpu("device_forked_handles_decode_on_threads_as_codec_core") else {
         return;
     };
+    // The fixture's stream (48 coded blocks) in three pieces on every fork at once.
+    gpu.set_decode_piece_blocks(16);
     let mut streams = golden_and_fixture();
     let want: Vec<Vec<u16>> = streams
         .iter()
@@ -688,8 +691,8 @@ fn device_lane_shapes_decode_as_codec_core() {
 }
 
 /// The 32-bit-state experiment's kernel on the device: the host-run kernel's symbols and
-/// statuses on the fixture's blocks (3 layers, levels 0, 3 and 6), intact (all equal to the v2 symbols) and with
-/// words altered.
+/// statuses on the fixture's blocks (3 layers, levels 0, 3 and 6), intact (all equal to the v2
+/// symbols) and with words altered.
 #[test]
 fn device_lane32_experiment_matches_the_host_run_kernel() {
     let Some(gpu) = gpu("device_lane32_experiment_matches_the_host_run_kernel") else {
@@ -717,4 +720,130 @@ fn device_lane32_experiment_matches_the_host_run_kernel() {
         let n = words.len();
         words[(edit * 7919) % n] ^= 0x5A5A;
     }
+}
+
+/// `copies` copies of the fixture's stream (4 layers) in one page-locked buffer, each at an
+/// offset of its own (odd and even), and where each starts.
+fn fixture_copies(gpu: &Gpu, copies: usize) -> (HostBuffer, Vec<usize>, usize) {
+    let (bytes, _) = common::fixture_stream(4);
+    let len = bytes.len();
+    let starts: Vec<usize> = (0..copies).map(|i| i * (len + 1) + i % 2).collect();
+    let mut host = gpu.host_buffer(copies * (len + 1) + 1).unwrap();
+    for &at in &starts {
+        host.as_mut_slice().unwrap()[at..at + len].copy_from_slice(&bytes);
+    }
+    (host, starts, len)
+}
+
+/// The streams at `starts` in `host` decoded into one dense f16 output, each copy a sequence
+/// of its own, from page-locked memory and packed: `decode_vec_from` and `decode`.
+fn decode_copies(
+    gpu: &Gpu,
+    host: &HostBuffer,
+    (starts, len): (&[usize], usize),
+    crc_at_decode: bool,
+) -> [Result<Vec<u16>, CudaError>; 2] {
+    let raw = host.as_slice().unwrap();
+    let open = |&at: &usize| Stream::open(&raw[at..at + len], None, &Limits::DEFAULT).unwrap();
+    let streams: Vec<Stream<'_>> = starts.iter().map(open).collect();
+    let shape = streams[0].header().shape;
+    let per = 2 * shape.layers as usize * shape.tensor_len();
+    let output = Output {
+        dtype: OutDtype::F16,
+        layout: OutLayout::Dense,
+        len: streams.len() * per,
+    };
+    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    plan.set_crc_at_decode(crc_at_decode);
+    for (i, s) in streams.iter().enumerate() {
+        let dest = Destination {
+            base: (i * per) as u64,
+            ..Destination::dense(shape.tokens, shape.channels())
+        };
+        // A damaged chunk's structure is refused as it is added.
+        if let Err(e) = plan.add_stream(s, dest) {
+            return [Err(e.clone()), Err(e)];
+        }
+    }
+    [gpu.decode_vec_from(&plan, host), gpu.decode(&plan)]
+}
+
+/// A plan decoded in pieces (`Gpu::set_decode_piece_blocks`: each piece's upload on a copy
+/// stream beside the launches of the one before, pieces on two compute streams) gives the
+/// whole plan's bits, from page-locked memory and packed, CRCs checked when added or at
+/// decode: five copies of the fixture (4 layers) in pieces of 8 to 1000 blocks. With a
+/// chunk of the middle copy damaged (a stored CRC altered; a lane word altered under a
+/// recomputed CRC), every piece size gives the whole plan's verdict.
+#[test]
+fn device_decodes_in_pieces_as_whole() {
+    let Some(mut gpu) = gpu("device_decodes_in_pieces_as_whole") else {
+        return;
+    };
+    let (mut host, starts, len) = fixture_copies(&gpu, 5);
+    let at = (&starts[..], len);
+    let (bytes, _) = common::fixture_stream(4);
+    let one = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let want = codec_core_tensors(&one, OutDtype::F16).concat().repeat(5);
+    for crc_at_decode in [false, true] {
+        for piece_blocks in [0, 8, 20, 64, 1000] {
+            gpu.set_decode_piece_blocks(piece_blocks);
+            for got in decode_copies(&gpu, &host, at, crc_at_decode) {
+                assert!(
+                    got.unwrap() == want,
+                    "{piece_blocks} blocks, {crc_at_decode}"
+                );
+            }
+        }
+    }
+    let chunks: Vec<(usize, usize)> = (0..one.header().chunks.len())
+        .map(|c| {
+            let chunk = one.chunk_bytes(c).unwrap();
+            (
+                chunk.as_ptr() as usize - bytes.as_ptr() as usize + starts[2],
+                chunk.len(),
+            )
+        })
+        .collect();
+    let mut refused = 0;
+    for (c, &(start, n)) in chunks.iter().enumerate() {
+        for lane_word in [false, true] {
+            let saved = host.as_slice().unwrap()[start..start + n].to_vec();
+            let chunk = &mut host.as_mut_slice().unwrap()[start..start + n];
+            if lane_word {
+                chunk[n * 3 / 4] ^= 0x5A;
+                let crc = crc32c::crc32c(&chunk[..n - 4]).to_le_bytes();
+                chunk[n - 4..].copy_from_slice(&crc);
+            } else {
+                chunk[n - 1] ^= 0x40;
+            }
+            gpu.set_decode_piece_blocks(0);
+            let whole = decode_copies(&gpu, &host, at, true);
+            refused += whole.iter().filter(|r| r.is_err()).count();
+            for piece_blocks in [8, 20, 64] {
+                gpu.set_decode_piece_blocks(piece_blocks);
+                let got = decode_copies(&gpu, &host, at, true);
+                assert_eq!(
+                    got, whole,
+                    "chunk {c}, lane word {lane_word}, {piece_blocks}"
+                );
+            }
+            if !lane_word {
+                let named = |r: &Result<Vec<u16>, CudaError>| match r {
+                    Err(CudaError::Stream { chunk, .. }) => *chunk == c,
+                    _ => false,
+                };
+                assert!(
+                    whole.iter().all(named),
+                    "chunk {c}: {:?}",
+                    whole.map(|r| r.err())
+                );
+            }
+            host.as_mut_slice().unwrap()[start..start + n].copy_from_slice(&saved);
+        }
+    }
+    assert!(
+        refused > 2 * chunks.len(),
+        "refused {refused} of {}",
+        4 * chunks.len()
+    );
 }

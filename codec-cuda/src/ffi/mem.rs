@@ -103,6 +103,33 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
     }
 }
 
+impl DevBuf<u32> {
+    /// A view's elements read from `base`, the bytes of its base as copied back (one copy
+    /// for every status of a chain, [`download_base`]).
+    pub(crate) fn read_in(&self, base: &[u8]) -> Result<Vec<u32>, CudaError> {
+        let outside = CudaError::Input {
+            what: "a status outside the bytes copied back",
+        };
+        let DevMem::View { offset, .. } = &self.mem else {
+            return Err(outside);
+        };
+        let end = self.len.checked_mul(4).and_then(|b| b.checked_add(*offset));
+        let bytes = end.and_then(|end| base.get(*offset..end)).ok_or(outside)?;
+        let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        Ok(bytes.chunks_exact(4).map(word).collect())
+    }
+}
+
+/// Every byte of `base` copied back to the host (the stream synchronized).
+pub(crate) fn download_base(
+    stream: &Arc<CudaStream>,
+    base: &CudaSlice<u8>,
+) -> Result<Vec<u8>, CudaError> {
+    stream
+        .clone_dtoh(base)
+        .map_err(driver_err("cuMemcpyDtoHAsync"))
+}
+
 impl DevBuf<u8> {
     /// Copies bytes `0..len` back through `pinned` (page-locked memory the caller keeps for
     /// the next copy, grown when short) and hands them to `read`: the device's copy at the
@@ -229,6 +256,13 @@ pub(crate) struct PackSlot<T> {
     offset: usize,
     len: usize,
     _t: PhantomData<T>,
+}
+
+impl<T> PackSlot<T> {
+    /// Elements.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
 }
 
 /// Host arrays laid out one after another ([`PACK_ALIGN`]-aligned) and uploaded to one device
@@ -389,6 +423,22 @@ impl<'a> Packer<'a> {
         staging: &mut Option<PinnedHostSlice<u8>>,
         threads: usize,
     ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
+        let dev = self.queue(stream, staging, threads)?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(dev)
+    }
+
+    /// [`upload`](Self::upload) without the synchronization: the copies are queued on
+    /// `stream`, and `staging` must not be written again (nor grown) before the stream has
+    /// passed them.
+    pub(crate) fn queue(
+        self,
+        stream: &Arc<CudaStream>,
+        staging: &mut Option<PinnedHostSlice<u8>>,
+        threads: usize,
+    ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
         let need = self.total.max(1);
         // Write-combined: the host only writes it, and the device reads it faster so.
         let pinned = pinned_at_least(
@@ -397,23 +447,20 @@ impl<'a> Packer<'a> {
             need,
             cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
         )?;
-        // Waits for any earlier copy from the staging buffer (its event).
+        // Waits for any earlier copy from the staging buffer that recorded its event.
         let dst = pinned
             .as_mut_slice()
             .map_err(driver_err("cuEventSynchronize"))?;
         let mut dev = stream
             .alloc_zeros::<u8>(need)
             .map_err(driver_err("cuMemAllocAsync"))?;
-        // A step queued to the device is not written again before the stream is synchronized
-        // below. Writing the next steps into the staging buffer overlaps the device's copies.
+        // A step queued to the device is not written again before the stream has passed it
+        // (the caller's part). Writing the next steps overlaps the device's copies.
         self.fill(dst, threads, |range, bytes| {
             stream
                 .memcpy_htod(bytes, &mut dev.slice_mut(range))
                 .map_err(driver_err("cuMemcpyHtoDAsync"))
         })?;
-        stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
         Ok(Arc::new(dev))
     }
 }

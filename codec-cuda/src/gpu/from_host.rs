@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::Gpu;
-use crate::decode::{check_crcs, check_gather, ChunkCrc, DecodePlan};
+use crate::decode::{DecodePlan, RawPlaces};
 use crate::error::CudaError;
 use crate::ffi::{self, ChunkCheck, DevBuf, GatherPart, PackSlot};
 use crate::UploadedPlan;
@@ -87,6 +87,21 @@ pub(super) enum WordSource<'a> {
     },
 }
 
+impl<'a> WordSource<'a> {
+    /// Words copied as they lie in `raw`'s bytes, from the places a chain found in them
+    /// ([`crate::decode::Chain::gather_parts`]); without `raw`, packed.
+    pub(super) fn of(raw: &'a Option<(&'a [u8], RawPlaces)>) -> Self {
+        match raw {
+            None => WordSource::Packed,
+            Some((bytes, (span, parts, checks))) => WordSource::Raw {
+                raw: &bytes[span.clone()],
+                parts,
+                checks,
+            },
+        }
+    }
+}
+
 /// Where an upload put the lane words: in the packed upload, or in bytes copied as they are
 /// with the gather parts and chunk checks in the packed upload.
 pub(super) enum Words {
@@ -118,15 +133,15 @@ impl Gpu {
     }
 
     /// [`decode_into`](Self::decode_into) through
-    /// [`upload_plan_from`](Self::upload_plan_from): the same bits.
+    /// [`upload_plan_from`](Self::upload_plan_from) (in pieces as `decode_into`): the same
+    /// bits.
     pub fn decode_from(
         &self,
         plan: &DecodePlan<'_>,
         host: &HostBuffer,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let up = self.upload_plan_from(plan, host)?;
-        self.decode_uploaded_into(&up, out)
+        self.decode_in_pieces(plan, Some(host), out)
     }
 
     /// [`decode`](Self::decode) through [`upload_plan_from`](Self::upload_plan_from): the
@@ -137,29 +152,5 @@ impl Gpu {
         host: &HostBuffer,
     ) -> Result<Vec<u16>, CudaError> {
         self.decode_to_vec(plan, |out| self.decode_from(plan, host, out))
-    }
-
-    /// `n_words` lane words gathered from `raw` by `parts` into a new device buffer, and the
-    /// CRCs of the chunks `checks` (on the device, and as the chain lists them) checked in
-    /// `raw` beside it (the stream synchronized, the statuses checked: the gather's, then the
-    /// first failing chunk's CRC).
-    pub(super) fn gather_and_check(
-        &self,
-        raw: &DevBuf<u8>,
-        parts: &DevBuf<GatherPart>,
-        (checks, chunks): (&DevBuf<ChunkCheck>, &[ChunkCrc<'_>]),
-        n_words: usize,
-    ) -> Result<DevBuf<u32>, CudaError> {
-        let k = self.kernels(None)?;
-        let s = &self.stream;
-        let words = DevBuf::zeros(s, n_words)?;
-        let status = DevBuf::zeros(s, parts.len())?;
-        ffi::launch_gather_words(s, &k.gather_words, raw, parts, &words, &status)?;
-        let crc_status = DevBuf::zeros(s, checks.len())?;
-        ffi::launch_check_chunks(s, &k.check_chunks, raw, checks, &crc_status)?;
-        self.sync()?;
-        check_gather(&status.download(s)?)?;
-        check_crcs(chunks, &crc_status.download(s)?)?;
-        Ok(words)
     }
 }

@@ -1,0 +1,244 @@
+//! Decoding a plan in pieces on one [`Gpu`]: each piece's chain is built on the host and its
+//! upload queued on a copy stream while the launches of the piece before run on a compute
+//! stream, so that the host's work, the copy across PCIe and the kernels overlap instead of
+//! following one another. Pieces are runs of whole chunks, which write disjoint parts of the
+//! output: the bits are the whole plan's.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+
+use super::{check_page_size, Gpu, HostBuffer, WordSource};
+use crate::decode::{check_chain, check_crcs_host, DecodePlan};
+use crate::error::CudaError;
+use crate::ffi;
+
+/// Coded blocks a piece of a decode holds by default ([`Gpu::set_decode_piece_blocks`]).
+pub const DEFAULT_PIECE_BLOCKS: usize = 2048;
+
+/// The streams of a decode in pieces besides the `Gpu`'s own: the uploads' copy stream and a
+/// second compute stream (pieces alternate between the two compute streams, so that one
+/// piece's launches fill the device beside the tail of the one before).
+#[derive(Debug)]
+pub(super) struct PipeStreams {
+    copy: Arc<CudaStream>,
+    side: Arc<CudaStream>,
+}
+
+/// A piece queued and launched: its chain on the device and what its statuses are checked
+/// against.
+type Launched<'p> = (
+    super::QueuedChain,
+    Vec<usize>,
+    Vec<crate::decode::ChunkCrc<'p>>,
+);
+
+/// For benches: when a piece's steps happened, in milliseconds from the decode's start
+/// ([`Gpu::time_decode_pieces`]): on the host, its chain built, its upload queued, its
+/// launches queued; on the device, its upload's start and end on the copy stream, its
+/// launches' start and end.
+pub type PieceTimes = [f64; 7];
+
+/// The events a timed decode in pieces records: its start (on the `Gpu`'s stream), and per
+/// piece the host's times (from just after the start) and four device events.
+struct Timeline {
+    start: CudaEvent,
+    pieces: Vec<([f64; 3], [CudaEvent; 4])>,
+}
+
+impl Gpu {
+    /// Sets the coded blocks of a piece of [`decode_into`](Self::decode_into) and
+    /// [`decode_from`](Self::decode_from): a plan of more is decoded in pieces of about this
+    /// many blocks, each piece's upload overlapping the launches of the piece before; 0
+    /// decodes every plan whole (one upload, then one chain of launches). Default:
+    /// [`DEFAULT_PIECE_BLOCKS`]. The bits are the same for every setting.
+    pub fn set_decode_piece_blocks(&mut self, blocks: usize) {
+        self.piece_blocks = blocks;
+    }
+
+    /// The copy stream and the second compute stream, made on the first call.
+    fn pipe_streams(&self) -> Result<(Arc<CudaStream>, Arc<CudaStream>), CudaError> {
+        let mut held = self.pipe.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_none() {
+            let new = || {
+                self.ctx
+                    .new_stream()
+                    .map_err(ffi::driver_err("cuStreamCreate"))
+            };
+            *held = Some(PipeStreams {
+                copy: new()?,
+                side: new()?,
+            });
+        }
+        match held.as_ref() {
+            Some(p) => Ok((p.copy.clone(), p.side.clone())),
+            None => Err(CudaError::Input {
+                what: "no pipeline streams",
+            }),
+        }
+    }
+
+    /// For benches: [`decode_from`](Self::decode_from) (with `host`) or
+    /// [`decode_into`](Self::decode_into) of `plan` in at least two pieces, and when each
+    /// piece's steps happened.
+    pub fn time_decode_pieces(
+        &self,
+        plan: &DecodePlan<'_>,
+        host: Option<&HostBuffer>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<Vec<PieceTimes>, CudaError> {
+        let mut timeline = None;
+        self.decode_in_pieces_timed(plan, host, out, Some(&mut timeline))?;
+        let Some(t) = timeline else {
+            return Err(CudaError::Input {
+                what: "a plan of one piece",
+            });
+        };
+        let since = |e: &CudaEvent| {
+            (t.start.elapsed_ms(e))
+                .map(f64::from)
+                .map_err(ffi::driver_err("cuEventElapsedTime"))
+        };
+        let piece = |(host, events): &([f64; 3], [CudaEvent; 4])| {
+            let mut times = [0.0; 7];
+            times[..3].copy_from_slice(host);
+            for (t, e) in times[3..].iter_mut().zip(events) {
+                *t = since(e)?;
+            }
+            Ok(times)
+        };
+        t.pieces.iter().map(piece).collect()
+    }
+
+    /// Decodes `plan` into `out` in pieces (one piece: upload, then launches), its words
+    /// copied as they lie in `host` or packed without it. Errors as the whole plan's decode
+    /// gives them: the host's (a chain's build, CRCs checked on the host) in the pieces'
+    /// order, then the device's statuses, each piece's word gather and chunk checks in order,
+    /// then every piece's launches as one chain's.
+    pub(super) fn decode_in_pieces(
+        &self,
+        plan: &DecodePlan<'_>,
+        host: Option<&HostBuffer>,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        self.decode_in_pieces_timed(plan, host, out, None)
+    }
+
+    /// [`decode_in_pieces`](Self::decode_in_pieces); with `timeline`, its events recorded
+    /// there.
+    fn decode_in_pieces_timed(
+        &self,
+        plan: &DecodePlan<'_>,
+        host: Option<&HostBuffer>,
+        out: &mut CudaSlice<u16>,
+        timeline: Option<&mut Option<Timeline>>,
+    ) -> Result<(), CudaError> {
+        check_page_size(plan)?;
+        let pieces = plan.pieces(self.piece_blocks);
+        if pieces.len() < 2 {
+            let up = self.upload_plan_timed(plan, host, None)?;
+            return self.decode_uploaded_into(&up, out);
+        }
+        let bytes = host.map(HostBuffer::as_slice).transpose()?;
+        let streams = self.pipe_streams()?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let launched = self.launch_pieces(plan, &pieces, bytes, &streams, out, timeline);
+        // Every exit waits for what was queued: the staging buffers, `host` and `out` are
+        // the caller's again.
+        for s in [&streams.0, &streams.1, &self.stream] {
+            s.synchronize()
+                .map_err(ffi::driver_err("cuStreamSynchronize"))?;
+        }
+        let launched = launched?;
+        let mut chunk_of = Vec::new();
+        let mut statuses: [Vec<u32>; 5] = Default::default();
+        for (queued, piece_chunks, crcs) in &launched {
+            let bytes = ffi::download_base(&self.stream, &queued.statuses)?;
+            queued.check_gathered(&bytes, crcs)?;
+            for (all, piece) in statuses.iter_mut().zip(queued.chain_statuses(&bytes)?) {
+                all.extend(piece);
+            }
+            chunk_of.extend_from_slice(piece_chunks);
+        }
+        let [exp, resolve, sym, value, dequant] = &statuses;
+        check_chain(&chunk_of, [exp, resolve, sym, value, dequant])
+    }
+
+    /// Queues every piece: its chain built, its upload on the copy stream, its launches on
+    /// the compute stream of its parity once the upload is done. Nothing synchronized but
+    /// a staging buffer's last copy before it is refilled.
+    fn launch_pieces<'p>(
+        &self,
+        plan: &'p DecodePlan<'_>,
+        pieces: &[std::ops::Range<usize>],
+        bytes: Option<&[u8]>,
+        (copy, side): &(Arc<CudaStream>, Arc<CudaStream>),
+        out: &mut CudaSlice<u16>,
+        mut timeline: Option<&mut Option<Timeline>>,
+    ) -> Result<Vec<Launched<'p>>, CudaError> {
+        let k = self.kernels(None)?;
+        let computes = [&self.stream, side];
+        // Events time only where a timeline is kept.
+        let flags = match timeline {
+            Some(_) => cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
+            None => cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+        };
+        let event = |s: &CudaStream| {
+            (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))
+        };
+        let wait =
+            |s: &CudaStream, e: &CudaEvent| s.wait(e).map_err(ffi::driver_err("cuStreamWaitEvent"));
+        // What the caller queued on its stream before (the output's allocation) comes first.
+        let start = event(&self.stream)?;
+        wait(copy, &start)?;
+        wait(side, &start)?;
+        let host_start = std::time::Instant::now();
+        let ms = || host_start.elapsed().as_secs_f64() * 1e3;
+        let timed = timeline.is_some();
+        let mark = |s: &CudaStream| timed.then(|| event(s)).transpose();
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let mut uploaded: [Option<CudaEvent>; 2] = [None, None];
+        let mut launched = Vec::with_capacity(pieces.len());
+        let mut marks = Vec::new();
+        for (i, range) in pieces.iter().enumerate() {
+            let slot = i % 2;
+            let chain = plan.chain_of(&self.levels, range.clone())?;
+            let raw = match bytes {
+                None => {
+                    check_crcs_host(&chain.checks)?;
+                    None
+                }
+                Some(b) => Some((b, chain.gather_parts(b)?)),
+            };
+            let built = ms();
+            // The slot's staging buffer was last copied from two pieces back.
+            if let Some(e) = uploaded[slot].take() {
+                e.synchronize()
+                    .map_err(ffi::driver_err("cuEventSynchronize"))?;
+            }
+            let copy_start = mark(copy)?;
+            let source = WordSource::of(&raw);
+            let queued = self.queue_chain(&chain, source, copy, &mut staging[slot], slot)?;
+            let done = event(copy)?;
+            let (copy_end, queued_at) = (mark(copy)?, ms());
+            wait(computes[slot], &done)?;
+            let launch_start = mark(computes[slot])?;
+            self.launch_chain(computes[slot], &k, &queued.dev, plan.output(), out)?;
+            let launch_end = mark(computes[slot])?;
+            uploaded[slot] = Some(done);
+            if let (Some(a), Some(b), Some(c), Some(d)) =
+                (copy_start, copy_end, launch_start, launch_end)
+            {
+                marks.push(([built, queued_at, ms()], [a, b, c, d]));
+            }
+            launched.push((queued, chain.chunk_of, chain.checks));
+        }
+        if let Some(t) = timeline.as_mut() {
+            **t = Some(Timeline {
+                start,
+                pieces: marks,
+            });
+        }
+        Ok(launched)
+    }
+}

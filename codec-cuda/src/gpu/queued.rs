@@ -1,0 +1,200 @@
+//! A chain's inputs queued to the device on one stream, without a synchronization: the
+//! step that [`Gpu::upload_plan`] and the decode in pieces share.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
+
+use super::from_host::{WordSource, Words};
+use super::Gpu;
+use crate::decode::{check_crcs, check_gather, Chain, ChunkCrc};
+use crate::error::CudaError;
+use crate::ffi::{self, DevBuf, PackSlot, LANES};
+
+/// A chain's inputs queued on a stream ([`Gpu::queue_chain`]), its outputs in place.
+#[derive(Debug)]
+pub(super) struct QueuedChain {
+    pub dev: ffi::ChainDev,
+    /// Every status of the chain, of its word gather and of its chunk checks (and the
+    /// exponents' table indices, which must be zero), zeroed, in one allocation: read back in
+    /// one copy.
+    pub statuses: Arc<CudaSlice<u8>>,
+    /// The word gather's and the chunk checks' statuses (words copied as they lie only).
+    gathered: Option<[DevBuf<u32>; 2]>,
+}
+
+impl QueuedChain {
+    /// The word gather's statuses, then the CRCs of `crcs` (the chain's chunks checked at
+    /// decode) by the chunk checks' statuses, as `bytes` (the statuses copied back) hold them.
+    pub fn check_gathered(&self, bytes: &[u8], crcs: &[ChunkCrc<'_>]) -> Result<(), CudaError> {
+        if let Some([gather, crc]) = &self.gathered {
+            check_gather(&gather.read_in(bytes)?)?;
+            check_crcs(crcs, &crc.read_in(bytes)?)?;
+        }
+        Ok(())
+    }
+
+    /// The chain's five launches' statuses (exponent lanes, table resolution, symbol lanes,
+    /// values, dequantization) as `bytes` hold them.
+    pub fn chain_statuses(&self, bytes: &[u8]) -> Result<[Vec<u32>; 5], CudaError> {
+        let d = &self.dev;
+        Ok([
+            d.lanes_exp.status.read_in(bytes)?,
+            d.resolve_status.read_in(bytes)?,
+            d.sym_status.read_in(bytes)?,
+            d.value_status.read_in(bytes)?,
+            d.dequant.status.read_in(bytes)?,
+        ])
+    }
+}
+
+/// Where a chain's statuses lie in their one zeroed allocation.
+struct ChainStatuses {
+    base: Arc<CudaSlice<u8>>,
+    exp_tables: PackSlot<u16>,
+    exp: PackSlot<u32>,
+    resolve: PackSlot<u32>,
+    sym: PackSlot<u32>,
+    value: PackSlot<u32>,
+    dequant: PackSlot<u32>,
+    gather: PackSlot<u32>,
+    crc: PackSlot<u32>,
+}
+
+impl ChainStatuses {
+    /// Zeroed room on `s` for the statuses of `ch` (`dq_blocks` dequantization blocks), of
+    /// `n_parts` gather parts and of `n_checks` chunk checks.
+    fn new(
+        s: &Arc<CudaStream>,
+        ch: &Chain<'_>,
+        dq_blocks: usize,
+        (n_parts, n_checks): (usize, usize),
+    ) -> Result<Self, CudaError> {
+        let mut z = ffi::Packer::default();
+        let exp_tables = z.reserve(ch.n_exps);
+        let exp = z.reserve(ch.exp_blocks.len() * LANES);
+        let resolve = z.reserve(ch.resolve.len());
+        let sym = z.reserve(ch.sym_blocks.len() * LANES);
+        let value = z.reserve(ch.values.len());
+        let dequant = z.reserve(dq_blocks);
+        let (gather, crc) = (z.reserve(n_parts), z.reserve(n_checks));
+        let base = s
+            .alloc_zeros::<u8>(z.total())
+            .map_err(ffi::driver_err("cuMemAllocAsync"))?;
+        Ok(ChainStatuses {
+            base: Arc::new(base),
+            exp_tables,
+            exp,
+            resolve,
+            sym,
+            value,
+            dequant,
+            gather,
+            crc,
+        })
+    }
+
+    fn view(&self, slot: PackSlot<u32>) -> Result<DevBuf<u32>, CudaError> {
+        DevBuf::view(&self.base, slot)
+    }
+}
+
+impl Gpu {
+    /// Queues every input of `ch`'s launches on `s` in one packed upload through `staging`
+    /// (see [`ffi::Packer::queue`]; the caller keeps `staging` until `s` has passed it), and
+    /// with words copied as they lie, the word gather and the chunk checks; its launches'
+    /// large outputs in scratch slot `slot`, every status zeroed in one allocation.
+    pub(super) fn queue_chain(
+        &self,
+        ch: &Chain<'_>,
+        source: WordSource<'_>,
+        s: &Arc<CudaStream>,
+        staging: &mut Option<PinnedHostSlice<u8>>,
+        slot: usize,
+    ) -> Result<QueuedChain, CudaError> {
+        let io = ch.dequant.io(&mut [], &mut []);
+        let mut p = ffi::Packer::default();
+        let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
+        let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
+        let words = match source {
+            WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
+            // Queued before the packed upload, whose filling overlaps this copy.
+            WordSource::Raw { raw, parts, checks } => {
+                Words::Raw(DevBuf::upload(s, raw)?, p.add(parts), p.add(checks))
+            }
+        };
+        let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
+        let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
+        let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
+        let (escapes, values) = (p.add_bytes_as::<i32>(&escape_bytes), p.add(&ch.values));
+        let (sink, consts) = (p.add(io.sink), p.add(io.consts));
+        let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
+        let base = p.queue(s, staging, self.upload_threads)?;
+        let b = &base;
+        let (n_parts, n_checks) = match &words {
+            Words::Packed(_) => (0, 0),
+            Words::Raw(_, parts, checks) => (parts.len(), checks.len()),
+        };
+        let z = ChainStatuses::new(s, ch, io.blocks.len(), (n_parts, n_checks))?;
+        let (words, gathered) = match words {
+            Words::Packed(slot) => (DevBuf::view(b, slot)?, None),
+            Words::Raw(raw, parts, checks) => {
+                let (parts, checks) = (DevBuf::view(b, parts)?, DevBuf::view(b, checks)?);
+                let k = self.kernels(None)?;
+                let words = DevBuf::zeros(s, ch.n_words)?;
+                let (gather, crc) = (z.view(z.gather)?, z.view(z.crc)?);
+                ffi::launch_gather_words(s, &k.gather_words, &raw, &parts, &words, &gather)?;
+                ffi::launch_check_chunks(s, &k.check_chunks, &raw, &checks, &crc)?;
+                (words, Some([gather, crc]))
+            }
+        };
+        let mut o = ffi::Packer::default();
+        let exps = o.reserve::<u8>(ch.n_exps);
+        let sym_table = o.reserve::<u16>(ch.n_symbols);
+        let symbols = o.reserve::<u8>(ch.n_symbols);
+        let q = o.reserve::<i32>(ch.n_q);
+        let x = &self.scratch(slot, o.total(), s)?;
+        let dev = ffi::ChainDev {
+            lanes_exp: ffi::LaneDecodeDev {
+                words,
+                tables: DevBuf::view(b, tables)?,
+                table_list: DevBuf::view(b, table_list)?,
+                symbol_table: DevBuf::view(&z.base, z.exp_tables)?,
+                blocks: DevBuf::view(b, exp_blocks)?,
+                symbols: DevBuf::view(x, exps)?,
+                status: z.view(z.exp)?,
+            },
+            sym_blocks: DevBuf::view(b, sym_blocks)?,
+            sym_table: DevBuf::view(x, sym_table)?,
+            symbols: DevBuf::view(x, symbols)?,
+            sym_status: z.view(z.sym)?,
+            map: DevBuf::view(b, map)?,
+            resolve: DevBuf::view(b, resolve)?,
+            resolve_status: z.view(z.resolve)?,
+            radius: DevBuf::view(b, radius)?,
+            escapes: DevBuf::view(b, escapes)?,
+            q: DevBuf::view(x, q)?,
+            values: DevBuf::view(b, values)?,
+            value_status: z.view(z.value)?,
+            dequant: ffi::DequantDev {
+                q: DevBuf::zeros(s, 0)?,
+                exps: DevBuf::zeros(s, 0)?,
+                sink: DevBuf::view(b, sink)?,
+                consts: DevBuf::view(b, consts)?,
+                pages: DevBuf::view(b, pages)?,
+                blocks: DevBuf::view(b, dq_blocks)?,
+                status: z.view(z.dequant)?,
+                heads: io.heads,
+                head_dim: io.head_dim,
+                page_size: io.page_size,
+            },
+            heads: io.heads,
+            head_dim: io.head_dim,
+        };
+        Ok(QueuedChain {
+            dev,
+            statuses: z.base,
+            gathered,
+        })
+    }
+}
