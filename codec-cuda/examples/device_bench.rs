@@ -747,7 +747,8 @@ fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): 
         "encode chain level {level}: {:.1} MB of f16 input from device memory to {:.1} MB of \
          chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s; a plan \
          uploaded once (Gpu::encode_uploaded) {:.3} ms = {:.2} GB/s; four launches alone \
-         {:.3} ms = {:.2} GB/s; steps alone: chain built {:.3} ms, inputs uploaded {:.3} ms, \
+         {:.3} ms = {:.2} GB/s (each alone: blocks {:.3}, lane encode {:.3}, chunk layout \
+         {:.3}, sealed {:.3} ms); steps alone: chain built {:.3} ms, inputs uploaded {:.3} ms, \
          sealed chunks copied back {:.3} ms",
         in_bytes / 1e6,
         out_bytes as f64 / 1e6,
@@ -757,6 +758,10 @@ fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): 
         in_bytes / t.uploaded / 1e9,
         t.launches * 1e3,
         in_bytes / t.launches / 1e9,
+        t.stages[0] * 1e3,
+        t.stages[1] * 1e3,
+        t.stages[2] * 1e3,
+        t.stages[3] * 1e3,
         t.chain * 1e3,
         t.upload * 1e3,
         t.copy_back * 1e3,

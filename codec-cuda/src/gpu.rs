@@ -971,7 +971,7 @@ impl Gpu {
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.encode_launched(up, src)?;
+        self.encode_launched(up, src, None)?;
         self.encoded_chunks(up)
     }
 
@@ -994,9 +994,22 @@ impl Gpu {
         let uploaded = best_time(reps, || self.encode_uploaded(&mut up, src).map(drop))?;
         let launches = best_time(reps, || {
             let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.encode_launched(&up, src)?;
+            self.encode_launched(&up, src, None)?;
             self.sync()
         })?;
+        let mut stages = [f64::INFINITY; 4];
+        for _ in 0..reps.max(1) {
+            let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.sync()?;
+            let mut t = std::time::Instant::now();
+            let mut done = |stage: usize| {
+                self.sync()?;
+                stages[stage] = stages[stage].min(t.elapsed().as_secs_f64());
+                t = std::time::Instant::now();
+                Ok(())
+            };
+            self.encode_launched(&up, src, Some(&mut done))?;
+        }
         let copy_back = best_time(reps, || self.encoded_chunks(&up).map(drop))?;
         Ok(EncodeTimes {
             whole,
@@ -1004,6 +1017,7 @@ impl Gpu {
             upload,
             uploaded,
             launches,
+            stages,
             copy_back,
         })
     }
@@ -1020,11 +1034,13 @@ impl Gpu {
             .download_pinned(s, len, &mut readback, |b| split_sealed(b, &places))?
     }
 
-    /// Queues the uploaded plan's four launches over `src`.
+    /// Queues the uploaded plan's four launches over `src` (`stage_done` as
+    /// [`ffi::launch_encode_chain`] takes it).
     fn encode_launched<T>(
         &self,
         up: &UploadedEncodePlan,
         src: &CudaSlice<T>,
+        stage_done: Option<&mut dyn FnMut(usize) -> Result<(), CudaError>>,
     ) -> Result<(), CudaError> {
         if !Arc::ptr_eq(&up.stream, &self.stream) {
             return Err(CudaError::Input {
@@ -1035,7 +1051,13 @@ impl Gpu {
             .check_source_bytes(src.len() * std::mem::size_of::<T>())?;
         let k = self.kernels(None)?;
         let source = up.ch.dev_source(src);
-        ffi::launch_encode_chain(&self.stream, &encode_kernels(&k), &up.dev, &source)
+        ffi::launch_encode_chain(
+            &self.stream,
+            &encode_kernels(&k),
+            &up.dev,
+            &source,
+            stage_done,
+        )
     }
 
     /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
@@ -1124,6 +1146,9 @@ pub struct EncodeTimes {
     pub uploaded: f64,
     /// The four launches alone.
     pub launches: f64,
+    /// Each launch alone, synchronized: `kvc_encode_blocks` (quantization, exponents and
+    /// their tables), the lane encoder, the chunks' layout, the chunks sealed.
+    pub stages: [f64; 4],
     /// The chunks' places and bytes copied back.
     pub copy_back: f64,
 }

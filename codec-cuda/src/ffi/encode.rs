@@ -657,12 +657,15 @@ pub(crate) struct EncodeKernels<'k> {
 }
 
 /// Queues the encode chain over `d` on `stream`: `kvc_encode_blocks`, `kvc_rans_lane_encode`,
-/// `kvc_write_chunks`, reading the source tensors `src`, and `kvc_seal_chunks`.
+/// `kvc_write_chunks`, reading the source tensors `src`, and `kvc_seal_chunks`; with
+/// `stage_done`, calls it after each launch is queued with the launch's index (0-3: for
+/// benches, to time each launch alone).
 pub(crate) fn launch_encode_chain<T>(
     stream: &CudaStream,
     k: &EncodeKernels<'_>,
     d: &EncodeDev,
     src: &DevSource<'_, T>,
+    mut stage_done: Option<&mut dyn FnMut(usize) -> Result<(), CudaError>>,
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     let n = d.blocks.len();
@@ -682,10 +685,18 @@ pub(crate) fn launch_encode_chain<T>(
     if grid == 0 || chunk_grid == 0 {
         return Ok(());
     }
-    launch_encode_blocks(stream, k.blocks, d, src, grid)?;
-    launch_lane_encode(stream, k.lanes, &d.lanes)?;
-    launch_write_chunks(stream, k.write, d, src, chunk_grid)?;
-    launch_seal_chunks(stream, k.seal, d, chunk_grid)
+    for stage in 0..4 {
+        match stage {
+            0 => launch_encode_blocks(stream, k.blocks, d, src, grid)?,
+            1 => launch_lane_encode(stream, k.lanes, &d.lanes)?,
+            2 => launch_write_chunks(stream, k.write, d, src, chunk_grid)?,
+            _ => launch_seal_chunks(stream, k.seal, d, chunk_grid)?,
+        }
+        if let Some(done) = stage_done.as_mut() {
+            done(stage)?;
+        }
+    }
+    Ok(())
 }
 
 /// Queues `kvc_encode_blocks` over `d` (`grid` blocks, checked by [`launch_encode_chain`]).
