@@ -5,8 +5,9 @@
 //! the CRCs left to the decode, `DecodePlan::set_crc_at_decode`), and building
 //! its chain of launches (`DecodePlan::time_chain`, what every upload does first; the tables,
 //! table maps and channel constants of the stream's (profile, level) built in each, as in a
-//! `Gpu`'s first call, or kept, as in every later one), in bytes of compressed input, at levels
-//! 0, 6 and 11.
+//! `Gpu`'s first call, or kept, as in every later one, or kept with the maps and constants
+//! resident on the device, as `Gpu` decodes now keep them), in bytes of compressed input, at
+//! levels 0, 6 and 11.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -54,6 +55,11 @@ fn main() {
                 })
             });
         }
+        g.bench_function(format!("level {level}, constants resident"), |b| {
+            b.iter_custom(|n| {
+                Duration::from_secs_f64(plan.time_chain_resident(n as usize).unwrap())
+            })
+        });
     }
     g.finish();
     let mut g = c.benchmark_group("encode chain built on the host, 8 copies of the fixture");

@@ -730,18 +730,26 @@ struct LevelStarts {
     consts_base: u64,
 }
 
-/// The (profile, level)s a chain's blocks use so far, each's constants appended to the chain
-/// once, from `cache`.
-struct Shared<'c> {
+/// Where a chain's level constants (table maps and channel constants) go: given the profile's
+/// SHA-256, the level and its constants, where the level's map and constants start in the
+/// arrays the chain's launches will read (a `Gpu` keeps them resident on its device).
+pub(crate) type Placer<'a> =
+    &'a mut dyn FnMut(&[u8; 32], u8, &Arc<LevelConsts>) -> Result<(u64, u64), CudaError>;
+
+/// The (profile, level)s a chain's blocks use so far, each's constants taken from `cache` and
+/// appended to the chain once, or placed by `place`.
+struct Shared<'c, 'p> {
     cache: &'c LevelCache,
     levels: Vec<((usize, u8), LevelStarts)>,
+    place: Option<Placer<'p>>,
 }
 
-impl<'c> Shared<'c> {
-    fn new(cache: &'c LevelCache) -> Self {
+impl<'c, 'p> Shared<'c, 'p> {
+    fn new(cache: &'c LevelCache, place: Option<Placer<'p>>) -> Self {
         Shared {
             cache,
             levels: Vec::new(),
+            place,
         }
     }
 
@@ -762,9 +770,14 @@ impl<'c> Shared<'c> {
         ch.tables.extend_from_slice(&consts.tables);
         ch.radius.extend_from_slice(&consts.radius);
         let ids = (first..first + consts.n_tables() as u32).collect();
-        let map_base = ch.map.len() as u64;
-        ch.map.extend_from_slice(&consts.maps);
-        let consts_base = ch.dequant.add_consts(&consts.consts);
+        let (map_base, consts_base) = match self.place.as_mut() {
+            Some(place) => place(&pc.lanes.stream().profile().hash(), key.1, &consts)?,
+            None => {
+                let map_base = ch.map.len() as u64;
+                ch.map.extend_from_slice(&consts.maps);
+                (map_base, ch.dequant.add_consts(&consts.consts))
+            }
+        };
         let starts = LevelStarts {
             ids,
             consts,
@@ -795,6 +808,17 @@ impl DecodePlan<'_> {
         cache: &LevelCache,
         chunks: Range<usize>,
     ) -> Result<Chain<'_>, CudaError> {
+        self.chain_placed(cache, chunks, None)
+    }
+
+    /// [`chain_of`](Self::chain_of), each level's table maps and channel constants placed by
+    /// `place` instead of appended to the chain (its `map` and channel constants stay empty).
+    pub(crate) fn chain_placed(
+        &self,
+        cache: &LevelCache,
+        chunks: Range<usize>,
+        place: Option<Placer<'_>>,
+    ) -> Result<Chain<'_>, CudaError> {
         if self.heads == 0 || self.head_dim == 0 {
             return Err(CudaError::Input {
                 what: "no channels",
@@ -805,7 +829,7 @@ impl DecodePlan<'_> {
         })?;
         let mut ch = self.empty_chain(chunks);
         ch.checks = crc_checks(chunks);
-        let mut shared = Shared::new(cache);
+        let mut shared = Shared::new(cache, place);
         for pc in chunks {
             let at = shared.level(&mut ch, pc)?;
             let level = &shared.levels[at].1;
@@ -890,6 +914,32 @@ impl DecodePlan<'_> {
     /// built in every build, as in a `Gpu`'s first call.
     pub fn time_chain(&self, reps: usize, kept: bool) -> Result<f64, CudaError> {
         time_builds(reps, kept, |cache| self.chain_with(cache))
+    }
+
+    /// For benches: [`time_chain`](Self::time_chain) with the constants kept and each level's
+    /// table maps and channel constants resident where the chain's launches read them (as a
+    /// `Gpu` keeps them on its device after its first call): the host's part of every later
+    /// call, without copying them into the chain.
+    pub fn time_chain_resident(&self, reps: usize) -> Result<f64, CudaError> {
+        let cache = LevelCache::default();
+        let mut placed: Vec<([u8; 32], u8)> = Vec::new();
+        let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
+            let at = match placed.iter().position(|p| *p == (*hash, level)) {
+                Some(at) => at,
+                None => {
+                    placed.push((*hash, level));
+                    placed.len() - 1
+                }
+            };
+            Ok(((at * c.maps.len()) as u64, (at * c.consts.len()) as u64))
+        };
+        let all = 0..self.chunks.len();
+        drop(self.chain_placed(&cache, all.clone(), Some(&mut place))?);
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            drop(self.chain_placed(&cache, all.clone(), Some(&mut place))?);
+        }
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a
@@ -1225,6 +1275,42 @@ mod tests {
         }
         let past = plan.chain_of(&LevelCache::default(), 11..13);
         assert!(matches!(past, Err(CudaError::Input { .. })));
+    }
+
+    /// Level constants placed outside the chain (as a `Gpu` keeps them resident on its
+    /// device), after other bytes and each level once, decode to the chain's own bits: every
+    /// block's map and constants start follows the placer's.
+    #[test]
+    fn placed_level_constants_decode_as_the_chains_own() {
+        let (a, b) = (small_stream(), small_stream_with(EncodeParams::default()));
+        let sa = Stream::open(&a, None, &Limits::DEFAULT).unwrap();
+        let sb = Stream::open(&b, None, &Limits::DEFAULT).unwrap();
+        let plan = plan_of(&[&sa, &sb, &sa]);
+        let want = plan.decode_chain_host().unwrap();
+        let (mut maps, mut consts) = (vec![0xFFFFu16; 1000], Vec::new());
+        let mut placed: Vec<([u8; 32], u8, (u64, u64))> = Vec::new();
+        let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
+            if let Some(p) = placed.iter().find(|p| p.0 == *hash && p.1 == level) {
+                return Ok(p.2);
+            }
+            // Other constants before this level's.
+            consts.extend_from_slice(&c.consts[..5]);
+            let at = (maps.len() as u64, consts.len() as u64);
+            maps.extend_from_slice(&c.maps);
+            consts.extend_from_slice(&c.consts);
+            placed.push((*hash, level, at));
+            Ok(at)
+        };
+        let all = 0..plan.chunks();
+        let cache = LevelCache::default();
+        let mut ch = plan.chain_placed(&cache, all, Some(&mut place)).unwrap();
+        assert!(ch.map.is_empty() && ch.dequant.io(&mut [], &mut []).consts.is_empty());
+        assert!(!placed.is_empty());
+        ch.map = maps;
+        assert_eq!(ch.dequant.add_consts(&consts), 0);
+        let mut out = vec![0u16; plan.output().len];
+        plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
+        assert!(out == want);
     }
 
     /// `add_streams` on 1-5 threads builds the plan `add_stream` builds one stream at a time:

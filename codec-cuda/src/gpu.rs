@@ -31,6 +31,7 @@ use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded, LaneShape};
 mod from_host;
 mod pieces;
 mod queued;
+mod resident;
 
 pub use from_host::HostBuffer;
 use from_host::WordSource;
@@ -108,6 +109,8 @@ pub struct Gpu {
     chain_lock: Mutex<()>,
     /// The level constants of the chains built so far (shared with forks).
     levels: Arc<LevelCache>,
+    /// Their table maps and channel constants on this device (a handle's own).
+    resident: Mutex<resident::Resident>,
 }
 
 /// A [`DecodePlan`]'s chain uploaded to one device ([`Gpu::upload_plan`]): every input of its
@@ -161,6 +164,7 @@ impl Gpu {
             pipe: Mutex::new(None),
             chain_lock: Mutex::new(()),
             levels: Arc::default(),
+            resident: Mutex::default(),
         })
     }
 
@@ -196,6 +200,7 @@ impl Gpu {
             pipe: Mutex::new(None),
             chain_lock: Mutex::new(()),
             levels: self.levels.clone(),
+            resident: Mutex::default(),
         })
     }
 
@@ -548,7 +553,7 @@ impl Gpu {
     ) -> Result<UploadedPlan, CudaError> {
         check_page_size(plan)?;
         let t0 = std::time::Instant::now();
-        let chain = plan.chain_with(&self.levels)?;
+        let (chain, levels) = self.resident_chain(plan, 0..plan.chunks(), &self.stream)?;
         let raw = match host {
             None => {
                 check_crcs_host(&chain.checks)?;
@@ -560,7 +565,8 @@ impl Gpu {
         let t1 = std::time::Instant::now();
         let queued = {
             let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-            let q = self.queue_chain(&chain, source, &self.stream, &mut staging[0], 0)?;
+            let on = (&self.stream, &mut staging[0]);
+            let q = self.queue_chain(&chain, source, on, 0, Some(levels))?;
             self.sync()?;
             q
         };
@@ -709,7 +715,8 @@ impl Gpu {
     /// benches of its launches.
     fn upload_chain(&self, ch: &Chain<'_>) -> Result<QueuedChain, CudaError> {
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        let queued = self.queue_chain(ch, WordSource::Packed, &self.stream, &mut staging[0], 0)?;
+        let on = (&self.stream, &mut staging[0]);
+        let queued = self.queue_chain(ch, WordSource::Packed, on, 0, None)?;
         self.sync()?;
         Ok(queued)
     }
@@ -722,6 +729,7 @@ impl Gpu {
         *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = [None, None];
         *self.readback.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = [None, None];
+        *self.resident.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
         self.levels.clear();
     }
 

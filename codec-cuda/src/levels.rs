@@ -80,7 +80,7 @@ impl LevelConsts {
     }
 
     /// Bytes held.
-    fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         4 * self.tables.len()
             + self.radius.len()
             + 2 * self.maps.len()

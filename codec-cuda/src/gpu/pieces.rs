@@ -202,7 +202,7 @@ impl Gpu {
         let mut marks = Vec::new();
         for (i, range) in pieces.iter().enumerate() {
             let slot = i % 2;
-            let chain = plan.chain_of(&self.levels, range.clone())?;
+            let (chain, levels) = self.resident_chain(plan, range.clone(), copy)?;
             let raw = match bytes {
                 None => {
                     check_crcs_host(&chain.checks)?;
@@ -218,7 +218,8 @@ impl Gpu {
             }
             let copy_start = mark(copy)?;
             let source = WordSource::of(&raw);
-            let queued = self.queue_chain(&chain, source, copy, &mut staging[slot], slot)?;
+            let on = (copy, &mut staging[slot]);
+            let queued = self.queue_chain(&chain, source, on, slot, Some(levels))?;
             let done = event(copy)?;
             let (copy_end, queued_at) = (mark(copy)?, ms());
             wait(computes[slot], &done)?;

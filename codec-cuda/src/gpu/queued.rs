@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::from_host::{WordSource, Words};
+use super::resident::LevelViews;
 use super::Gpu;
 use crate::decode::{check_crcs, check_gather, Chain, ChunkCrc};
 use crate::error::CudaError;
@@ -103,14 +104,16 @@ impl Gpu {
     /// Queues every input of `ch`'s launches on `s` in one packed upload through `staging`
     /// (see [`ffi::Packer::queue`]; the caller keeps `staging` until `s` has passed it), and
     /// with words copied as they lie, the word gather and the chunk checks; its launches'
-    /// large outputs in scratch slot `slot`, every status zeroed in one allocation.
+    /// large outputs in scratch slot `slot`, every status zeroed in one allocation. With
+    /// `levels`, the chain's table maps and channel constants are those resident arrays
+    /// ([`Gpu::resident_chain`]); without, the chain's own, packed.
     pub(super) fn queue_chain(
         &self,
         ch: &Chain<'_>,
         source: WordSource<'_>,
-        s: &Arc<CudaStream>,
-        staging: &mut Option<PinnedHostSlice<u8>>,
+        (s, staging): (&Arc<CudaStream>, &mut Option<PinnedHostSlice<u8>>),
         slot: usize,
+        levels: Option<LevelViews>,
     ) -> Result<QueuedChain, CudaError> {
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
@@ -125,9 +128,10 @@ impl Gpu {
         };
         let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
         let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
-        let (map, resolve, radius) = (p.add(&ch.map), p.add(&ch.resolve), p.add(&ch.radius));
+        let (resolve, radius) = (p.add(&ch.resolve), p.add(&ch.radius));
         let (escapes, values) = (p.add_bytes_as::<i32>(&escape_bytes), p.add(&ch.values));
-        let (sink, consts) = (p.add(io.sink), p.add(io.consts));
+        let sink = p.add(io.sink);
+        let own_levels = levels.is_none().then(|| (p.add(&ch.map), p.add(io.consts)));
         let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
         let base = p.queue(s, staging, self.upload_threads)?;
         let b = &base;
@@ -154,6 +158,15 @@ impl Gpu {
         let symbols = o.reserve::<u8>(ch.n_symbols);
         let q = o.reserve::<i32>(ch.n_q);
         let x = &self.scratch(slot, o.total(), s)?;
+        let (map, consts) = match (levels, own_levels) {
+            (Some(views), _) => views,
+            (None, Some((map, consts))) => (DevBuf::view(b, map)?, DevBuf::view(b, consts)?),
+            (None, None) => {
+                return Err(CudaError::Input {
+                    what: "a chain without level constants",
+                })
+            }
+        };
         let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
                 words,
@@ -168,7 +181,7 @@ impl Gpu {
             sym_table: DevBuf::view(x, sym_table)?,
             symbols: DevBuf::view(x, symbols)?,
             sym_status: z.view(z.sym)?,
-            map: DevBuf::view(b, map)?,
+            map,
             resolve: DevBuf::view(b, resolve)?,
             resolve_status: z.view(z.resolve)?,
             radius: DevBuf::view(b, radius)?,
@@ -180,7 +193,7 @@ impl Gpu {
                 q: DevBuf::zeros(s, 0)?,
                 exps: DevBuf::zeros(s, 0)?,
                 sink: DevBuf::view(b, sink)?,
-                consts: DevBuf::view(b, consts)?,
+                consts,
                 pages: DevBuf::view(b, pages)?,
                 blocks: DevBuf::view(b, dq_blocks)?,
                 status: z.view(z.dequant)?,
