@@ -266,6 +266,15 @@ fn bench_decode(
     bench_lane_decode(gpu, &plan, level, rounds);
 }
 
+/// `copies` copies of the stream `bytes` back to back in page-locked memory.
+fn page_locked_copies(gpu: &Gpu, bytes: &[u8], copies: usize) -> HostBuffer {
+    let mut host = gpu.host_buffer(bytes.len() * copies).unwrap();
+    for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
+        copy.copy_from_slice(bytes);
+    }
+    host
+}
+
 /// `copies` copies of the stream `bytes` decoded on one handle in pieces of 0 (whole), 4096,
 /// 2048, 1024 and 512 coded blocks (`Gpu::set_decode_piece_blocks`): `decode_from` from
 /// page-locked memory (the plan built before, its CRCs checked on the device) and
@@ -278,10 +287,7 @@ fn bench_decode_pieces(
     (rounds, copies): (usize, usize),
     one_copy: &[u16],
 ) {
-    let mut host = gpu.host_buffer(bytes.len() * copies).unwrap();
-    for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
-        copy.copy_from_slice(bytes);
-    }
+    let host = page_locked_copies(gpu, bytes, copies);
     let raw = host.as_slice().unwrap();
     let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
     let refs: Vec<_> = streams.iter().collect();
@@ -364,10 +370,7 @@ fn forked_shares(gpu: &Gpu, bytes: &[u8], n: usize, per: usize) -> Vec<(Gpu, Hos
         .map(|_| {
             let mut g = gpu.fork().unwrap();
             g.set_upload_threads((cores / n).max(1));
-            let mut host = g.host_buffer(bytes.len() * per).unwrap();
-            for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
-                copy.copy_from_slice(bytes);
-            }
+            let host = page_locked_copies(&g, bytes, per);
             (g, host)
         })
         .collect()
@@ -483,10 +486,7 @@ fn bench_decode_threads_with(
 /// memory, as a server would receive them: `Gpu::decode_from` (the bytes copied to the device
 /// as they are, the words gathered there); `want`, the output `decode_into` gave.
 fn bench_decode_from(gpu: &Gpu, bytes: &[u8], (rounds, copies): (usize, usize), want: &[u16]) {
-    let mut host = gpu.host_buffer(bytes.len() * copies).unwrap();
-    for copy in host.as_mut_slice().unwrap().chunks_exact_mut(bytes.len()) {
-        copy.copy_from_slice(bytes);
-    }
+    let host = page_locked_copies(gpu, bytes, copies);
     let raw = host.as_slice().unwrap();
     let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
     let refs: Vec<_> = streams.iter().collect();

@@ -746,25 +746,11 @@ fn decode_copies(
     let raw = host.as_slice().unwrap();
     let open = |&at: &usize| Stream::open(&raw[at..at + len], None, &Limits::DEFAULT).unwrap();
     let streams: Vec<Stream<'_>> = starts.iter().map(open).collect();
-    let shape = streams[0].header().shape;
-    let per = 2 * shape.layers as usize * shape.tensor_len();
-    let output = Output {
-        dtype: OutDtype::F16,
-        layout: OutLayout::Dense,
-        len: streams.len() * per,
+    // A damaged chunk's structure is refused as it is added.
+    let plan = match common::dense_plan_with(&streams.iter().collect::<Vec<_>>(), crc_at_decode) {
+        Ok(plan) => plan,
+        Err(e) => return [Err(e.clone()), Err(e)],
     };
-    let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
-    plan.set_crc_at_decode(crc_at_decode);
-    for (i, s) in streams.iter().enumerate() {
-        let dest = Destination {
-            base: (i * per) as u64,
-            ..Destination::dense(shape.tokens, shape.channels())
-        };
-        // A damaged chunk's structure is refused as it is added.
-        if let Err(e) = plan.add_stream(s, dest) {
-            return [Err(e.clone()), Err(e)];
-        }
-    }
     [gpu.decode_vec_from(&plan, host), gpu.decode(&plan)]
 }
 

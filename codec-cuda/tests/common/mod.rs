@@ -209,6 +209,15 @@ pub fn encode_case(stream: &Stream<'_>, tensors: &[Vec<f32>], copies: usize) -> 
 /// A plan decoding each of `streams` (of one shape) into dense f16 tensors of its own, one
 /// after another in one output.
 pub fn dense_plan<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
+    dense_plan_with(streams, false).expect("a plan of intact streams")
+}
+
+/// [`dense_plan`], with `crc_at_decode` the chunks' CRCs left to the decode; the error of the
+/// first chunk refused.
+pub fn dense_plan_with<'s>(
+    streams: &[&'s Stream<'s>],
+    crc_at_decode: bool,
+) -> Result<DecodePlan<'s>, codec_cuda::CudaError> {
     let shape = streams[0].header().shape;
     let per_stream = 2 * shape.layers as usize * shape.tensor_len();
     let output = Output {
@@ -217,14 +226,15 @@ pub fn dense_plan<'s>(streams: &[&'s Stream<'s>]) -> DecodePlan<'s> {
         len: streams.len() * per_stream,
     };
     let mut plan = DecodePlan::new(shape.kv_heads, shape.head_dim, output);
+    plan.set_crc_at_decode(crc_at_decode);
     for (i, stream) in streams.iter().enumerate() {
         let dest = Destination {
             base: (i * per_stream) as u64,
             ..Destination::dense(shape.tokens, shape.channels())
         };
-        plan.add_stream(stream, dest).unwrap();
+        plan.add_stream(stream, dest)?;
     }
-    plan
+    Ok(plan)
 }
 
 /// `cache` with its tokens in reverse order (every tensor's rows): a second source of the
