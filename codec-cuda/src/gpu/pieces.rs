@@ -111,10 +111,11 @@ impl Gpu {
     }
 
     /// Decodes `plan` into `out` in pieces (one piece: upload, then launches), its words
-    /// copied as they lie in `host` or packed without it. Errors as the whole plan's decode
-    /// gives them: the host's (a chain's build, CRCs checked on the host) in the pieces'
-    /// order, then the device's statuses, each piece's word gather and chunk checks in order,
-    /// then every piece's launches as one chain's.
+    /// copied as they lie in `host` or packed without it. Errors in the whole plan's order:
+    /// the host's (a chain's build, CRCs checked on the host) in the pieces' order, then the
+    /// device's, each piece's word gather and chunk checks in the pieces' order, then every
+    /// piece's launches as one chain's: the first failing chunk is the one a whole decode
+    /// names (a test holds the two to each other).
     pub(super) fn decode_in_pieces(
         &self,
         plan: &DecodePlan<'_>,
