@@ -7,7 +7,8 @@
 //! table maps and channel constants of the stream's (profile, level) built in each, as in a
 //! `Gpu`'s first call, or kept, as in every later one, or kept with the maps and constants
 //! resident on the device, as `Gpu` decodes now keep them), in bytes of compressed input, at
-//! levels 0, 6 and 11.
+//! levels 0, 6 and 11; and the encode's chunks copied into vectors (what
+//! `Gpu::encode_uploaded_with` spares).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -77,6 +78,29 @@ fn main() {
             });
         }
     }
+    g.finish();
+    // The last step of `Gpu::encode_uploaded` on the host, which `encode_uploaded_with`
+    // spares: the sealed chunks (level 6, as the device bench encodes them) copied out of the
+    // readback buffer into a vector each.
+    let mut g = c.benchmark_group("encode chunks copied into vectors, 8 copies of the fixture");
+    let (one, _) = support::encode_plan(&ctx, source, 6, 1);
+    let chunks = one.encode_host(&src).expect("host-run encode");
+    let sealed: Vec<u8> = (0..copies).flat_map(|_| chunks.concat()).collect();
+    let places: Vec<_> = (chunks.iter().cycle().take(copies * chunks.len()))
+        .scan(0, |at, c| {
+            *at += c.len();
+            Some(*at - c.len()..*at)
+        })
+        .collect();
+    g.throughput(Throughput::Bytes(sealed.len() as u64));
+    g.bench_function("level 6", |b| {
+        b.iter(|| {
+            places
+                .iter()
+                .map(|p| sealed[p.clone()].to_vec())
+                .collect::<Vec<_>>()
+        })
+    });
     g.finish();
     c.final_summary();
 }

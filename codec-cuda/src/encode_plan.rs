@@ -253,7 +253,8 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         run.lanes_host(&ch)?;
         self.write_host(&ch, src, &mut run)?;
         run.seal_host(&ch)?;
-        split_sealed(&run.sealed, &ch.sealed_places(&run.seal_results)?)
+        let chunks = split_sealed(&run.sealed, &ch.sealed_places(&run.seal_results)?)?;
+        Ok(chunks.into_iter().map(<[u8]>::to_vec).collect())
     }
 
     /// The first launch on the host: `kvc_encode_blocks`.
@@ -703,19 +704,18 @@ impl EncodeChain {
 }
 
 /// The chunks at `places` of `sealed` (the sealed buffer's start).
-pub(crate) fn split_sealed(
-    sealed: &[u8],
+pub(crate) fn split_sealed<'a>(
+    sealed: &'a [u8],
     places: &[Range<usize>],
-) -> Result<Vec<Vec<u8>>, CudaError> {
+) -> Result<Vec<&'a [u8]>, CudaError> {
     places
         .iter()
         .enumerate()
         .map(|(chunk, p)| {
             let what = "the sealed buffer's length";
-            let bytes = sealed
+            sealed
                 .get(p.clone())
-                .ok_or(CudaError::Encode { chunk, what })?;
-            Ok(bytes.to_vec())
+                .ok_or(CudaError::Encode { chunk, what })
         })
         .collect()
 }

@@ -978,9 +978,24 @@ impl Gpu {
         up: &mut UploadedEncodePlan,
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
+        self.encode_uploaded_with(up, src, |chunks| {
+            chunks.iter().map(|c| c.to_vec()).collect()
+        })
+    }
+
+    /// [`encode_uploaded`](Self::encode_uploaded), each chunk's sealed bytes handed to `read`
+    /// where they lie after their copy back (in pinned memory the `Gpu` keeps, borrowed for
+    /// the call), instead of copied into a vector each: for a caller that sends or writes
+    /// them on. `read` gets the chunks in order.
+    pub fn encode_uploaded_with<T, R>(
+        &self,
+        up: &mut UploadedEncodePlan,
+        src: &CudaSlice<T>,
+        read: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R, CudaError> {
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.encode_launched(up, src, None)?;
-        self.encoded_chunks(up)
+        self.encoded_chunks(up, read)
     }
 
     /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode) and
@@ -1018,7 +1033,8 @@ impl Gpu {
             };
             self.encode_launched(&up, src, Some(&mut done))?;
         }
-        let copy_back = best_time(reps, || self.encoded_chunks(&up).map(drop))?;
+        let copy_back = best_time(reps, || self.encoded_chunks(&up, to_vecs).map(drop))?;
+        let read_back = best_time(reps, || self.encoded_chunks(&up, |c| c.len()).map(drop))?;
         Ok(EncodeTimes {
             whole,
             chain,
@@ -1027,19 +1043,25 @@ impl Gpu {
             launches,
             stages,
             copy_back,
+            read_back,
         })
     }
 
     /// The chunks the launches over `up` sealed, copied back: their places, then the sealed
-    /// bytes in one copy through pinned memory.
-    fn encoded_chunks(&self, up: &UploadedEncodePlan) -> Result<Vec<Vec<u8>>, CudaError> {
+    /// bytes in one copy through pinned memory, each chunk's handed to `read` there.
+    fn encoded_chunks<R>(
+        &self,
+        up: &UploadedEncodePlan,
+        read: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R, CudaError> {
         let s = &self.stream;
         let places = up.ch.sealed_places(&up.dev.seal_results.download(s)?)?;
         let len = places.last().map_or(0, |p| p.end);
         let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
-        up.dev
-            .sealed
-            .download_pinned(s, len, &mut readback, |b| split_sealed(b, &places))?
+        let sealed = &up.dev.sealed;
+        sealed.download_pinned(s, len, &mut readback, |b| {
+            split_sealed(b, &places).map(|chunks| read(&chunks))
+        })?
     }
 
     /// Queues the uploaded plan's four launches over `src` (`stage_done` as
@@ -1159,6 +1181,14 @@ pub struct EncodeTimes {
     pub stages: [f64; 4],
     /// The chunks' places and bytes copied back.
     pub copy_back: f64,
+    /// The same, the chunks handed over where they lie in pinned memory
+    /// ([`Gpu::encode_uploaded_with`]) instead of copied into vectors.
+    pub read_back: f64,
+}
+
+/// Chunks, each copied into a vector of its own.
+fn to_vecs(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+    chunks.iter().map(|c| c.to_vec()).collect()
 }
 
 /// The encode chain's entry points.

@@ -391,7 +391,8 @@ fn device_encode_reproduces_codec_cores_blocks() {
 /// The encode chain on the device (`Gpu::encode`: four launches from K/V in device memory):
 /// the real fixture (3 layers, f16, step exponents) in 96-token chunks at three levels and odd
 /// ranges, every chunk byte for byte codec-core's and the host-run chain's; a source buffer
-/// shorter than the plan's tensors is refused; an uploaded plan encodes again and again.
+/// shorter than the plan's tensors is refused; an uploaded plan encodes again and again, and
+/// hands the same chunks over where they lie (`Gpu::encode_uploaded_with`).
 #[test]
 fn device_encode_plan_writes_codec_cores_chunks() {
     let Some(gpu) = gpu("device_encode_plan_writes_codec_cores_chunks") else {
@@ -425,6 +426,11 @@ fn device_encode_plan_writes_codec_cores_chunks() {
     // left in the scratch. Through another `Gpu` it is refused.
     let mut up = gpu.upload_encode_plan(&plan).unwrap();
     assert!(gpu.encode_uploaded(&mut up, &dev_src).unwrap() == got);
+    // The chunks handed over where they lie in pinned memory are the same bytes.
+    let read = |chunks: &[&[u8]]| {
+        chunks.iter().zip(&got).all(|(c, g)| c == g) && chunks.len() == got.len()
+    };
+    assert!(gpu.encode_uploaded_with(&mut up, &dev_src, read).unwrap());
     let reversed = common::tokens_reversed(&cache);
     let dev_reversed = gpu.upload(&common::source_of(&reversed).0).unwrap();
     let again = gpu.encode_uploaded(&mut up, &dev_reversed).unwrap();
