@@ -978,9 +978,7 @@ impl Gpu {
         up: &mut UploadedEncodePlan,
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        self.encode_uploaded_with(up, src, |chunks| {
-            chunks.iter().map(|c| c.to_vec()).collect()
-        })
+        self.encode_uploaded_with(up, src, to_vecs)
     }
 
     /// [`encode_uploaded`](Self::encode_uploaded), each chunk's sealed bytes handed to `read`
