@@ -97,7 +97,7 @@ fn main() {
     g.bench_function("Gpu::encode_uploaded (a plan uploaded once)", |b| {
         b.iter(|| gpu.encode_uploaded(&mut up, &dev_src).unwrap())
     });
-    g.bench_function("four launches alone", |b| {
+    g.bench_function("five launches alone", |b| {
         b.iter_custom(|iters| {
             let s: f64 = (0..iters)
                 .map(|_| gpu.time_encode(&plan, &dev_src, 1).unwrap().launches)

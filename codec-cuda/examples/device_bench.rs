@@ -725,7 +725,7 @@ fn bench_decode_scaling(
 
 /// The encode chain from device memory: the fixture's K/V (f16, every layer) uploaded once,
 /// `copies` times its four 128-token chunks at `level` per plan; the whole `Gpu::encode` (inputs
-/// packed and uploaded, four launches, sealed chunks copied back), a plan uploaded once, and
+/// packed and uploaded, five launches, sealed chunks copied back), a plan uploaded once, and
 /// its launches alone.
 fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): (usize, usize)) {
     let profile = support::profile_with_queries(d);
@@ -746,9 +746,9 @@ fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): 
     println!(
         "encode chain level {level}: {:.1} MB of f16 input from device memory to {:.1} MB of \
          chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s; a plan \
-         uploaded once (Gpu::encode_uploaded) {:.3} ms = {:.2} GB/s; four launches alone \
-         {:.3} ms = {:.2} GB/s (each alone: blocks {:.3}, lane encode {:.3}, chunk layout \
-         {:.3}, sealed {:.3} ms); steps alone: chain built {:.3} ms, inputs uploaded {:.3} ms, \
+         uploaded once (Gpu::encode_uploaded) {:.3} ms = {:.2} GB/s; five launches alone \
+         {:.3} ms = {:.2} GB/s (each alone: blocks {:.3}, lane encode {:.3}, blocks placed \
+         {:.3}, blocks written {:.3}, sealed {:.3} ms); steps alone: chain built {:.3} ms, inputs uploaded {:.3} ms, \
          sealed chunks copied back {:.3} ms (handed over in pinned memory instead of copied \
          into vectors: {:.3} ms)",
         in_bytes / 1e6,
@@ -763,6 +763,7 @@ fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): 
         t.stages[1] * 1e3,
         t.stages[2] * 1e3,
         t.stages[3] * 1e3,
+        t.stages[4] * 1e3,
         t.chain * 1e3,
         t.upload * 1e3,
         t.copy_back * 1e3,

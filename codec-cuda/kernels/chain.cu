@@ -104,7 +104,7 @@ __device__ __forceinline__ bool kvc_check_ok(const KvcCheckArgs& a, const KvcChu
     return c.src <= a.n_raw && c.len <= a.n_raw - c.src;
 }
 
-// Phase 1: the CRC table and powers.
+// Phase 1: the CRC table.
 __device__ __forceinline__ void kvc_check_begin(const KvcCheckArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_checks) return;
     kvc_crc_begin((KvcCrcShared*)shared);

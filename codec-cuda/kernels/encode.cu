@@ -11,9 +11,9 @@
 //   renormalisation of format v2, then flushes the low and (if nonzero) the high word. Each lane
 //   writes into its own slot of capacity ceil(n / 32) + 2 words and reports how many it wrote;
 //   the host concatenates the lanes.
-// - kvc_encode_blocks, kvc_write_chunks and kvc_seal_chunks: with kvc_rans_lane_encode after
-//   the first, the encode chain from K/V in memory to sealed chunk bytes (see their sections
-//   below).
+// - kvc_encode_blocks, kvc_place_blocks, kvc_write_blocks and kvc_seal_chunks: with
+//   kvc_rans_lane_encode after the first, the encode chain from K/V in memory to sealed chunk
+//   bytes (see their sections below).
 
 #include "kvc_crc.cuh"
 #include "kvc_kernel.cuh"
@@ -280,9 +280,9 @@ KVC_KERNEL(kvc_rans_lane_encode, KvcLaneEncodeArgs, kvc_lane_encode)
 // memory (f32, f16 or bf16, [T, H, D] per layer and K/V): the layer's step exponents from its K
 // (§9.2; keys stored before the rotary embedding rotated first), their table (codec_core's
 // FreqTable::from_counts), the quantized values, each symbol's table and index with the
-// escapes in order (§6.4), and the lane encoder's block record. kvc_write_chunks (below) then
-// lays the blocks out and kvc_seal_chunks packs the chunks with their CRCs. One CUDA block per
-// coded block; the K and V blocks of a layer each compute its exponents.
+// escapes in order (§6.4), and the lane encoder's block record. Three launches (below) then
+// lay the blocks out and seal the chunks. One CUDA block per coded block; the K and V blocks of
+// a layer each compute its exponents.
 
 // Element type of the source tensors.
 enum KvcSourceDtype : kvc_u32 {
@@ -331,6 +331,9 @@ struct KvcEncBlock {
     // 1: K is stored before the rotary embedding; the exponents score it rotated to each row's
     // position, by the sines and cosines in `rot` (codec_core::rope::rotate's).
     kvc_u32 rotate;
+    // The chunk the block belongs to (kvc_place_blocks checks it).
+    kvc_u32 chunk;
+    kvc_u32 reserved;
 };
 
 // What the kernel found per block, for the host's layout.
@@ -768,10 +771,20 @@ KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, k
 // ----------------------------------------------------------------------------------------------
 // The chunks' bytes (spec/FORMAT.md §5.2), after the two launches above
 //
-// kvc_write_chunks lays every block of a chunk out in order, as codec_core's write_block does:
-// n_escapes, the 32 lane lengths, n_exp and the exponent table, the sink rows' stored bytes,
-// the escape values, the lane words. One CUDA block per chunk; kvc_seal_chunks (below) then
-// packs the chunks with their CRCs.
+// Three launches lay the blocks out and seal the chunks into `sealed`, packed one after another
+// (a chunk's body, then its CRC-32C, little-endian; a chunk that did not end well takes no
+// room), so that the host copies a batch back in one transfer and checks nothing byte by byte:
+// - kvc_place_blocks, one CUDA block per chunk: each block's size (codec_core's write_block
+//   layout: n_escapes, the 32 lane lengths, n_exp and the exponent table, the sink rows' stored
+//   bytes, the escape values, the lane words), its offset in the chunk, the chunk's length and
+//   status;
+// - kvc_write_blocks, one CUDA block per coded block: the block's bytes at their place, the
+//   threads writing consecutive bytes (coalesced), and the block's share of the chunk's CRC
+//   (its stretches' registers carried to the chunk's end, kvc_crc.cuh) XORed into the chunk's
+//   result;
+// - kvc_seal_chunks, one CUDA block per chunk: the CRC after the body, and where it lies.
+// A chunk's place is the sum of the sealed sizes of the chunks before it, which every CUDA block
+// that needs it sums with its threads (kvc_before_part, kvc_before_sum).
 
 // Blocks of one chunk at most (2 * codec_core's max_layers).
 #define KVC_CHUNK_BLOCKS 2048u
@@ -779,20 +792,30 @@ KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, k
 struct KvcChunkOut {
     // Index in the encode-chain launch's blocks of the chunk's first block.
     kvc_u64 first_block;
-    // Index in `out` of the chunk's first byte, and the bytes it may take.
-    kvc_u64 out_start;
-    kvc_u64 out_cap;
+    // Bytes the chunk's body may take (its blocks at their largest).
+    kvc_u64 cap;
     kvc_u32 n_blocks;
     kvc_u32 reserved;
 };
 
-// Per chunk: its status and the bytes written (the body, without the CRC).
+// Per chunk, from kvc_place_blocks: its status and body length (without the CRC); the XOR of
+// its blocks' CRC shares (from 0, by kvc_write_blocks).
 struct KvcChunkResult {
+    kvc_u64 len;
+    kvc_u32 status;
+    kvc_u32 crc;
+};
+
+// Per chunk: where its sealed bytes lie in `sealed` and how many (body and CRC; 0 if the
+// chunk is not sealed), and its status.
+struct KvcSealResult {
+    kvc_u64 start;
     kvc_u64 len;
     kvc_u32 status;
     kvc_u32 reserved;
 };
 
+// The three launches' arguments.
 struct KvcWriteArgs {
     const kvc_u8* src;
     kvc_u64 n_src_bytes;
@@ -812,26 +835,22 @@ struct KvcWriteArgs {
     // Per (block, lane): words written and status.
     const kvc_u32* lane_len;
     const kvc_u32* lane_status;
+    // Per block: its first byte in its chunk's body (kvc_place_blocks).
+    kvc_u64* block_at;
     const KvcChunkOut* chunks;
     KvcChunkResult* chunk_results;
     kvc_u64 n_chunks;
-    kvc_u8* out;
-    kvc_u64 n_out;
+    kvc_u8* sealed;
+    kvc_u64 n_sealed;
+    KvcSealResult* seal_results;
 };
 
-struct KvcWriteShared {
-    kvc_u32 status;
-    kvc_u32 reserved;
-    kvc_u64 len;
-    // Per block of the chunk, its first byte (relative to the chunk).
-    kvc_u64 offset[KVC_CHUNK_BLOCKS];
-};
+__device__ __forceinline__ kvc_u8 kvc_byte_of(kvc_u32 v, kvc_u64 k) {
+    return (kvc_u8)(v >> (8 * (k & 3)));
+}
 
 __device__ __forceinline__ void kvc_put_u32(kvc_u8* p, kvc_u32 v) {
-    p[0] = (kvc_u8)v;
-    p[1] = (kvc_u8)(v >> 8);
-    p[2] = (kvc_u8)(v >> 16);
-    p[3] = (kvc_u8)(v >> 24);
+    for (kvc_u32 k = 0; k < 4; k++) p[k] = kvc_byte_of(v, k);
 }
 
 // Block i's sink bytes.
@@ -839,243 +858,312 @@ __device__ __forceinline__ kvc_u64 kvc_sink_bytes(const KvcWriteArgs& a, const K
     return (kvc_u64)b.sink_rows * a.heads * a.head_dim * a.elem_bytes;
 }
 
+// Bytes before a block's sink rows: n_escapes, the lane lengths, n_exp, the exponent table.
+__device__ __forceinline__ kvc_u64 kvc_fields_bytes(kvc_u32 n_exp) {
+    return 4 + 4 * KVC_LANES + 1 + 2 * (kvc_u64)n_exp;
+}
+
 // Whether block i's parts lie inside the buffers and every stage ended well; its size if so.
+// Reads every lane before deciding (no early exit), so that the loads go out together.
 __device__ __forceinline__ bool kvc_block_size(const KvcWriteArgs& a, kvc_u64 i, kvc_u64* size) {
     const KvcEncBlock& b = a.blocks[i];
     const KvcEncResult& r = a.results[i];
-    if (r.status != KVC_ENCODE_OK || r.n_exp > 16 || r.n_exp == 1) return false;
     kvc_u64 words = 0;
+    bool ok = r.status == KVC_ENCODE_OK && r.n_exp <= 16 && r.n_exp != 1;
     for (kvc_u32 l = 0; l < KVC_LANES; l++) {
         const kvc_u32 n = a.lane_len[i * KVC_LANES + l];
-        if (a.lane_status[i * KVC_LANES + l] != KVC_ENCODE_OK || n > b.lane_cap) return false;
+        ok = ok && a.lane_status[i * KVC_LANES + l] == KVC_ENCODE_OK && n <= b.lane_cap;
         words += n;
     }
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
-    if (c > 0xFFFFFFFFull || (b.sink_rows != 0 && c > (~0ull / 4) / b.sink_rows)) return false;
+    if (!ok || c > 0xFFFFFFFFull || (b.sink_rows != 0 && c > (~0ull / 4) / b.sink_rows))
+        return false;
     const kvc_u64 sink = kvc_sink_bytes(a, b);
     const kvc_u64 x = b.x_start * a.elem_bytes;
     const kvc_u64 slots = (kvc_u64)b.lane_cap * KVC_LANES;
     if (b.x_start > a.n_src_bytes / a.elem_bytes || sink > a.n_src_bytes - x) return false;
     if (b.escape_start > a.n_escapes || r.n_escapes > a.n_escapes - b.escape_start) return false;
     if (b.word_start > a.n_words || slots > a.n_words - b.word_start) return false;
-    *size = 4 + 4 * KVC_LANES + 1 + 2 * (kvc_u64)r.n_exp + sink + 4 * (kvc_u64)r.n_escapes + 4 * words;
+    *size = kvc_fields_bytes(r.n_exp) + sink + 4 * (kvc_u64)r.n_escapes + 4 * words;
     return true;
 }
 
-// Phase 1 (thread 0): every block's offset in the chunk, and the chunk's status.
-__device__ __forceinline__ void kvc_write_offsets(const KvcWriteArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
-    KvcWriteShared* s = (KvcWriteShared*)shared;
-    const KvcChunkOut& c = a.chunks[blockIdx.x];
-    s->status = KVC_ENCODE_BAD_RANGE;
-    s->len = 0;
-    if (a.elem_bytes != 2 && a.elem_bytes != 4) return;
-    if (c.n_blocks > KVC_CHUNK_BLOCKS || c.first_block > a.n_blocks ||
-        c.n_blocks > a.n_blocks - c.first_block)
-        return;
-    if (c.out_start > a.n_out || c.out_cap > a.n_out - c.out_start) return;
-    kvc_u64 at = 0;
-    for (kvc_u32 k = 0; k < c.n_blocks; k++) {
-        kvc_u64 size;
-        if (!kvc_block_size(a, c.first_block + k, &size)) return;
-        s->offset[k] = at;
-        at += size;
-    }
-    if (at > c.out_cap) return;
-    s->len = at;
-    s->status = KVC_ENCODE_OK;
-}
-
-// Phase 2: each block's fields (a thread per block): escape count, lane lengths, exponent table.
-__device__ __forceinline__ void kvc_write_fields(const KvcWriteArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_chunks) return;
-    const KvcWriteShared* s = (const KvcWriteShared*)shared;
-    if (s->status != KVC_ENCODE_OK) return;
-    const KvcChunkOut& c = a.chunks[blockIdx.x];
-    for (kvc_u32 k = threadIdx.x; k < c.n_blocks; k += blockDim.x) {
-        const kvc_u64 i = c.first_block + k;
-        const KvcEncResult& r = a.results[i];
-        kvc_u8* o = a.out + c.out_start + s->offset[k];
-        kvc_put_u32(o, r.n_escapes);
-        for (kvc_u32 l = 0; l < KVC_LANES; l++) kvc_put_u32(o + 4 + 4 * l, a.lane_len[i * KVC_LANES + l]);
-        o[4 + 4 * KVC_LANES] = (kvc_u8)r.n_exp;
-        for (kvc_u32 e = 0; e < r.n_exp; e++) {
-            o[4 + 4 * KVC_LANES + 1 + 2 * e] = (kvc_u8)r.exp_freqs[e];
-            o[4 + 4 * KVC_LANES + 2 + 2 * e] = (kvc_u8)(r.exp_freqs[e] >> 8);
-        }
-    }
-}
-
-// Phase 3: each block's sink rows and escape values, the chunk's threads over each block's.
-__device__ __forceinline__ void kvc_write_sinks_escapes(const KvcWriteArgs& a,
-                                                        unsigned char* shared) {
-    if (blockIdx.x >= a.n_chunks) return;
-    const KvcWriteShared* s = (const KvcWriteShared*)shared;
-    if (s->status != KVC_ENCODE_OK) return;
-    const KvcChunkOut& c = a.chunks[blockIdx.x];
-    for (kvc_u32 k = 0; k < c.n_blocks; k++) {
-        const kvc_u64 i = c.first_block + k;
-        const KvcEncBlock& b = a.blocks[i];
-        const KvcEncResult& r = a.results[i];
-        kvc_u8* o = a.out + c.out_start + s->offset[k] + 4 + 4 * KVC_LANES + 1 + 2 * r.n_exp;
-        const kvc_u64 sink = kvc_sink_bytes(a, b);
-        const kvc_u8* from = a.src + b.x_start * a.elem_bytes;
-        for (kvc_u64 j = threadIdx.x; j < sink; j += blockDim.x) o[j] = from[j];
-        o += sink;
-        for (kvc_u32 j = threadIdx.x; j < r.n_escapes; j += blockDim.x)
-            kvc_put_u32(o + 4 * (kvc_u64)j, (kvc_u32)a.escapes[b.escape_start + j]);
-    }
-}
-
-// Phase 4: the lane words, a thread per (block, lane): lane l's after lanes 0..l-1's.
-__device__ __forceinline__ void kvc_write_lanes(const KvcWriteArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_chunks) return;
-    const KvcWriteShared* s = (const KvcWriteShared*)shared;
-    if (s->status != KVC_ENCODE_OK) return;
-    const KvcChunkOut& c = a.chunks[blockIdx.x];
-    for (kvc_u32 p = threadIdx.x; p < c.n_blocks * KVC_LANES; p += blockDim.x) {
-        const kvc_u32 k = p / KVC_LANES, l = p % KVC_LANES;
-        const kvc_u64 i = c.first_block + k;
-        const KvcEncBlock& b = a.blocks[i];
-        const KvcEncResult& r = a.results[i];
-        kvc_u64 before = 0;
-        for (kvc_u32 m = 0; m < l; m++) before += a.lane_len[i * KVC_LANES + m];
-        kvc_u8* o = a.out + c.out_start + s->offset[k] + 4 + 4 * KVC_LANES + 1 + 2 * r.n_exp +
-                    kvc_sink_bytes(a, b) + 4 * ((kvc_u64)r.n_escapes + before);
-        const kvc_u32* w = a.words + b.word_start + (kvc_u64)b.lane_cap * l;
-        const kvc_u32 n = a.lane_len[i * KVC_LANES + l];
-        for (kvc_u32 j = 0; j < n; j++) kvc_put_u32(o + 4 * (kvc_u64)j, w[j]);
-    }
-}
-
-// Phase 5 (thread 0): the chunk's result.
-__device__ __forceinline__ void kvc_write_result(const KvcWriteArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
-    const KvcWriteShared* s = (const KvcWriteShared*)shared;
-    KvcChunkResult r;
-    r.len = s->len;
-    r.status = s->status;
-    r.reserved = 0;
-    a.chunk_results[blockIdx.x] = r;
-}
-
-// Dynamic shared memory: sizeof(KvcWriteShared).
-KVC_KERNEL(kvc_write_chunks, KvcWriteArgs, kvc_write_offsets, kvc_write_fields,
-           kvc_write_sinks_escapes, kvc_write_lanes, kvc_write_result)
-
-// ----------------------------------------------------------------------------------------------
-// Sealing: the chunks' bytes with their CRC-32C, packed one after another
-//
-// kvc_seal_chunks (after kvc_write_chunks) copies each chunk's body to `sealed`, right after the
-// sealed chunks before it (body + 4 bytes each; a chunk that did not end well takes none), and
-// appends the CRC-32C of the body (kvc_crc.cuh; little-endian), so that the host copies a batch
-// back in one transfer and checks nothing byte by byte. One CUDA block per chunk.
-
-// Per chunk: where its sealed bytes lie in `sealed` and how many (body and CRC; 0 if the
-// chunk is not sealed), and its status.
-struct KvcSealResult {
-    kvc_u64 start;
-    kvc_u64 len;
-    kvc_u32 status;
-    kvc_u32 reserved;
-};
-
-struct KvcSealArgs {
-    // The chunk-writing launch's chunks, results and output.
-    const KvcChunkOut* chunks;
-    const KvcChunkResult* chunk_results;
-    kvc_u64 n_chunks;
-    const kvc_u8* out;
-    kvc_u64 n_out;
-    kvc_u8* sealed;
-    kvc_u64 n_sealed;
-    // One per chunk.
-    KvcSealResult* seal_results;
-};
-
-struct KvcSealShared {
-    kvc_u32 status;
-    kvc_u32 reserved;
-    kvc_u64 start;
-    kvc_u64 len;
-    KvcCrcShared crc;
-    // Per thread: the sealed bytes of the earlier chunks it summed.
-    kvc_u64 before[KVC_CRC_THREADS];
-};
-
-// The bytes chunk c takes in `sealed`: its body and CRC if it ended well inside its room.
-__device__ __forceinline__ kvc_u64 kvc_sealed_size(const KvcSealArgs& a, kvc_u64 c) {
+// Whether chunk c's records are within the launch (its blocks inside the batch).
+__device__ __forceinline__ bool kvc_chunk_ok(const KvcWriteArgs& a, kvc_u64 c) {
     const KvcChunkOut& ch = a.chunks[c];
+    return (a.elem_bytes == 2 || a.elem_bytes == 4) && ch.n_blocks <= KVC_CHUNK_BLOCKS &&
+           ch.first_block <= a.n_blocks && ch.n_blocks <= a.n_blocks - ch.first_block;
+}
+
+// The bytes chunk c takes in `sealed`: its body and CRC if it ended well within its room.
+__device__ __forceinline__ kvc_u64 kvc_sealed_size(const KvcWriteArgs& a, kvc_u64 c) {
     const KvcChunkResult& r = a.chunk_results[c];
-    const bool ok = r.status == KVC_ENCODE_OK && ch.out_start <= a.n_out &&
-                    ch.out_cap <= a.n_out - ch.out_start && r.len <= ch.out_cap;
+    const bool ok = r.status == KVC_ENCODE_OK && r.len <= a.chunks[c].cap && a.n_sealed >= 4 &&
+                    r.len <= a.n_sealed - 4;
     return ok ? r.len + 4 : 0;
 }
 
-// Phase 1: the CRC table and powers; each thread sums the sealed sizes of a share of the
-// earlier chunks.
-__device__ __forceinline__ void kvc_seal_begin(const KvcSealArgs& a, unsigned char* shared) {
+// Each thread's (saturating) sum of the sealed sizes of a share of the chunks before chunk c
+// into before[t] (KVC_CRC_THREADS of them).
+__device__ __forceinline__ void kvc_before_part(const KvcWriteArgs& a, kvc_u64 c,
+                                                kvc_u64* before) {
     const kvc_u32 t = threadIdx.x, nt = kvc_crc_threads();
-    if (blockIdx.x >= a.n_chunks || t >= nt) return;
-    KvcSealShared* s = (KvcSealShared*)shared;
-    kvc_crc_begin(&s->crc);
-    kvc_u64 before = 0;
-    for (kvc_u64 c = t; c < blockIdx.x; c += nt) {
-        const kvc_u64 sum = before + kvc_sealed_size(a, c);
-        before = sum < before ? ~0ull : sum;
+    if (t >= nt) return;
+    kvc_u64 sum = 0;
+    for (kvc_u64 e = t; e < c; e += nt) {
+        const kvc_u64 next = sum + kvc_sealed_size(a, e);
+        sum = next < sum ? ~0ull : next;
     }
-    s->before[t] = before;
+    before[t] = sum;
 }
 
-// Phase 2 (thread 0): the chunk's place in `sealed`, and whether it is sealed.
-__device__ __forceinline__ void kvc_seal_place(const KvcSealArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
-    KvcSealShared* s = (KvcSealShared*)shared;
+// After kvc_before_part's phase: where chunk c's sealed bytes start (~0 on overflow).
+__device__ __forceinline__ kvc_u64 kvc_before_sum(const kvc_u64* before) {
     kvc_u64 start = 0;
     for (kvc_u32 t = 0; t < kvc_crc_threads(); t++) {
-        const kvc_u64 sum = start + s->before[t];
+        const kvc_u64 sum = start + before[t];
         start = sum < start ? ~0ull : sum;
     }
-    const kvc_u64 size = kvc_sealed_size(a, blockIdx.x);
-    s->start = start;
-    s->len = size == 0 ? 0 : size - 4;
-    s->status = size != 0 && start <= a.n_sealed && size <= a.n_sealed - start
-                    ? KVC_ENCODE_OK
-                    : KVC_ENCODE_BAD_RANGE;
+    return start;
 }
 
-// Phase 3: the body copied (coalesced), and each thread's stretch's CRC register.
-__device__ __forceinline__ void kvc_seal_copy(const KvcSealArgs& a, unsigned char* shared) {
-    const kvc_u32 t = threadIdx.x, nt = kvc_crc_threads();
-    if (blockIdx.x >= a.n_chunks || t >= nt) return;
-    KvcSealShared* s = (KvcSealShared*)shared;
-    if (s->status != KVC_ENCODE_OK) return;
-    const kvc_u64 len = s->len;
-    const kvc_u8* body = a.out + a.chunks[blockIdx.x].out_start;
-    kvc_u8* to = a.sealed + s->start;
-    for (kvc_u64 j = t; j < len; j += nt) to[j] = body[j];
-    kvc_crc_stretch(&s->crc, body, len);
+// ---- kvc_place_blocks
+
+struct KvcPlaceShared {
+    // Per block of the chunk: its size, or ~0 if it did not end well or is not the chunk's.
+    kvc_u64 size[KVC_CHUNK_BLOCKS];
+};
+
+// Phase 1: each block's size, a thread per block.
+__device__ __forceinline__ void kvc_place_sizes(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks || !kvc_chunk_ok(a, blockIdx.x)) return;
+    KvcPlaceShared* s = (KvcPlaceShared*)shared;
+    const KvcChunkOut& c = a.chunks[blockIdx.x];
+    for (kvc_u32 k = threadIdx.x; k < c.n_blocks; k += blockDim.x) {
+        const kvc_u64 i = c.first_block + k;
+        kvc_u64 size = ~0ull;
+        if (!kvc_block_size(a, i, &size) || a.blocks[i].chunk != blockIdx.x) size = ~0ull;
+        s->size[k] = size;
+    }
 }
 
-// Phase 4 (thread 0): the CRC written after the body, and the chunk's result.
-__device__ __forceinline__ void kvc_seal_finish(const KvcSealArgs& a, unsigned char* shared) {
+// Phase 2 (thread 0): each block's offset in the chunk, and the chunk's length and status.
+__device__ __forceinline__ void kvc_place_offsets(const KvcWriteArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
-    const KvcSealShared* s = (const KvcSealShared*)shared;
-    KvcSealResult r;
-    r.start = s->start;
+    const KvcPlaceShared* s = (const KvcPlaceShared*)shared;
+    KvcChunkResult r;
     r.len = 0;
-    r.status = s->status;
+    r.status = KVC_ENCODE_BAD_RANGE;
+    r.crc = 0;
+    if (kvc_chunk_ok(a, blockIdx.x)) {
+        const KvcChunkOut& c = a.chunks[blockIdx.x];
+        kvc_u64 at = 0;
+        kvc_u32 k = 0;
+        for (; k < c.n_blocks; k++) {
+            const kvc_u64 size = s->size[k];
+            if (size == ~0ull || size > c.cap || at > c.cap - size) break;
+            a.block_at[c.first_block + k] = at;
+            at += size;
+        }
+        if (k == c.n_blocks) {
+            r.len = at;
+            r.status = KVC_ENCODE_OK;
+        }
+    }
+    a.chunk_results[blockIdx.x] = r;
+}
+
+// Dynamic shared memory: sizeof(KvcPlaceShared).
+KVC_KERNEL(kvc_place_blocks, KvcWriteArgs, kvc_place_sizes, kvc_place_offsets)
+
+// ---- kvc_write_blocks
+
+struct KvcBlockShared {
+    // KVC_ENCODE_OK if the block is to be written.
+    kvc_u32 status;
+    // The XOR of the threads' CRC shares.
+    kvc_u32 crc;
+    // The block's chunk, where its chunk's body starts in `sealed` and its length, the block's
+    // first byte in `sealed` and its size.
+    kvc_u64 chunk;
+    kvc_u64 start;
+    kvc_u64 len;
+    kvc_u64 at;
+    kvc_u64 size;
+    // Bytes before the lane words: the fields, sink rows and escape values.
+    kvc_u64 head;
+    kvc_u64 sink;
+    KvcEncResult r;
+    // Per lane its length, and the words of the lanes before it (33 entries).
+    kvc_u32 lane_len[KVC_LANES];
+    kvc_u32 lane_first[KVC_LANES + 1];
+    kvc_u32 table[256];
+    kvc_u64 before[KVC_CRC_THREADS];
+};
+
+// Phase 1: the CRC table, the lane lengths; thread 0 finds the block's chunk.
+__device__ __forceinline__ void kvc_wb_begin(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcBlockShared* s = (KvcBlockShared*)shared;
+    kvc_crc_table(s->table);
+    const kvc_u64 i = blockIdx.x;
+    if (threadIdx.x < KVC_LANES) s->lane_len[threadIdx.x] = a.lane_len[i * KVC_LANES + threadIdx.x];
+    if (threadIdx.x != 0) return;
+    const kvc_u64 c = a.blocks[i].chunk;
+    bool ok = c < a.n_chunks && kvc_chunk_ok(a, c);
+    if (ok) {
+        const KvcChunkOut& ch = a.chunks[c];
+        ok = i >= ch.first_block && i - ch.first_block < ch.n_blocks &&
+             kvc_sealed_size(a, c) != 0;
+    }
+    s->status = ok ? KVC_ENCODE_OK : KVC_ENCODE_BAD_RANGE;
+    s->chunk = ok ? c : 0;
+    s->crc = 0;
+}
+
+// Phase 2: the threads' shares of the sealed sizes before the chunk.
+__device__ __forceinline__ void kvc_wb_before(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcBlockShared* s = (KvcBlockShared*)shared;
+    if (s->status == KVC_ENCODE_OK) kvc_before_part(a, s->chunk, s->before);
+}
+
+// Phase 3 (thread 0): the block's place in `sealed` (inside its chunk's body, which lies
+// inside `sealed`) and its parts.
+__device__ __forceinline__ void kvc_wb_place(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    KvcBlockShared* s = (KvcBlockShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    s->status = KVC_ENCODE_BAD_RANGE;
+    const kvc_u64 i = blockIdx.x, start = kvc_before_sum(s->before);
+    const kvc_u64 len = a.chunk_results[s->chunk].len, off = a.block_at[i];
+    kvc_u64 size;
+    if (!kvc_block_size(a, i, &size) || off > len || size > len - off) return;
+    if (start > a.n_sealed || len + 4 > a.n_sealed - start) return;
+    const KvcEncResult r = a.results[i];
+    kvc_u32 words = 0;
+    for (kvc_u32 l = 0; l < KVC_LANES; l++) {
+        s->lane_first[l] = words;
+        words += s->lane_len[l];
+    }
+    s->lane_first[KVC_LANES] = words;
+    s->r = r;
+    s->start = start;
+    s->len = len;
+    s->at = start + off;
+    s->size = size;
+    s->sink = kvc_sink_bytes(a, a.blocks[i]);
+    s->head = kvc_fields_bytes(r.n_exp) + s->sink + 4 * (kvc_u64)r.n_escapes;
+    s->status = KVC_ENCODE_OK;
+}
+
+// Byte j (below the lane words) of the block.
+__device__ __forceinline__ kvc_u8 kvc_head_byte(const KvcWriteArgs& a, const KvcEncBlock& b,
+                                                const KvcBlockShared* s, kvc_u64 j) {
+    if (j < 4) return kvc_byte_of(s->r.n_escapes, j);
+    j -= 4;
+    if (j < 4 * KVC_LANES) return kvc_byte_of(s->lane_len[j / 4], j);
+    j -= 4 * KVC_LANES;
+    if (j == 0) return (kvc_u8)s->r.n_exp;
+    j -= 1;
+    if (j < 2 * s->r.n_exp) return kvc_byte_of(s->r.exp_freqs[j / 2], j & 1);
+    j -= 2 * s->r.n_exp;
+    if (j < s->sink) return a.src[b.x_start * a.elem_bytes + j];
+    j -= s->sink;
+    return kvc_byte_of((kvc_u32)a.escapes[b.escape_start + j / 4], j);
+}
+
+// The lane holding word w of the block's concatenated lanes.
+__device__ __forceinline__ kvc_u32 kvc_lane_of(const KvcBlockShared* s, kvc_u32 w) {
+    kvc_u32 lo = 0, hi = KVC_LANES - 1;
+    while (lo < hi) {
+        const kvc_u32 mid = (lo + hi + 1) / 2;
+        if (s->lane_first[mid] <= w) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Phase 4: the block's bytes, consecutive threads on consecutive bytes, then on consecutive
+// lane words.
+__device__ __forceinline__ void kvc_wb_bytes(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    const KvcBlockShared* s = (const KvcBlockShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    kvc_u8* o = a.sealed + s->at;
+    for (kvc_u64 j = threadIdx.x; j < s->head; j += blockDim.x) o[j] = kvc_head_byte(a, b, s, j);
+    o += s->head;
+    const kvc_u32 n_words = s->lane_first[KVC_LANES];
+    for (kvc_u32 w = threadIdx.x; w < n_words; w += blockDim.x) {
+        const kvc_u32 l = kvc_lane_of(s, w);
+        const kvc_u32 v = a.words[b.word_start + (kvc_u64)b.lane_cap * l + (w - s->lane_first[l])];
+        kvc_put_u32(o + 4 * (kvc_u64)w, v);
+    }
+}
+
+// Phase 5: each thread's stretch of the block's bytes, its register carried to the chunk's
+// end, XORed into the block's share.
+__device__ __forceinline__ void kvc_wb_crc(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcBlockShared* s = (KvcBlockShared*)shared;
+    const kvc_u32 t = threadIdx.x, nt = kvc_crc_threads();
+    if (s->status != KVC_ENCODE_OK || t >= nt) return;
+    kvc_u64 from, end;
+    kvc_crc_stretch_of(t, nt, s->size, &from, &end);
+    if (from == end) return;
+    const kvc_u32 r = kvc_crc_bytes(s->table, 0, a.sealed + s->at + from, end - from);
+    const kvc_u64 after = s->start + s->len - (s->at + end);
+    atomicXor(&s->crc, kvc_crc_mul(kvc_crc_x8n(after), r));
+}
+
+// Phase 6 (thread 0): the block's share into its chunk's.
+__device__ __forceinline__ void kvc_wb_finish(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
+    const KvcBlockShared* s = (const KvcBlockShared*)shared;
+    if (s->status == KVC_ENCODE_OK) atomicXor(&a.chunk_results[s->chunk].crc, s->crc);
+}
+
+// Dynamic shared memory: sizeof(KvcBlockShared).
+KVC_KERNEL(kvc_write_blocks, KvcWriteArgs, kvc_wb_begin, kvc_wb_before, kvc_wb_place,
+           kvc_wb_bytes, kvc_wb_crc, kvc_wb_finish)
+
+// ---- kvc_seal_chunks
+
+struct KvcSealShared {
+    kvc_u64 before[KVC_CRC_THREADS];
+};
+
+// Phase 1: the threads' shares of the sealed sizes before the chunk.
+__device__ __forceinline__ void kvc_seal_before(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks) return;
+    kvc_before_part(a, blockIdx.x, ((KvcSealShared*)shared)->before);
+}
+
+// Phase 2 (thread 0): the chunk's place, its CRC (the initial value carried over the body, the
+// blocks' shares, the final XOR) after the body, and its result.
+__device__ __forceinline__ void kvc_seal_finish(const KvcWriteArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_chunks || threadIdx.x != 0) return;
+    const kvc_u64 start = kvc_before_sum(((const KvcSealShared*)shared)->before);
+    const kvc_u64 size = kvc_sealed_size(a, blockIdx.x);
+    KvcSealResult r;
+    r.start = start;
+    r.len = 0;
+    r.status = size != 0 && start <= a.n_sealed && size <= a.n_sealed - start
+                   ? KVC_ENCODE_OK
+                   : KVC_ENCODE_BAD_RANGE;
     r.reserved = 0;
-    if (s->status == KVC_ENCODE_OK) {
-        kvc_put_u32(a.sealed + s->start + s->len, kvc_crc_sum(&s->crc));
-        r.len = s->len + 4;
+    if (r.status == KVC_ENCODE_OK) {
+        const KvcChunkResult& c = a.chunk_results[blockIdx.x];
+        const kvc_u32 reg = kvc_crc_mul(kvc_crc_x8n(c.len), 0xFFFFFFFFu) ^ c.crc;
+        kvc_put_u32(a.sealed + start + c.len, reg ^ 0xFFFFFFFFu);
+        r.len = size;
     }
     a.seal_results[blockIdx.x] = r;
 }
 
 // Dynamic shared memory: sizeof(KvcSealShared).
-KVC_KERNEL(kvc_seal_chunks, KvcSealArgs, kvc_seal_begin, kvc_seal_place, kvc_seal_copy,
-           kvc_seal_finish)
+KVC_KERNEL(kvc_seal_chunks, KvcWriteArgs, kvc_seal_before, kvc_seal_finish)
 
 #ifdef KVC_HOST
 #include <stddef.h>
@@ -1135,8 +1223,8 @@ extern "C" kvc_u64 kvc_encode_layout(kvc_u64* out, kvc_u64 cap) {
 }
 
 // The encode chain's structs, as kvc_encode_layout (with sizeof(KvcEncShared) after the
-// first kernel's, sizeof(KvcWriteShared) after the chunk writer's and sizeof(KvcSealShared) at
-// the end).
+// first kernel's, and the shared memory of kvc_place_blocks, kvc_write_blocks and
+// kvc_seal_chunks at the end).
 extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
         sizeof(KvcEncBlock),
@@ -1159,6 +1247,7 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcEncBlock, lane_cap),
         offsetof(KvcEncBlock, rot_start),
         offsetof(KvcEncBlock, rotate),
+        offsetof(KvcEncBlock, chunk),
         sizeof(KvcEncResult),
         offsetof(KvcEncResult, status),
         offsetof(KvcEncResult, n_e),
@@ -1205,12 +1294,16 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         sizeof(KvcEncShared),
         sizeof(KvcChunkOut),
         offsetof(KvcChunkOut, first_block),
-        offsetof(KvcChunkOut, out_start),
-        offsetof(KvcChunkOut, out_cap),
+        offsetof(KvcChunkOut, cap),
         offsetof(KvcChunkOut, n_blocks),
         sizeof(KvcChunkResult),
         offsetof(KvcChunkResult, len),
         offsetof(KvcChunkResult, status),
+        offsetof(KvcChunkResult, crc),
+        sizeof(KvcSealResult),
+        offsetof(KvcSealResult, start),
+        offsetof(KvcSealResult, len),
+        offsetof(KvcSealResult, status),
         sizeof(KvcWriteArgs),
         offsetof(KvcWriteArgs, src),
         offsetof(KvcWriteArgs, n_src_bytes),
@@ -1226,25 +1319,15 @@ extern "C" kvc_u64 kvc_encode_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcWriteArgs, n_words),
         offsetof(KvcWriteArgs, lane_len),
         offsetof(KvcWriteArgs, lane_status),
+        offsetof(KvcWriteArgs, block_at),
         offsetof(KvcWriteArgs, chunks),
         offsetof(KvcWriteArgs, chunk_results),
         offsetof(KvcWriteArgs, n_chunks),
-        offsetof(KvcWriteArgs, out),
-        offsetof(KvcWriteArgs, n_out),
-        sizeof(KvcWriteShared),
-        sizeof(KvcSealResult),
-        offsetof(KvcSealResult, start),
-        offsetof(KvcSealResult, len),
-        offsetof(KvcSealResult, status),
-        sizeof(KvcSealArgs),
-        offsetof(KvcSealArgs, chunks),
-        offsetof(KvcSealArgs, chunk_results),
-        offsetof(KvcSealArgs, n_chunks),
-        offsetof(KvcSealArgs, out),
-        offsetof(KvcSealArgs, n_out),
-        offsetof(KvcSealArgs, sealed),
-        offsetof(KvcSealArgs, n_sealed),
-        offsetof(KvcSealArgs, seal_results),
+        offsetof(KvcWriteArgs, sealed),
+        offsetof(KvcWriteArgs, n_sealed),
+        offsetof(KvcWriteArgs, seal_results),
+        sizeof(KvcPlaceShared),
+        sizeof(KvcBlockShared),
         sizeof(KvcSealShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);

@@ -38,10 +38,15 @@ inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dsub_rn(double a, double b) { return a - b; }
 
-// Blocks run one thread at a time, so an atomic add is a plain one.
+// Blocks run one thread at a time, so an atomic operation is a plain one.
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
     const unsigned int old = *p;
     *p = old + v;
+    return old;
+}
+inline unsigned int atomicXor(unsigned int* p, unsigned int v) {
+    const unsigned int old = *p;
+    *p = old ^ v;
     return old;
 }
 

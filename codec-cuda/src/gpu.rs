@@ -64,7 +64,8 @@ struct Kernels {
     quantize: CudaFunction,
     lane_encode: CudaFunction,
     encode_blocks: CudaFunction,
-    write_chunks: CudaFunction,
+    place_blocks: CudaFunction,
+    write_blocks: CudaFunction,
     seal_chunks: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
@@ -301,7 +302,8 @@ impl Gpu {
             quantize: load("encode.cu", "kvc_quantize")?,
             lane_encode: load("encode.cu", "kvc_rans_lane_encode")?,
             encode_blocks: load("encode.cu", "kvc_encode_blocks")?,
-            write_chunks: load("encode.cu", "kvc_write_chunks")?,
+            place_blocks: load("encode.cu", "kvc_place_blocks")?,
+            write_blocks: load("encode.cu", "kvc_write_blocks")?,
             seal_chunks: load("encode.cu", "kvc_seal_chunks")?,
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
@@ -968,9 +970,10 @@ impl Gpu {
     }
 
     /// Encodes every chunk of the uploaded plan from `src` (as [`encode`](Self::encode)):
-    /// four launches (blocks, lanes, chunk layout, chunks sealed with their CRCs and packed)
-    /// with no host step between them, then the chunks' places and their bytes copied back
-    /// (two copies, the second through pinned memory kept for the next call). `up` is
+    /// five launches (blocks, lanes, blocks placed, blocks written packed with their CRC
+    /// shares, chunks sealed) with no host step between them, then the chunks' places and
+    /// their bytes copied back (two copies, the second through pinned memory kept for the
+    /// next call). `up` is
     /// borrowed mutably: its statuses hold one encode at a time; encodes and decodes of one
     /// `Gpu` run one at a time (they share its scratch).
     pub fn encode_uploaded<T>(
@@ -1018,7 +1021,7 @@ impl Gpu {
             self.encode_launched(&up, src, None)?;
             self.sync()
         })?;
-        let mut stages = [f64::INFINITY; 4];
+        let mut stages = [f64::INFINITY; ffi::ENCODE_STAGES];
         for _ in 0..reps.max(1) {
             let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
             self.sync()?;
@@ -1062,7 +1065,7 @@ impl Gpu {
         })?
     }
 
-    /// Queues the uploaded plan's four launches over `src` (`stage_done` as
+    /// Queues the uploaded plan's five launches over `src` (`stage_done` as
     /// [`ffi::launch_encode_chain`] takes it).
     fn encode_launched<T>(
         &self,
@@ -1108,7 +1111,7 @@ impl Gpu {
         let symbol_table = o.reserve::<u16>(ch.n_symbols);
         let (q, escapes) = (o.reserve::<i32>(ch.n_q), o.reserve::<i32>(ch.n_q));
         let words = o.reserve::<u32>(ch.n_words);
-        let (out, sealed) = (o.reserve::<u8>(ch.n_out), o.reserve::<u8>(ch.n_sealed()));
+        let (block_at, sealed) = (o.reserve::<u64>(n), o.reserve::<u8>(ch.n_sealed()));
         let scratch = self.scratch(0, o.total(), &self.stream)?;
         let (b, x) = (&base, &scratch);
         Ok(ffi::EncodeDev {
@@ -1134,8 +1137,8 @@ impl Gpu {
                 blocks: DevBuf::zeros(s, n)?,
                 status: DevBuf::zeros(s, n * LANES)?,
             },
+            block_at: DevBuf::view(x, block_at)?,
             chunk_results: DevBuf::zeros(s, ch.chunks.len())?,
-            out: DevBuf::view(x, out)?,
             sealed: DevBuf::view(x, sealed)?,
             seal_results: DevBuf::zeros(s, ch.chunks.len())?,
             heads: ch.heads,
@@ -1172,11 +1175,12 @@ pub struct EncodeTimes {
     pub upload: f64,
     /// [`Gpu::encode_uploaded`] (the plan uploaded once): launches and copies back.
     pub uploaded: f64,
-    /// The four launches alone.
+    /// The five launches alone.
     pub launches: f64,
     /// Each launch alone, synchronized: `kvc_encode_blocks` (quantization, exponents and
-    /// their tables), the lane encoder, the chunks' layout, the chunks sealed.
-    pub stages: [f64; 4],
+    /// their tables), the lane encoder, the blocks' places, the blocks written (with their
+    /// CRC shares), the chunks sealed.
+    pub stages: [f64; 5],
     /// The chunks' places and bytes copied back.
     pub copy_back: f64,
     /// The same, the chunks handed over where they lie in pinned memory
@@ -1194,7 +1198,8 @@ fn encode_kernels(k: &Kernels) -> ffi::EncodeKernels<'_> {
     ffi::EncodeKernels {
         blocks: &k.encode_blocks,
         lanes: &k.lane_encode,
-        write: &k.write_chunks,
+        place: &k.place_blocks,
+        write: &k.write_blocks,
         seal: &k.seal_chunks,
     }
 }

@@ -22,7 +22,7 @@
 //! - [`encode`]: the encode kernels' batches: quantization ([`encode::QuantBatch`]) and the
 //!   32-lane rANS encoder ([`encode::LaneEncodeBatch`]), as codec-core's encoder computes them.
 //! - [`encode_plan`]: chunks encoded from K/V where they lie (f32, f16 or bf16 `[T, H, D]`)
-//!   by four launches, byte for byte codec-core's chunks ([`encode_plan::EncodePlan`]).
+//!   by five launches, byte for byte codec-core's chunks ([`encode_plan::EncodePlan`]).
 //! - [`experiment`]: not part of any format: a 32-bit-state lane coder (16-bit words) and its
 //!   decode kernel, measured against format v2's 64-bit state (spec/FORMAT.md's appendix).
 //! - `fuzzing` (feature `fuzzing`): the bodies of the cargo-fuzz targets `decode_chain` and

@@ -388,7 +388,7 @@ fn device_encode_reproduces_codec_cores_blocks() {
     println!("{} blocks re-encoded on the device", case.values.len());
 }
 
-/// The encode chain on the device (`Gpu::encode`: four launches from K/V in device memory):
+/// The encode chain on the device (`Gpu::encode`: five launches from K/V in device memory):
 /// the real fixture (3 layers, f16, step exponents) in 96-token chunks at three levels and odd
 /// ranges, every chunk byte for byte codec-core's and the host-run chain's; a source buffer
 /// shorter than the plan's tensors is refused; an uploaded plan encodes again and again, and

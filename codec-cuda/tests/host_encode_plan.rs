@@ -1,5 +1,5 @@
-//! The encode chain (`kvc_encode_blocks`, `kvc_rans_lane_encode`, `kvc_write_chunks`), compiled
-//! for the host:
+//! The encode chain (`kvc_encode_blocks`, `kvc_rans_lane_encode`, `kvc_place_blocks`,
+//! `kvc_write_blocks`, `kvc_seal_chunks`), compiled for the host:
 //! every chunk of an [`EncodePlan`] byte for byte what codec-core's `ChunkContext::encode_chunk`
 //! writes, on the real fixture (f16, step exponents from its queries, three levels) and on
 //! proptest caches (f32, f16, bf16; groups, sink rows, positions, outliers that escape,

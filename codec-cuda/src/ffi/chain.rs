@@ -162,9 +162,9 @@ struct CheckArgs<S: Space> {
     n_checks: u64,
 }
 
-/// Bytes of `KvcCrcShared` (the CRC table, 64 powers, a register per thread of
+/// Bytes of `KvcCrcShared` (the CRC table, a register per thread of
 /// `KVC_CRC_THREADS` = [`CHAIN_THREADS`]).
-pub(crate) const CRC_SHARED_BYTES: u32 = 4 * 256 + 4 * 64 + 4 * CHAIN_THREADS;
+pub(crate) const CRC_SHARED_BYTES: u32 = 4 * 256 + 4 * CHAIN_THREADS;
 
 /// A chunk check's status: its CRC differs from the one stored (C1).
 pub(crate) const CHECK_BAD_CRC: u32 = 3;

@@ -40,14 +40,20 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_encode_chain_layout(out: *mut u64, cap: u64) -> u64;
-    fn kvc_write_chunks_host(
+    fn kvc_place_blocks_host(
+        args: *const WriteArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_write_blocks_host(
         args: *const WriteArgs<OnHost>,
         grid: u32,
         block: u32,
         shared_bytes: u64,
     ) -> c_int;
     fn kvc_seal_chunks_host(
-        args: *const SealArgs<OnHost>,
+        args: *const WriteArgs<OnHost>,
         grid: u32,
         block: u32,
         shared_bytes: u64,
@@ -323,7 +329,7 @@ pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
     host_ran(rc, "kvc_encode_blocks")
 }
 
-/// `KvcWriteArgs` (invariant 1).
+/// `KvcWriteArgs` (invariant 1): the arguments of the chain's last three launches.
 #[repr(C)]
 #[derive(Debug)]
 struct WriteArgs<S: Space> {
@@ -342,17 +348,29 @@ struct WriteArgs<S: Space> {
     n_words: u64,
     lane_len: S::Const<u32>,
     lane_status: S::Const<u32>,
+    block_at: S::Mut<u64>,
     chunks: S::Const<ChunkOut>,
     chunk_results: S::Mut<ChunkResult>,
     n_chunks: u64,
-    out: S::Mut<u8>,
-    n_out: u64,
+    sealed: S::Mut<u8>,
+    n_sealed: u64,
+    seal_results: S::Mut<SealResult>,
 }
 
-/// Bytes of `KvcWriteShared` (two counters, the length, `KVC_CHUNK_BLOCKS` offsets).
-pub(crate) const WRITE_SHARED_BYTES: u32 = 16 + 8 * 2048;
+/// Bytes of `KvcPlaceShared` (a size per block of a chunk, `KVC_CHUNK_BLOCKS` of them).
+pub(crate) const PLACE_SHARED_BYTES: u32 = 8 * 2048;
 
-/// The buffers of one chunk-writing launch (`kvc_write_chunks`).
+/// Bytes of `KvcBlockShared`: two counters, seven places and sizes, the block's result, its
+/// lane lengths and their 33 running sums, the CRC table, 4 bytes of padding, a sum per thread
+/// of `KVC_CRC_THREADS` = [`CHAIN_THREADS`].
+pub(crate) const WRITE_SHARED_BYTES: u32 =
+    2 * 4 + 7 * 8 + 48 + 4 * 32 + 4 * 33 + 4 * 256 + 4 + 8 * CHAIN_THREADS;
+
+/// Bytes of `KvcSealShared` (a sum per thread).
+pub(crate) const SEAL_SHARED_BYTES: u32 = 8 * CHAIN_THREADS;
+
+/// The buffers of the chain's last three launches (`kvc_place_blocks`, `kvc_write_blocks`,
+/// `kvc_seal_chunks`).
 #[derive(Debug)]
 pub(crate) struct WriteIo<'a> {
     pub src: &'a [u8],
@@ -367,21 +385,27 @@ pub(crate) struct WriteIo<'a> {
     /// 32 per block each.
     pub lane_len: &'a [u32],
     pub lane_status: &'a [u32],
+    /// One per block.
+    pub block_at: &'a mut [u64],
     pub chunks: &'a [ChunkOut],
     /// One per chunk.
     pub chunk_results: &'a mut [ChunkResult],
-    pub out: &'a mut [u8],
+    pub sealed: &'a mut [u8],
+    /// One per chunk.
+    pub seal_results: &'a mut [SealResult],
 }
 
-/// Runs `kvc_write_chunks` on the host.
+/// Runs `kvc_place_blocks`, `kvc_write_blocks` and `kvc_seal_chunks` on the host.
 pub(crate) fn host_write_chunks(io: WriteIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = launch_grid(io.chunks.len())?;
-    let n = io.blocks.len();
+    let (grid, chunk_grid) = (launch_grid(io.blocks.len())?, launch_grid(io.chunks.len())?);
+    let (n, n_chunks) = (io.blocks.len(), io.chunks.len());
     if io.results.len() != n
         || io.lane_len.len() != n * LANES
         || io.lane_status.len() != n * LANES
-        || io.chunk_results.len() != io.chunks.len()
+        || io.block_at.len() != n
+        || io.chunk_results.len() != n_chunks
+        || io.seal_results.len() != n_chunks
     {
         return Err(input("chunk-writing buffers of mismatched lengths"));
     }
@@ -401,72 +425,24 @@ pub(crate) fn host_write_chunks(io: WriteIo<'_>) -> Result<(), CudaError> {
         n_words: io.words.len() as u64,
         lane_len: io.lane_len.as_ptr(),
         lane_status: io.lane_status.as_ptr(),
+        block_at: io.block_at.as_mut_ptr(),
         chunks: io.chunks.as_ptr(),
         chunk_results: io.chunk_results.as_mut_ptr(),
-        n_chunks: io.chunks.len() as u64,
-        out: io.out.as_mut_ptr(),
-        n_out: io.out.len() as u64,
-    };
-    let shared = u64::from(WRITE_SHARED_BYTES);
-    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
-    // one result per block, 32 lane entries per block, one chunk result per chunk) and 3
-    // (CHAIN_THREADS threads, the shared memory KvcWriteShared needs).
-    let rc = unsafe { kvc_write_chunks_host(&args, grid, CHAIN_THREADS, shared) };
-    host_ran(rc, "kvc_write_chunks")
-}
-
-/// `KvcSealArgs` (invariant 1).
-#[repr(C)]
-#[derive(Debug)]
-pub(crate) struct SealArgs<S: Space> {
-    chunks: S::Const<ChunkOut>,
-    chunk_results: S::Const<ChunkResult>,
-    n_chunks: u64,
-    out: S::Const<u8>,
-    n_out: u64,
-    sealed: S::Mut<u8>,
-    n_sealed: u64,
-    seal_results: S::Mut<SealResult>,
-}
-
-/// Bytes of `KvcSealShared` (status, start and length, the CRC table, 64 powers, and a sum
-/// and a register per thread of `KVC_CRC_THREADS` = [`CHAIN_THREADS`]).
-pub(crate) const SEAL_SHARED_BYTES: u32 = 8 + 16 + 4 * 256 + 4 * 64 + (8 + 4) * CHAIN_THREADS;
-
-/// The buffers of one sealing launch (`kvc_seal_chunks`).
-#[derive(Debug)]
-pub(crate) struct SealIo<'a> {
-    pub chunks: &'a [ChunkOut],
-    /// One per chunk, as the chunk-writing launch left them.
-    pub chunk_results: &'a [ChunkResult],
-    pub out: &'a [u8],
-    pub sealed: &'a mut [u8],
-    /// One per chunk.
-    pub seal_results: &'a mut [SealResult],
-}
-
-/// Runs `kvc_seal_chunks` on the host.
-pub(crate) fn host_seal_chunks(io: SealIo<'_>) -> Result<(), CudaError> {
-    let input = |what| CudaError::Input { what };
-    let grid = launch_grid(io.chunks.len())?;
-    if io.chunk_results.len() != io.chunks.len() || io.seal_results.len() != io.chunks.len() {
-        return Err(input("sealing buffers of mismatched lengths"));
-    }
-    let args = SealArgs::<OnHost> {
-        chunks: io.chunks.as_ptr(),
-        chunk_results: io.chunk_results.as_ptr(),
-        n_chunks: io.chunks.len() as u64,
-        out: io.out.as_ptr(),
-        n_out: io.out.len() as u64,
+        n_chunks: n_chunks as u64,
         sealed: io.sealed.as_mut_ptr(),
         n_sealed: io.sealed.len() as u64,
         seal_results: io.seal_results.as_mut_ptr(),
     };
-    let shared = u64::from(SEAL_SHARED_BYTES);
-    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
-    // one chunk result and one seal result per chunk) and 3 (CHAIN_THREADS threads, the
-    // shared memory KvcSealShared needs).
-    let rc = unsafe { kvc_seal_chunks_host(&args, grid, CHAIN_THREADS, shared) };
+    let t = CHAIN_THREADS;
+    // SAFETY (the three calls): invariants 1, 2 (pointer/count pairs from live slices,
+    // borrowed for the call; one result, block place and 32 lane entries per block, one chunk
+    // result and seal result per chunk) and 3 (CHAIN_THREADS threads, the shared memory each
+    // kernel's struct needs).
+    let rc = unsafe { kvc_place_blocks_host(&args, chunk_grid, t, PLACE_SHARED_BYTES.into()) };
+    host_ran(rc, "kvc_place_blocks")?;
+    let rc = unsafe { kvc_write_blocks_host(&args, grid, t, WRITE_SHARED_BYTES.into()) };
+    host_ran(rc, "kvc_write_blocks")?;
+    let rc = unsafe { kvc_seal_chunks_host(&args, chunk_grid, t, SEAL_SHARED_BYTES.into()) };
     host_ran(rc, "kvc_seal_chunks")
 }
 
@@ -475,7 +451,6 @@ unsafe impl DeviceRepr for QuantArgs<OnDevice> {}
 unsafe impl DeviceRepr for LaneEncodeArgs<OnDevice> {}
 unsafe impl DeviceRepr for EncodeArgs<OnDevice> {}
 unsafe impl DeviceRepr for WriteArgs<OnDevice> {}
-unsafe impl DeviceRepr for SealArgs<OnDevice> {}
 device_values!(
     QuantBlock,
     LaneEncodeBlock,
@@ -622,7 +597,7 @@ impl<T> DevSource<'_, T> {
 }
 
 /// An encode chain's device buffers (built by `Gpu::encode` from one
-/// [`crate::encode_plan::EncodePlan`]); the four launches share them.
+/// [`crate::encode_plan::EncodePlan`]); the five launches share them.
 #[derive(Debug)]
 pub(crate) struct EncodeDev {
     pub importance: Option<ImportancePolicy>,
@@ -639,8 +614,9 @@ pub(crate) struct EncodeDev {
     pub results: DevBuf<EncResult>,
     /// The lane encoder's buffers; its symbols, tables and block records the first launch's.
     pub lanes: LaneEncodeDev,
+    /// Per block its place in its chunk.
+    pub block_at: DevBuf<u64>,
     pub chunk_results: DevBuf<ChunkResult>,
-    pub out: DevBuf<u8>,
     /// The chunks sealed and packed (the only part copied back), one result per chunk.
     pub sealed: DevBuf<u8>,
     pub seal_results: DevBuf<SealResult>,
@@ -648,18 +624,22 @@ pub(crate) struct EncodeDev {
     pub head_dim: u32,
 }
 
-/// The encode chain's four entry points.
+/// The encode chain's five entry points.
 pub(crate) struct EncodeKernels<'k> {
     pub blocks: &'k CudaFunction,
     pub lanes: &'k CudaFunction,
+    pub place: &'k CudaFunction,
     pub write: &'k CudaFunction,
     pub seal: &'k CudaFunction,
 }
 
+/// Launches in the encode chain.
+pub(crate) const ENCODE_STAGES: usize = 5;
+
 /// Queues the encode chain over `d` on `stream`: `kvc_encode_blocks`, `kvc_rans_lane_encode`,
-/// `kvc_write_chunks`, reading the source tensors `src`, and `kvc_seal_chunks`; with
-/// `stage_done`, calls it after each launch is queued with the launch's index (0-3: for
-/// benches, to time each launch alone).
+/// `kvc_place_blocks`, `kvc_write_blocks` and `kvc_seal_chunks`, reading the source tensors
+/// `src`; with `stage_done`, calls it after each launch is queued with the launch's index (0
+/// to [`ENCODE_STAGES`] - 1: for benches, to time each launch alone).
 pub(crate) fn launch_encode_chain<T>(
     stream: &CudaStream,
     k: &EncodeKernels<'_>,
@@ -674,6 +654,7 @@ pub(crate) fn launch_encode_chain<T>(
         || d.lanes.status.len() != n * LANES
         || d.lanes.lane_len.len() != n * LANES
         || d.lanes.symbols.len() != d.lanes.symbol_table.len()
+        || d.block_at.len() != n
         || d.chunk_results.len() != d.chunks.len()
         || d.seal_results.len() != d.chunks.len()
         || !(src.elem_bytes == 2 || src.elem_bytes == 4)
@@ -685,12 +666,13 @@ pub(crate) fn launch_encode_chain<T>(
     if grid == 0 || chunk_grid == 0 {
         return Ok(());
     }
-    for stage in 0..4 {
+    for stage in 0..ENCODE_STAGES {
         match stage {
             0 => launch_encode_blocks(stream, k.blocks, d, src, grid)?,
             1 => launch_lane_encode(stream, k.lanes, &d.lanes)?,
-            2 => launch_write_chunks(stream, k.write, d, src, chunk_grid)?,
-            _ => launch_seal_chunks(stream, k.seal, d, chunk_grid)?,
+            2 => launch_write(stream, k.place, d, src, (chunk_grid, PLACE_SHARED_BYTES))?,
+            3 => launch_write(stream, k.write, d, src, (grid, WRITE_SHARED_BYTES))?,
+            _ => launch_write(stream, k.seal, d, src, (chunk_grid, SEAL_SHARED_BYTES))?,
         }
         if let Some(done) = stage_done.as_mut() {
             done(stage)?;
@@ -772,14 +754,14 @@ fn launch_encode_blocks<T>(
     Ok(())
 }
 
-/// Queues `kvc_write_chunks` over `d` (`chunk_grid` chunks, checked by
-/// [`launch_encode_chain`]).
-fn launch_write_chunks<T>(
+/// Queues one of the chain's last three launches (`func`, taking `KvcWriteArgs`) over `d` with
+/// `shape`'s grid (checked by [`launch_encode_chain`]) and shared memory.
+fn launch_write<T>(
     stream: &CudaStream,
     func: &CudaFunction,
     d: &EncodeDev,
     src: &DevSource<'_, T>,
-    chunk_grid: u32,
+    shape: (u32, u32),
 ) -> Result<(), CudaError> {
     let mut a = Addrs::default();
     let (src_ptr, src_bytes) = src.addr(&mut a, stream);
@@ -789,9 +771,11 @@ fn launch_write_chunks<T>(
     let (words, n_words) = a.of(&d.lanes.words, stream);
     let (lane_len, _) = a.of(&d.lanes.lane_len, stream);
     let (lane_status, _) = a.of(&d.lanes.status, stream);
+    let (block_at, _) = a.of(&d.block_at, stream);
     let (chunks, n_chunks) = a.of(&d.chunks, stream);
     let (chunk_results, _) = a.of(&d.chunk_results, stream);
-    let (out, n_out) = a.of(&d.out, stream);
+    let (sealed, n_sealed) = a.of(&d.sealed, stream);
+    let (seal_results, _) = a.of(&d.seal_results, stream);
     let args = WriteArgs::<OnDevice> {
         src: src_ptr,
         n_src_bytes: src_bytes,
@@ -808,46 +792,17 @@ fn launch_write_chunks<T>(
         n_words,
         lane_len,
         lane_status,
+        block_at,
         chunks,
         chunk_results,
         n_chunks,
-        out,
-        n_out,
-    };
-    let cfg = launch_shape(chunk_grid, CHAIN_THREADS, WRITE_SHARED_BYTES);
-    // SAFETY: as `launch_encode_blocks`' (one result per block, 32 lane entries per block,
-    // one chunk result per chunk, checked by `launch_encode_chain`).
-    unsafe { launch_args(stream, func, &args, cfg, a) }?;
-    Ok(())
-}
-
-/// Queues `kvc_seal_chunks` over `d` (`chunk_grid` chunks, checked by
-/// [`launch_encode_chain`]).
-fn launch_seal_chunks(
-    stream: &CudaStream,
-    func: &CudaFunction,
-    d: &EncodeDev,
-    chunk_grid: u32,
-) -> Result<(), CudaError> {
-    let mut a = Addrs::default();
-    let (chunks, n_chunks) = a.of(&d.chunks, stream);
-    let (chunk_results, _) = a.of(&d.chunk_results, stream);
-    let (out, n_out) = a.of(&d.out, stream);
-    let (sealed, n_sealed) = a.of(&d.sealed, stream);
-    let (seal_results, _) = a.of(&d.seal_results, stream);
-    let args = SealArgs::<OnDevice> {
-        chunks,
-        chunk_results,
-        n_chunks,
-        out,
-        n_out,
         sealed,
         n_sealed,
         seal_results,
     };
-    let cfg = launch_shape(chunk_grid, CHAIN_THREADS, SEAL_SHARED_BYTES);
-    // SAFETY: as `launch_encode_blocks`' (one chunk result and one seal result per chunk,
-    // checked by `launch_encode_chain`).
+    let cfg = launch_shape(shape.0, CHAIN_THREADS, shape.1);
+    // SAFETY: as `launch_encode_blocks`' (one result, block place and 32 lane entries per
+    // block, one chunk result and seal result per chunk, checked by `launch_encode_chain`).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
@@ -885,7 +840,7 @@ mod tests {
             EncBlock {
                 x_start, k_start, qref_start, tau_start, consts_start, map_start, sym_start,
                 q_start, escape_start, word_start, rows, sink_rows, group, importance, table_start,
-                table_count, lane_cap, rot_start, rotate
+                table_count, lane_cap, rot_start, rotate, chunk
             },
             EncResult { status, n_e, n_escapes, n_exp, exp_freqs },
             EncodeArgs<S> {
@@ -897,21 +852,17 @@ mod tests {
         ];
         v.push(u64::from(ENCODE_SHARED_BYTES));
         v.extend(layout![
-            ChunkOut { first_block, out_start, out_cap, n_blocks },
-            ChunkResult { len, status },
+            ChunkOut { first_block, cap, n_blocks },
+            ChunkResult { len, status, crc },
+            SealResult { start, len, status },
             WriteArgs<S> {
                 src, n_src_bytes, elem_bytes, heads, head_dim, blocks, results, n_blocks, escapes,
-                n_escapes, words, n_words, lane_len, lane_status, chunks, chunk_results, n_chunks,
-                out, n_out
+                n_escapes, words, n_words, lane_len, lane_status, block_at, chunks, chunk_results,
+                n_chunks, sealed, n_sealed, seal_results
             },
         ]);
+        v.push(u64::from(PLACE_SHARED_BYTES));
         v.push(u64::from(WRITE_SHARED_BYTES));
-        v.extend(layout![
-            SealResult { start, len, status },
-            SealArgs<S> {
-                chunks, chunk_results, n_chunks, out, n_out, sealed, n_sealed, seal_results
-            },
-        ]);
         v.push(u64::from(SEAL_SHARED_BYTES));
         v
     }

@@ -27,12 +27,14 @@
 //!    block; in the dequantization, `status` holds one entry per block; in the PQ search, one per
 //!    query (the kernel checks each query's ranges, `kvc_pq_range_ok`, and the launch's shape,
 //!    `kvc_pq_shape_ok`, before any read). In the encode chain the source is counted in whole
-//!    elements of its dtype (`kvc_encode_blocks`) or in bytes (`kvc_write_chunks`), `symbols` and
-//!    `symbol_table` have the same length, and results, lane statuses and lengths, chunk and seal
-//!    results are one (32 per block for the lanes) per block or chunk; the kernels check every
-//!    block's and chunk's ranges (`kvc_enc_ok`, `kvc_block_size`, `kvc_write_offsets`,
-//!    `kvc_sealed_size` and `kvc_seal_place`), and mask or bound what another block may rewrite
-//!    meanwhile on a device (a symbol's exponent, an escape's rank).
+//!    elements of its dtype (`kvc_encode_blocks`) or in bytes (the last three launches),
+//!    `symbols` and `symbol_table` have the same length, and results, block places, lane
+//!    statuses and lengths, chunk and seal results are one (32 per block for the lanes) per
+//!    block or chunk; the kernels check every block's and chunk's ranges (`kvc_enc_ok`,
+//!    `kvc_block_size`, `kvc_chunk_ok`, `kvc_sealed_size`, the places in `kvc_wb_place` and
+//!    `kvc_seal_finish`), and mask or bound what another block may rewrite meanwhile on a device
+//!    (a symbol's exponent, an escape's rank; a block's place is written only by the chunk the
+//!    block names).
 //! 3. **Launch shape.** The host runs get `grid = blocks.len()` (checked to fit `u32`); the lane
 //!    decode `grid = blocks.len().div_ceil(warps)`, 32 threads per warp and `warps *
 //!    shared_tables * KVC_SLOTS * 4` bytes of shared memory (its
@@ -43,9 +45,10 @@
 //!    table entry and per shared key, the `table_capacity` and `key_capacity` it is told (the
 //!    kernel checks that the table fits the one, and keeps only queries of at most the other's
 //!    tokens there); the encode chain [`CHAIN_THREADS`] threads and [`ENCODE_SHARED_BYTES`]
-//!    (`kvc_encode_blocks`, one CUDA block per coded block) or [`WRITE_SHARED_BYTES`]
-//!    (`kvc_write_chunks`, one per chunk) or [`SEAL_SHARED_BYTES`] (`kvc_seal_chunks`, one per
-//!    chunk) of shared memory.
+//!    (`kvc_encode_blocks`, one CUDA block per coded block), [`PLACE_SHARED_BYTES`]
+//!    (`kvc_place_blocks`, one per chunk), [`WRITE_SHARED_BYTES`] (`kvc_write_blocks`, one per
+//!    coded block) or [`SEAL_SHARED_BYTES`] (`kvc_seal_chunks`, one per chunk) of shared
+//!    memory.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and no
 //!    NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`] in
