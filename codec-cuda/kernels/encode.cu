@@ -218,13 +218,26 @@ __device__ __forceinline__ bool kvc_enc_block_ok(const KvcLaneEncodeArgs& a,
     if (b.symbol_start > a.n_symbols || b.n_symbols > a.n_symbols - b.symbol_start) return false;
     if (b.word_start > a.n_words || slots > a.n_words - b.word_start) return false;
     if ((kvc_u64)b.table_start + b.table_count > a.n_table_list) return false;
-    for (kvc_u32 k = 0; k < b.table_count; k++) {
-        if (a.table_list[b.table_start + k] >= a.n_tables) return false;
-    }
-    return true;
+    // Every entry read before deciding (no early exit), so that the loads go out together.
+    bool ok = true;
+    for (kvc_u32 k = 0; k < b.table_count; k++) ok &= a.table_list[b.table_start + k] < a.n_tables;
+    return ok;
 }
 
-// The only phase: lane threadIdx.x of the block encodes its symbols.
+// A lane's symbol on its way through the encoder's pipeline: its table index in the block's
+// list and its value, then its table's id (`ok` false if the index is outside the list), then
+// its table entry (0, a frequency the encoder refuses, if not ok).
+struct KvcLaneSymbol {
+    kvc_u32 index;
+    kvc_u32 value;
+    kvc_u32 id;
+    bool ok;
+};
+
+// The only phase: lane threadIdx.x of the block encodes its symbols, last to first. A symbol's
+// three dependent loads (table index and value, table id, table entry) are issued one step
+// each, three and two and one steps before the step that encodes it, so that a step waits on
+// none of them: the state's arithmetic alone is serial.
 __device__ __forceinline__ void kvc_lane_encode(const KvcLaneEncodeArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x >= KVC_LANES) return;
     const KvcLaneEncodeBlock& b = a.blocks[blockIdx.x];
@@ -239,28 +252,51 @@ __device__ __forceinline__ void kvc_lane_encode(const KvcLaneEncodeArgs& a, unsi
     kvc_u32 n_out = 0;
     kvc_u64 x = 0;
     kvc_u32 status = KVC_ENCODE_OK;
-    // Positions lane, lane + 32, ... below n_symbols, last first.
-    if (lane < b.n_symbols) {
-        for (kvc_u32 p = lane + (b.n_symbols - 1 - lane) / KVC_LANES * KVC_LANES;; p -= KVC_LANES) {
-            const kvc_u64 g = b.symbol_start + p;
-            const kvc_u32 t = a.symbol_table[g];
-            if (t >= b.table_count) {
-                status = KVC_ENCODE_BAD_SYMBOL;
-                break;
-            }
-            const kvc_u32 e = a.tables[(kvc_u64)a.table_list[b.table_start + t] * 256u + a.symbols[g]];
-            const kvc_u64 f = e & 0xFFFFu, cdf = e >> 16;
-            if (f == 0) {
-                status = KVC_ENCODE_BAD_SYMBOL;
-                break;
-            }
-            if (x >= f << (64 - KVC_PRECISION)) {
-                out[n_out++] = (kvc_u32)x;
-                x >>= 32;
-            }
-            x = ((x / f) << KVC_PRECISION) | (cdf + x % f);
-            if (p < KVC_LANES) break;
+    // Steps 0, 1, ..., n - 1 encode positions last, last - 32, ..., lane.
+    const kvc_u32 n = lane < b.n_symbols ? (b.n_symbols - 1 - lane) / KVC_LANES + 1 : 0;
+    const kvc_u32 last = lane + (n == 0 ? 0 : (n - 1) * KVC_LANES);
+    const kvc_u8* values = a.symbols + b.symbol_start;
+    const kvc_u16* indices = a.symbol_table + b.symbol_start;
+    const kvc_u32* list = a.table_list + b.table_start;
+    // Stage 1 of step k: its index and value.
+    auto load = [&](kvc_u32 k, KvcLaneSymbol& y) {
+        if (k >= n) return;
+        y.index = indices[last - k * KVC_LANES];
+        y.value = values[last - k * KVC_LANES];
+    };
+    // Stage 2: its table's id.
+    auto resolve = [&](kvc_u32 k, KvcLaneSymbol& y) {
+        y.ok = k < n && y.index < b.table_count;
+        if (y.ok) y.id = list[y.index];
+    };
+    // Stage 3: its table entry.
+    auto entry = [&](const KvcLaneSymbol& y) {
+        return y.ok ? a.tables[(kvc_u64)y.id * 256u + y.value] : 0u;
+    };
+    KvcLaneSymbol s1 = {}, s2 = {}, s3 = {};
+    load(0, s1);
+    resolve(0, s1);
+    load(1, s2);
+    kvc_u32 e = entry(s1);
+    resolve(1, s2);
+    load(2, s3);
+    for (kvc_u32 k = 0; k < n; k++) {
+        // Loads for steps k + 1, k + 2, k + 3 go out before step k's arithmetic.
+        const kvc_u32 e_next = entry(s2);
+        resolve(k + 2, s3);
+        s2 = s3;
+        load(k + 3, s3);
+        const kvc_u64 f = e & 0xFFFFu, cdf = e >> 16;
+        if (f == 0) {
+            status = KVC_ENCODE_BAD_SYMBOL;
+            break;
         }
+        if (x >= f << (64 - KVC_PRECISION)) {
+            out[n_out++] = (kvc_u32)x;
+            x >>= 32;
+        }
+        x = ((x / f) << KVC_PRECISION) | (cdf + x % f);
+        e = e_next;
     }
     if (status == KVC_ENCODE_OK && x != 0) {
         out[n_out++] = (kvc_u32)x;
@@ -397,6 +433,9 @@ struct KvcEncodeArgs {
 
 // Escape ranks by tiles, as kvc_map_values decodes them (chain.cu).
 #define KVC_ENC_TILES 4096u
+// Table-list entries whose radius a block keeps in shared memory (the fixture's levels have
+// 36-45 tables).
+#define KVC_ENC_LIST 256u
 
 struct KvcEncShared {
     kvc_u32 status;
@@ -408,6 +447,8 @@ struct KvcEncShared {
     kvc_u32 hist[16];
     kvc_u16 freqs[16];
     kvc_u32 tile[KVC_ENC_TILES];
+    // Per list index below KVC_ENC_LIST: its table's radius (0xFF if outside the list).
+    kvc_u8 radius[KVC_ENC_LIST];
 };
 
 #ifdef KVC_HOST
@@ -470,9 +511,12 @@ __device__ __forceinline__ bool kvc_enc_ok(const KvcEncodeArgs& a, const KvcEncB
         ok = (a.rope_style == 1 || a.rope_style == 2) && a.head_dim % 2 == 0 &&
              b.rot_start <= a.n_rot && coded * a.head_dim <= a.n_rot - b.rot_start;
     }
-    for (kvc_u32 k = 0; ok && k < b.table_count; k++) {
+    // The table list's range checked above: every entry read before deciding (no early exit),
+    // so that the loads go out together.
+    const kvc_u32 count = ok ? b.table_count : 0;
+    for (kvc_u32 k = 0; k < count; k++) {
         const kvc_u32 t = a.table_list[b.table_start + k];
-        ok = k == 0 ? t < a.n_tables : t < a.n_radius && t < a.n_tables && a.radius[t] <= 127;
+        ok &= k == 0 ? t < a.n_tables : t < a.n_radius && t < a.n_tables && a.radius[t] <= 127;
     }
     return ok;
 }
@@ -483,8 +527,16 @@ __device__ __forceinline__ void kvc_enc_check(const KvcEncodeArgs& a, unsigned c
     KvcEncShared* s = (KvcEncShared*)shared;
     for (kvc_u32 i = threadIdx.x; i < KVC_ENC_TILES; i += blockDim.x) s->tile[i] = 0;
     if (threadIdx.x < 16) s->hist[threadIdx.x] = 0;
-    if (threadIdx.x != 0) return;
     const KvcEncBlock& b = a.blocks[blockIdx.x];
+    for (kvc_u32 k = threadIdx.x; k < KVC_ENC_LIST; k += blockDim.x) {
+        kvc_u32 r = 0xFF;
+        if (k > 0 && k < b.table_count && (kvc_u64)b.table_start + k < a.n_table_list) {
+            const kvc_u32 t = a.table_list[b.table_start + k];
+            if (t < a.n_radius) r = a.radius[t];
+        }
+        s->radius[k] = (kvc_u8)r;
+    }
+    if (threadIdx.x != 0) return;
     s->status = kvc_enc_ok(a, b) ? KVC_ENCODE_OK : KVC_ENCODE_BAD_RANGE;
     const kvc_u64 n_sym = (kvc_u64)(b.rows - (b.sink_rows <= b.rows ? b.sink_rows : b.rows)) *
                           a.heads * a.head_dim;
@@ -649,10 +701,12 @@ __device__ __forceinline__ kvc_u32 kvc_enc_list_index(const KvcEncodeArgs& a,
     return a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
 }
 
-// Value symbol g's table radius; -1 for a list index outside the block's list.
+// The radius of list index li's table (of a block whose list kvc_enc_ok checked); -1 for an
+// index outside the block's list.
 __device__ __forceinline__ int kvc_enc_radius(const KvcEncodeArgs& a, const KvcEncBlock& b,
-                                              kvc_u32 li) {
+                                              const KvcEncShared* s, kvc_u32 li) {
     if (li == 0 || li >= b.table_count) return -1;
+    if (li < KVC_ENC_LIST) return s->radius[li];
     return a.radius[a.table_list[b.table_start + li]];
 }
 
@@ -672,7 +726,7 @@ __device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned cha
     for (kvc_u32 p = threadIdx.x; p < n_e; p += blockDim.x) a.symbol_table[b.sym_start + p] = 0;
     for (kvc_u32 g = threadIdx.x; g < n_sym; g += blockDim.x) {
         const kvc_u32 li = kvc_enc_list_index(a, b, n_e, g);
-        const int r = kvc_enc_radius(a, b, li);
+        const int r = kvc_enc_radius(a, b, s, li);
         const kvc_u64 at = b.sym_start + n_e + g;
         a.symbol_table[at] = (kvc_u16)li;
         if (r < 0) {
@@ -731,7 +785,7 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
         const kvc_u64 last = (kvc_u64)(tile + 1) << shift;
         const kvc_u32 stop = last < n_sym ? (kvc_u32)last : n_sym;
         for (kvc_u32 g = tile << shift; g < stop && rank < end; g++) {
-            if (idx[g] != 2 * kvc_enc_radius(a, b, li[g]) + 1) continue;
+            if (idx[g] != 2 * kvc_enc_radius(a, b, s, li[g]) + 1) continue;
             // rank < end <= n_escapes <= n_sym, unless another (malformed) block rewrote this
             // one's symbols meanwhile: checked.
             if (rank < n_sym) a.escapes[b.escape_start + rank] = a.q[b.q_start + g];
