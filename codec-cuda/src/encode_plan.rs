@@ -250,10 +250,10 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// [`encode_host`](Self::encode_host) with the launches' large outputs (those a `Gpu`
     /// keeps between calls, not zeroed) holding `fill` in every byte before the first.
     fn encode_host_over(&self, src: &[u8], fill: u8) -> Result<Vec<Vec<u8>>, CudaError> {
-        let mut ch = self.chain()?;
+        let ch = self.chain()?;
         ch.check_source_bytes(src.len())?;
         let mut run = HostRun::new(&ch, fill);
-        self.blocks_host(&mut ch, src, &mut run)?;
+        self.blocks_host(&ch, src, &mut run)?;
         run.lanes_host(&ch)?;
         self.write_host(&ch, src, &mut run)?;
         let chunks = split_sealed(&run.sealed, &ch.sealed_places(&run.seal_results)?)?;
@@ -263,7 +263,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// The first launch on the host: `kvc_encode_blocks`.
     fn blocks_host(
         &self,
-        ch: &mut EncodeChain,
+        ch: &EncodeChain,
         src: &[u8],
         run: &mut HostRun,
     ) -> Result<(), CudaError> {
@@ -278,7 +278,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             map: &ch.map,
             table_list: &ch.table_list,
             radius: &ch.radius,
-            tables: &mut ch.tables,
+            tables: &mut run.tables,
             symbols: &mut run.symbols,
             symbol_table: &mut run.symbol_table,
             q: &mut run.q,
@@ -377,6 +377,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
                 reserved: 0,
             });
         }
+        ch.place_exponent_slots()?;
         Ok(ch)
     }
 
@@ -449,10 +450,11 @@ pub(crate) struct EncodeChain {
     pub consts: Vec<ChannelConsts>,
     pub map: Vec<u16>,
     pub table_list: Vec<u32>,
-    /// Per table id its radius (0 for the exponent slots).
+    /// Per level table id its radius.
     pub radius: Vec<u8>,
-    /// Encode tables, 256 entries each: the levels' and one slot per block for its
-    /// exponent table.
+    /// Encode tables of the levels, 256 entries each. A launch's tables hold one slot per
+    /// block after them ([`EncodeChain::n_tables`]), where the first launch writes the block's
+    /// exponent table: the slots are neither built nor uploaded.
     pub tables: Vec<u32>,
     pub blocks: Vec<EncBlock>,
     /// Per chunk its blocks and room.
@@ -475,6 +477,8 @@ pub(crate) struct EncodeChain {
 /// The launches' outputs of a host run.
 #[derive(Debug)]
 struct HostRun {
+    /// The levels' tables, then the exponent slots.
+    tables: Vec<u32>,
     symbols: Vec<u8>,
     symbol_table: Vec<u16>,
     q: Vec<i32>,
@@ -498,7 +502,10 @@ impl HostRun {
         let n = ch.blocks.len();
         let x16 = u16::from_le_bytes([fill; 2]);
         let x32 = u32::from_le_bytes([fill; 4]);
+        let mut tables = ch.tables.clone();
+        tables.resize(ch.n_tables() * 256, x32);
         HostRun {
+            tables,
             symbols: vec![fill; ch.n_symbols],
             symbol_table: vec![x16; ch.n_symbols],
             q: vec![x32 as i32; ch.n_q],
@@ -520,7 +527,7 @@ impl HostRun {
         ffi::host_lane_encode(ffi::LaneEncodeIo {
             symbols: &self.symbols,
             symbol_table: &self.symbol_table,
-            tables: &ch.tables,
+            tables: &self.tables,
             table_list: &ch.table_list,
             words: &mut self.words,
             lane_len: &mut self.lane_len,
@@ -617,8 +624,8 @@ impl EncodeChain {
         self.src_elems = self.src_elems.max(x_start + u64::from(rows) * c as u64);
         let table_start = u32::try_from(self.table_list.len())
             .map_err(|_| input("over 2^32 table-list entries"))?;
-        let slot = self.add_table(&FreqTable::new(&[1, 4095]).expect("a valid table"), 0);
-        self.table_list.push(slot);
+        // The block's exponent slot, placed after the levels' tables by `place_exponent_slots`.
+        self.table_list.push(u32::MAX);
         self.table_list.extend_from_slice(level_ids);
         self.blocks.push(EncBlock {
             x_start,
@@ -650,6 +657,23 @@ impl EncodeChain {
         self.n_symbols += n_all;
         self.n_q += coded * c;
         self.n_words += lane_cap as usize * LANES;
+        Ok(())
+    }
+
+    /// Tables of a launch: the levels', then one exponent slot per block.
+    pub(crate) fn n_tables(&self) -> usize {
+        self.radius.len() + self.blocks.len()
+    }
+
+    /// Gives block i's exponent table the slot `levels + i`, after the levels' tables.
+    fn place_exponent_slots(&mut self) -> Result<(), CudaError> {
+        let levels = self.radius.len();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let slot = u32::try_from(levels + i).map_err(|_| CudaError::Input {
+                what: "over 2^32 tables in a plan",
+            })?;
+            self.table_list[b.table_start as usize] = slot;
+        }
         Ok(())
     }
 
@@ -828,7 +852,7 @@ mod tests {
             let mut ch = plan.chain().unwrap();
             set_block_field(&mut ch.blocks[block], field, value);
             let mut run = HostRun::new(&ch, 0);
-            plan.blocks_host(&mut ch, &src, &mut run).unwrap();
+            plan.blocks_host(&ch, &src, &mut run).unwrap();
             prop_assert!(run.results.iter().all(|r| r.status <= 2));
             run.lanes_host(&ch).unwrap();
             prop_assert!(run.lane_status.iter().all(|&s| s <= 2));

@@ -1102,7 +1102,9 @@ impl Gpu {
         let (qref, tau, consts) = (p.add(&ch.qref), p.add(&ch.tau), p.add(&ch.consts));
         let rot = p.add(&ch.rot);
         let (map, table_list, radius) = (p.add(&ch.map), p.add(&ch.table_list), p.add(&ch.radius));
-        let (tables, blocks, chunks) = (p.add(&ch.tables), p.add(&ch.blocks), p.add(&ch.chunks));
+        let (blocks, chunks) = (p.add(&ch.blocks), p.add(&ch.chunks));
+        // Last: its exponent slots, written by the first launch, are allocated, not copied.
+        let tables = p.add_with_room(&[&ch.tables[..]], ch.blocks.len() * 256);
         let base = self.packed_upload(p)?;
         // The large outputs in the kept scratch, as they are: the launches write every byte
         // of them they read (a host-run test fills them with garbage first).

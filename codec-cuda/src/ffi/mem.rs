@@ -268,12 +268,15 @@ impl<T> PackSlot<T> {
 /// Host arrays laid out one after another ([`PACK_ALIGN`]-aligned) and uploaded to one device
 /// allocation by one copy from a pinned staging buffer, which the caller keeps for the next
 /// upload (one copy instead of one per array, at the speed of pinned memory, and no
-/// allocation of pinned memory per call).
+/// allocation of pinned memory per call). Room a part leaves after its array for a launch to
+/// write is allocated but copied only if another part follows it.
 #[derive(Debug, Default)]
 pub(crate) struct Packer<'a> {
     /// Per part: its sources in order (their bytes), and its offset.
     parts: Vec<(Vec<&'a [u8]>, usize)>,
     total: usize,
+    /// Bytes up to the end of the last part's sources: what an upload copies.
+    copied: usize,
 }
 
 /// The bytes of a slice of a device type, padding included (invariant 7: plain `#[repr(C)]`
@@ -311,15 +314,27 @@ impl<'a> Packer<'a> {
 
     /// Adds the arrays `parts` joined into one.
     pub(crate) fn add_gather<T: DeviceRepr>(&mut self, parts: &[&'a [T]]) -> PackSlot<T> {
+        self.add_with_room(parts, 0)
+    }
+
+    /// Adds the arrays `parts` joined into one, followed by room for `room` more elements
+    /// that nothing is copied into (a launch writes them): the part holds both.
+    pub(crate) fn add_with_room<T: DeviceRepr>(
+        &mut self,
+        parts: &[&'a [T]],
+        room: usize,
+    ) -> PackSlot<T> {
         let offset = self.total;
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let bytes = len * size_of::<T>();
         self.parts
             .push((parts.iter().map(|p| raw_bytes(p)).collect(), offset));
-        self.total = offset + bytes.max(1).next_multiple_of(PACK_ALIGN);
+        self.copied = offset + bytes;
+        let all = (len + room) * size_of::<T>();
+        self.total = offset + all.max(1).next_multiple_of(PACK_ALIGN);
         PackSlot {
             offset,
-            len,
+            len: len + room,
             _t: PhantomData,
         }
     }
@@ -338,7 +353,7 @@ impl<'a> Packer<'a> {
     /// The copies that fill the packed bytes, by [`PACK_STEP`]-byte step: each source cut at
     /// the step boundaries, as (offset in its step, bytes).
     fn steps(&self) -> Vec<Vec<(usize, &'a [u8])>> {
-        let mut steps = vec![Vec::new(); self.total.max(1).div_ceil(PACK_STEP)];
+        let mut steps = vec![Vec::new(); self.copied.max(1).div_ceil(PACK_STEP)];
         for (sources, offset) in &self.parts {
             let mut at = *offset;
             for &src in sources {
@@ -356,18 +371,19 @@ impl<'a> Packer<'a> {
         steps
     }
 
-    /// Writes every part into `dst` (at least [`Packer::total`] bytes, at least one), one
-    /// [`PACK_STEP`] at a time on up to `threads` threads (at least one), and hands each step,
-    /// as soon as it is written, to `filled` with its byte range, on the caller's thread and in
-    /// any order. The gaps between parts are left as they were. An error from `filled` stops
-    /// the fill and is returned.
+    /// Writes every part into `dst` (at least up to the end of the last part's arrays, at least
+    /// one byte), one [`PACK_STEP`] at a time on up to `threads` threads (at least one), and
+    /// hands each step, as soon as it is written, to `filled` with its byte range, on the
+    /// caller's thread and in any order: the steps up to the end of the last part's arrays
+    /// (its room and any reserved after it are not handed over). The gaps between parts are
+    /// left as they were. An error from `filled` stops the fill and is returned.
     pub(crate) fn fill(
         &self,
         dst: &mut [u8],
         threads: usize,
         mut filled: impl FnMut(std::ops::Range<usize>, &[u8]) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
-        let need = self.total.max(1);
+        let need = self.copied.max(1);
         let jobs: Vec<_> = dst[..need]
             .chunks_mut(PACK_STEP)
             .zip(self.steps())
@@ -439,12 +455,11 @@ impl<'a> Packer<'a> {
         staging: &mut Option<PinnedHostSlice<u8>>,
         threads: usize,
     ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
-        let need = self.total.max(1);
         // Write-combined: the host only writes it, and the device reads it faster so.
         let pinned = pinned_at_least(
             stream,
             staging,
-            need,
+            self.copied.max(1),
             cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
         )?;
         // Waits for any earlier copy from the staging buffer that recorded its event.
@@ -452,7 +467,7 @@ impl<'a> Packer<'a> {
             .as_mut_slice()
             .map_err(driver_err("cuEventSynchronize"))?;
         let mut dev = stream
-            .alloc_zeros::<u8>(need)
+            .alloc_zeros::<u8>(self.total.max(1))
             .map_err(driver_err("cuMemAllocAsync"))?;
         // A step queued to the device is not written again before the stream has passed it
         // (the caller's part). Writing the next steps overlaps the device's copies.
@@ -534,7 +549,7 @@ mod tests {
         let c: Vec<u8> = (0..4096 + 12).map(|i| (i % 256) as u8).collect();
         let p = big_packer(&a, &b, &c);
         let want = packed_by_hand(&p, 0xEE);
-        assert!(p.total > 2 * PACK_STEP);
+        assert!(p.copied > 2 * PACK_STEP);
         for threads in [1, 2, 3, 8, 64] {
             let mut dst = vec![0xEE; p.total + 100];
             let mut seen = Vec::new();
@@ -547,11 +562,40 @@ mod tests {
             assert!(dst[..p.total] == want[..], "{threads} threads");
             assert!(dst[p.total..].iter().all(|&x| x == 0xEE));
             seen.sort_by_key(|r| r.start);
-            assert_eq!(seen.len(), p.total.div_ceil(PACK_STEP));
+            assert_eq!(seen.len(), p.copied.div_ceil(PACK_STEP));
             assert_eq!(seen.first().map(|r| r.start), Some(0));
-            assert_eq!(seen.last().map(|r| r.end), Some(p.total));
+            assert_eq!(seen.last().map(|r| r.end), Some(p.copied));
             assert!(seen.windows(2).all(|w| w[0].end == w[1].start));
         }
+    }
+
+    /// A part's room lies after its array, inside the part; room after the last part's array
+    /// is allocated (in `total`) but not handed over, room before another part is a gap.
+    #[test]
+    fn room_after_a_part_is_allocated_and_copied_only_when_a_part_follows() {
+        let (a, b) = ([3u32; 5], [9u8; 7]);
+        let mut p = Packer::default();
+        let sa = p.add_with_room(&[&a[..]], 100);
+        assert_eq!((sa.offset, sa.len), (0, 105));
+        assert_eq!(p.copied, 20);
+        assert_eq!(p.total, (105 * 4usize).next_multiple_of(PACK_ALIGN));
+        let sb = p.add(&b[..]);
+        assert!(sb.offset >= 105 * 4);
+        assert_eq!(p.copied, sb.offset + 7);
+        let sc = p.add_with_room::<u32>(&[&a[..2]], PACK_STEP);
+        assert_eq!((p.copied, sc.len), (sc.offset + 8, 2 + PACK_STEP));
+        assert!(p.total >= sc.offset + 4 * (2 + PACK_STEP));
+        let mut dst = vec![0xEE; p.total];
+        let mut last = 0;
+        p.fill(&mut dst, 2, |range, _| {
+            last = last.max(range.end);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(last, p.copied);
+        assert!(dst[20..sb.offset].iter().all(|&x| x == 0xEE));
+        assert_eq!(&dst[sc.offset..sc.offset + 8], &[3, 0, 0, 0, 3, 0, 0, 0]);
+        assert!(dst[p.copied..].iter().all(|&x| x == 0xEE));
     }
 
     /// An error from `filled` ends the fill with that error, on one thread or several; an
