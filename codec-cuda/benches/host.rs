@@ -77,6 +77,11 @@ fn main() {
                 })
             });
         }
+        g.bench_function(format!("level {level}, constants resident"), |b| {
+            b.iter_custom(|n| {
+                Duration::from_secs_f64(plan.time_chain_resident(n as usize).unwrap())
+            })
+        });
     }
     g.finish();
     // The last step of `Gpu::encode_uploaded` on the host, which `encode_uploaded_with`

@@ -71,7 +71,7 @@ use codec_core::Stream;
 
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
-use crate::levels::{time_builds, LevelCache, LevelConsts};
+use crate::levels::{time_builds, time_placed_builds, LevelCache, LevelConsts, Placer};
 use crate::quant::{DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output};
 use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
@@ -730,12 +730,6 @@ struct LevelStarts {
     consts_base: u64,
 }
 
-/// Where a chain's level constants (table maps and channel constants) go: given the profile's
-/// SHA-256, the level and its constants, where the level's map and constants start in the
-/// arrays the chain's launches will read (a `Gpu` keeps them resident on its device).
-pub(crate) type Placer<'a> =
-    &'a mut dyn FnMut(&[u8; 32], u8, &Arc<LevelConsts>) -> Result<(u64, u64), CudaError>;
-
 /// The (profile, level)s a chain's blocks use so far, each's constants taken from `cache` and
 /// appended to the chain once, or placed by `place`.
 struct Shared<'c, 'p> {
@@ -921,25 +915,10 @@ impl DecodePlan<'_> {
     /// `Gpu` keeps them on its device after its first call): the host's part of every later
     /// call, without copying them into the chain.
     pub fn time_chain_resident(&self, reps: usize) -> Result<f64, CudaError> {
-        let cache = LevelCache::default();
-        let mut placed: Vec<([u8; 32], u8)> = Vec::new();
-        let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
-            let at = match placed.iter().position(|p| *p == (*hash, level)) {
-                Some(at) => at,
-                None => {
-                    placed.push((*hash, level));
-                    placed.len() - 1
-                }
-            };
-            Ok(((at * c.maps.len()) as u64, (at * c.consts.len()) as u64))
-        };
         let all = 0..self.chunks.len();
-        drop(self.chain_placed(&cache, all.clone(), Some(&mut place))?);
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            drop(self.chain_placed(&cache, all.clone(), Some(&mut place))?);
-        }
-        Ok(t.elapsed().as_secs_f64())
+        time_placed_builds(reps, |cache, place| {
+            self.chain_placed(cache, all.clone(), Some(place))
+        })
     }
 
     /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a

@@ -55,7 +55,7 @@ use codec_core::{ChunkContext, Dtype, KvView, Profile, RopeStyle, TensorRef};
 use crate::encode::{encode_table, LaneEncodeBlock};
 use crate::error::CudaError;
 use crate::ffi::{self, LANES};
-use crate::levels::{time_builds, LevelCache, LevelConsts};
+use crate::levels::{time_builds, time_placed_builds, LevelCache, LevelConsts, Placer};
 use crate::quant::ChannelConsts;
 
 /// Where the source tensors lie in one buffer of `dtype` elements: tensor `(layer, K/V)` starts
@@ -250,12 +250,22 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// [`encode_host`](Self::encode_host) with the launches' large outputs (those a `Gpu`
     /// keeps between calls, not zeroed) holding `fill` in every byte before the first.
     fn encode_host_over(&self, src: &[u8], fill: u8) -> Result<Vec<Vec<u8>>, CudaError> {
-        let ch = self.chain()?;
+        self.run_chain_host(&self.chain()?, src, fill)
+    }
+
+    /// The launches of `ch` (this plan's chain) run on the host over `src`, the outputs
+    /// holding `fill` before the first as in [`encode_host_over`](Self::encode_host_over).
+    fn run_chain_host(
+        &self,
+        ch: &EncodeChain,
+        src: &[u8],
+        fill: u8,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
         ch.check_source_bytes(src.len())?;
-        let mut run = HostRun::new(&ch, fill);
-        self.blocks_host(&ch, src, &mut run)?;
-        run.lanes_host(&ch)?;
-        self.write_host(&ch, src, &mut run)?;
+        let mut run = HostRun::new(ch, fill);
+        self.blocks_host(ch, src, &mut run)?;
+        run.lanes_host(ch)?;
+        self.write_host(ch, src, &mut run)?;
         let chunks = split_sealed(&run.sealed, &ch.sealed_places(&run.seal_results)?)?;
         Ok(chunks.into_iter().map(<[u8]>::to_vec).collect())
     }
@@ -321,6 +331,16 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// [`chain`](Self::chain), each level's table maps and channel constants taken from
     /// `cache` (and kept there).
     pub(crate) fn chain_with(&self, cache: &LevelCache) -> Result<EncodeChain, CudaError> {
+        self.chain_placed(cache, None)
+    }
+
+    /// [`chain_with`](Self::chain_with), each level's table maps and channel constants placed
+    /// by `place` instead of appended to the chain (its `map` and `consts` stay empty).
+    pub(crate) fn chain_placed(
+        &self,
+        cache: &LevelCache,
+        mut place: Option<Placer<'_>>,
+    ) -> Result<EncodeChain, CudaError> {
         let ctx = self.ctx;
         let profile = ctx.profile();
         let shape = ctx.shape();
@@ -352,7 +372,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
             let rot_start = ch.add_rotations(ctx, tokens);
             let lv = match levels.entry(*level) {
                 Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => e.insert(ch.add_level(cache, profile, *level)?),
+                Entry::Vacant(e) => e.insert(ch.add_level(cache, profile, *level, &mut place)?),
             };
             for layer in 0..shape.layers {
                 for kv in 0..2 {
@@ -386,6 +406,14 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// constants built before the first and kept, as a `Gpu` keeps them after its first call.
     pub fn time_chain(&self, reps: usize, kept: bool) -> Result<f64, CudaError> {
         time_builds(reps, kept, |cache| self.chain_with(cache))
+    }
+
+    /// For benches: [`time_chain`](Self::time_chain) with the constants kept and each level's
+    /// table maps and channel constants resident where the chain's launches read them (as a
+    /// `Gpu` keeps them on its device after its first call): the host's part of every later
+    /// `Gpu::encode`.
+    pub fn time_chain_resident(&self, reps: usize) -> Result<f64, CudaError> {
+        time_placed_builds(reps, |cache, place| self.chain_placed(cache, Some(place)))
     }
 
     /// The importance policy's constants, if the context turns it on and it can change a step
@@ -567,13 +595,14 @@ impl EncodeChain {
         start
     }
 
-    /// Adds the tables of `level`, its table maps and channel constants (from `cache`);
-    /// returns where they are.
+    /// Adds the tables of `level`, its table maps and channel constants (from `cache`; placed
+    /// by `place` if given); returns where they are.
     fn add_level(
         &mut self,
         cache: &LevelCache,
         profile: &Profile,
         level: u8,
+        place: &mut Option<Placer<'_>>,
     ) -> Result<ChainLevel, CudaError> {
         let consts = cache
             .get(profile, level)
@@ -583,9 +612,15 @@ impl EncodeChain {
             .iter()
             .map(|t| self.add_table(&t.freqs, t.radius))
             .collect();
-        let (map_base, consts_base) = (self.map.len() as u64, self.consts.len() as u64);
-        self.map.extend_from_slice(&consts.maps);
-        self.consts.extend_from_slice(&consts.consts);
+        let (map_base, consts_base) = match place.as_mut() {
+            Some(place) => place(&profile.hash(), level, &consts)?,
+            None => {
+                let at = (self.map.len() as u64, self.consts.len() as u64);
+                self.map.extend_from_slice(&consts.maps);
+                self.consts.extend_from_slice(&consts.consts);
+                at
+            }
+        };
         Ok(ChainLevel {
             ids,
             consts,
@@ -1131,6 +1166,40 @@ mod tests {
         plan.add_chunk(5..12, 1).unwrap();
         let got = plan.encode_host(&src).unwrap();
         assert_eq!(got[1], ctx.encode_chunk(&cache.view(), 5..12, 1).unwrap());
+    }
+
+    /// Level constants placed elsewhere (after other constants, as a `Gpu` keeps them resident
+    /// on its device): the chain's blocks point at them, and the launches over those arrays
+    /// write the chain's own chunks.
+    #[test]
+    fn placed_level_constants_encode_as_the_chains_own() {
+        let (cache, profile, src) = setup();
+        let ctx = context(&cache, &profile);
+        let mut plan = EncodePlan::new(&ctx, SOURCE).unwrap();
+        for (tokens, level) in [(0..4, 0), (4..12, 1), (0..12, 0), (9..12, 2)] {
+            plan.add_chunk(tokens, level).unwrap();
+        }
+        let want = plan.encode_host(&src).unwrap();
+        let (mut maps, mut consts) = (vec![0xFFFFu16; 1000], Vec::new());
+        let mut placed: Vec<([u8; 32], u8, (u64, u64))> = Vec::new();
+        let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
+            if let Some(p) = placed.iter().find(|p| p.0 == *hash && p.1 == level) {
+                return Ok(p.2);
+            }
+            // Other constants before this level's.
+            consts.extend_from_slice(&c.consts[..5]);
+            let at = (maps.len() as u64, consts.len() as u64);
+            maps.extend_from_slice(&c.maps);
+            consts.extend_from_slice(&c.consts);
+            placed.push((*hash, level, at));
+            Ok(at)
+        };
+        let cache = LevelCache::default();
+        let mut ch = plan.chain_placed(&cache, Some(&mut place)).unwrap();
+        assert!(ch.map.is_empty() && ch.consts.is_empty());
+        assert_eq!(placed.len(), 3);
+        (ch.map, ch.consts) = (maps, consts);
+        assert_eq!(plan.run_chain_host(&ch, &src, 0).unwrap(), want);
     }
 
     /// The launches read none of their large outputs before writing them: whatever those

@@ -37,6 +37,7 @@ pub use from_host::HostBuffer;
 use from_host::WordSource;
 pub use pieces::{PieceTimes, DEFAULT_PIECE_BLOCKS};
 use queued::QueuedChain;
+use resident::LevelViews;
 
 /// Every kernel file's CUBIN for one architecture.
 type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
@@ -960,8 +961,8 @@ impl Gpu {
         &self,
         plan: &EncodePlan<'_, '_>,
     ) -> Result<UploadedEncodePlan, CudaError> {
-        let ch = plan.chain_with(&self.levels)?;
-        let dev = self.upload_encode(&ch)?;
+        let (ch, levels) = self.resident_encode_chain(plan)?;
+        let dev = self.upload_encode(&ch, levels)?;
         Ok(UploadedEncodePlan {
             ch,
             dev,
@@ -1008,10 +1009,10 @@ impl Gpu {
         reps: usize,
     ) -> Result<EncodeTimes, CudaError> {
         let whole = best_time(reps, || self.encode(plan, src).map(drop))?;
-        let chain = best_time(reps, || plan.chain_with(&self.levels).map(drop))?;
-        let ch = plan.chain_with(&self.levels)?;
+        let chain = best_time(reps, || self.resident_encode_chain(plan).map(drop))?;
+        let ch = self.resident_encode_chain(plan)?.0;
         let upload = best_time(reps, || {
-            self.upload_encode(&ch)?;
+            self.upload_encode(&ch, self.resident_views(&self.stream)?)?;
             self.sync()
         })?;
         let mut up = self.upload_encode_plan(plan)?;
@@ -1092,16 +1093,20 @@ impl Gpu {
     }
 
     /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
-    /// written by the first launch); its large outputs (symbols to the chunks' rooms and the
-    /// sealed chunks, of which only these and their places are copied back) in the kept
-    /// scratch; its results and statuses zeroed.
-    fn upload_encode(&self, ch: &EncodeChain) -> Result<ffi::EncodeDev, CudaError> {
+    /// written by the first launch), its table maps and channel constants those of `levels`
+    /// (resident on the device, where `ch` placed them); its large outputs (symbols to the
+    /// blocks' places and the sealed chunks, of which only these and their places are copied
+    /// back) in the kept scratch; its results and statuses zeroed.
+    fn upload_encode(
+        &self,
+        ch: &EncodeChain,
+        (map, consts): LevelViews,
+    ) -> Result<ffi::EncodeDev, CudaError> {
         let s = &self.stream;
         let n = ch.blocks.len();
         let mut p = ffi::Packer::default();
-        let (qref, tau, consts) = (p.add(&ch.qref), p.add(&ch.tau), p.add(&ch.consts));
-        let rot = p.add(&ch.rot);
-        let (map, table_list, radius) = (p.add(&ch.map), p.add(&ch.table_list), p.add(&ch.radius));
+        let (qref, tau, rot) = (p.add(&ch.qref), p.add(&ch.tau), p.add(&ch.rot));
+        let (table_list, radius) = (p.add(&ch.table_list), p.add(&ch.radius));
         let (blocks, chunks) = (p.add(&ch.blocks), p.add(&ch.chunks));
         // Last: its exponent slots, written by the first launch, are allocated, not copied.
         let tables = p.add_with_room(&[&ch.tables[..]], ch.blocks.len() * 256);
@@ -1121,8 +1126,8 @@ impl Gpu {
             qref: DevBuf::view(b, qref)?,
             tau: DevBuf::view(b, tau)?,
             rot: DevBuf::view(b, rot)?,
-            consts: DevBuf::view(b, consts)?,
-            map: DevBuf::view(b, map)?,
+            consts,
+            map,
             radius: DevBuf::view(b, radius)?,
             blocks: DevBuf::view(b, blocks)?,
             chunks: DevBuf::view(b, chunks)?,

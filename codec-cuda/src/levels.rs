@@ -109,6 +109,40 @@ pub(crate) fn time_builds<T>(
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// For benches: the seconds `reps` builds by `build` take, each level's constants kept from
+/// the first build and placed by the placer `build` is given (each level at its own made-up
+/// place, as a `Gpu` keeps them resident on its device after its first call).
+pub(crate) fn time_placed_builds<T>(
+    reps: usize,
+    mut build: impl FnMut(&LevelCache, Placer<'_>) -> Result<T, CudaError>,
+) -> Result<f64, CudaError> {
+    let cache = LevelCache::default();
+    let mut placed: Vec<([u8; 32], u8)> = Vec::new();
+    let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
+        let at = match placed.iter().position(|p| *p == (*hash, level)) {
+            Some(at) => at,
+            None => {
+                placed.push((*hash, level));
+                placed.len() - 1
+            }
+        };
+        Ok(((at * c.maps.len()) as u64, (at * c.consts.len()) as u64))
+    };
+    drop(build(&cache, &mut place)?);
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        drop(build(&cache, &mut place)?);
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Where a chain's level constants (table maps and channel constants) go: given the profile's
+/// SHA-256, the level and its constants, where the level's map and constants start in the
+/// arrays the chain's launches will read (a `Gpu` keeps them resident on its device). Decode
+/// and encode chains take one.
+pub(crate) type Placer<'a> =
+    &'a mut dyn FnMut(&[u8; 32], u8, &Arc<LevelConsts>) -> Result<(u64, u64), CudaError>;
+
 /// A kept entry: the profile's hash, the level, its constants.
 type Kept = ([u8; 32], u8, Arc<LevelConsts>);
 

@@ -1,7 +1,7 @@
 //! Level constants resident on a device: every (profile, level)'s table maps and channel
 //! constants (1.3 MB for the 30-layer fixture's) uploaded once per [`Gpu`] and read by every
-//! later chain there, instead of copied into each chain on the host and packed into each
-//! upload.
+//! later decode or encode chain there, instead of copied into each chain on the host and
+//! packed into each upload.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -10,9 +10,10 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::Gpu;
 use crate::decode::{Chain, DecodePlan};
+use crate::encode_plan::{EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, PackSlot};
-use crate::levels::LevelConsts;
+use crate::levels::{LevelConsts, Placer};
 use crate::quant::ChannelConsts;
 
 /// Bytes of resident level constants a `Gpu` keeps at most: past it, the next chain starts
@@ -105,13 +106,43 @@ impl Gpu {
         chunks: Range<usize>,
         s: &Arc<CudaStream>,
     ) -> Result<(Chain<'p>, LevelViews), CudaError> {
+        self.with_resident(s, |place| {
+            plan.chain_placed(&self.levels, chunks, Some(place))
+        })
+    }
+
+    /// `plan`'s encode chain, its level constants resident on this device (placed on this
+    /// `Gpu`'s stream), and the views of them its launches read.
+    pub(super) fn resident_encode_chain(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+    ) -> Result<(EncodeChain, LevelViews), CudaError> {
+        self.with_resident(&self.stream, |place| {
+            plan.chain_placed(&self.levels, Some(place))
+        })
+    }
+
+    /// The views of this `Gpu`'s resident arrays as they stand (for benches: a chain built
+    /// before placed its levels there).
+    pub(super) fn resident_views(&self, s: &Arc<CudaStream>) -> Result<LevelViews, CudaError> {
+        let resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        resident.views(s)
+    }
+
+    /// What `build` builds with the levels it meets placed in this `Gpu`'s resident arrays
+    /// (on `s`), and the views of those arrays.
+    fn with_resident<T>(
+        &self,
+        s: &Arc<CudaStream>,
+        build: impl FnOnce(Placer<'_>) -> Result<T, CudaError>,
+    ) -> Result<(T, LevelViews), CudaError> {
         let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         resident.trim();
         let mut place = |hash: &[u8; 32], level: u8, consts: &Arc<LevelConsts>| {
             resident.place(s, (hash, level), consts)
         };
-        let chain = plan.chain_placed(&self.levels, chunks, Some(&mut place))?;
+        let built = build(&mut place)?;
         let views = resident.views(s)?;
-        Ok((chain, views))
+        Ok((built, views))
     }
 }
