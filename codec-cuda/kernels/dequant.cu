@@ -176,6 +176,10 @@ __device__ __forceinline__ kvc_u64 kvc_row_start(const KvcDequantArgs& a, const 
     return b.out_start + (page * a.page_size + t % a.page_size) * c;
 }
 
+// Rows a channel's walk loads at once: their loads go out together, then their arithmetic runs
+// (the walk would otherwise wait on every row's load in turn).
+#define KVC_DEQUANT_AHEAD 4u
+
 // Channel `ch` of every row of a checked block (§7.2), narrowed to the output dtype (§7.3).
 template <kvc_u32 Dtype>
 __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
@@ -184,25 +188,39 @@ __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
     const KvcChannelConsts k = a.consts[b.consts_start + ch];
     const kvc_u64 head = ch / a.head_dim;
     float anchor = 0.0f;
-    for (kvc_u32 r = 0; r < b.rows; r++) {
-        float x;
-        if (r < b.sink_rows) {
-            x = a.sink[b.sink_start + r * c + ch];
-        } else {
-            const kvc_u64 i = r - b.sink_rows;
-            const float q = (float)a.q[b.q_start + i * c + ch];  // |q| <= 2^24: exact
-            const float m = b.has_exps ? kvc_exp_mult(a.exps[b.exp_start + i * a.heads + head])
-                                       : 1.0f;
-            if (r % b.group == 0) {
-                x = __fadd_rn(k.mean, __fmul_rn(q, __fmul_rn(k.anchor_step, m)));
-            } else {
-                const float pred =
-                    __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
-                x = __fadd_rn(pred, __fmul_rn(q, __fmul_rn(k.delta_step, m)));
+    for (kvc_u32 r0 = 0; r0 < b.rows; r0 += KVC_DEQUANT_AHEAD) {
+        // A sink row's stored value, or a coded row's symbol value and step exponent.
+        float v[KVC_DEQUANT_AHEAD];
+        kvc_u32 e[KVC_DEQUANT_AHEAD];
+        for (kvc_u32 j = 0; j < KVC_DEQUANT_AHEAD; j++) {
+            const kvc_u32 r = r0 + j;
+            v[j] = 0.0f;
+            e[j] = 0;
+            if (r >= b.rows) continue;
+            if (r < b.sink_rows) {
+                v[j] = a.sink[b.sink_start + r * c + ch];
+                continue;
             }
+            const kvc_u64 i = r - b.sink_rows;
+            v[j] = (float)a.q[b.q_start + i * c + ch];  // |q| <= 2^24: exact
+            if (b.has_exps) e[j] = a.exps[b.exp_start + i * a.heads + head];
         }
-        if (r % b.group == 0) anchor = x;
-        a.out[kvc_row_start(a, b, c, r) + ch] = kvc_narrow<Dtype>(x);
+        for (kvc_u32 j = 0; j < KVC_DEQUANT_AHEAD && r0 + j < b.rows; j++) {
+            const kvc_u32 r = r0 + j;
+            float x = v[j];
+            if (r >= b.sink_rows) {
+                const float m = b.has_exps ? kvc_exp_mult(e[j]) : 1.0f;
+                if (r % b.group == 0) {
+                    x = __fadd_rn(k.mean, __fmul_rn(v[j], __fmul_rn(k.anchor_step, m)));
+                } else {
+                    const float pred =
+                        __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
+                    x = __fadd_rn(pred, __fmul_rn(v[j], __fmul_rn(k.delta_step, m)));
+                }
+            }
+            if (r % b.group == 0) anchor = x;
+            a.out[kvc_row_start(a, b, c, r) + ch] = kvc_narrow<Dtype>(x);
+        }
     }
 }
 
@@ -244,7 +262,8 @@ __device__ __forceinline__ void kvc_dequant_rows(const KvcDequantArgs& a, unsign
     const kvc_u32 status = ((const KvcDequantShared*)shared)->status;
     if (threadIdx.x == 0) a.status[blockIdx.x] = status;
     if (status != KVC_DEQUANT_OK) return;
-    const KvcDequantBlock& b = a.blocks[blockIdx.x];
+    // A copy: the walks' stores to `out` would otherwise reload the record after every row.
+    const KvcDequantBlock b = a.blocks[blockIdx.x];
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
     for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) kvc_dequant_channel<Dtype>(a, b, ch);
 }

@@ -18,6 +18,9 @@
 #include "kvc_crc.cuh"
 #include "kvc_kernel.cuh"
 
+// A phase copies its block's record (`const Kvc...Block b = a.blocks[...]`) rather than
+// referring to it: a reference's fields are loaded again after every store the phase makes.
+
 // Largest symbol magnitude (codec_core::consts::MAX_SYMBOL).
 #define KVC_MAX_SYMBOL (1 << 24)
 
@@ -115,44 +118,54 @@ __device__ __forceinline__ bool kvc_quant_block_ok(const KvcQuantArgs& a, const 
     return x_ok && e_ok && q_ok && k_ok;
 }
 
+// Rows a channel's walk loads at once: their loads go out together, then their arithmetic runs
+// (the walk would otherwise wait on every row's loads in turn).
+#define KVC_QUANT_AHEAD 4u
+
 // Quantizes one channel down a block's rows (codec_core's closed loop, §7), keeping the
 // group's reconstructed anchor (as the decoder rebuilds it) in a register: `x(r)` is row r's
 // value (sink rows first, kept as they are), `mult(i)` non-sink row i's step multiplier, and
 // `out(i, v)` receives its symbol value. Every f32 operation is one rounded operation in
 // codec-core's order.
 template <class X, class M, class O>
-__device__ __forceinline__ void kvc_quantize_channel(const KvcQuantConsts& k, kvc_u32 rows,
+__device__ __forceinline__ void kvc_quantize_channel(const KvcQuantConsts k, kvc_u32 rows,
                                                      kvc_u32 sink_rows, kvc_u32 group, X x,
                                                      M mult, O out) {
     float anchor = 0.0f;
-    for (kvc_u32 r = 0; r < rows; r++) {
-        const float v = x(r);
-        float recon = v;
-        if (r >= sink_rows) {
-            const kvc_u32 i = r - sink_rows;
-            const float m = mult(i);
-            kvc_i32 s;
-            if (r % group == 0) {
-                const float step = __fmul_rn(k.anchor_step, m);
-                s = kvc_quantize_one(__fsub_rn(v, k.mean), step);
-                recon = __fadd_rn(k.mean, __fmul_rn((float)s, step));
-            } else {
-                const float step = __fmul_rn(k.delta_step, m);
-                const float pred =
-                    __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
-                s = kvc_quantize_one(__fsub_rn(v, pred), step);
-                recon = __fadd_rn(pred, __fmul_rn((float)s, step));
-            }
-            out(i, s);
+    for (kvc_u32 r0 = 0; r0 < rows; r0 += KVC_QUANT_AHEAD) {
+        float v[KVC_QUANT_AHEAD], m[KVC_QUANT_AHEAD];
+        for (kvc_u32 j = 0; j < KVC_QUANT_AHEAD; j++) {
+            const kvc_u32 r = r0 + j;
+            v[j] = r < rows ? x(r) : 0.0f;
+            m[j] = r < rows && r >= sink_rows ? mult(r - sink_rows) : 1.0f;
         }
-        if (r % group == 0) anchor = recon;
+        for (kvc_u32 j = 0; j < KVC_QUANT_AHEAD && r0 + j < rows; j++) {
+            const kvc_u32 r = r0 + j;
+            float recon = v[j];
+            if (r >= sink_rows) {
+                kvc_i32 s;
+                if (r % group == 0) {
+                    const float step = __fmul_rn(k.anchor_step, m[j]);
+                    s = kvc_quantize_one(__fsub_rn(v[j], k.mean), step);
+                    recon = __fadd_rn(k.mean, __fmul_rn((float)s, step));
+                } else {
+                    const float step = __fmul_rn(k.delta_step, m[j]);
+                    const float pred =
+                        __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
+                    s = kvc_quantize_one(__fsub_rn(v[j], pred), step);
+                    recon = __fadd_rn(pred, __fmul_rn((float)s, step));
+                }
+                out(r - sink_rows, s);
+            }
+            if (r % group == 0) anchor = recon;
+        }
     }
 }
 
 // The only phase: check the block, then each thread quantizes its channels.
 __device__ __forceinline__ void kvc_quantize_rows(const KvcQuantArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_blocks) return;
-    const KvcQuantBlock& b = a.blocks[blockIdx.x];
+    const KvcQuantBlock b = a.blocks[blockIdx.x];
     const bool ok = kvc_quant_block_ok(a, b);
     if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_ENCODE_OK : KVC_ENCODE_BAD_RANGE;
     if (!ok) return;
@@ -240,7 +253,7 @@ struct KvcLaneSymbol {
 // none of them: the state's arithmetic alone is serial.
 __device__ __forceinline__ void kvc_lane_encode(const KvcLaneEncodeArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x >= KVC_LANES) return;
-    const KvcLaneEncodeBlock& b = a.blocks[blockIdx.x];
+    const KvcLaneEncodeBlock b = a.blocks[blockIdx.x];
     const kvc_u64 at = (kvc_u64)blockIdx.x * KVC_LANES + threadIdx.x;
     a.lane_len[at] = 0;
     if (!kvc_enc_block_ok(a, b)) {
@@ -527,7 +540,7 @@ __device__ __forceinline__ void kvc_enc_check(const KvcEncodeArgs& a, unsigned c
     KvcEncShared* s = (KvcEncShared*)shared;
     for (kvc_u32 i = threadIdx.x; i < KVC_ENC_TILES; i += blockDim.x) s->tile[i] = 0;
     if (threadIdx.x < 16) s->hist[threadIdx.x] = 0;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     for (kvc_u32 k = threadIdx.x; k < KVC_ENC_LIST; k += blockDim.x) {
         kvc_u32 r = 0xFF;
         if (k > 0 && k < b.table_count && (kvc_u64)b.table_start + k < a.n_table_list) {
@@ -577,7 +590,7 @@ __device__ __forceinline__ double kvc_enc_key(const KvcEncodeArgs& a, const KvcE
 __device__ __forceinline__ void kvc_enc_exponents(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcEncShared* s = (KvcEncShared*)shared;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     if (s->status != KVC_ENCODE_OK || !b.importance) return;
     const kvc_u32 c = a.heads * a.head_dim, n = (b.rows - b.sink_rows) * a.heads;
     for (kvc_u32 p = threadIdx.x; p < n; p += blockDim.x) {
@@ -651,7 +664,7 @@ __device__ __forceinline__ void kvc_enc_exp_table(const KvcEncodeArgs& a, unsign
     s->n_e = 0;
     s->n_exp = 0;
     if (s->status != KVC_ENCODE_OK) return;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     kvc_u32 n_exp = 0;
     for (kvc_u32 e = 0; e < 16; e++)
         if (s->hist[e] != 0) n_exp = e + 1;
@@ -673,7 +686,7 @@ __device__ __forceinline__ void kvc_enc_quantize(const KvcEncodeArgs& a, unsigne
     if (blockIdx.x >= a.n_blocks) return;
     const KvcEncShared* s = (const KvcEncShared*)shared;
     if (s->status != KVC_ENCODE_OK) return;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     const kvc_u32 c = a.heads * a.head_dim;
     const kvc_u8* exps = a.symbols + b.sym_start;
     for (kvc_u32 ch = threadIdx.x; ch < c; ch += blockDim.x) {
@@ -721,7 +734,7 @@ __device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned cha
     if (blockIdx.x >= a.n_blocks) return;
     KvcEncShared* s = (KvcEncShared*)shared;
     if (s->status != KVC_ENCODE_OK) return;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
     for (kvc_u32 p = threadIdx.x; p < n_e; p += blockDim.x) a.symbol_table[b.sym_start + p] = 0;
     for (kvc_u32 g = threadIdx.x; g < n_sym; g += blockDim.x) {
@@ -752,7 +765,7 @@ __device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned
         s->status = KVC_ENCODE_BAD_SYMBOL;
         return;
     }
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     const kvc_u64 n_sym = (kvc_u64)(b.rows - b.sink_rows) * a.heads * a.head_dim;
     const kvc_u32 tiles = (kvc_u32)((n_sym + (1ull << s->tile_shift) - 1) >> s->tile_shift);
     kvc_u32 at = 0;
@@ -772,7 +785,7 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
     if (blockIdx.x >= a.n_blocks) return;
     const KvcEncShared* s = (const KvcEncShared*)shared;
     if (s->status != KVC_ENCODE_OK) return;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
     const kvc_u8* idx = a.symbols + b.sym_start + n_e;
     const kvc_u16* li = a.symbol_table + b.sym_start + n_e;
@@ -799,7 +812,7 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
 __device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     const KvcEncShared* s = (const KvcEncShared*)shared;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     KvcEncResult r;
     r.status = s->status;
     r.n_e = s->n_e;
@@ -1144,7 +1157,7 @@ __device__ __forceinline__ void kvc_wb_bytes(const KvcWriteArgs& a, unsigned cha
     if (blockIdx.x >= a.n_blocks) return;
     const KvcBlockShared* s = (const KvcBlockShared*)shared;
     if (s->status != KVC_ENCODE_OK) return;
-    const KvcEncBlock& b = a.blocks[blockIdx.x];
+    const KvcEncBlock b = a.blocks[blockIdx.x];
     kvc_u8* o = a.sealed + s->at;
     for (kvc_u64 j = threadIdx.x; j < s->head; j += blockDim.x) o[j] = kvc_head_byte(a, b, s, j);
     o += s->head;
