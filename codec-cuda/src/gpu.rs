@@ -974,9 +974,8 @@ impl Gpu {
     /// five launches (blocks, lanes, blocks placed, blocks written packed with their CRC
     /// shares, chunks sealed) with no host step between them, then the chunks' places and
     /// their bytes copied back (two copies, the second through pinned memory kept for the
-    /// next call). `up` is
-    /// borrowed mutably: its statuses hold one encode at a time; encodes and decodes of one
-    /// `Gpu` run one at a time (they share its scratch).
+    /// next call). `up` is borrowed mutably: its statuses hold one encode at a time; encodes
+    /// and decodes of one `Gpu` run one at a time (they share its scratch).
     pub fn encode_uploaded<T>(
         &self,
         up: &mut UploadedEncodePlan,
