@@ -1161,6 +1161,7 @@ mod tests {
     use codec_core::{LearnParams, ProfileMode, Sample, Stream, Tensor};
 
     use super::*;
+    use crate::levels::PlacedElsewhere;
 
     /// An empty plan for `streams` (of one shape), each into dense f16 tensors of its own, and
     /// their destinations.
@@ -1266,27 +1267,15 @@ mod tests {
         let sb = Stream::open(&b, None, &Limits::DEFAULT).unwrap();
         let plan = plan_of(&[&sa, &sb, &sa]);
         let want = plan.decode_chain_host().unwrap();
-        let (mut maps, mut consts) = (vec![0xFFFFu16; 1000], Vec::new());
-        let mut placed: Vec<([u8; 32], u8, (u64, u64))> = Vec::new();
-        let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
-            if let Some(p) = placed.iter().find(|p| p.0 == *hash && p.1 == level) {
-                return Ok(p.2);
-            }
-            // Other constants before this level's.
-            consts.extend_from_slice(&c.consts[..5]);
-            let at = (maps.len() as u64, consts.len() as u64);
-            maps.extend_from_slice(&c.maps);
-            consts.extend_from_slice(&c.consts);
-            placed.push((*hash, level, at));
-            Ok(at)
-        };
+        let mut elsewhere = PlacedElsewhere::new();
+        let mut place = |h: &[u8; 32], l: u8, c: &Arc<LevelConsts>| elsewhere.place(h, l, c);
         let all = 0..plan.chunks();
         let cache = LevelCache::default();
         let mut ch = plan.chain_placed(&cache, all, Some(&mut place)).unwrap();
         assert!(ch.map.is_empty() && ch.dequant.io(&mut [], &mut []).consts.is_empty());
-        assert!(!placed.is_empty());
-        ch.map = maps;
-        assert_eq!(ch.dequant.add_consts(&consts), 0);
+        assert!(elsewhere.levels() > 0);
+        ch.map = elsewhere.maps;
+        assert_eq!(ch.dequant.add_consts(&elsewhere.consts), 0);
         let mut out = vec![0u16; plan.output().len];
         plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
         assert!(out == want);

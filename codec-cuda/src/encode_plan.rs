@@ -786,6 +786,7 @@ mod tests {
     //! Malformed launch records: the kernels (run on the host) give defined statuses and touch
     //! nothing outside their buffers, whatever a block's, a chunk's or a result's fields hold.
     use super::*;
+    use crate::levels::PlacedElsewhere;
     use codec_core::{learn_profile, KvCache, KvMeta, KvShape, LearnParams, Queries, Rope};
     use codec_core::{Sample, Tensor};
     use proptest::prelude::*;
@@ -1180,25 +1181,13 @@ mod tests {
             plan.add_chunk(tokens, level).unwrap();
         }
         let want = plan.encode_host(&src).unwrap();
-        let (mut maps, mut consts) = (vec![0xFFFFu16; 1000], Vec::new());
-        let mut placed: Vec<([u8; 32], u8, (u64, u64))> = Vec::new();
-        let mut place = |hash: &[u8; 32], level: u8, c: &Arc<LevelConsts>| {
-            if let Some(p) = placed.iter().find(|p| p.0 == *hash && p.1 == level) {
-                return Ok(p.2);
-            }
-            // Other constants before this level's.
-            consts.extend_from_slice(&c.consts[..5]);
-            let at = (maps.len() as u64, consts.len() as u64);
-            maps.extend_from_slice(&c.maps);
-            consts.extend_from_slice(&c.consts);
-            placed.push((*hash, level, at));
-            Ok(at)
-        };
+        let mut elsewhere = PlacedElsewhere::new();
+        let mut place = |h: &[u8; 32], l: u8, c: &Arc<LevelConsts>| elsewhere.place(h, l, c);
         let cache = LevelCache::default();
         let mut ch = plan.chain_placed(&cache, Some(&mut place)).unwrap();
         assert!(ch.map.is_empty() && ch.consts.is_empty());
-        assert_eq!(placed.len(), 3);
-        (ch.map, ch.consts) = (maps, consts);
+        assert_eq!(elsewhere.levels(), 3);
+        (ch.map, ch.consts) = (elsewhere.maps, elsewhere.consts);
         assert_eq!(plan.run_chain_host(&ch, &src, 0).unwrap(), want);
     }
 

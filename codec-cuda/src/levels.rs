@@ -143,6 +143,51 @@ pub(crate) fn time_placed_builds<T>(
 pub(crate) type Placer<'a> =
     &'a mut dyn FnMut(&[u8; 32], u8, &Arc<LevelConsts>) -> Result<(u64, u64), CudaError>;
 
+/// For tests: a placer that lays each level's table maps and channel constants out after other
+/// bytes, in arrays of its own (as a `Gpu` keeps them resident among other levels').
+#[cfg(test)]
+pub(crate) struct PlacedElsewhere {
+    pub maps: Vec<u16>,
+    pub consts: Vec<ChannelConsts>,
+    /// Per level placed: the profile's hash, the level, where its map and constants start.
+    placed: Vec<([u8; 32], u8, (u64, u64))>,
+}
+
+#[cfg(test)]
+impl PlacedElsewhere {
+    pub fn new() -> Self {
+        PlacedElsewhere {
+            maps: vec![0xFFFF; 1000],
+            consts: Vec::new(),
+            placed: Vec::new(),
+        }
+    }
+
+    /// A [`Placer`]'s answer: the level's starts, its arrays appended the first time.
+    pub fn place(
+        &mut self,
+        hash: &[u8; 32],
+        level: u8,
+        c: &Arc<LevelConsts>,
+    ) -> Result<(u64, u64), CudaError> {
+        if let Some(p) = self.placed.iter().find(|p| p.0 == *hash && p.1 == level) {
+            return Ok(p.2);
+        }
+        // Other constants before this level's.
+        self.consts.extend_from_slice(&c.consts[..5]);
+        let at = (self.maps.len() as u64, self.consts.len() as u64);
+        self.maps.extend_from_slice(&c.maps);
+        self.consts.extend_from_slice(&c.consts);
+        self.placed.push((*hash, level, at));
+        Ok(at)
+    }
+
+    /// Levels placed.
+    pub fn levels(&self) -> usize {
+        self.placed.len()
+    }
+}
+
 /// A kept entry: the profile's hash, the level, its constants.
 type Kept = ([u8; 32], u8, Arc<LevelConsts>);
 
