@@ -267,6 +267,8 @@ struct KvcValueShared {
     kvc_u32 bad_escape;
     // Per tile: escapes in it, then the rank of its first escape.
     kvc_u32 tile[KVC_VALUE_TILES];
+    // Per thread: its share of the tiles' escapes, then their first rank (kvc_scan_part).
+    kvc_u32 part[KVC_SCAN_THREADS];
     // Per entry of the block's table list (if it has at most KVC_VALUE_LIST): its table's
     // radius.
     kvc_u8 radius[KVC_VALUE_LIST];
@@ -354,7 +356,23 @@ __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigne
     if (bad) s->bad_range = 1;
 }
 
-// Phase 4 (thread 0): each tile's first escape rank; every escape used exactly once (B7, B9).
+// The block's tiles (a block kvc_values_check sized).
+__device__ __forceinline__ kvc_u32 kvc_value_tiles(const KvcValueBlock& b, kvc_u32 shift) {
+    const kvc_u64 all = ((kvc_u64)b.n_sym + (1ull << shift) - 1) >> shift;
+    return all < KVC_VALUE_TILES ? (kvc_u32)all : KVC_VALUE_TILES;
+}
+
+// Phase 4: each thread's share of the tiles' escapes (kvc_scan_part).
+__device__ __forceinline__ void kvc_values_rank_parts(const KvcValueArgs& a,
+                                                      unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status != KVC_CHAIN_OK || s->bad_range) return;
+    const KvcValueBlock b = a.blocks[blockIdx.x];
+    kvc_scan_part(s->tile, kvc_value_tiles(b, s->tile_shift), s->part);
+}
+
+// Phase 5 (thread 0): the shares' first ranks; every escape used exactly once (B7, B9).
 __device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     KvcValueShared* s = (KvcValueShared*)shared;
@@ -363,18 +381,22 @@ __device__ __forceinline__ void kvc_values_offsets(const KvcValueArgs& a, unsign
         s->status = KVC_CHAIN_BAD_RANGE;
         return;
     }
-    const KvcValueBlock& b = a.blocks[blockIdx.x];
-    const kvc_u32 tiles = (kvc_u32)(((kvc_u64)b.n_sym + (1ull << s->tile_shift) - 1) >> s->tile_shift);
-    kvc_u32 at = 0;
-    for (kvc_u32 t = 0; t < tiles && t < KVC_VALUE_TILES; t++) {
-        const kvc_u32 n = s->tile[t];
-        s->tile[t] = at;
-        at += n;
+    if (kvc_scan_starts(s->part) != a.blocks[blockIdx.x].n_escapes) {
+        s->status = KVC_CHAIN_BAD_ESCAPES;
     }
-    if (at != b.n_escapes) s->status = KVC_CHAIN_BAD_ESCAPES;
 }
 
-// Phase 5: each escape's value, the threads striding over the tiles: a tile holding escapes
+// Phase 6: each tile's first escape rank.
+__device__ __forceinline__ void kvc_values_rank_write(const KvcValueArgs& a,
+                                                      unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcValueShared* s = (KvcValueShared*)shared;
+    if (s->status != KVC_CHAIN_OK) return;
+    const KvcValueBlock b = a.blocks[blockIdx.x];
+    kvc_scan_write(s->tile, kvc_value_tiles(b, s->tile_shift), s->part);
+}
+
+// Phase 7: each escape's value, the threads striding over the tiles: a tile holding escapes
 // (its first rank below the next tile's) is scanned in order by one thread, which gives its
 // escapes their ranks one after another. Tiles without escapes, most of them, are not read again.
 __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
@@ -383,11 +405,9 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
     const KvcValueBlock b = a.blocks[blockIdx.x];
-    const kvc_u32 shift = s->tile_shift;
-    const kvc_u64 all = ((kvc_u64)b.n_sym + (1ull << shift) - 1) >> shift;
-    const kvc_u32 tiles = all < KVC_VALUE_TILES ? (kvc_u32)all : KVC_VALUE_TILES;
+    const kvc_u32 shift = s->tile_shift, tiles = kvc_value_tiles(b, shift);
     for (kvc_u32 tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
-        // Phase 3 checked that the ranks add up to n_escapes: rank < end <= n_escapes.
+        // Phase 5 checked that the ranks add up to n_escapes: rank < end <= n_escapes.
         kvc_u32 rank = s->tile[tile];
         const kvc_u32 end = tile + 1 < tiles ? s->tile[tile + 1] : b.n_escapes;
         const kvc_u64 last = (kvc_u64)(tile + 1) << shift;
@@ -403,7 +423,7 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
     }
 }
 
-// Phase 6 (thread 0): the block's status.
+// Phase 8 (thread 0): the block's status.
 __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     const KvcValueShared* s = (const KvcValueShared*)shared;
@@ -414,7 +434,7 @@ __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigne
 
 // Dynamic shared memory: sizeof(KvcValueShared).
 KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage, kvc_values_direct,
-           kvc_values_offsets,
+           kvc_values_rank_parts, kvc_values_offsets, kvc_values_rank_write,
            kvc_values_escapes_phase, kvc_values_status)
 
 #ifdef KVC_HOST

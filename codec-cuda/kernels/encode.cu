@@ -460,6 +460,8 @@ struct KvcEncShared {
     kvc_u32 hist[16];
     kvc_u16 freqs[16];
     kvc_u32 tile[KVC_ENC_TILES];
+    // Per thread: its share of the tiles' escapes, then their first rank (kvc_scan_part).
+    kvc_u32 part[KVC_SCAN_THREADS];
     // Per list index below KVC_ENC_LIST: its table's radius (0xFF if outside the list).
     kvc_u8 radius[KVC_ENC_LIST];
 };
@@ -756,7 +758,24 @@ __device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned cha
     }
 }
 
-// Phase 6 (thread 0): each tile's first escape rank.
+// The block's tiles (a block kvc_enc_check sized).
+__device__ __forceinline__ kvc_u32 kvc_enc_tiles(const KvcEncodeArgs& a, const KvcEncBlock& b,
+                                                 kvc_u32 shift) {
+    const kvc_u64 n_sym = (kvc_u64)(b.rows - b.sink_rows) * a.heads * a.head_dim;
+    const kvc_u64 all = (n_sym + (1ull << shift) - 1) >> shift;
+    return all < KVC_ENC_TILES ? (kvc_u32)all : KVC_ENC_TILES;
+}
+
+// Phase 6: each thread's share of the tiles' escapes (kvc_scan_part).
+__device__ __forceinline__ void kvc_enc_rank_parts(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    if (s->status != KVC_ENCODE_OK || s->bad) return;
+    const KvcEncBlock b = a.blocks[blockIdx.x];
+    kvc_scan_part(s->tile, kvc_enc_tiles(a, b, s->tile_shift), s->part);
+}
+
+// Phase 7 (thread 0): the shares' first ranks, the block's escapes.
 __device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     KvcEncShared* s = (KvcEncShared*)shared;
@@ -765,19 +784,19 @@ __device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned
         s->status = KVC_ENCODE_BAD_SYMBOL;
         return;
     }
-    const KvcEncBlock b = a.blocks[blockIdx.x];
-    const kvc_u64 n_sym = (kvc_u64)(b.rows - b.sink_rows) * a.heads * a.head_dim;
-    const kvc_u32 tiles = (kvc_u32)((n_sym + (1ull << s->tile_shift) - 1) >> s->tile_shift);
-    kvc_u32 at = 0;
-    for (kvc_u32 t = 0; t < tiles && t < KVC_ENC_TILES; t++) {
-        const kvc_u32 n = s->tile[t];
-        s->tile[t] = at;
-        at += n;
-    }
-    s->n_escapes = at;
+    s->n_escapes = kvc_scan_starts(s->part);
 }
 
-// Phase 7: each escape's value at its rank, the threads striding over the tiles: a tile holding
+// Phase 8: each tile's first escape rank.
+__device__ __forceinline__ void kvc_enc_rank_write(const KvcEncodeArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_blocks) return;
+    KvcEncShared* s = (KvcEncShared*)shared;
+    if (s->status != KVC_ENCODE_OK) return;
+    const KvcEncBlock b = a.blocks[blockIdx.x];
+    kvc_scan_write(s->tile, kvc_enc_tiles(a, b, s->tile_shift), s->part);
+}
+
+// Phase 9: each escape's value at its rank, the threads striding over the tiles: a tile holding
 // escapes (its first rank below the next tile's) is scanned in order by one thread, which ranks
 // its escapes one after another; tiles without escapes are not read again.
 __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
@@ -789,9 +808,7 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
     const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
     const kvc_u8* idx = a.symbols + b.sym_start + n_e;
     const kvc_u16* li = a.symbol_table + b.sym_start + n_e;
-    const kvc_u32 shift = s->tile_shift;
-    const kvc_u64 all = ((kvc_u64)n_sym + (1ull << shift) - 1) >> shift;
-    const kvc_u32 tiles = all < KVC_ENC_TILES ? (kvc_u32)all : KVC_ENC_TILES;
+    const kvc_u32 shift = s->tile_shift, tiles = kvc_enc_tiles(a, b, shift);
     for (kvc_u32 tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
         kvc_u32 rank = s->tile[tile];
         const kvc_u32 end = tile + 1 < tiles ? s->tile[tile + 1] : s->n_escapes;
@@ -807,7 +824,7 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
     }
 }
 
-// Phase 8 (thread 0): the block's result and its lane-encode record (an empty record, which
+// Phase 10 (thread 0): the block's result and its lane-encode record (an empty record, which
 // the lane encoder reports as a bad range, for a failed block).
 __device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
@@ -833,7 +850,8 @@ __device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned 
 
 // Dynamic shared memory: sizeof(KvcEncShared).
 KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, kvc_enc_exp_table,
-           kvc_enc_quantize, kvc_enc_map, kvc_enc_offsets, kvc_enc_escape_values, kvc_enc_finish)
+           kvc_enc_quantize, kvc_enc_map, kvc_enc_rank_parts, kvc_enc_offsets, kvc_enc_rank_write,
+           kvc_enc_escape_values, kvc_enc_finish)
 
 // ----------------------------------------------------------------------------------------------
 // The chunks' bytes (spec/FORMAT.md §5.2), after the two launches above

@@ -80,3 +80,53 @@ __device__ __forceinline__ kvc_u32 kvc_warp_lane() { return threadIdx.x % KVC_LA
 __device__ __forceinline__ kvc_u64 kvc_warp_item() {
     return (kvc_u64)blockIdx.x * (blockDim.x / KVC_LANES) + kvc_warp();
 }
+
+// Counts in shared memory turned into exclusive running sums (an escape's tiles into each tile's
+// first escape rank) by a block's threads in three phases, instead of by one thread: each
+// thread sums its contiguous share of the counts (kvc_scan_part), thread 0 turns the shares'
+// sums into their first ranks (kvc_scan_starts), each thread rewrites its share
+// (kvc_scan_write). `part` holds KVC_SCAN_THREADS entries; sums stay below 2^32 (counts of
+// symbols of one block).
+#define KVC_SCAN_THREADS 256u
+
+__device__ __forceinline__ kvc_u32 kvc_scan_threads() {
+    return blockDim.x < KVC_SCAN_THREADS ? blockDim.x : KVC_SCAN_THREADS;
+}
+
+// This thread's share [*from, *end) of n counts.
+__device__ __forceinline__ void kvc_scan_share(kvc_u32 n, kvc_u32* from, kvc_u32* end) {
+    const kvc_u32 per = (n + kvc_scan_threads() - 1) / kvc_scan_threads();
+    const kvc_u64 f = (kvc_u64)threadIdx.x * per, e = f + per;
+    *from = f < n ? (kvc_u32)f : n;
+    *end = e < n ? (kvc_u32)e : n;
+}
+
+__device__ __forceinline__ void kvc_scan_part(const kvc_u32* counts, kvc_u32 n, kvc_u32* part) {
+    if (threadIdx.x >= kvc_scan_threads()) return;
+    kvc_u32 from, end, sum = 0;
+    kvc_scan_share(n, &from, &end);
+    for (kvc_u32 i = from; i < end; i++) sum += counts[i];
+    part[threadIdx.x] = sum;
+}
+
+// Thread 0, after kvc_scan_part's phase: each share's first rank into `part`; the total.
+__device__ __forceinline__ kvc_u32 kvc_scan_starts(kvc_u32* part) {
+    kvc_u32 at = 0;
+    for (kvc_u32 t = 0; t < kvc_scan_threads(); t++) {
+        const kvc_u32 n = part[t];
+        part[t] = at;
+        at += n;
+    }
+    return at;
+}
+
+__device__ __forceinline__ void kvc_scan_write(kvc_u32* counts, kvc_u32 n, const kvc_u32* part) {
+    if (threadIdx.x >= kvc_scan_threads()) return;
+    kvc_u32 from, end, at = part[threadIdx.x];
+    kvc_scan_share(n, &from, &end);
+    for (kvc_u32 i = from; i < end; i++) {
+        const kvc_u32 c = counts[i];
+        counts[i] = at;
+        at += c;
+    }
+}

@@ -134,8 +134,9 @@ struct ValueArgs<S: Space> {
     n_blocks: u64,
 }
 
-/// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + `KVC_VALUE_LIST`).
-pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096 + 4096;
+/// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + 4 * `KVC_SCAN_THREADS` +
+/// `KVC_VALUE_LIST`).
+pub(crate) const VALUE_SHARED_BYTES: u32 = 16 + 4 * 4096 + 4 * 256 + 4096;
 
 /// `KvcChunkCheck` (invariant 1): a chunk whose CRC (C1) is checked in the bytes a plan's
 /// streams were copied from.

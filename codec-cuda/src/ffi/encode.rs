@@ -239,8 +239,8 @@ struct EncodeArgs<S: Space> {
 }
 
 /// Bytes of `KvcEncShared` (6 counters, 16 counts, 16 frequencies, `KVC_ENC_TILES` tiles,
-/// `KVC_ENC_LIST` radii).
-pub(crate) const ENCODE_SHARED_BYTES: u32 = 6 * 4 + 16 * 4 + 16 * 2 + 4 * 4096 + 256;
+/// `KVC_SCAN_THREADS` shares, `KVC_ENC_LIST` radii).
+pub(crate) const ENCODE_SHARED_BYTES: u32 = 6 * 4 + 16 * 4 + 16 * 2 + 4 * 4096 + 4 * 256 + 256;
 
 /// The buffers of one encode-chain launch (`kvc_encode_blocks`).
 #[derive(Debug)]
