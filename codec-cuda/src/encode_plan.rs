@@ -1191,6 +1191,32 @@ mod tests {
         assert_eq!(plan.run_chain_host(&ch, &src, 0).unwrap(), want);
     }
 
+    /// Table lists longer than the radii `kvc_encode_blocks` keeps in shared memory (256
+    /// entries): each block's list given 256 more entries before its level's tables (the maps'
+    /// indices moved past them), the radii of the indices past 256 read from device memory: the
+    /// same chunks.
+    #[test]
+    fn long_table_lists_encode_the_same_chunks() {
+        let (cache, profile, src) = setup();
+        let ctx = context(&cache, &profile);
+        let mut plan = EncodePlan::new(&ctx, SOURCE).unwrap();
+        plan.add_chunk(0..12, 0).unwrap();
+        plan.add_chunk(3..9, 2).unwrap();
+        let want = plan.encode_host(&src).unwrap();
+        let mut ch = plan.chain().unwrap();
+        let old = std::mem::take(&mut ch.table_list);
+        for b in &mut ch.blocks {
+            let list = &old[b.table_start as usize..][..b.table_count as usize];
+            b.table_start = ch.table_list.len() as u32;
+            b.table_count += 256;
+            ch.table_list.push(list[0]);
+            ch.table_list.extend(std::iter::repeat_n(list[1], 256));
+            ch.table_list.extend_from_slice(&list[1..]);
+        }
+        ch.map.iter_mut().for_each(|i| *i += 256);
+        assert_eq!(plan.run_chain_host(&ch, &src, 0).unwrap(), want);
+    }
+
     /// The launches read none of their large outputs before writing them: whatever those
     /// buffers hold before the first launch (a `Gpu` keeps them from call to call, unzeroed),
     /// the chunks are codec-core's, byte for byte.
