@@ -7,15 +7,15 @@
 //! table maps and channel constants of the stream's (profile, level) built in each, as in a
 //! `Gpu`'s first call, or kept, as in every later one, or kept with the maps and constants
 //! resident on the device, as `Gpu` decodes now keep them), in bytes of compressed input, at
-//! levels 0, 6 and 11; and the encode's chunks copied into vectors (what
-//! `Gpu::encode_uploaded_with` spares).
+//! levels 0, 6 and 11; and the encode's chunks copied into vectors on 1, 2 and 4 threads
+//! (`encode_plan::copy_chunks`, what `Gpu::encode_uploaded_with` spares).
 
 #[path = "support/mod.rs"]
 mod support;
 
 use std::time::Duration;
 
-use codec_cuda::encode_plan::Source;
+use codec_cuda::encode_plan::{copy_chunks, Source};
 use criterion::{Criterion, Throughput};
 
 fn main() {
@@ -86,7 +86,7 @@ fn main() {
     g.finish();
     // The last step of `Gpu::encode_uploaded` on the host, which `encode_uploaded_with`
     // spares: the sealed chunks (level 6, as the device bench encodes them) copied out of the
-    // readback buffer into a vector each.
+    // readback buffer into a vector each, on its upload threads.
     let mut g = c.benchmark_group("encode chunks copied into vectors, 8 copies of the fixture");
     let (one, _) = support::encode_plan(&ctx, source, 6, 1);
     let chunks = one.encode_host(&src).expect("host-run encode");
@@ -97,15 +97,13 @@ fn main() {
             Some(*at - c.len()..*at)
         })
         .collect();
+    let read: Vec<&[u8]> = places.iter().map(|p| &sealed[p.clone()]).collect();
     g.throughput(Throughput::Bytes(sealed.len() as u64));
-    g.bench_function("level 6", |b| {
-        b.iter(|| {
-            places
-                .iter()
-                .map(|p| sealed[p.clone()].to_vec())
-                .collect::<Vec<_>>()
-        })
-    });
+    for threads in [1, 2, 4] {
+        g.bench_function(format!("level 6, {threads} threads"), |b| {
+            b.iter(|| copy_chunks(&read, threads))
+        });
+    }
     g.finish();
     c.final_summary();
 }

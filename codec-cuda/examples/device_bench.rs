@@ -22,7 +22,8 @@
 //! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
 //! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
 //! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
-//! the fixture's queries), checked once against codec-core's chunks. PQ: one launch of
+//! the fixture's queries), checked once against codec-core's chunks, whole and in pieces of
+//! 960 to 120 coded blocks (`Gpu::set_encode_piece_blocks`). PQ: one launch of
 //! `copies * 576` queries over the fixture's layer-0 codes (causal), and a synthetic
 //! 32768-token head with 256 queries.
 //!
@@ -86,7 +87,7 @@ fn main() {
     bench_decode_scaling(&mut gpu, &d.kv, &profile, (rounds, copies));
 
     bench_encode_kernels(&gpu, &d, &profile, (rounds, copies));
-    bench_encode_chain(&gpu, &d, profile.levels() / 2, (rounds, copies));
+    bench_encode_chain(&mut gpu, &d, profile.levels() / 2, (rounds, copies));
     bench_pq(&mut gpu, &d, (rounds, copies));
 }
 
@@ -727,7 +728,12 @@ fn bench_decode_scaling(
 /// `copies` times its four 128-token chunks at `level` per plan; the whole `Gpu::encode` (inputs
 /// packed and uploaded, five launches, sealed chunks copied back), a plan uploaded once, and
 /// its launches alone.
-fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): (usize, usize)) {
+fn bench_encode_chain(
+    gpu: &mut Gpu,
+    d: &kvc_io::Dump,
+    level: u8,
+    (rounds, copies): (usize, usize),
+) {
     let profile = support::profile_with_queries(d);
     let ctx = support::encode_context(d, &profile);
     let (src, source) = Source::of_view(&d.kv.view());
@@ -768,5 +774,26 @@ fn bench_encode_chain(gpu: &Gpu, d: &kvc_io::Dump, level: u8, (rounds, copies): 
         t.upload * 1e3,
         t.copy_back * 1e3,
         t.read_back * 1e3,
+    );
+    let mut pieces = Vec::new();
+    for piece_blocks in [960, 480, 240, 120] {
+        gpu.set_encode_piece_blocks(piece_blocks);
+        let (t, got_pieces) = best_of(rounds, || gpu.encode(&plan, &dev_src).expect("pieces"));
+        assert!(
+            got_pieces == got,
+            "{piece_blocks} blocks a piece: not the whole encode's"
+        );
+        pieces.push(format!(
+            "{piece_blocks}: {:.3} ms = {:.2} GB/s",
+            t * 1e3,
+            in_bytes / t / 1e9
+        ));
+    }
+    gpu.set_encode_piece_blocks(codec_cuda::DEFAULT_ENCODE_PIECE_BLOCKS);
+    println!(
+        "encode chain level {level} in pieces (Gpu::set_encode_piece_blocks, of {} blocks), \
+         blocks a piece: {}",
+        plan.chunks() * 2 * d.kv.shape.layers as usize,
+        pieces.join(", ")
     );
 }

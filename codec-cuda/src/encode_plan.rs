@@ -240,6 +240,23 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         self.chunks.len()
     }
 
+    /// The plan's chunks cut into runs of about `piece_blocks` coded blocks each (0: one run
+    /// of them all), in order, none empty unless the plan is: the pieces a `Gpu` encodes one
+    /// after another, each piece's copy back beside the launches of the next.
+    pub(crate) fn pieces(&self, piece_blocks: usize) -> Vec<Range<usize>> {
+        let per_chunk = 2 * self.ctx.shape().layers as usize;
+        let n = self.chunks.len();
+        let total = n * per_chunk;
+        let pieces = match piece_blocks {
+            0 => 1,
+            b => ((total + b / 2) / b).clamp(1, n.max(1)),
+        };
+        // Every chunk has a block per layer and K/V: equal shares of chunks are of blocks.
+        (0..pieces)
+            .map(|p| p * n / pieces..(p + 1) * n / pieces)
+            .collect()
+    }
+
     /// Runs the chain on the kernels compiled for the host over `src` (the source buffer's
     /// bytes, little-endian elements): every chunk's bytes, blocks and CRC, as
     /// [`ChunkContext::encode_chunk`] returns them.
@@ -331,16 +348,31 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// [`chain`](Self::chain), each level's table maps and channel constants taken from
     /// `cache` (and kept there).
     pub(crate) fn chain_with(&self, cache: &LevelCache) -> Result<EncodeChain, CudaError> {
-        self.chain_placed(cache, None)
+        self.chain_of(cache, 0..self.chunks.len())
     }
 
-    /// [`chain_with`](Self::chain_with), each level's table maps and channel constants placed
-    /// by `place` instead of appended to the chain (its `map` and `consts` stay empty).
+    /// [`chain_with`](Self::chain_with) of the plan's chunks `chunks` alone (each chain's
+    /// chunks are sealed one after another from its own start: the pieces of
+    /// [`pieces`](Self::pieces) give the whole plan's chunks, in order).
+    pub(crate) fn chain_of(
+        &self,
+        cache: &LevelCache,
+        chunks: Range<usize>,
+    ) -> Result<EncodeChain, CudaError> {
+        self.chain_placed(cache, chunks, None)
+    }
+
+    /// [`chain_of`](Self::chain_of), each level's table maps and channel constants placed by
+    /// `place` instead of appended to the chain (its `map` and `consts` stay empty).
     pub(crate) fn chain_placed(
         &self,
         cache: &LevelCache,
+        chunks: Range<usize>,
         mut place: Option<Placer<'_>>,
     ) -> Result<EncodeChain, CudaError> {
+        let chunks = self.chunks.get(chunks).ok_or(CudaError::Input {
+            what: "chunks past the plan's",
+        })?;
         let ctx = self.ctx;
         let profile = ctx.profile();
         let shape = ctx.shape();
@@ -364,7 +396,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         }
         // Per level its tables' ids, its constants and where they start in the chain.
         let mut levels: HashMap<u8, ChainLevel> = HashMap::new();
-        for (tokens, level) in &self.chunks {
+        for (tokens, level) in chunks {
             let (first_block, room_start) = (ch.blocks.len(), ch.rooms);
             let chunk = u32::try_from(ch.chunks.len()).map_err(|_| CudaError::Input {
                 what: "over 2^32 chunks in a plan",
@@ -413,7 +445,10 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     /// `Gpu` keeps them on its device after its first call): the host's part of every later
     /// `Gpu::encode`.
     pub fn time_chain_resident(&self, reps: usize) -> Result<f64, CudaError> {
-        time_placed_builds(reps, |cache, place| self.chain_placed(cache, Some(place)))
+        let all = 0..self.chunks.len();
+        time_placed_builds(reps, |cache, place| {
+            self.chain_placed(cache, all.clone(), Some(place))
+        })
     }
 
     /// The importance policy's constants, if the context turns it on and it can change a step
@@ -779,6 +814,46 @@ pub(crate) fn split_sealed<'a>(
                 .ok_or(CudaError::Encode { chunk, what })
         })
         .collect()
+}
+
+/// Bytes below which [`copy_chunks`] copies on one thread.
+const PARALLEL_COPY_BYTES: usize = 1 << 20;
+
+/// `chunks` (e.g. what [`Gpu::encode_uploaded_with`](crate::Gpu::encode_uploaded_with) hands
+/// over in pinned memory), each copied into a vector of its own, on up to `threads` threads
+/// (0: the cores this process may use, at most
+/// [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS)), each a run of chunks of
+/// about equal bytes: what `Gpu::encode` returns.
+pub fn copy_chunks(chunks: &[&[u8]], threads: usize) -> Vec<Vec<u8>> {
+    let bytes: usize = chunks.iter().map(|c| c.len()).sum();
+    let threads = crate::host_threads(threads).clamp(1, chunks.len().max(1));
+    let copy = |run: &[&[u8]]| run.iter().map(|c| c.to_vec()).collect::<Vec<_>>();
+    if threads == 1 || bytes < PARALLEL_COPY_BYTES {
+        return copy(chunks);
+    }
+    // Run r ends with the chunk that takes the bytes copied to its share.
+    let mut runs = Vec::with_capacity(threads);
+    let (mut start, mut copied) = (0, 0);
+    for (i, c) in chunks.iter().enumerate() {
+        copied += c.len();
+        if copied * threads >= bytes * (runs.len() + 1) && runs.len() + 1 < threads {
+            runs.push(&chunks[start..i + 1]);
+            start = i + 1;
+        }
+    }
+    runs.push(&chunks[start..]);
+    std::thread::scope(|scope| {
+        let copies: Vec<_> = runs
+            .iter()
+            .map(|&run| scope.spawn(move || copy(run)))
+            .collect();
+        let joined = copies.into_iter().map(|h| h.join());
+        // A copy thread only allocates and copies: it does not panic but where the whole
+        // process would (allocation failure aborts), so its panic is passed on as it is.
+        joined
+            .flat_map(|r| r.unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -1169,6 +1244,62 @@ mod tests {
         assert_eq!(got[1], ctx.encode_chunk(&cache.view(), 5..12, 1).unwrap());
     }
 
+    /// Chunks copied into vectors on any thread count are the chunks, in order.
+    #[test]
+    fn chunks_copied_on_threads_are_the_chunks() {
+        let big: Vec<u8> = (0..3 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        let cuts = [0, 5, 5, 700_000, 1 << 20, 1_500_001, 3 << 20];
+        let chunks: Vec<&[u8]> = cuts.windows(2).map(|w| &big[w[0]..w[1]]).collect();
+        for threads in [1, 2, 3, 4, 6, 7, 64] {
+            let got = copy_chunks(&chunks, threads);
+            assert!(
+                got.iter().map(Vec::as_slice).eq(chunks.iter().copied()),
+                "{threads}"
+            );
+        }
+        assert!(copy_chunks(&[], 4).is_empty());
+        assert_eq!(copy_chunks(&[&[1, 2][..], &[]], 2), [vec![1, 2], vec![]]);
+    }
+
+    /// A plan cut into pieces of about so many blocks: runs of whole chunks, in order, of
+    /// about equal blocks, none empty; each piece's chain run on the host alone seals its
+    /// chunks as the whole plan's chain does, so the pieces' chunks in order are the plan's.
+    #[test]
+    fn pieces_encode_to_the_whole_plans_chunks() {
+        let (cache, profile, src) = setup();
+        let ctx = context(&cache, &profile);
+        let mut plan = EncodePlan::new(&ctx, SOURCE).unwrap();
+        for i in 0..6u32 {
+            plan.add_chunk(i..12 - i, (i % 3) as u8).unwrap();
+        }
+        let want = plan.encode_host(&src).unwrap();
+        // 6 chunks of 2 layers' K and V: 24 blocks.
+        for (piece_blocks, n) in [(0, 1), (24, 1), (100, 1), (12, 2), (8, 3), (5, 5), (1, 6)] {
+            let pieces = plan.pieces(piece_blocks);
+            assert_eq!(pieces.len(), n, "{piece_blocks} blocks a piece: {pieces:?}");
+            assert_eq!(pieces.first().map(|p| p.start), Some(0));
+            assert_eq!(pieces.last().map(|p| p.end), Some(plan.chunks()));
+            assert!(pieces.windows(2).all(|w| w[0].end == w[1].start));
+            let sizes: Vec<usize> = pieces.iter().map(ExactSizeIterator::len).collect();
+            assert!(
+                sizes.iter().all(|&s| s > 0 && s.abs_diff(sizes[0]) <= 1),
+                "{sizes:?}"
+            );
+            let mut got = Vec::new();
+            for p in pieces {
+                let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
+                got.extend(plan.run_chain_host(&ch, &src, 0xA5).unwrap());
+            }
+            assert!(got == want, "{piece_blocks} blocks a piece");
+        }
+        let past = plan.chain_of(&LevelCache::default(), 5..7);
+        assert!(matches!(past, Err(CudaError::Input { .. })));
+        let empty = EncodePlan::new(&ctx, SOURCE).unwrap();
+        for piece_blocks in [0, 8] {
+            assert_eq!(empty.pieces(piece_blocks), vec![0..0]);
+        }
+    }
+
     /// Level constants placed elsewhere (after other constants, as a `Gpu` keeps them resident
     /// on its device): the chain's blocks point at them, and the launches over those arrays
     /// write the chain's own chunks.
@@ -1184,7 +1315,9 @@ mod tests {
         let mut elsewhere = PlacedElsewhere::new();
         let mut place = |h: &[u8; 32], l: u8, c: &Arc<LevelConsts>| elsewhere.place(h, l, c);
         let cache = LevelCache::default();
-        let mut ch = plan.chain_placed(&cache, Some(&mut place)).unwrap();
+        let mut ch = plan
+            .chain_placed(&cache, 0..plan.chunks(), Some(&mut place))
+            .unwrap();
         assert!(ch.map.is_empty() && ch.consts.is_empty());
         assert_eq!(elsewhere.levels(), 3);
         (ch.map, ch.consts) = (elsewhere.maps, elsewhere.consts);

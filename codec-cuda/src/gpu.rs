@@ -10,14 +10,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::Ptx;
 
 use crate::decode::{check_chain, check_crcs_host, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
-use crate::encode_plan::{split_sealed, EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::experiment::Lane32Batch;
 use crate::ffi::{self, DevBuf, LaneWord, LANES};
@@ -28,16 +25,17 @@ use crate::pq::{PqBatch, PqSelected};
 use crate::quant::{statuses, DequantBatch, DequantStatus, OutDtype, OutLayout, Output};
 use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded, LaneShape};
 
+mod encode;
 mod from_host;
 mod pieces;
 mod queued;
 mod resident;
 
+pub use encode::{EncodeTimes, UploadedEncodePlan, DEFAULT_ENCODE_PIECE_BLOCKS};
 pub use from_host::HostBuffer;
 use from_host::WordSource;
 pub use pieces::{PieceTimes, DEFAULT_PIECE_BLOCKS};
 use queued::QueuedChain;
-use resident::LevelViews;
 
 /// Every kernel file's CUBIN for one architecture.
 type Cubins = Arc<Vec<(&'static str, Vec<u8>)>>;
@@ -90,21 +88,26 @@ pub struct Gpu {
     lane_shape: LaneShape,
     pq_shared_keys: u32,
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
-    /// short); a decode in pieces alternates between the two.
+    /// short); a decode or an encode in pieces alternates between the two.
     staging: Mutex<[Option<PinnedHostSlice<u8>>; 2]>,
-    /// Threads that write a packed upload (at least 1; see [`Gpu::set_upload_threads`]).
+    /// Threads that write a packed upload or copy encoded chunks into vectors (at least 1;
+    /// see [`Gpu::set_upload_threads`]).
     upload_threads: usize,
     /// Pinned host memory encoded chunks are copied back through, kept for the next.
     readback: Mutex<Option<PinnedHostSlice<u8>>>,
     /// The device scratch of the decode and encode chains (symbols, their tables, values,
     /// words, chunk bytes), kept for the next upload (grown when short): every chain writes
     /// all of it that it reads, and chains run one at a time (`chain_lock`) but for a decode
-    /// in pieces, whose pieces on its two compute streams alternate between the two.
+    /// or an encode in pieces, whose pieces on its two compute streams alternate between the
+    /// two.
     scratch: Mutex<[Option<Arc<CudaSlice<u8>>>; 2]>,
-    /// The decode in pieces' copy stream and second compute stream, made by its first call.
+    /// The copy stream and second compute stream of a decode or an encode in pieces, made by
+    /// the first.
     pipe: Mutex<Option<pieces::PipeStreams>>,
     /// Coded blocks a piece of a decode holds ([`Gpu::set_decode_piece_blocks`]).
     piece_blocks: usize,
+    /// Coded blocks a piece of an encode holds ([`Gpu::set_encode_piece_blocks`]).
+    encode_piece_blocks: usize,
     /// Held from a chain's first launch until its statuses are read (decode) or its chunks
     /// copied back (encode): the chains of several threads share the scratch, so one chain
     /// runs at a time.
@@ -159,6 +162,7 @@ impl Gpu {
             lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
             piece_blocks: DEFAULT_PIECE_BLOCKS,
+            encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
             staging: Mutex::new([None, None]),
             upload_threads: host_threads(0),
             readback: Mutex::new(None),
@@ -195,6 +199,7 @@ impl Gpu {
             lane_shape: self.lane_shape,
             pq_shared_keys: self.pq_shared_keys,
             piece_blocks: self.piece_blocks,
+            encode_piece_blocks: self.encode_piece_blocks,
             staging: Mutex::new([None, None]),
             upload_threads: self.upload_threads,
             readback: Mutex::new(None),
@@ -700,10 +705,11 @@ impl Gpu {
     }
 
     /// Sets how many host threads write a packed upload into the pinned staging buffer (each
-    /// 4 MiB step queued to the device as soon as it is written); 0, the default, takes every
-    /// core the process may use, at most
-    /// [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS). What is uploaded is the
-    /// same.
+    /// 4 MiB step queued to the device as soon as it is written) and copy an encode's chunks
+    /// out of pinned memory into vectors ([`copy_chunks`](crate::encode_plan::copy_chunks));
+    /// 0, the default, takes every core the process may use, at most
+    /// [`DEFAULT_MAX_HOST_THREADS`](crate::DEFAULT_MAX_HOST_THREADS). What is uploaded or
+    /// returned is the same.
     pub fn set_upload_threads(&mut self, threads: usize) {
         self.upload_threads = host_threads(threads);
     }
@@ -928,285 +934,6 @@ impl Gpu {
             |g| g.upload_lane_encode(batch),
             |g, k, d| ffi::launch_lane_encode(&g.stream, &k.lane_encode, d),
         )
-    }
-}
-
-impl Gpu {
-    /// Copies `data` to a new buffer on this device (e.g. a cache's
-    /// [`Source::of_view`](crate::encode_plan::Source::of_view) bytes for [`encode`](Self::encode)).
-    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
-        self.stream
-            .clone_htod(data)
-            .map_err(ffi::driver_err("cuMemcpyHtoDAsync"))
-    }
-
-    /// Encodes every chunk of `plan` from `src`, a buffer on this device holding the plan's
-    /// [`Source`](crate::encode_plan::Source) (e.g. a serving engine's K/V; `T` any type whose
-    /// bytes are the source dtype's elements): the plan uploaded
-    /// ([`upload_encode_plan`](Self::upload_encode_plan)), then encoded once
-    /// ([`encode_uploaded`](Self::encode_uploaded)): what [`EncodePlan::encode_host`] returns.
-    pub fn encode<T>(
-        &self,
-        plan: &EncodePlan<'_, '_>,
-        src: &CudaSlice<T>,
-    ) -> Result<Vec<Vec<u8>>, CudaError> {
-        self.encode_uploaded(&mut self.upload_encode_plan(plan)?, src)
-    }
-
-    /// Builds `plan`'s launch records and uploads them with its tables, constants and
-    /// reference queries in one packed copy, its large outputs in this `Gpu`'s kept scratch:
-    /// what [`encode_uploaded`](Self::encode_uploaded) needs to encode any source laid out as
-    /// the plan's, as often as wanted (a server encoding each new context of one shape).
-    pub fn upload_encode_plan(
-        &self,
-        plan: &EncodePlan<'_, '_>,
-    ) -> Result<UploadedEncodePlan, CudaError> {
-        let (ch, levels) = self.resident_encode_chain(plan)?;
-        let dev = self.upload_encode(&ch, levels)?;
-        Ok(UploadedEncodePlan {
-            ch,
-            dev,
-            stream: self.stream.clone(),
-        })
-    }
-
-    /// Encodes every chunk of the uploaded plan from `src` (as [`encode`](Self::encode)):
-    /// five launches (blocks, lanes, blocks placed, blocks written packed with their CRC
-    /// shares, chunks sealed) with no host step between them, then the chunks' places and
-    /// their bytes copied back (two copies, the second through pinned memory kept for the
-    /// next call). `up` is borrowed mutably: its statuses hold one encode at a time; encodes
-    /// and decodes of one `Gpu` run one at a time (they share its scratch).
-    pub fn encode_uploaded<T>(
-        &self,
-        up: &mut UploadedEncodePlan,
-        src: &CudaSlice<T>,
-    ) -> Result<Vec<Vec<u8>>, CudaError> {
-        self.encode_uploaded_with(up, src, to_vecs)
-    }
-
-    /// [`encode_uploaded`](Self::encode_uploaded), each chunk's sealed bytes handed to `read`
-    /// where they lie after their copy back (in pinned memory the `Gpu` keeps, borrowed for
-    /// the call), instead of copied into a vector each: for a caller that sends or writes
-    /// them on. `read` gets the chunks in order.
-    pub fn encode_uploaded_with<T, R>(
-        &self,
-        up: &mut UploadedEncodePlan,
-        src: &CudaSlice<T>,
-        read: impl FnOnce(&[&[u8]]) -> R,
-    ) -> Result<R, CudaError> {
-        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.encode_launched(up, src, None)?;
-        self.encoded_chunks(up, read)
-    }
-
-    /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode) and
-    /// of each of its steps alone.
-    pub fn time_encode<T>(
-        &self,
-        plan: &EncodePlan<'_, '_>,
-        src: &CudaSlice<T>,
-        reps: usize,
-    ) -> Result<EncodeTimes, CudaError> {
-        let whole = best_time(reps, || self.encode(plan, src).map(drop))?;
-        let chain = best_time(reps, || self.resident_encode_chain(plan).map(drop))?;
-        let ch = self.resident_encode_chain(plan)?.0;
-        let upload = best_time(reps, || {
-            self.upload_encode(&ch, self.resident_views(&self.stream)?)?;
-            self.sync()
-        })?;
-        let mut up = self.upload_encode_plan(plan)?;
-        let uploaded = best_time(reps, || self.encode_uploaded(&mut up, src).map(drop))?;
-        let launches = best_time(reps, || {
-            let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.encode_launched(&up, src, None)?;
-            self.sync()
-        })?;
-        let mut stages = [f64::INFINITY; ffi::ENCODE_STAGES];
-        for _ in 0..reps.max(1) {
-            let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.sync()?;
-            let mut t = std::time::Instant::now();
-            let mut done = |stage: usize| {
-                self.sync()?;
-                stages[stage] = stages[stage].min(t.elapsed().as_secs_f64());
-                t = std::time::Instant::now();
-                Ok(())
-            };
-            self.encode_launched(&up, src, Some(&mut done))?;
-        }
-        let copy_back = best_time(reps, || self.encoded_chunks(&up, to_vecs).map(drop))?;
-        let read_back = best_time(reps, || self.encoded_chunks(&up, |c| c.len()).map(drop))?;
-        Ok(EncodeTimes {
-            whole,
-            chain,
-            upload,
-            uploaded,
-            launches,
-            stages,
-            copy_back,
-            read_back,
-        })
-    }
-
-    /// The chunks the launches over `up` sealed, copied back: their places, then the sealed
-    /// bytes in one copy through pinned memory, each chunk's handed to `read` there.
-    fn encoded_chunks<R>(
-        &self,
-        up: &UploadedEncodePlan,
-        read: impl FnOnce(&[&[u8]]) -> R,
-    ) -> Result<R, CudaError> {
-        let s = &self.stream;
-        let places = up.ch.sealed_places(&up.dev.seal_results.download(s)?)?;
-        let len = places.last().map_or(0, |p| p.end);
-        let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
-        let sealed = &up.dev.sealed;
-        sealed.download_pinned(s, len, &mut readback, |b| {
-            split_sealed(b, &places).map(|chunks| read(&chunks))
-        })?
-    }
-
-    /// Queues the uploaded plan's five launches over `src` (`stage_done` as
-    /// [`ffi::launch_encode_chain`] takes it).
-    fn encode_launched<T>(
-        &self,
-        up: &UploadedEncodePlan,
-        src: &CudaSlice<T>,
-        stage_done: Option<&mut dyn FnMut(usize) -> Result<(), CudaError>>,
-    ) -> Result<(), CudaError> {
-        if !Arc::ptr_eq(&up.stream, &self.stream) {
-            return Err(CudaError::Input {
-                what: "an encode plan uploaded through another Gpu",
-            });
-        }
-        up.ch
-            .check_source_bytes(src.len() * std::mem::size_of::<T>())?;
-        let k = self.kernels(None)?;
-        let source = up.ch.dev_source(src);
-        ffi::launch_encode_chain(
-            &self.stream,
-            &encode_kernels(&k),
-            &up.dev,
-            &source,
-            stage_done,
-        )
-    }
-
-    /// The encode chain's inputs in one packed upload (the exponent slots of `tables` are
-    /// written by the first launch), its table maps and channel constants those of `levels`
-    /// (resident on the device, where `ch` placed them); its large outputs (symbols to the
-    /// blocks' places and the sealed chunks, of which only these and their places are copied
-    /// back) in the kept scratch; its results and statuses zeroed.
-    fn upload_encode(
-        &self,
-        ch: &EncodeChain,
-        (map, consts): LevelViews,
-    ) -> Result<ffi::EncodeDev, CudaError> {
-        let s = &self.stream;
-        let n = ch.blocks.len();
-        let mut p = ffi::Packer::default();
-        let (qref, tau, rot) = (p.add(&ch.qref), p.add(&ch.tau), p.add(&ch.rot));
-        let (table_list, radius) = (p.add(&ch.table_list), p.add(&ch.radius));
-        let (blocks, chunks) = (p.add(&ch.blocks), p.add(&ch.chunks));
-        // Last: its exponent slots, written by the first launch, are allocated, not copied.
-        let tables = p.add_with_room(&[&ch.tables[..]], ch.blocks.len() * 256);
-        let base = self.packed_upload(p)?;
-        // The large outputs in the kept scratch, as they are: the launches write every byte
-        // of them they read (a host-run test fills them with garbage first).
-        let mut o = ffi::Packer::default();
-        let symbols = o.reserve::<u8>(ch.n_symbols);
-        let symbol_table = o.reserve::<u16>(ch.n_symbols);
-        let (q, escapes) = (o.reserve::<i32>(ch.n_q), o.reserve::<i32>(ch.n_q));
-        let words = o.reserve::<u32>(ch.n_words);
-        let (block_at, sealed) = (o.reserve::<u64>(n), o.reserve::<u8>(ch.n_sealed()));
-        let scratch = self.scratch(0, o.total(), &self.stream)?;
-        let (b, x) = (&base, &scratch);
-        Ok(ffi::EncodeDev {
-            importance: ch.importance,
-            qref: DevBuf::view(b, qref)?,
-            tau: DevBuf::view(b, tau)?,
-            rot: DevBuf::view(b, rot)?,
-            consts,
-            map,
-            radius: DevBuf::view(b, radius)?,
-            blocks: DevBuf::view(b, blocks)?,
-            chunks: DevBuf::view(b, chunks)?,
-            q: DevBuf::view(x, q)?,
-            escapes: DevBuf::view(x, escapes)?,
-            results: DevBuf::zeros(s, n)?,
-            lanes: ffi::LaneEncodeDev {
-                symbols: DevBuf::view(x, symbols)?,
-                symbol_table: DevBuf::view(x, symbol_table)?,
-                tables: DevBuf::view(b, tables)?,
-                table_list: DevBuf::view(b, table_list)?,
-                words: DevBuf::view(x, words)?,
-                lane_len: DevBuf::zeros(s, n * LANES)?,
-                blocks: DevBuf::zeros(s, n)?,
-                status: DevBuf::zeros(s, n * LANES)?,
-            },
-            block_at: DevBuf::view(x, block_at)?,
-            chunk_results: DevBuf::zeros(s, ch.chunks.len())?,
-            sealed: DevBuf::view(x, sealed)?,
-            seal_results: DevBuf::zeros(s, ch.chunks.len())?,
-            heads: ch.heads,
-            head_dim: ch.head_dim,
-        })
-    }
-}
-
-/// An encode plan on one device ([`Gpu::upload_encode_plan`]): its launch records, tables and
-/// constants uploaded and its scratch allocated, for [`Gpu::encode_uploaded`].
-#[derive(Debug)]
-pub struct UploadedEncodePlan {
-    ch: EncodeChain,
-    dev: ffi::EncodeDev,
-    /// The stream (so the device) it was uploaded to.
-    stream: Arc<CudaStream>,
-}
-
-impl UploadedEncodePlan {
-    /// Chunks the plan encodes.
-    pub fn chunks(&self) -> usize {
-        self.ch.chunks.len()
-    }
-}
-
-/// [`Gpu::time_encode`]'s figures: best times in seconds.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EncodeTimes {
-    /// The whole [`Gpu::encode`].
-    pub whole: f64,
-    /// Building the plan's chain on the host.
-    pub chain: f64,
-    /// Its inputs packed and uploaded, its outputs allocated.
-    pub upload: f64,
-    /// [`Gpu::encode_uploaded`] (the plan uploaded once): launches and copies back.
-    pub uploaded: f64,
-    /// The five launches alone.
-    pub launches: f64,
-    /// Each launch alone, synchronized: `kvc_encode_blocks` (quantization, exponents and
-    /// their tables), the lane encoder, the blocks' places, the blocks written (with their
-    /// CRC shares), the chunks sealed.
-    pub stages: [f64; 5],
-    /// The chunks' places and bytes copied back.
-    pub copy_back: f64,
-    /// The same, the chunks handed over where they lie in pinned memory
-    /// ([`Gpu::encode_uploaded_with`]) instead of copied into vectors.
-    pub read_back: f64,
-}
-
-/// Chunks, each copied into a vector of its own.
-fn to_vecs(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
-    chunks.iter().map(|c| c.to_vec()).collect()
-}
-
-/// The encode chain's entry points.
-fn encode_kernels(k: &Kernels) -> ffi::EncodeKernels<'_> {
-    ffi::EncodeKernels {
-        blocks: &k.encode_blocks,
-        lanes: &k.lane_encode,
-        place: &k.place_blocks,
-        write: &k.write_blocks,
-        seal: &k.seal_chunks,
     }
 }
 

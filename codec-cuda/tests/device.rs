@@ -455,6 +455,43 @@ fn device_encode_plan_writes_codec_cores_chunks() {
     );
 }
 
+/// The encode chain in pieces (`Gpu::set_encode_piece_blocks`: runs of whole chunks, each
+/// piece's chunks copied back beside the next piece's launches, on two compute streams and a
+/// copy stream) writes the host-run chain's chunks for every piece size, twice in a row (the
+/// scratch of an earlier piece left as it was), and refuses a short source as a whole encode.
+#[test]
+fn device_encodes_in_pieces_as_whole() {
+    let Some(mut gpu) = gpu("device_encodes_in_pieces_as_whole") else {
+        return;
+    };
+    let (cache, profile) = common::fixture_cache(3);
+    let ctx = common::fixture_context(&cache, &profile);
+    let (src, source) = common::source_of(&cache);
+    let mut plan = EncodePlan::new(&ctx, source).unwrap();
+    let chunks = common::fixture_chunks(&profile, cache.shape.tokens);
+    for _ in 0..3 {
+        for &(start, end, level) in &chunks {
+            plan.add_chunk(start..end, level).unwrap();
+        }
+    }
+    let want = plan.encode_host(&src).unwrap();
+    let dev_src = gpu.upload(&src).unwrap();
+    let short = gpu.upload(&src[..src.len() - 2]).unwrap();
+    // 3 layers' K and V: 6 blocks a chunk.
+    for piece_blocks in [0, 1, 6, 12, 20, 6 * plan.chunks() - 1, 100_000] {
+        gpu.set_encode_piece_blocks(piece_blocks);
+        for round in 0..2 {
+            let got = gpu.encode(&plan, &dev_src).unwrap();
+            assert!(got == want, "{piece_blocks} blocks a piece, round {round}");
+        }
+        assert!(matches!(
+            gpu.encode(&plan, &short),
+            Err(codec_cuda::CudaError::Input { .. })
+        ));
+    }
+    println!("{} chunks encoded in pieces of 1 to all", want.len());
+}
+
 /// A plan uploaded once (`Gpu::upload_plan`: one packed copy from pinned memory) decodes to
 /// codec-core's bits every time it is run, into a fresh buffer or over the last output; a plan
 /// uploaded through another `Gpu` is refused.

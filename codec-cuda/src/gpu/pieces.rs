@@ -16,9 +16,10 @@ use crate::ffi;
 /// Coded blocks a piece of a decode holds by default ([`Gpu::set_decode_piece_blocks`]).
 pub const DEFAULT_PIECE_BLOCKS: usize = 2048;
 
-/// The streams of a decode in pieces besides the `Gpu`'s own: the uploads' copy stream and a
-/// second compute stream (pieces alternate between the two compute streams, so that one
-/// piece's launches fill the device beside the tail of the one before).
+/// The streams of a decode or an encode in pieces besides the `Gpu`'s own: a copy stream (a
+/// decode's uploads, an encode's copies back) and a second compute stream (pieces alternate
+/// between the two compute streams, so that one piece's launches fill the device beside the
+/// tail of the one before).
 #[derive(Debug)]
 pub(super) struct PipeStreams {
     copy: Arc<CudaStream>,
@@ -56,8 +57,9 @@ impl Gpu {
         self.piece_blocks = blocks;
     }
 
-    /// The copy stream and the second compute stream, made on the first call.
-    fn pipe_streams(&self) -> Result<(Arc<CudaStream>, Arc<CudaStream>), CudaError> {
+    /// The copy stream and the second compute stream (of a decode or an encode in pieces),
+    /// made on the first call.
+    pub(super) fn pipe_streams(&self) -> Result<(Arc<CudaStream>, Arc<CudaStream>), CudaError> {
         let mut held = self.pipe.lock().unwrap_or_else(|e| e.into_inner());
         if held.is_none() {
             let new = || {

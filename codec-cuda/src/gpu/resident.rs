@@ -111,14 +111,15 @@ impl Gpu {
         })
     }
 
-    /// `plan`'s encode chain, its level constants resident on this device (placed on this
-    /// `Gpu`'s stream), and the views of them its launches read.
+    /// The encode chain of `plan`'s chunks `chunks`, its level constants resident on this
+    /// device (placed on this `Gpu`'s stream), and the views of them its launches read.
     pub(super) fn resident_encode_chain(
         &self,
         plan: &EncodePlan<'_, '_>,
+        chunks: Range<usize>,
     ) -> Result<(EncodeChain, LevelViews), CudaError> {
         self.with_resident(&self.stream, |place| {
-            plan.chain_placed(&self.levels, Some(place))
+            plan.chain_placed(&self.levels, chunks, Some(place))
         })
     }
 
