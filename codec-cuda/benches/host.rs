@@ -16,7 +16,9 @@ mod support;
 use std::time::Duration;
 
 use codec_cuda::encode_plan::{copy_chunks, Source};
-use criterion::{Criterion, Throughput};
+use codec_cuda::CudaError;
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 
 fn main() {
     let mut c = Criterion::default()
@@ -49,17 +51,9 @@ fn main() {
         let stream = support::open(&bytes);
         let plan = support::decode_plan(&stream, copies);
         g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
-        for kept in [false, true] {
-            g.bench_function(format!("level {level}, {}", constants(kept)), |b| {
-                b.iter_custom(|n| {
-                    Duration::from_secs_f64(plan.time_chain(n as usize, kept).unwrap())
-                })
-            });
-        }
-        g.bench_function(format!("level {level}, constants resident"), |b| {
-            b.iter_custom(|n| {
-                Duration::from_secs_f64(plan.time_chain_resident(n as usize).unwrap())
-            })
+        bench_builds(&mut g, level, |reps, constants| match constants {
+            Constants::Resident => plan.time_chain_resident(reps),
+            c => plan.time_chain(reps, c == Constants::Kept),
         });
     }
     g.finish();
@@ -70,17 +64,9 @@ fn main() {
     g.throughput(Throughput::Bytes((copies * src.len()) as u64));
     for level in [0, 6, 11] {
         let (plan, _) = support::encode_plan(&ctx, source, level, copies);
-        for kept in [false, true] {
-            g.bench_function(format!("level {level}, {}", constants(kept)), |b| {
-                b.iter_custom(|n| {
-                    Duration::from_secs_f64(plan.time_chain(n as usize, kept).unwrap())
-                })
-            });
-        }
-        g.bench_function(format!("level {level}, constants resident"), |b| {
-            b.iter_custom(|n| {
-                Duration::from_secs_f64(plan.time_chain_resident(n as usize).unwrap())
-            })
+        bench_builds(&mut g, level, |reps, constants| match constants {
+            Constants::Resident => plan.time_chain_resident(reps),
+            c => plan.time_chain(reps, c == Constants::Kept),
         });
     }
     g.finish();
@@ -109,9 +95,31 @@ fn main() {
 }
 
 /// How a bench's chains get their level constants.
-fn constants(kept: bool) -> &'static str {
-    match kept {
-        false => "level constants built",
-        true => "level constants kept",
+#[derive(Clone, Copy, PartialEq)]
+enum Constants {
+    /// Built in every build, as in a `Gpu`'s first call.
+    Built,
+    /// Built before the first and kept, as a `Gpu` keeps them.
+    Kept,
+    /// Kept, and their maps and constants resident on the device, as `Gpu` calls keep them
+    /// now.
+    Resident,
+}
+
+/// A bench of `g` at `level` for each way of getting the level constants, `time(reps, how)`
+/// giving the seconds `reps` chain builds take.
+fn bench_builds(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    level: u8,
+    time: impl Fn(usize, Constants) -> Result<f64, CudaError>,
+) {
+    for (how, name) in [
+        (Constants::Built, "level constants built"),
+        (Constants::Kept, "level constants kept"),
+        (Constants::Resident, "constants resident"),
+    ] {
+        g.bench_function(format!("level {level}, {name}"), |b| {
+            b.iter_custom(|n| Duration::from_secs_f64(time(n as usize, how).unwrap()))
+        });
     }
 }
