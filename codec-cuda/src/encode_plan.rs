@@ -264,6 +264,23 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         self.encode_host_over(src, 0)
     }
 
+    /// [`encode_host`](Self::encode_host) in pieces of about `piece_blocks` coded blocks
+    /// ([`pieces`](Self::pieces)), each piece's chain run alone, as `Gpu::encode` runs them:
+    /// the same chunks (for the fuzz target).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn encode_host_in_pieces(
+        &self,
+        src: &[u8],
+        piece_blocks: usize,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
+        let mut chunks = Vec::with_capacity(self.chunks.len());
+        for piece in self.pieces(piece_blocks) {
+            let ch = self.chain_of(&LevelCache::default(), piece)?;
+            chunks.extend(self.run_chain_host(&ch, src, 0)?);
+        }
+        Ok(chunks)
+    }
+
     /// [`encode_host`](Self::encode_host) with the launches' large outputs (those a `Gpu`
     /// keeps between calls, not zeroed) holding `fill` in every byte before the first.
     fn encode_host_over(&self, src: &[u8], fill: u8) -> Result<Vec<Vec<u8>>, CudaError> {

@@ -153,8 +153,9 @@ pub fn chain_seed_variants(seed: &[u8], damaged: usize) -> Vec<Vec<u8>> {
 /// importance policy; a profile learned from it). Its chunks are encoded as `kvc encode
 /// --gpu` does: the frame of [`codec_core::stream_frame`], every chunk by an [`EncodePlan`]
 /// over the cache's tensors, the stream assembled by [`codec_core::assemble`]. Asserts: that
-/// stream is the one [`codec_core::encode`] writes, byte for byte, and codec-core refuses no
-/// case the chain codes. Returns whether the case was encoded.
+/// stream is the one [`codec_core::encode`] writes, byte for byte, each chunk's chain run
+/// alone (as `Gpu::encode` in pieces runs them) codes the same chunks, and codec-core refuses
+/// no case the chain codes. Returns whether the case was encoded.
 pub fn encode_chain(data: &[u8]) -> bool {
     let case = RoundtripCase::read(&mut Input::new(data));
     let want = case.encode();
@@ -173,6 +174,11 @@ pub fn encode_chain(data: &[u8]) -> bool {
         Ok(c) => c,
         Err(e) => panic!("the encode chain fails a case codec-core codes: {e}"),
     };
+    let one_a_piece = plan.encode_host_in_pieces(&src, 1);
+    assert!(
+        one_a_piece.as_ref() == Ok(&chunks),
+        "each chunk's chain alone differs from the whole plan's"
+    );
     let parts: Vec<(u8, &[u8])> = (frame.header.chunks.iter().zip(&chunks))
         .map(|(e, c)| (e.level, c.as_slice()))
         .collect();
