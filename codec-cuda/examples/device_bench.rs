@@ -171,12 +171,16 @@ fn bench_pq(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {
     }
     let (tq, _) = best_of(rounds, || gpu.search(&batch).unwrap());
     let kq = gpu.time_search(&batch, rounds).unwrap();
+    let rq = resident_search(gpu, &batch, rounds);
     println!(
         "pq fixture: {} queries, {scores} token-scores: {:.3} ms = {:.2} G token-scores/s \
-         (uploads included), kernel alone {:.3} ms = {:.2} G/s",
+         (uploads included), codes resident and the queries uploaded {:.3} ms = {:.2} G/s, \
+         kernel alone {:.3} ms = {:.2} G/s",
         batch.len(),
         tq * 1e3,
         scores as f64 / tq / 1e9,
+        rq * 1e3,
+        scores as f64 / rq / 1e9,
         kq * 1e3,
         scores as f64 / kq / 1e9
     );
@@ -185,20 +189,43 @@ fn bench_pq(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {
     let (batch, n) = support::pq_long_batch(32768, 256, dim);
     let (tl, _) = best_of(rounds, || gpu.search(&batch).unwrap());
     let kl = gpu.time_search(&batch, rounds).unwrap();
+    let rl = resident_search(gpu, &batch, rounds);
     gpu.set_pq_shared_keys(0);
     let kg = gpu.time_search(&batch, rounds).unwrap();
     gpu.set_pq_shared_keys(u32::MAX);
     println!(
         "pq long: 256 queries x 32768 tokens: {:.3} ms = {:.2} G token-scores/s (uploads \
-         included), kernel alone {:.3} ms = {:.2} G/s; keys in device memory instead of \
-         shared: {:.3} ms = {:.2} G/s",
+         included), codes resident and the queries uploaded {:.3} ms = {:.2} G/s, kernel \
+         alone {:.3} ms = {:.2} G/s; keys in device memory instead of shared: {:.3} ms = \
+         {:.2} G/s",
         tl * 1e3,
         n as f64 / tl / 1e9,
+        rl * 1e3,
+        n as f64 / rl / 1e9,
         kl * 1e3,
         n as f64 / kl / 1e9,
         kg * 1e3,
         n as f64 / kg / 1e9
     );
+}
+
+/// The best time of `rounds` searches of `batch` uploaded once (`Gpu::upload_pq`), each with
+/// new query values (`Gpu::search_uploaded`: a decode step's upload, launch and download),
+/// checked once against a whole search of the batch with those values.
+fn resident_search(gpu: &Gpu, batch: &PqBatch, rounds: usize) -> f64 {
+    let mut up = gpu.upload_pq(batch).unwrap();
+    let values: Vec<f32> = (0..up.query_values())
+        .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
+        .collect();
+    let (t, got) = best_of(rounds, || gpu.search_uploaded(&mut up, &values).unwrap());
+    let mut with = batch.clone();
+    with.set_query_values(&values).unwrap();
+    let want = gpu.search(&with).unwrap();
+    assert!(
+        (0..want.len()).all(|i| got.tokens(i) == want.tokens(i)),
+        "resident PQ differs"
+    );
+    t
 }
 
 /// The decode figures of the fixture at `level`, `copies` times in one plan, best of `rounds`.

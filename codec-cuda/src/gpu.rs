@@ -139,6 +139,25 @@ impl UploadedPlan {
     }
 }
 
+/// A [`PqBatch`] on one device ([`Gpu::upload_pq`]): its codebooks, codes and query records
+/// uploaded once, searched by [`Gpu::search_uploaded`] with new query values each time.
+#[derive(Debug)]
+pub struct UploadedPq {
+    dev: ffi::PqDev,
+    layout: crate::pq::PqLayout,
+    /// Query values a search takes.
+    n_values: usize,
+    /// The stream (so the device) it was uploaded to.
+    stream: Arc<CudaStream>,
+}
+
+impl UploadedPq {
+    /// Query values a search takes (all of the batch's).
+    pub fn query_values(&self) -> usize {
+        self.n_values
+    }
+}
+
 /// Tables a lane-decode block stages in shared memory by default: [`LaneShape::DEFAULT`]'s,
 /// none.
 pub const DEFAULT_LANE_SHARED_TABLES: u32 = LaneShape::DEFAULT.shared_tables();
@@ -811,7 +830,8 @@ impl Gpu {
 
     /// Runs the PQ search over `batch` on the device: as [`PqBatch::search_host`] gives it.
     pub fn search(&self, batch: &PqBatch) -> Result<PqSelected, CudaError> {
-        let dev = self.run_once(|g| g.upload_pq(batch), |g, k, d| g.launch_pq(k, d, batch))?;
+        let upload = |g: &Self| g.upload_pq_with(batch, false);
+        let dev = self.run_once(upload, |g, k, d| g.launch_pq(k, d, batch))?;
         let s = &self.stream;
         let out = dev.out.download(s)?;
         let status = dev.status.download(s)?;
@@ -823,9 +843,49 @@ impl Gpu {
     pub fn time_search(&self, batch: &PqBatch, reps: usize) -> Result<f64, CudaError> {
         self.time_launches(
             reps,
-            |g| g.upload_pq(batch),
+            |g| g.upload_pq_with(batch, false),
             |g, k, d| g.launch_pq(k, d, batch),
         )
+    }
+
+    /// Uploads `batch` once for [`search_uploaded`](Self::search_uploaded): its codebooks,
+    /// codes and query records stay on the device, as a server keeps a context's codes
+    /// between decode steps.
+    pub fn upload_pq(&self, batch: &PqBatch) -> Result<UploadedPq, CudaError> {
+        let dev = self.upload_pq_with(batch, true)?;
+        self.sync()?;
+        Ok(UploadedPq {
+            dev,
+            layout: batch.layout().clone(),
+            n_values: batch.io(&mut [], &mut [], &mut []).queries.len(),
+            stream: self.stream.clone(),
+        })
+    }
+
+    /// Runs the PQ search of the batch uploaded as `up` with `values` in place of its query
+    /// values (as [`PqBatch::set_query_values`] takes them: a decode step's queries over the
+    /// same heads and tokens): only those are uploaded. As [`PqBatch::search_host`] gives it
+    /// for the batch with those values. `up` is borrowed mutably: its buffers hold one search
+    /// at a time.
+    pub fn search_uploaded(
+        &self,
+        up: &mut UploadedPq,
+        values: &[f32],
+    ) -> Result<PqSelected, CudaError> {
+        if !Arc::ptr_eq(&up.stream, &self.stream) {
+            return Err(CudaError::Input {
+                what: "a PQ batch uploaded through another Gpu",
+            });
+        }
+        crate::pq::check_query_values(up.n_values, values)?;
+        let s = &self.stream;
+        up.dev.queries.write(s, values)?;
+        let k = self.kernels(None)?;
+        let shape = up.layout.shape(self.pq_shared_keys, k.pq_shared_budget)?;
+        ffi::launch_pq(s, &k.pq_search, &up.dev, shape)?;
+        let out = up.dev.out.download(s)?;
+        let status = up.dev.status.download(s)?;
+        Ok(up.layout.selected(out, status))
     }
 
     fn launch_pq(&self, k: &Kernels, d: &ffi::PqDev, batch: &PqBatch) -> Result<(), CudaError> {
@@ -834,17 +894,22 @@ impl Gpu {
     }
 
     /// The batch's inputs in one packed upload (see [`ffi::Packer`]), its scratch keys and
-    /// outputs in allocations of their own.
-    fn upload_pq(&self, batch: &PqBatch) -> Result<ffi::PqDev, CudaError> {
+    /// outputs in allocations of their own; with `own_queries`, its query values in one of
+    /// their own too (which a search may overwrite).
+    fn upload_pq_with(&self, batch: &PqBatch, own_queries: bool) -> Result<ffi::PqDev, CudaError> {
         let s = &self.stream;
         let (keys_len, out_len) = batch.lens();
         let io = batch.io(&mut [], &mut [], &mut []);
         let mut p = ffi::Packer::default();
-        let (queries, codewords) = (p.add(io.queries), p.add(io.codewords));
+        let queries = (!own_queries).then(|| p.add(io.queries));
+        let codewords = p.add(io.codewords);
         let (codes, items) = (p.add(io.codes), p.add(io.items));
         let base = self.packed_upload(p)?;
         Ok(ffi::PqDev {
-            queries: DevBuf::view(&base, queries)?,
+            queries: match queries {
+                Some(slot) => DevBuf::view(&base, slot)?,
+                None => DevBuf::upload(s, io.queries)?,
+            },
             codewords: DevBuf::view(&base, codewords)?,
             codes: DevBuf::view(&base, codes)?,
             keys: DevBuf::zeros(s, keys_len)?,

@@ -52,7 +52,7 @@ pub mod stream;
 
 pub use error::CudaError;
 pub use gpu::{
-    EncodeTimes, Gpu, HostBuffer, PieceTimes, UploadedEncodePlan, UploadedPlan,
+    EncodeTimes, Gpu, HostBuffer, PieceTimes, UploadedEncodePlan, UploadedPlan, UploadedPq,
     DEFAULT_ENCODE_PIECE_BLOCKS, DEFAULT_LANE_SHARED_TABLES, DEFAULT_PIECE_BLOCKS,
 };
 pub use nvrtc::{compile_report, KernelResources};

@@ -72,13 +72,12 @@ struct HeadPlace {
 pub struct PqBatch {
     method: Method,
     dim: u32,
-    m: u32,
-    bits: u32,
     queries: Vec<f32>,
     codewords: Vec<f32>,
     codes: Vec<u8>,
     heads: Vec<HeadPlace>,
-    items: Vec<PqQuery>,
+    /// The books, bits and query records.
+    layout: PqLayout,
     keys_len: usize,
     out_len: usize,
 }
@@ -102,13 +101,15 @@ impl PqBatch {
         Ok(PqBatch {
             method: codebook.method(),
             dim,
-            m,
-            bits,
             queries: Vec::new(),
             codewords: Vec::new(),
             codes: Vec::new(),
             heads: Vec::new(),
-            items: Vec::new(),
+            layout: PqLayout {
+                m,
+                bits,
+                items: Vec::new(),
+            },
             keys_len: 0,
             out_len: 0,
         })
@@ -126,13 +127,13 @@ impl PqBatch {
         let input = |what| CudaError::Input { what };
         if codebook.method() != self.method
             || codebook.dim() != self.dim as usize
-            || codebook.m() != self.m as usize
-            || u32::from(codebook.bits()) != self.bits
+            || codebook.m() != self.layout.m as usize
+            || u32::from(codebook.bits()) != self.layout.bits
         {
             return Err(input("a codebook shaped unlike the batch's"));
         }
         let n = tokens
-            .checked_mul(self.m as usize)
+            .checked_mul(self.layout.m as usize)
             .ok_or(input("too many codes"))?;
         let len = packed_len(n, codebook.bits()).map_err(|_| input("too many codes"))?;
         if packed.len() != len {
@@ -140,7 +141,7 @@ impl PqBatch {
                 "packed codes are not ceil(tokens * m * bits / 8) bytes",
             ));
         }
-        let used_bits = n as u64 * u64::from(self.bits);
+        let used_bits = n as u64 * u64::from(self.layout.bits);
         if !used_bits.is_multiple_of(8) {
             let last = packed[len - 1];
             if last >> (used_bits % 8) != 0 {
@@ -202,23 +203,32 @@ impl PqBatch {
         self.queries.extend_from_slice(queries);
         self.keys_len += tokens;
         self.out_len += selection_len(&item);
-        self.items.push(item);
-        Ok(self.items.len() - 1)
+        self.layout.items.push(item);
+        Ok(self.layout.items.len() - 1)
+    }
+
+    /// Replaces the values of every query (all of the batch's query values, `[G, D]` per
+    /// query in the order the queries were added) with `values`, e.g. the next decode step's
+    /// queries over the same heads and tokens: as many, finite.
+    pub fn set_query_values(&mut self, values: &[f32]) -> Result<(), CudaError> {
+        check_query_values(self.queries.len(), values)?;
+        self.queries.copy_from_slice(values);
+        Ok(())
     }
 
     /// The queries (for tests that corrupt them; the kernel checks every field).
     pub fn queries_mut(&mut self) -> &mut [PqQuery] {
-        &mut self.items
+        &mut self.layout.items
     }
 
     /// Queries in the batch.
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.layout.items.len()
     }
 
     /// Whether the batch has no query.
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.layout.items.is_empty()
     }
 
     /// The launch's buffers, as the kernel reads them.
@@ -234,11 +244,11 @@ impl PqBatch {
             codes: &self.codes,
             keys,
             out,
-            items: &self.items,
+            items: &self.layout.items,
             status,
             dim: self.dim,
-            m: self.m,
-            bits: self.bits,
+            m: self.layout.m,
+            bits: self.layout.bits,
             residual: u32::from(self.method == Method::Residual),
         }
     }
@@ -263,7 +273,7 @@ impl PqBatch {
         let shape = self.shape(shared_keys, u64::MAX)?;
         let mut keys = vec![0u32; self.keys_len];
         let mut out = vec![0u32; self.out_len];
-        let mut status = vec![0u32; self.items.len()];
+        let mut status = vec![0u32; self.layout.items.len()];
         ffi::host_pq_search(self.io(&mut keys, &mut out, &mut status), shape)?;
         Ok(self.selected(out, status))
     }
@@ -275,11 +285,42 @@ impl PqBatch {
         shared_keys: u32,
         shared_budget: u64,
     ) -> Result<ffi::PqShape, CudaError> {
+        self.layout.shape(shared_keys, shared_budget)
+    }
+
+    /// The launch's output as selections.
+    pub(crate) fn selected(&self, out: Vec<u32>, status: Vec<u32>) -> PqSelected {
+        self.layout.selected(out, status)
+    }
+
+    /// What a search needs of the batch besides its buffers (kept by an uploaded batch).
+    pub(crate) fn layout(&self) -> &PqLayout {
+        &self.layout
+    }
+}
+
+/// A batch's shape and query records, without its buffers: how a launch over it is shaped and
+/// its output read.
+#[derive(Clone, Debug)]
+pub(crate) struct PqLayout {
+    m: u32,
+    bits: u32,
+    items: Vec<PqQuery>,
+}
+
+impl PqLayout {
+    /// The launch's shape with at most `shared_keys` ranking keys per query in shared memory
+    /// and `shared_budget` bytes of it per block.
+    pub(crate) fn shape(
+        &self,
+        shared_keys: u32,
+        shared_budget: u64,
+    ) -> Result<ffi::PqShape, CudaError> {
         let max_tokens = self.items.iter().map(|q| q.tokens).max().unwrap_or(0);
         ffi::PqShape::new(max_tokens, self.m, self.bits, shared_keys, shared_budget)
     }
 
-    /// The launch's output as selections.
+    /// A launch's output as selections.
     pub(crate) fn selected(&self, out: Vec<u32>, status: Vec<u32>) -> PqSelected {
         PqSelected {
             out,
@@ -287,6 +328,21 @@ impl PqBatch {
             items: self.items.clone(),
         }
     }
+}
+
+/// An input error unless `values` are `len` finite query values.
+pub(crate) fn check_query_values(len: usize, values: &[f32]) -> Result<(), CudaError> {
+    if values.len() != len {
+        return Err(CudaError::Input {
+            what: "query values not as many as the batch's",
+        });
+    }
+    if !values.iter().all(|x| x.is_finite()) {
+        return Err(CudaError::Input {
+            what: "a query value is not finite",
+        });
+    }
+    Ok(())
 }
 
 fn status_of(code: u32) -> PqStatus {

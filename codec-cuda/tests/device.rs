@@ -323,6 +323,54 @@ fn device_pq_search_selects_what_pq_core_selects() {
     }
 }
 
+/// A PQ batch uploaded once (`Gpu::upload_pq`: codes resident) and searched with new query
+/// values three times (`Gpu::search_uploaded`, a server's decode steps) selects what the
+/// host-run kernel selects for the batch with those values; values of another length, and a
+/// search through another `Gpu`, are refused.
+#[test]
+fn device_pq_resident_codes_select_as_the_host() {
+    let Some(gpu) = gpu("device_pq_resident_codes_select_as_the_host") else {
+        return;
+    };
+    let dim = 16;
+    let cw: Vec<f32> = (0..2 * 64 * dim)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    let cb = Codebook::from_parts(Method::Residual, dim, 2, 6, 1, cw).unwrap();
+    let tokens = 3000;
+    let codes: Vec<u16> = (0..2 * tokens).map(|i| (i * 13 % 64) as u16).collect();
+    let mut batch = PqBatch::new(&cb).unwrap();
+    let head = batch
+        .add_head(&cb, &pack(&codes, 6).unwrap(), tokens)
+        .unwrap();
+    let step_values = |step: usize| -> Vec<f32> {
+        (0..40 * dim)
+            .map(|i| (((i * 7 + step * 11) % 23) as f32 - 11.0) / 5.0)
+            .collect()
+    };
+    for q in 0..40 {
+        let seen = tokens - 60 * q;
+        let v = &step_values(0)[q * dim..][..dim];
+        batch.add_query(head, v, seen, seen / 8, 4, 32).unwrap();
+    }
+    let mut up = gpu.upload_pq(&batch).unwrap();
+    assert_eq!(up.query_values(), 40 * dim);
+    for step in 1..4 {
+        let values = step_values(step);
+        let got = gpu.search_uploaded(&mut up, &values).unwrap();
+        batch.set_query_values(&values).unwrap();
+        let want = batch.search_host().unwrap();
+        for i in 0..batch.len() {
+            assert_eq!(got.status(i), Some(PqStatus::Ok), "step {step} query {i}");
+            assert_eq!(got.tokens(i), want.tokens(i), "step {step} query {i}");
+        }
+    }
+    let refused = |r: Result<_, CudaError>| matches!(r, Err(CudaError::Input { .. }));
+    assert!(refused(gpu.search_uploaded(&mut up, &step_values(1)[1..])));
+    let other = Gpu::new(0).unwrap();
+    assert!(refused(other.search_uploaded(&mut up, &step_values(1))));
+}
+
 /// Long contexts (1024 threads per block, ranking keys in shared memory above the default 48 KiB
 /// or in device memory): the device selects what pq-core selects, either way.
 #[test]

@@ -281,6 +281,56 @@ fn real_fixture_selections_are_pq_cores() {
     assert!(checked > 0);
 }
 
+/// A batch whose query values are replaced (`PqBatch::set_query_values`, a server's next
+/// decode step over the same heads) selects what a batch built with those values selects;
+/// values of another length or not finite are refused and change nothing.
+#[test]
+fn replaced_query_values_select_as_a_batch_built_with_them() {
+    let (mut batch, _) = support_batch(&[0.25, -0.5]);
+    let (fresh, values) = support_batch(&[-0.75, 1.5]);
+    assert!(batch.search_host().unwrap().tokens(0) != fresh.search_host().unwrap().tokens(0));
+    let before = batch.search_host().unwrap();
+    let refused = |r: Result<(), CudaError>| matches!(r, Err(CudaError::Input { .. }));
+    assert!(refused(batch.set_query_values(&values[1..])));
+    let mut nan = values.clone();
+    nan[3] = f32::NAN;
+    assert!(refused(batch.set_query_values(&nan)));
+    let still = batch.search_host().unwrap();
+    assert!((0..batch.len()).all(|i| still.tokens(i) == before.tokens(i)));
+    batch.set_query_values(&values).unwrap();
+    let (got, want) = (batch.search_host().unwrap(), fresh.search_host().unwrap());
+    assert_eq!(got.len(), want.len());
+    for i in 0..want.len() {
+        assert_eq!(got.status(i), Some(PqStatus::Ok));
+        assert_eq!(got.tokens(i), want.tokens(i), "query {i}");
+    }
+}
+
+/// A batch of one head (48 tokens of codes, 8 dims, 2 books of 4 bits) and three queries
+/// (one of a GQA group of two), each query's values the ones `seed` scales; and all of its
+/// query values.
+fn support_batch(seed: &[f32; 2]) -> (PqBatch, Vec<f32>) {
+    let cw: Vec<f32> = (0..2 * 16 * 8)
+        .map(|i| ((i * 37 % 29) as f32 - 14.0) / 7.0)
+        .collect();
+    let cb = Codebook::from_parts(Method::Residual, 8, 2, 4, 1, cw).unwrap();
+    let codes: Vec<u16> = (0..2 * 48).map(|i| (i * 11 % 16) as u16).collect();
+    let mut batch = PqBatch::new(&cb).unwrap();
+    let head = batch.add_head(&cb, &pack(&codes, 4).unwrap(), 48).unwrap();
+    let row = |k: usize| -> Vec<f32> {
+        (0..8)
+            .map(|j| seed[k % 2] * (((j * 5 + k * 3) % 7) as f32 - 3.0))
+            .collect()
+    };
+    let mut values = Vec::new();
+    for (q, tokens, group) in [(0, 48, 1), (1, 30, 2), (3, 17, 1)] {
+        let v: Vec<f32> = (q..q + group).flat_map(row).collect();
+        batch.add_query(head, &v, tokens, 6, 2, 4).unwrap();
+        values.extend(v);
+    }
+    (batch, values)
+}
+
 #[test]
 fn batch_inputs_are_checked() {
     let cb = Codebook::from_parts(Method::Residual, 4, 2, 3, 1, vec![0.5; 2 * 8 * 4]).unwrap();

@@ -82,6 +82,28 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
         })
     }
 
+    /// Overwrites the buffer's elements with `data`, as many (buffers of their own only), on
+    /// `stream`.
+    pub(crate) fn write(&mut self, stream: &Arc<CudaStream>, data: &[T]) -> Result<(), CudaError> {
+        let DevMem::Own(slice) = &mut self.mem else {
+            return Err(CudaError::Input {
+                what: "a packed input is not written",
+            });
+        };
+        // cudarc asserts the destination holds the source: checked first.
+        if data.len() != self.len || data.len() > slice.len() {
+            return Err(CudaError::Input {
+                what: "a write of another length than its buffer's",
+            });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        stream
+            .memcpy_htod(data, slice)
+            .map_err(driver_err("cuMemcpyHtoDAsync"))
+    }
+
     /// Copies the buffer's `len` elements back (buffers of their own only: the launches'
     /// outputs).
     pub(crate) fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<T>, CudaError> {
