@@ -16,9 +16,9 @@ mod replay;
 
 use std::path::{Path, PathBuf};
 
-use codec_core::{Limits, Profile, Stream};
+use codec_core::{ChunkContext, Limits, Profile, Stream};
 use codec_cuda::decode::DecodePlan;
-use codec_cuda::encode_plan::EncodePlan;
+use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::fuzzing::{chain_seed_variants, decode_chain_on, scatter, CHAIN_OUTPUTS};
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
@@ -449,11 +449,8 @@ fn device_encode_plan_writes_codec_cores_chunks() {
     let (cache, profile) = common::fixture_cache(3);
     let ctx = common::fixture_context(&cache, &profile);
     let (src, source) = common::source_of(&cache);
-    let mut plan = EncodePlan::new(&ctx, source).unwrap();
     let chunks = common::fixture_chunks(&profile, cache.shape.tokens);
-    for &(start, end, level) in &chunks {
-        plan.add_chunk(start..end, level).unwrap();
-    }
+    let plan = plan_of(&ctx, source, &chunks, 1);
     let dev_src = gpu.upload(&src).unwrap();
     let got = gpu.encode(&plan, &dev_src).unwrap();
     assert!(
@@ -503,6 +500,22 @@ fn device_encode_plan_writes_codec_cores_chunks() {
     );
 }
 
+/// An encode plan of `ctx`'s `chunks` (`(start, end, level)`), `copies` times over.
+fn plan_of<'c, 'p>(
+    ctx: &'c ChunkContext<'p>,
+    source: Source,
+    chunks: &[(u32, u32, u8)],
+    copies: usize,
+) -> EncodePlan<'c, 'p> {
+    let mut plan = EncodePlan::new(ctx, source).unwrap();
+    for _ in 0..copies {
+        for &(start, end, level) in chunks {
+            plan.add_chunk(start..end, level).unwrap();
+        }
+    }
+    plan
+}
+
 /// The encode chain in pieces (`Gpu::set_encode_piece_blocks`: runs of whole chunks, each
 /// piece's chunks copied back beside the next piece's launches, on two compute streams and a
 /// copy stream) writes the host-run chain's chunks for every piece size, twice in a row (the
@@ -515,13 +528,8 @@ fn device_encodes_in_pieces_as_whole() {
     let (cache, profile) = common::fixture_cache(3);
     let ctx = common::fixture_context(&cache, &profile);
     let (src, source) = common::source_of(&cache);
-    let mut plan = EncodePlan::new(&ctx, source).unwrap();
     let chunks = common::fixture_chunks(&profile, cache.shape.tokens);
-    for _ in 0..3 {
-        for &(start, end, level) in &chunks {
-            plan.add_chunk(start..end, level).unwrap();
-        }
-    }
+    let plan = plan_of(&ctx, source, &chunks, 3);
     let want = plan.encode_host(&src).unwrap();
     let dev_src = gpu.upload(&src).unwrap();
     let short = gpu.upload(&src[..src.len() - 2]).unwrap();
