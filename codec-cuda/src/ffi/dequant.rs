@@ -56,8 +56,22 @@ struct DequantArgs<S: Space> {
     reserved: u32,
 }
 
-/// Threads per block of the dequantization kernel.
-pub(crate) const DEQUANT_THREADS: u32 = 128;
+/// Most threads per block of the walks down a coded block's channels (the dequantization and
+/// the quantization kernels).
+pub(crate) const MAX_CHANNEL_THREADS: u32 = 256;
+
+/// Threads per block of a walk down each of `heads * head_dim` channels: a thread per channel,
+/// in as few rounds of at most [`MAX_CHANNEL_THREADS`] as hold them, in whole warps. A thread
+/// walks its channels' rows one after another (the closed loop of spec/FORMAT.md §7.2), so a
+/// block takes a walk per round: a fixed 128 threads took two over the 192 channels of 3
+/// heads of 64, the second half idle. The kernels stride over the channels: any count gives
+/// the same bits.
+pub(crate) fn channel_threads(heads: u32, head_dim: u32) -> u32 {
+    let c = u64::from(heads) * u64::from(head_dim);
+    let max = u64::from(MAX_CHANNEL_THREADS);
+    let per_round = c.div_ceil(c.div_ceil(max).max(1));
+    per_round.next_multiple_of(32).clamp(32, max) as u32
+}
 /// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`).
 pub(crate) const DEQUANT_SHARED_BYTES: u32 = 4;
 
@@ -81,6 +95,12 @@ pub(crate) struct DequantIo<'a> {
 /// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
 /// `io.blocks`.
 pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
+    let threads = channel_threads(io.heads, io.head_dim);
+    host_dequant_threads(io, threads)
+}
+
+/// [`host_dequant`] on `threads` threads per block (at least 1).
+pub(crate) fn host_dequant_threads(io: DequantIo<'_>, threads: u32) -> Result<(), CudaError> {
     let grid = launch_grid(io.blocks.len())?;
     if io.status.len() != io.blocks.len() {
         return Err(CudaError::Input {
@@ -115,7 +135,7 @@ pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
     let shared = u64::from(DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
     // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { run(&args, grid, DEQUANT_THREADS, shared) };
+    let rc = unsafe { run(&args, grid, threads.max(1), shared) };
     host_ran(rc, io.dtype.entry())
 }
 
@@ -216,7 +236,8 @@ pub(super) fn launch_dequant_with(
         page_size: b.page_size,
         reserved: 0,
     };
-    let cfg = launch_shape(grid, DEQUANT_THREADS, DEQUANT_SHARED_BYTES);
+    let threads = channel_threads(b.heads, b.head_dim);
+    let cfg = launch_shape(grid, threads, DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
     // stream is synchronized), 7 and 3 (the host runs' launch shape).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
@@ -227,6 +248,79 @@ pub(super) fn launch_dequant_with(
 mod tests {
     use super::*;
     use crate::ffi::host_layout;
+    use crate::quant::{ChannelConsts, DequantBatch, DequantInput};
+
+    /// A thread per channel in as few rounds of at most 256 as hold them, in whole warps.
+    #[test]
+    fn channel_walks_take_as_few_rounds_as_hold_the_channels() {
+        for (heads, head_dim, threads) in [
+            (3, 64, 192),
+            (1, 64, 64),
+            (5, 64, 160),
+            (8, 128, 256),
+            (2, 200, 224),
+            (1, 1, 32),
+            (0, 0, 32),
+            (32, 128, 256),
+        ] {
+            assert_eq!(
+                channel_threads(heads, head_dim),
+                threads,
+                "{heads} x {head_dim}"
+            );
+        }
+    }
+
+    /// The dequantization's bits do not depend on its threads per block: 320 channels (the
+    /// walks' rounds of 160) on 32 to 512 threads.
+    #[test]
+    fn dequantization_is_the_same_on_any_thread_count() {
+        let (heads, head_dim, rows) = (5u32, 64u32, 7u32);
+        let c = (heads * head_dim) as usize;
+        let consts: Vec<ChannelConsts> = (0..c)
+            .map(|i| ChannelConsts {
+                mean: (i % 13) as f32 * 0.25 - 1.5,
+                anchor_step: 0.125 + (i % 5) as f32 * 0.03125,
+                delta_step: 0.0625 + (i % 7) as f32 * 0.015625,
+                weight: (i % 11) as f32 / 16.0,
+            })
+            .collect();
+        let q: Vec<i32> = (0..(rows as usize - 1) * c)
+            .map(|i| (i * 37 % 41) as i32 - 20)
+            .collect();
+        let exps: Vec<u8> = (0..(rows as usize - 1) * heads as usize)
+            .map(|i| (i % 5) as u8)
+            .collect();
+        let sink: Vec<f32> = (0..c).map(|i| i as f32 * 0.01 - 1.0).collect();
+        let mut batch = DequantBatch::new(heads, head_dim, 2 * rows as usize * c);
+        let consts_start = batch.add_consts(&consts);
+        for (b, exps) in [Some(&exps[..]), None].into_iter().enumerate() {
+            let input = DequantInput {
+                q: &q,
+                exps,
+                sink: &sink,
+                consts_start,
+                rows,
+                group: 3,
+                out_start: (b * rows as usize * c) as u64,
+                token_start: 0,
+                page_start: 0,
+            };
+            batch.add_block(input).unwrap();
+        }
+        let run = |threads: u32| {
+            let mut out = vec![0u16; batch.output().len];
+            let mut status = vec![7u32; batch.len()];
+            host_dequant_threads(batch.io(&mut out, &mut status), threads).unwrap();
+            assert_eq!(status, [0, 0], "{threads} threads");
+            out
+        };
+        let want = run(channel_threads(heads, head_dim));
+        assert!(want.iter().filter(|&&x| x != 0).count() > want.len() / 2);
+        for threads in [32, 64, 96, 128, 256, 512] {
+            assert!(run(threads) == want, "{threads} threads");
+        }
+    }
 
     /// What `kvc_dequant_layout` reports, from the mirrors in space `S`.
     fn rust_dequant_layout<S: Space>() -> Vec<u64> {

@@ -6,8 +6,8 @@ use std::ffi::c_int;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 
 use super::{
-    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
-    CHAIN_THREADS, DEQUANT_THREADS, LANES,
+    channel_threads, host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice,
+    OnHost, Space, CHAIN_THREADS, LANES,
 };
 use crate::encode::{LaneEncodeBlock, QuantBlock};
 use crate::encode_plan::{
@@ -93,7 +93,7 @@ pub(crate) struct QuantIo<'a> {
     pub head_dim: u32,
 }
 
-/// Runs `kvc_quantize` on the host: one block per entry of `io.blocks`, [`DEQUANT_THREADS`]
+/// Runs `kvc_quantize` on the host: one block per entry of `io.blocks`, [`channel_threads`]
 /// threads.
 pub(crate) fn host_quantize(io: QuantIo<'_>) -> Result<(), CudaError> {
     let grid = launch_grid(io.blocks.len())?;
@@ -119,7 +119,8 @@ pub(crate) fn host_quantize(io: QuantIo<'_>) -> Result<(), CudaError> {
     };
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
     // 3 (launch shape: no shared memory).
-    let rc = unsafe { kvc_quantize_host(&args, grid, DEQUANT_THREADS, 0) };
+    let threads = channel_threads(io.heads, io.head_dim);
+    let rc = unsafe { kvc_quantize_host(&args, grid, threads, 0) };
     host_ran(rc, "kvc_quantize")
 }
 
@@ -511,7 +512,7 @@ pub(crate) fn launch_quantize(
         heads: b.heads,
         head_dim: b.head_dim,
     };
-    let cfg = launch_shape(grid, DEQUANT_THREADS, 0);
+    let cfg = launch_shape(grid, channel_threads(b.heads, b.head_dim), 0);
     // SAFETY: invariants 1, 6 (buffers live in `b`, held by the caller until the stream is
     // synchronized), 7 and 3 (the host runs' launch shape).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;

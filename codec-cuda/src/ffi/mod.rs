@@ -39,7 +39,8 @@
 //!    decode `grid = blocks.len().div_ceil(warps)`, 32 threads per warp and `warps *
 //!    shared_tables * KVC_SLOTS * 4` bytes of shared memory (its
 //!    [`LaneShape`](crate::rans::LaneShape)), the amount the kernel assumes for `shared_tables`
-//!    tables per warp; the dequantization [`DEQUANT_THREADS`] threads and
+//!    tables per warp; the dequantization and the quantization [`channel_threads`] threads
+//!    (any count: they stride over the channels) and, the dequantization,
 //!    [`DEQUANT_SHARED_BYTES`] of shared memory; the PQ search its [`PqShape`]'s threads (at most
 //!    [`PQ_MAX_THREADS`], which the kernel checks) and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per
 //!    table entry and per shared key, the `table_capacity` and `key_capacity` it is told (the
