@@ -330,8 +330,9 @@ KVC_KERNEL(kvc_rans_lane_encode, KvcLaneEncodeArgs, kvc_lane_encode)
 // (§9.2; keys stored before the rotary embedding rotated first), their table (codec_core's
 // FreqTable::from_counts), the quantized values, each symbol's table and index with the
 // escapes in order (§6.4), and the lane encoder's block record. Three launches (below) then
-// lay the blocks out and seal the chunks. One CUDA block per coded block; the K and V blocks of
-// a layer each compute its exponents.
+// lay the blocks out and seal the chunks. One CUDA block per coded block, of any number of
+// threads from 16 (the host gives a thread per channel, up to 256: codec_cuda's
+// channel_threads); the K and V blocks of a layer each compute its exponents.
 
 // Element type of the source tensors.
 enum KvcSourceDtype : kvc_u32 {

@@ -325,9 +325,10 @@ pub(crate) fn host_encode_blocks(io: EncodeIo<'_>) -> Result<(), CudaError> {
     let shared = u64::from(ENCODE_SHARED_BYTES);
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
     // `src` counted in whole elements of its dtype, `tables` in whole tables; `symbols` and
-    // `symbol_table` of one length, one result and lane record per block) and 3 (CHAIN_THREADS
-    // threads, the shared memory KvcEncShared needs).
-    let rc = unsafe { kvc_encode_blocks_host(&args, grid, CHAIN_THREADS, shared) };
+    // `symbol_table` of one length, one result and lane record per block) and 3
+    // (channel_threads threads, the shared memory KvcEncShared needs).
+    let threads = channel_threads(io.heads, io.head_dim);
+    let rc = unsafe { kvc_encode_blocks_host(&args, grid, threads, shared) };
     host_ran(rc, "kvc_encode_blocks")
 }
 
@@ -748,7 +749,8 @@ fn launch_encode_blocks<T>(
         rope_style: policy.rope_style,
         reserved: 0,
     };
-    let cfg = launch_shape(grid, CHAIN_THREADS, ENCODE_SHARED_BYTES);
+    let threads = channel_threads(d.heads, d.head_dim);
+    let cfg = launch_shape(grid, threads, ENCODE_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (buffers live in `d` and `src`, held by the caller until the
     // stream is synchronized; `src` counted in whole elements), 7 and 3 (the host runs'
     // launch shape and shared memory, within the default 48 KiB).

@@ -45,11 +45,11 @@
 //!    [`PQ_MAX_THREADS`], which the kernel checks) and [`PQ_SHARED_HEADER_BYTES`] plus 4 bytes per
 //!    table entry and per shared key, the `table_capacity` and `key_capacity` it is told (the
 //!    kernel checks that the table fits the one, and keeps only queries of at most the other's
-//!    tokens there); the encode chain [`CHAIN_THREADS`] threads and [`ENCODE_SHARED_BYTES`]
-//!    (`kvc_encode_blocks`, one CUDA block per coded block), [`PLACE_SHARED_BYTES`]
-//!    (`kvc_place_blocks`, one per chunk), [`WRITE_SHARED_BYTES`] (`kvc_write_blocks`, one per
-//!    coded block) or [`SEAL_SHARED_BYTES`] (`kvc_seal_chunks`, one per chunk) of shared
-//!    memory.
+//!    tokens there); the encode chain [`channel_threads`] threads (at least 16) and
+//!    [`ENCODE_SHARED_BYTES`] (`kvc_encode_blocks`, one CUDA block per coded block), or
+//!    [`CHAIN_THREADS`] threads and [`PLACE_SHARED_BYTES`] (`kvc_place_blocks`, one per chunk),
+//!    [`WRITE_SHARED_BYTES`] (`kvc_write_blocks`, one per coded block) or
+//!    [`SEAL_SHARED_BYTES`] (`kvc_seal_chunks`, one per chunk) of shared memory.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and no
 //!    NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`] in
