@@ -285,14 +285,19 @@ __device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcVa
     return true;
 }
 
-// The radius of value symbol g's table, from the staged radii if the block's list is short
-// enough; -1 if its list index is out of range.
-__device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const KvcValueBlock& b,
-                                                const KvcValueShared* s, kvc_u32 g) {
-    const kvc_u32 t = a.symbol_table[b.index_start + g];
+// The radius of the table at index t of the block's list, from the staged radii if the list is
+// short enough; -1 if t is out of range.
+__device__ __forceinline__ int kvc_list_radius(const KvcValueArgs& a, const KvcValueBlock& b,
+                                               const KvcValueShared* s, kvc_u32 t) {
     if (t >= b.list_len) return -1;
     if (b.list_len <= KVC_VALUE_LIST) return s->radius[t];
     return a.radius[a.table_list[b.list_start + t]];
+}
+
+// The radius of value symbol g's table (kvc_list_radius).
+__device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const KvcValueBlock& b,
+                                                const KvcValueShared* s, kvc_u32 g) {
+    return kvc_list_radius(a, b, s, a.symbol_table[b.index_start + g]);
 }
 
 // Whether value symbol g is an escape (or has a bad list index, which phase 2 reports).
@@ -331,6 +336,11 @@ __device__ __forceinline__ void kvc_values_stage(const KvcValueArgs& a, unsigned
     }
 }
 
+// Symbols a thread of the value mapping loads at once (KVC_VALUES_AHEAD strides of the block's
+// threads apart): their loads go out together, then their values are written; one symbol's
+// loads at a time left too few bytes in flight to fill the memory system.
+#define KVC_VALUES_AHEAD 4u
+
 // Phase 3: the threads stride over the symbols: a value is written, an escape counted in its
 // tile. (The block is a copy and `q` is not read here, so that the compiler need not reload the
 // block's fields after every store.)
@@ -339,18 +349,30 @@ __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigne
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
     const KvcValueBlock b = a.blocks[blockIdx.x];
-    const kvc_u32 shift = s->tile_shift;
+    const kvc_u32 shift = s->tile_shift, stride = blockDim.x;
+    const kvc_u16* __restrict__ tables = a.symbol_table + b.index_start;
+    const kvc_u8* __restrict__ indices = a.indices + b.index_start;
     kvc_i32* __restrict__ q = a.q + b.q_start;
     bool bad = false;
-    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        const int r = kvc_value_radius(a, b, s, g);
-        const int i = a.indices[b.index_start + g];
-        if (r < 0) {
-            bad = true;
-        } else if (i <= 2 * r) {
-            q[g] = i - r;
-        } else {
-            atomicAdd(&s->tile[g >> shift], 1u);
+    for (kvc_u64 g0 = threadIdx.x; g0 < b.n_sym; g0 += (kvc_u64)KVC_VALUES_AHEAD * stride) {
+        kvc_u32 t[KVC_VALUES_AHEAD];
+        int i[KVC_VALUES_AHEAD];
+        for (kvc_u32 j = 0; j < KVC_VALUES_AHEAD; j++) {
+            const kvc_u64 g = g0 + (kvc_u64)j * stride;
+            t[j] = g < b.n_sym ? tables[g] : 0u;
+            i[j] = g < b.n_sym ? indices[g] : 0;
+        }
+        for (kvc_u32 j = 0; j < KVC_VALUES_AHEAD; j++) {
+            const kvc_u64 g = g0 + (kvc_u64)j * stride;
+            if (g >= b.n_sym) break;
+            const int r = kvc_list_radius(a, b, s, t[j]);
+            if (r < 0) {
+                bad = true;
+            } else if (i[j] <= 2 * r) {
+                q[g] = i[j] - r;
+            } else {
+                atomicAdd(&s->tile[g >> shift], 1u);
+            }
         }
     }
     if (bad) s->bad_range = 1;

@@ -731,6 +731,10 @@ __device__ __forceinline__ bool kvc_enc_escapes(kvc_i32 v, int r) {
     return m > (kvc_u32)r;
 }
 
+// Symbols a thread of phase 5 loads at once (KVC_ENC_MAP_AHEAD strides of the block's threads
+// apart), so that their dependent loads overlap instead of following one another.
+#define KVC_ENC_MAP_AHEAD 4u
+
 // Phase 5: every symbol's table-list index and table index (value + R, or the escape index
 // 2R + 1 with the escape counted in its tile), after the exponents' (list index 0).
 __device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned char* shared) {
@@ -740,21 +744,31 @@ __device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned cha
     const KvcEncBlock b = a.blocks[blockIdx.x];
     const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
     for (kvc_u32 p = threadIdx.x; p < n_e; p += blockDim.x) a.symbol_table[b.sym_start + p] = 0;
-    for (kvc_u32 g = threadIdx.x; g < n_sym; g += blockDim.x) {
-        const kvc_u32 li = kvc_enc_list_index(a, b, n_e, g);
-        const int r = kvc_enc_radius(a, b, s, li);
-        const kvc_u64 at = b.sym_start + n_e + g;
-        a.symbol_table[at] = (kvc_u16)li;
-        if (r < 0) {
-            s->bad = 1;
-            continue;
+    const kvc_u32 stride = blockDim.x;
+    for (kvc_u64 g0 = threadIdx.x; g0 < n_sym; g0 += (kvc_u64)KVC_ENC_MAP_AHEAD * stride) {
+        // The symbols' list indices and values loaded first (their exponents, then map entries,
+        // then values: kvc_enc_ok checked the block's ranges), then their symbols written.
+        kvc_u32 li[KVC_ENC_MAP_AHEAD];
+        kvc_i32 v[KVC_ENC_MAP_AHEAD];
+        for (kvc_u32 j = 0; j < KVC_ENC_MAP_AHEAD; j++) {
+            const kvc_u64 g = g0 + (kvc_u64)j * stride;
+            li[j] = g < n_sym ? kvc_enc_list_index(a, b, n_e, (kvc_u32)g) : 0u;
+            v[j] = g < n_sym ? a.q[b.q_start + g] : 0;
         }
-        const kvc_i32 v = a.q[b.q_start + g];
-        if (kvc_enc_escapes(v, r)) {
-            a.symbols[at] = (kvc_u8)(2 * r + 1);
-            atomicAdd(&s->tile[g >> s->tile_shift], 1u);
-        } else {
-            a.symbols[at] = (kvc_u8)(v + r);
+        for (kvc_u32 j = 0; j < KVC_ENC_MAP_AHEAD; j++) {
+            const kvc_u64 g = g0 + (kvc_u64)j * stride;
+            if (g >= n_sym) break;
+            const int r = kvc_enc_radius(a, b, s, li[j]);
+            const kvc_u64 at = b.sym_start + n_e + g;
+            a.symbol_table[at] = (kvc_u16)li[j];
+            if (r < 0) {
+                s->bad = 1;
+            } else if (kvc_enc_escapes(v[j], r)) {
+                a.symbols[at] = (kvc_u8)(2 * r + 1);
+                atomicAdd(&s->tile[g >> s->tile_shift], 1u);
+            } else {
+                a.symbols[at] = (kvc_u8)(v[j] + r);
+            }
         }
     }
 }
