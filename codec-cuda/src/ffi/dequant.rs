@@ -56,8 +56,8 @@ struct DequantArgs<S: Space> {
     reserved: u32,
 }
 
-/// Most threads per block of the walks down a coded block's channels (the dequantization and
-/// the quantization kernels).
+/// Most threads per block of the walks down a coded block's channels (the dequantization, the
+/// quantization and the encode chain's `kvc_encode_blocks`).
 pub(crate) const MAX_CHANNEL_THREADS: u32 = 256;
 
 /// Threads per block of a walk down each of `heads * head_dim` channels: a thread per channel,
@@ -72,6 +72,7 @@ pub(crate) fn channel_threads(heads: u32, head_dim: u32) -> u32 {
     let per_round = c.div_ceil(c.div_ceil(max).max(1));
     per_round.next_multiple_of(32).clamp(32, max) as u32
 }
+
 /// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`).
 pub(crate) const DEQUANT_SHARED_BYTES: u32 = 4;
 
@@ -93,7 +94,7 @@ pub(crate) struct DequantIo<'a> {
 }
 
 /// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
-/// `io.blocks`.
+/// `io.blocks`, [`channel_threads`] threads, as on a device.
 pub(crate) fn host_dequant(io: DequantIo<'_>) -> Result<(), CudaError> {
     let threads = channel_threads(io.heads, io.head_dim);
     host_dequant_threads(io, threads)
