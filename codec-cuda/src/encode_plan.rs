@@ -246,7 +246,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
     pub(crate) fn pieces(&self, piece_blocks: usize) -> Vec<Range<usize>> {
         let per_chunk = 2 * self.ctx.shape().layers as usize;
         let n = self.chunks.len();
-        let total = n * per_chunk;
+        let total = n.saturating_mul(per_chunk);
         let pieces = match piece_blocks {
             0 => 1,
             b => ((total + b / 2) / b).clamp(1, n.max(1)),

@@ -145,8 +145,6 @@ impl UploadedPlan {
 pub struct UploadedPq {
     dev: ffi::PqDev,
     layout: crate::pq::PqLayout,
-    /// Query values a search takes.
-    n_values: usize,
     /// The stream (so the device) it was uploaded to.
     stream: Arc<CudaStream>,
 }
@@ -154,7 +152,7 @@ pub struct UploadedPq {
 impl UploadedPq {
     /// Query values a search takes (all of the batch's).
     pub fn query_values(&self) -> usize {
-        self.n_values
+        self.dev.queries.len()
     }
 }
 
@@ -857,7 +855,6 @@ impl Gpu {
         Ok(UploadedPq {
             dev,
             layout: batch.layout().clone(),
-            n_values: batch.io(&mut [], &mut [], &mut []).queries.len(),
             stream: self.stream.clone(),
         })
     }
@@ -877,7 +874,7 @@ impl Gpu {
                 what: "a PQ batch uploaded through another Gpu",
             });
         }
-        crate::pq::check_query_values(up.n_values, values)?;
+        crate::pq::check_query_values(up.dev.queries.len(), values)?;
         let s = &self.stream;
         up.dev.queries.write(s, values)?;
         let k = self.kernels(None)?;
