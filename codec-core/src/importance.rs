@@ -32,7 +32,7 @@
 
 use crate::consts::MAX_EXP;
 use crate::kv::Rope;
-use crate::rope::rotate;
+use crate::rope::{pair_rotations, rotate_by};
 use alloc::vec::Vec;
 
 /// Parameters of the token-importance policy; stored in a profile, since the profile's steps are
@@ -71,11 +71,13 @@ impl ImportanceParams {
 }
 
 /// The reference queries of one layer: the mean pre-rotary queries `query_mean` (`heads * d`)
-/// rotated to absolute position `position`.
+/// rotated to absolute position `position`. Several layers' means side by side give theirs
+/// side by side (the rotations are computed once for all heads).
 pub fn reference_queries(query_mean: &[f32], d: usize, position: u64, rope: &Rope) -> Vec<f64> {
     let mut out: Vec<f64> = query_mean.iter().map(|&x| x as f64).collect();
+    let rotations = pair_rotations(rope, d, position as f64);
     for h in out.chunks_exact_mut(d) {
-        rotate(h, position as f64, rope);
+        rotate_by(h, rope.style, &rotations);
     }
     out
 }
@@ -130,17 +132,18 @@ pub fn block_scores(
     let inv = 1.0 / libm::sqrt(d as f64);
     let mut kr = alloc::vec![0f64; d];
     for (i, row) in k.chunks_exact(c).skip(sink).enumerate() {
+        // The row's rotations, computed once for its heads.
+        let rotations = if rope.k_pre_rope {
+            let pos = first_position.saturating_add((sink + i) as u64) as f64;
+            pair_rotations(rope, d, pos)
+        } else {
+            Vec::new()
+        };
         for h in 0..heads {
             for (dst, &src) in kr.iter_mut().zip(&row[h * d..(h + 1) * d]) {
                 *dst = src as f64;
             }
-            if rope.k_pre_rope {
-                rotate(
-                    &mut kr,
-                    first_position.saturating_add((sink + i) as u64) as f64,
-                    rope,
-                );
-            }
+            rotate_by(&mut kr, rope.style, &rotations);
             let q = &qref[h * d..(h + 1) * d];
             let mut acc = 0f64;
             for (a, b) in q.iter().zip(&kr) {
@@ -155,7 +158,27 @@ pub fn block_scores(
 mod tests {
     use super::*;
     use crate::kv::RopeStyle;
+    use crate::rope::rotate;
     use alloc::vec;
+
+    #[test]
+    fn reference_queries_of_layers_side_by_side_are_each_layers() {
+        let rope = Rope {
+            theta: 10000.0,
+            style: RopeStyle::NeoX,
+            scaling: 1.0,
+            k_pre_rope: false,
+        };
+        let means: Vec<f32> = (0..3 * 2 * 8).map(|i| (i as f32 * 0.37).cos()).collect();
+        let all = reference_queries(&means, 8, 777, &rope);
+        let each: Vec<f64> = means
+            .chunks(16)
+            .flat_map(|m| reference_queries(m, 8, 777, &rope))
+            .collect();
+        assert_eq!(all, each);
+        let unturned: Vec<f64> = means.iter().map(|&x| x as f64).collect();
+        assert_ne!(all, unturned, "position 777 turns the queries");
+    }
 
     #[test]
     fn rotation_round_trips_and_preserves_norm() {

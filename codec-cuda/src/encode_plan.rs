@@ -405,10 +405,12 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         if ch.importance.is_some() {
             let imp = profile.importance().expect("importance() checked it");
             let pos = ctx.query_position().expect("importance() checked it");
-            for l in 0..shape.layers as usize {
-                let mean = &imp.query_mean[l * c..(l + 1) * c];
-                ch.qref.extend(reference_queries(mean, d, pos, ctx.rope()));
-            }
+            // Every layer's at once: the rotations are the same for all of their heads.
+            let means = imp.query_mean.get(..shape.layers as usize * c);
+            let means = means.ok_or(CudaError::Input {
+                what: "a profile's query means short of the stream's layers",
+            })?;
+            ch.qref = reference_queries(means, d, pos, ctx.rope());
             ch.tau = imp.tau.clone();
         }
         // Per level its tables' ids, its constants and where they start in the chain.

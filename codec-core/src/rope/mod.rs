@@ -98,15 +98,31 @@ pub fn pair_sin_cos(rope: &Rope, d: usize, j: usize, pos: f64) -> (f64, f64) {
 
 /// Rotates one head vector `v` (`d` values) to position `pos` (negative: un-rotates), in f64.
 pub fn rotate(v: &mut [f64], pos: f64, rope: &Rope) {
+    rotate_by(v, rope.style, &pair_rotations(rope, v.len(), pos));
+}
+
+/// The sine and cosine of every rotary pair of a head of `d` channels at position `pos`
+/// ([`pair_sin_cos`]), for [`rotate_by`] to turn any number of heads with: empty where
+/// [`rotate`] leaves a head as it is (an odd `d`, no pairing).
+pub fn pair_rotations(rope: &Rope, d: usize, pos: f64) -> Vec<(f64, f64)> {
+    if !d.is_multiple_of(2) || pair(rope.style, d, 0).is_none() {
+        return Vec::new();
+    }
+    (0..d / 2).map(|j| pair_sin_cos(rope, d, j, pos)).collect()
+}
+
+/// Rotates one head vector `v` by `rotations` ([`pair_rotations`] for `v.len()` channels and
+/// pairing `style`; [`rotate`] computes them for one head). A table of another length leaves
+/// `v` as it is.
+pub fn rotate_by(v: &mut [f64], style: RopeStyle, rotations: &[(f64, f64)]) {
     let d = v.len();
-    if !d.is_multiple_of(2) {
+    if rotations.len() * 2 != d {
         return;
     }
-    for j in 0..d / 2 {
-        let Some((a, b)) = pair(rope.style, d, j) else {
+    for (j, &(s, c)) in rotations.iter().enumerate() {
+        let Some((a, b)) = pair(style, d, j) else {
             return;
         };
-        let (s, c) = pair_sin_cos(rope, d, j, pos);
         let (x1, x2) = (v[a], v[b]);
         v[a] = x1 * c - x2 * s;
         v[b] = x2 * c + x1 * s;

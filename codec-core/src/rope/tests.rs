@@ -54,6 +54,39 @@ proptest! {
         close(&k, &at(&x, q as f64, &r), 1e-5)?;
     }
 
+    /// Heads turned by one table of rotations are turned as each turned alone by the pairs'
+    /// own sines and cosines, bit for bit; unpaired or odd heads stay as they are.
+    #[test]
+    fn a_table_of_rotations_turns_heads_as_each_pair_alone(
+        style in prop_oneof![style(), Just(RopeStyle::None)],
+        d in 1usize..40,
+        heads in 1usize..5,
+        pos in prop_oneof![Just(0.0f64), -1e5f64..1e5],
+        x in proptest::collection::vec(-4.0f64..4.0, 160),
+    ) {
+        let r = rope(style, 500_000.0, 1.0);
+        let x = &x[..d * heads];
+        let mut each = x.to_vec();
+        for h in each.chunks_exact_mut(d) {
+            for j in 0..d / 2 {
+                let (Some((a, b)), true) = (pair(style, d, j), d % 2 == 0) else { break };
+                let (s, c) = pair_sin_cos(&r, d, j, pos);
+                let (x1, x2) = (h[a], h[b]);
+                h[a] = x1 * c - x2 * s;
+                h[b] = x2 * c + x1 * s;
+            }
+        }
+        let rotations = pair_rotations(&r, d, pos);
+        let mut table = x.to_vec();
+        table.chunks_exact_mut(d).for_each(|h| rotate_by(h, style, &rotations));
+        let mut one = x.to_vec();
+        one.chunks_exact_mut(d).for_each(|h| rotate(h, pos, &r));
+        let bits = |v: &[f64]| v.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&table), bits(&each));
+        prop_assert_eq!(bits(&one), bits(&each));
+        prop_assert_eq!(rotations.is_empty(), d % 2 == 1 || style == RopeStyle::None);
+    }
+
     #[test]
     fn shifts_compose_and_invert(
         style in style(),
