@@ -22,8 +22,10 @@
 //! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
 //! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
 //! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
-//! the fixture's queries), checked once against codec-core's chunks, whole and in pieces of
-//! 960 to 120 coded blocks (`Gpu::set_encode_piece_blocks`). PQ: one launch of
+//! the fixture's queries), checked once against codec-core's chunks, whole (the chunks copied
+//! into vectors, or handed over: `Gpu::encode_with`) and in pieces of 960 to 120 coded blocks
+//! (`Gpu::set_encode_piece_blocks`); then a batch 4x as large, whole and in pieces of 1920
+//! and 3840 blocks. PQ: one launch of
 //! `copies * 576` queries over the fixture's layer-0 codes (causal), and a synthetic
 //! 32768-token head with 256 queries.
 //!
@@ -88,6 +90,7 @@ fn main() {
 
     bench_encode_kernels(&gpu, &d, &profile, (rounds, copies));
     bench_encode_chain(&mut gpu, &d, profile.levels() / 2, (rounds, copies));
+    bench_encode_scaling(&mut gpu, &d, profile.levels() / 2, (rounds, 4 * copies));
     bench_pq(&mut gpu, &d, (rounds, copies));
 }
 
@@ -778,7 +781,8 @@ fn bench_encode_chain(
     let out_bytes: usize = got.iter().map(Vec::len).sum();
     println!(
         "encode chain level {level}: {:.1} MB of f16 input from device memory to {:.1} MB of \
-         chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s; a plan \
+         chunks (codec-core's bytes): whole Gpu::encode {:.3} ms = {:.2} GB/s (the chunks \
+         handed over in pinned memory, Gpu::encode_with: {:.3} ms = {:.2} GB/s); a plan \
          uploaded once (Gpu::encode_uploaded) {:.3} ms = {:.2} GB/s; five launches alone \
          {:.3} ms = {:.2} GB/s (each alone: blocks {:.3}, lane encode {:.3}, blocks placed \
          {:.3}, blocks written {:.3}, sealed {:.3} ms); steps alone: chain built {:.3} ms, inputs uploaded {:.3} ms, \
@@ -788,6 +792,8 @@ fn bench_encode_chain(
         out_bytes as f64 / 1e6,
         t.whole * 1e3,
         in_bytes / t.whole / 1e9,
+        t.handed_over * 1e3,
+        in_bytes / t.handed_over / 1e9,
         t.uploaded * 1e3,
         in_bytes / t.uploaded / 1e9,
         t.launches * 1e3,
@@ -822,5 +828,54 @@ fn bench_encode_chain(
          blocks a piece: {}",
         plan.chunks() * 2 * d.kv.shape.layers as usize,
         pieces.join(", ")
+    );
+}
+
+/// The encode chain of a larger batch (`copies` times the fixture's four chunks): whole,
+/// handed over, and in pieces of 1920 and 3840 blocks, every chunk codec-core's.
+fn bench_encode_scaling(
+    gpu: &mut Gpu,
+    d: &kvc_io::Dump,
+    level: u8,
+    (rounds, copies): (usize, usize),
+) {
+    let profile = support::profile_with_queries(d);
+    let ctx = support::encode_context(d, &profile);
+    let (src, source) = Source::of_view(&d.kv.view());
+    let (plan, chunks) = support::encode_plan(&ctx, source, level, copies);
+    let dev_src = gpu.upload(&src).expect("upload");
+    let want: Vec<Vec<u8>> = (chunks.iter().take(4))
+        .map(|r| {
+            ctx.encode_chunk(&d.kv.view(), r.clone(), level)
+                .expect("codec-core")
+        })
+        .collect();
+    let in_bytes = (copies * src.len()) as f64;
+    let rate = |t: f64| format!("{:.3} ms = {:.2} GB/s", t * 1e3, in_bytes / t / 1e9);
+    let mut lines = Vec::new();
+    for piece_blocks in [0, 1920, 3840] {
+        gpu.set_encode_piece_blocks(piece_blocks);
+        let (t, got) = best_of(rounds, || gpu.encode(&plan, &dev_src).expect("encode"));
+        let same = got
+            .iter()
+            .enumerate()
+            .all(|(i, c)| *c == want[i % want.len()]);
+        assert!(
+            same,
+            "{piece_blocks} blocks a piece: not codec-core's bytes"
+        );
+        lines.push(format!("{piece_blocks} blocks a piece {}", rate(t)));
+    }
+    gpu.set_encode_piece_blocks(codec_cuda::DEFAULT_ENCODE_PIECE_BLOCKS);
+    let (t, ()) = best_of(rounds, || {
+        gpu.encode_with(&plan, &dev_src, |_| ()).expect("encode")
+    });
+    println!(
+        "encode scaling level {level}, {copies} copies ({:.1} MB of f16 input, {} blocks): \
+         Gpu::encode {}; Gpu::encode_with (handed over) {}",
+        in_bytes / 1e6,
+        plan.chunks() * 2 * d.kv.shape.layers as usize,
+        lines.join(", "),
+        rate(t)
     );
 }

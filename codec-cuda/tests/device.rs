@@ -517,9 +517,9 @@ fn plan_of<'c, 'p>(
 }
 
 /// The encode chain in pieces (`Gpu::set_encode_piece_blocks`: runs of whole chunks, each
-/// piece's chunks copied back beside the next piece's launches, on two compute streams and a
-/// copy stream) writes the host-run chain's chunks for every piece size, twice in a row (the
-/// scratch of an earlier piece left as it was), and refuses a short source as a whole encode.
+/// piece's chunks copied back on a copy stream beside the next piece's launches) writes the host-run chain's chunks for every piece size, twice in a row (the
+/// scratch of an earlier piece left as it was), and refuses a short source as a whole encode;
+/// `Gpu::encode_with` hands the same chunks over.
 #[test]
 fn device_encodes_in_pieces_as_whole() {
     let Some(mut gpu) = gpu("device_encodes_in_pieces_as_whole") else {
@@ -545,6 +545,18 @@ fn device_encodes_in_pieces_as_whole() {
             Err(codec_cuda::CudaError::Input { .. })
         ));
     }
+    // Handed over in pinned memory: the same bytes, the short source refused, and the next
+    // call whole again.
+    let handed = gpu.encode_with(&plan, &dev_src, |c| c.concat()).unwrap();
+    assert!(handed == want.concat(), "encode_with's chunks");
+    assert!(matches!(
+        gpu.encode_with(&plan, &short, |c| c.len()),
+        Err(codec_cuda::CudaError::Input { .. })
+    ));
+    assert!(
+        gpu.encode(&plan, &dev_src).unwrap() == want,
+        "after a refusal"
+    );
     println!("{} chunks encoded in pieces of 1 to all", want.len());
 }
 

@@ -37,7 +37,38 @@ impl Gpu {
         if pieces.len() > 1 {
             return self.encode_in_pieces(plan, &pieces, src);
         }
-        self.encode_uploaded(&mut self.upload_encode_plan(plan)?, src)
+        let threads = self.upload_threads;
+        self.encode_with(plan, src, |chunks| copy_chunks(chunks, threads))
+    }
+
+    /// [`encode`](Self::encode) of `plan` whole, each chunk's sealed bytes handed to `read`
+    /// where they lie after their copy back (as
+    /// [`encode_uploaded_with`](Self::encode_uploaded_with) hands them over) instead of
+    /// copied into a vector each. The plan's upload and launches are queued one after the
+    /// other, with no wait between them.
+    pub fn encode_with<T, R>(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+        src: &CudaSlice<T>,
+        read: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R, CudaError> {
+        let (ch, levels) = self.resident_encode_chain(plan, 0..plan.chunks())?;
+        let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let encoded = (|| {
+            let dev = self.queue_encode(&ch, levels, (&self.stream, &mut staging[0]), 0)?;
+            let up = UploadedEncodePlan {
+                ch,
+                dev,
+                stream: self.stream.clone(),
+            };
+            self.encode_launched(&up, src, None)?;
+            let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
+            read_sealed(&up.ch, &up.dev, &self.stream, &mut readback, read)
+        })();
+        // Every exit waits for what was queued: the staging buffer is free for the next call.
+        self.sync()?;
+        encoded
     }
 
     /// Sets the coded blocks of a piece of [`encode`](Self::encode): a plan of more is
@@ -105,6 +136,7 @@ impl Gpu {
         reps: usize,
     ) -> Result<EncodeTimes, CudaError> {
         let whole = best_time(reps, || self.encode(plan, src).map(drop))?;
+        let handed_over = best_time(reps, || self.encode_with(plan, src, |_| ()))?;
         let all = 0..plan.chunks();
         let chain = best_time(reps, || {
             self.resident_encode_chain(plan, all.clone()).map(drop)
@@ -145,6 +177,7 @@ impl Gpu {
         let read_back = time_read(&|_| ())?;
         Ok(EncodeTimes {
             whole,
+            handed_over,
             chain,
             upload,
             uploaded,
@@ -281,45 +314,41 @@ impl Gpu {
         pieces: &[Range<usize>],
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        let streams = self.pipe_streams()?;
+        let (copy, _) = self.pipe_streams()?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let encoded = self.queue_pieces(plan, pieces, src, &streams);
+        let encoded = self.queue_pieces(plan, pieces, src, &copy);
         // Every exit waits for what was queued: the staging, scratch and readback buffers
         // are free for the next call.
-        for s in [&streams.0, &streams.1, &self.stream] {
+        for s in [&copy, &self.stream] {
             s.synchronize()
                 .map_err(ffi::driver_err("cuStreamSynchronize"))?;
         }
         encoded
     }
 
-    /// Queues each piece (its chain built, uploaded and launched on the compute stream of
-    /// its parity, with the staging buffer and scratch slot of that parity), then copies
-    /// the piece before back on the copy stream and into vectors while this one's launches
-    /// run.
+    /// Queues each piece (its chain built, uploaded and launched on this `Gpu`'s stream,
+    /// after the piece before, with the staging buffer and scratch slot of its parity), then
+    /// copies the piece before back on the copy stream and into vectors while this one's
+    /// launches run.
     fn queue_pieces<T>(
         &self,
         plan: &EncodePlan<'_, '_>,
         pieces: &[Range<usize>],
         src: &CudaSlice<T>,
-        (copy, side): &(Arc<CudaStream>, Arc<CudaStream>),
+        copy: &Arc<CudaStream>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let k = self.kernels(None)?;
-        let computes = [&self.stream, side];
+        let s = &self.stream;
         let event = |s: &CudaStream| {
             let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
             (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))
         };
-        // What the caller queued on its stream before (the source's writes) comes first.
-        let start = event(&self.stream)?;
-        side.wait(&start)
-            .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
         let mut chunks = Vec::with_capacity(plan.chunks());
         let mut launched: Option<LaunchedPiece> = None;
         for (i, range) in pieces.iter().enumerate() {
-            let (slot, s) = (i % 2, computes[i % 2]);
+            let slot = i % 2;
             let (ch, levels) = self.resident_encode_chain(plan, range.clone())?;
             ch.check_source_bytes(src.len() * std::mem::size_of::<T>())?;
             // The slot's staging buffer and scratch were last used by the piece two back,
@@ -388,6 +417,8 @@ impl UploadedEncodePlan {
 pub struct EncodeTimes {
     /// The whole [`Gpu::encode`].
     pub whole: f64,
+    /// The whole [`Gpu::encode_with`], the chunks handed over in pinned memory.
+    pub handed_over: f64,
     /// Building the plan's chain on the host.
     pub chain: f64,
     /// Its inputs packed and uploaded, its outputs allocated.
