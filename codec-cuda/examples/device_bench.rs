@@ -382,7 +382,7 @@ fn bench_decode_pieces(
         "decode in pieces on one handle, {copies} streams of {} bytes -> {:.1} MB f16, by \
          blocks a piece: {}; plan built and decode_from together at {}: {:.3} ms = {:.2} GB/s; \
          decode_from at 1024 blocks a piece, each piece's steps in ms from its start (host: \
-         chain built/upload queued/launches queued; device): {}",
+         chain ready/upload queued/launches queued; device): {}",
         bytes.len(),
         (one_copy.len() * 2 * copies) as f64 / 1e6,
         line.join("; "),

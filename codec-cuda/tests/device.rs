@@ -866,7 +866,8 @@ fn decode_copies(
 }
 
 /// A plan decoded in pieces (`Gpu::set_decode_piece_blocks`: each piece's upload on a copy
-/// stream beside the launches of the one before, pieces on two compute streams) gives the
+/// stream beside the launches of the one before, pieces on two compute streams, each
+/// piece's chain built on a thread of its own while the one before is queued) gives the
 /// whole plan's bits, from page-locked memory and packed, CRCs checked when added or at
 /// decode: five copies of the fixture (4 layers) in pieces of 8 to 1000 blocks. With a
 /// chunk of the middle copy damaged (a stored CRC altered; a lane word altered under a

@@ -71,10 +71,10 @@ impl Gpu {
         encoded
     }
 
-    /// Sets the coded blocks of a piece of [`encode`](Self::encode): a plan of more is
-    /// encoded in pieces of about this many blocks; 0 (the default,
-    /// [`DEFAULT_ENCODE_PIECE_BLOCKS`]) encodes every plan whole. The chunks are the same
-    /// for every setting.
+    /// Sets the coded blocks of a piece of [`encode`](Self::encode): a plan of more (by half
+    /// a piece at least) is encoded in pieces of about this many blocks; 0 encodes every plan
+    /// whole. Default: [`DEFAULT_ENCODE_PIECE_BLOCKS`]. The chunks are the same for every
+    /// setting.
     pub fn set_encode_piece_blocks(&mut self, blocks: usize) {
         self.encode_piece_blocks = blocks;
     }
@@ -292,9 +292,10 @@ impl Gpu {
     }
 }
 
-/// Coded blocks a piece of [`Gpu::encode`] holds by default: none, every plan is encoded
-/// whole ([`Gpu::set_encode_piece_blocks`]).
-pub const DEFAULT_ENCODE_PIECE_BLOCKS: usize = 0;
+/// Coded blocks a piece of [`Gpu::encode`] holds by default ([`Gpu::set_encode_piece_blocks`]):
+/// a piece of fewer runs its launches on too little of a device for the copy back beside
+/// them to pay (codec-cuda's README has the figures).
+pub const DEFAULT_ENCODE_PIECE_BLOCKS: usize = 2048;
 
 /// A piece of an encode whose launches are queued: its chain, buffers, first chunk in the
 /// plan and the event after its last launch.

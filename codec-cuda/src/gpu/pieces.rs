@@ -1,7 +1,7 @@
-//! Decoding a plan in pieces on one [`Gpu`]: each piece's chain is built on the host and its
-//! upload queued on a copy stream while the launches of the piece before run on a compute
-//! stream, so that the host's work, the copy across PCIe and the kernels overlap instead of
-//! following one another. Pieces are runs of whole chunks, which write disjoint parts of the
+//! Decoding a plan in pieces on one [`Gpu`]: each piece's chain is built on a host thread
+//! while the piece before is queued, and its upload queued on a copy stream while the
+//! launches of the piece before run on a compute stream, so that the host's work, the copy
+//! across PCIe and the kernels overlap instead of following one another. Pieces are runs of whole chunks, which write disjoint parts of the
 //! output: the bits are the whole plan's.
 
 use std::sync::Arc;
@@ -34,9 +34,17 @@ type Launched<'p> = (
     Vec<crate::decode::ChunkCrc<'p>>,
 );
 
+/// A piece's chain built on the host: the chain, the views of its level constants, and where
+/// its words lie in the caller's bytes (a decode from them).
+type BuiltPiece<'p> = (
+    crate::decode::Chain<'p>,
+    super::resident::LevelViews,
+    Option<crate::decode::RawPlaces>,
+);
+
 /// For benches: when a piece's steps happened, in milliseconds from the decode's start
-/// ([`Gpu::time_decode_pieces`]): on the host, its chain built, its upload queued, its
-/// launches queued; on the device, its upload's start and end on the copy stream, its
+/// ([`Gpu::time_decode_pieces`]): on the host, its chain taken from the builder thread, its
+/// upload queued, its launches queued; on the device, its upload's start and end on the copy stream, its
 /// launches' start and end.
 pub type PieceTimes = [f64; 7];
 
@@ -167,14 +175,70 @@ impl Gpu {
         check_chain(&chunk_of, [exp, resolve, sym, value, dequant])
     }
 
-    /// Queues every piece: its chain built, its upload on the copy stream, its launches on
-    /// the compute stream of its parity once the upload is done. Nothing synchronized but
-    /// a staging buffer's last copy before it is refilled.
+    /// Queues every piece: its chain built (on a builder thread, a piece ahead of the
+    /// queueing), its upload on the copy stream, its launches on the compute stream of its
+    /// parity once the upload is done. Nothing synchronized but a staging buffer's last copy
+    /// before it is refilled.
     fn launch_pieces<'p>(
         &self,
         plan: &'p DecodePlan<'_>,
         pieces: &[std::ops::Range<usize>],
+        bytes: Option<&'p [u8]>,
+        streams: &(Arc<CudaStream>, Arc<CudaStream>),
+        out: &mut CudaSlice<u16>,
+        timeline: Option<&mut Option<Timeline>>,
+    ) -> Result<Vec<Launched<'p>>, CudaError> {
+        std::thread::scope(|scope| {
+            // One piece waits built while the next is built: the host's chains stay bounded.
+            let (tx, built) = std::sync::mpsc::sync_channel(1);
+            let copy = &streams.0;
+            scope.spawn(move || {
+                for range in pieces {
+                    let piece = self.build_piece(plan, range.clone(), bytes, copy);
+                    let failed = piece.is_err();
+                    // A closed channel: the queueing stopped on an error of its own.
+                    if tx.send(piece).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            // Returning drops `built`, so that a builder still at work stops at its next piece.
+            let launched = self.queue_built_pieces(plan, built, bytes, streams, out, timeline)?;
+            if launched.len() != pieces.len() {
+                return Err(CudaError::Input {
+                    what: "a piece's chain was not built",
+                });
+            }
+            Ok(launched)
+        })
+    }
+
+    /// A piece's chain of `plan`'s chunks `range`, its level views, and where its words lie
+    /// in `bytes` (decoding from them), or its chunks' CRCs checked on the host (without).
+    fn build_piece<'p>(
+        &self,
+        plan: &'p DecodePlan<'_>,
+        range: std::ops::Range<usize>,
         bytes: Option<&[u8]>,
+        copy: &Arc<CudaStream>,
+    ) -> Result<BuiltPiece<'p>, CudaError> {
+        let (chain, levels) = self.resident_chain(plan, range, copy)?;
+        let raw = match bytes {
+            None => {
+                check_crcs_host(&chain.checks)?;
+                None
+            }
+            Some(b) => Some(chain.gather_parts(b)?),
+        };
+        Ok((chain, levels, raw))
+    }
+
+    /// Queues the pieces `built` hands over, in order ([`launch_pieces`](Self::launch_pieces)).
+    fn queue_built_pieces<'p>(
+        &self,
+        plan: &'p DecodePlan<'_>,
+        built: std::sync::mpsc::Receiver<Result<BuiltPiece<'p>, CudaError>>,
+        bytes: Option<&'p [u8]>,
         (copy, side): &(Arc<CudaStream>, Arc<CudaStream>),
         out: &mut CudaSlice<u16>,
         mut timeline: Option<&mut Option<Timeline>>,
@@ -201,18 +265,12 @@ impl Gpu {
         let mark = |s: &CudaStream| timed.then(|| event(s)).transpose();
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         let mut uploaded: [Option<CudaEvent>; 2] = [None, None];
-        let mut launched = Vec::with_capacity(pieces.len());
+        let mut launched = Vec::new();
         let mut marks = Vec::new();
-        for (i, range) in pieces.iter().enumerate() {
+        for (i, piece) in built.iter().enumerate() {
             let slot = i % 2;
-            let (chain, levels) = self.resident_chain(plan, range.clone(), copy)?;
-            let raw = match bytes {
-                None => {
-                    check_crcs_host(&chain.checks)?;
-                    None
-                }
-                Some(b) => Some((b, chain.gather_parts(b)?)),
-            };
+            let (chain, levels, places) = piece?;
+            let raw = bytes.zip(places);
             let built = ms();
             // The slot's staging buffer was last copied from two pieces back.
             if let Some(e) = uploaded[slot].take() {
