@@ -835,6 +835,23 @@ pub(crate) fn split_sealed<'a>(
         .collect()
 }
 
+/// Where each of about `parts` runs of the chunks at `places` (one after another) starts, of
+/// about equal bytes and at least one chunk each (one run where there are none), then
+/// `places.len()`.
+pub(crate) fn part_starts(places: &[Range<usize>], parts: usize) -> Vec<usize> {
+    let total = places.last().map_or(0, |p| p.end);
+    let parts = parts.clamp(1, places.len().max(1));
+    let mut starts = vec![0];
+    for (i, p) in places.iter().enumerate() {
+        let more = i + 1 < places.len() && starts.len() < parts;
+        if more && p.end.saturating_mul(parts) >= total.saturating_mul(starts.len()) {
+            starts.push(i + 1);
+        }
+    }
+    starts.push(places.len());
+    starts
+}
+
 /// Bytes below which [`copy_chunks`] copies on one thread.
 const PARALLEL_COPY_BYTES: usize = 1 << 20;
 
@@ -1278,6 +1295,48 @@ mod tests {
         }
         assert!(copy_chunks(&[], 4).is_empty());
         assert_eq!(copy_chunks(&[&[1, 2][..], &[]], 2), [vec![1, 2], vec![]]);
+    }
+
+    /// The copy-back parts of chunks one after another: runs of whole chunks from the first
+    /// to the last, none empty, at most as many as asked, as many where the chunks are
+    /// equal and enough, each within a chunk of its equal share of the bytes.
+    #[test]
+    fn copy_back_parts_are_runs_of_about_equal_bytes() {
+        let places = |lens: &[usize]| -> Vec<Range<usize>> {
+            let mut at = 0;
+            lens.iter()
+                .map(|&n| {
+                    at += n;
+                    at - n..at
+                })
+                .collect()
+        };
+        assert_eq!(part_starts(&[], 4), [0, 0]);
+        assert_eq!(part_starts(&places(&[9]), 4), [0, 1]);
+        assert_eq!(part_starts(&places(&[10; 10]), 4), [0, 3, 5, 8, 10]);
+        assert_eq!(part_starts(&places(&[10; 8]), 0), [0, 8]);
+        let cases: [&[usize]; 4] = [
+            &[1, 1000, 1, 1],
+            &[0, 0, 5, 0, 7],
+            &[3; 17],
+            &[500, 1, 1, 1],
+        ];
+        for lens in cases {
+            let p = places(lens);
+            let total = p.last().map_or(0, |r| r.end);
+            let largest = lens.iter().max().copied().unwrap_or(0);
+            for parts in 1..8 {
+                let starts = part_starts(&p, parts);
+                assert_eq!((starts[0], *starts.last().unwrap()), (0, p.len()));
+                assert!(starts.windows(2).all(|w| w[0] < w[1]), "{lens:?} {parts}");
+                assert!(starts.len() - 1 <= parts, "{lens:?} {parts}");
+                for (k, &c) in starts[1..starts.len() - 1].iter().enumerate() {
+                    let end = p[c - 1].end;
+                    let share = total * (k + 1) / parts;
+                    assert!(end + largest >= share && end <= share + largest, "{lens:?}");
+                }
+            }
+        }
     }
 
     /// A plan cut into pieces of about so many blocks: runs of whole chunks, in order, of

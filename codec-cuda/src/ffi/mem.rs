@@ -6,8 +6,8 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, SyncOnDrop,
-    ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice,
+    SyncOnDrop, ValidAsZeroBits,
 };
 
 use super::driver_err;
@@ -153,43 +153,64 @@ pub(crate) fn download_base(
 }
 
 impl DevBuf<u8> {
-    /// Copies bytes `0..len` back through `pinned` (page-locked memory the caller keeps for
-    /// the next copy, grown when short) and hands them to `read`: the device's copy at the
-    /// speed of pinned memory, then one host copy, `read`'s.
+    /// Copies bytes `0..ends.last()` back through `pinned` (page-locked memory the caller
+    /// keeps for the next copy, grown when short) in parts, part `i` ending at `ends[i]`
+    /// (not decreasing), and hands each part's bytes to `read` (`read(i, bytes[..ends[i]])`)
+    /// as soon as it is there, while the parts after it are still being copied: the
+    /// device's copies at the speed of pinned memory, beside `read`'s host work.
     pub(crate) fn download_pinned<R>(
         &self,
         stream: &Arc<CudaStream>,
-        len: usize,
+        ends: &[usize],
         pinned: &mut Option<PinnedHostSlice<u8>>,
-        read: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, CudaError> {
-        let outside = CudaError::Input {
-            what: "a download outside its buffer",
-        };
+        mut read: impl FnMut(usize, &[u8]) -> Result<R, CudaError>,
+    ) -> Result<Vec<R>, CudaError> {
         let (slice, offset) = match &self.mem {
             DevMem::Own(slice) => (slice, 0),
             DevMem::View { base, offset, .. } => (&**base, *offset),
         };
-        if len > self.len {
-            return Err(outside);
-        }
-        if len == 0 {
-            return Ok(read(&[]));
+        let len = ends.last().copied().unwrap_or(0);
+        if len > self.len || ends.windows(2).any(|w| w[0] > w[1]) {
+            return Err(CudaError::Input {
+                what: "a download outside its buffer",
+            });
         }
         // Cached (not write-combined): the host reads it.
-        let buf = pinned_at_least(stream, pinned, len, 0)?;
+        let buf = pinned_at_least(stream, pinned, len.max(1), 0)?;
         let host = buf
             .as_mut_slice()
             .map_err(driver_err("cuEventSynchronize"))?;
-        // The destination is exactly `len` bytes: the driver copies the destination's length.
-        let dst = &mut host[..len];
-        stream
-            .memcpy_dtoh(&slice.slice(offset..offset + len), dst)
-            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        let copied = |host: &mut [u8]| -> Result<Vec<CudaEvent>, CudaError> {
+            let mut start = 0;
+            let mut events = Vec::with_capacity(ends.len());
+            for &end in ends {
+                if end > start {
+                    // The destination is exactly the part: the driver copies its length.
+                    let src = slice.slice(offset + start..offset + end);
+                    (stream.memcpy_dtoh(&src, &mut host[start..end]))
+                        .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+                }
+                let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+                events
+                    .push((stream.record_event(Some(flags))).map_err(driver_err("cuEventRecord"))?);
+                start = end;
+            }
+            Ok(events)
+        };
+        let mut read_parts = |events: Vec<CudaEvent>, host: &[u8]| {
+            let mut out = Vec::with_capacity(ends.len());
+            for (i, (e, &end)) in events.iter().zip(ends).enumerate() {
+                e.synchronize().map_err(driver_err("cuEventSynchronize"))?;
+                out.push(read(i, &host[..end])?);
+            }
+            Ok(out)
+        };
+        let got = copied(host).and_then(|events| read_parts(events, host));
+        // Every exit waits for the copies queued: `pinned` is the caller's again.
         stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
-        Ok(read(dst))
+        got
     }
 }
 

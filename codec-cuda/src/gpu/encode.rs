@@ -8,7 +8,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSli
 
 use super::resident::LevelViews;
 use super::{best_time, Gpu, Kernels};
-use crate::encode_plan::{copy_chunks, split_sealed, EncodeChain, EncodePlan};
+use crate::encode_plan::{copy_chunks, part_starts, split_sealed, EncodeChain, EncodePlan};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, LANES};
 
@@ -38,7 +38,9 @@ impl Gpu {
             return self.encode_in_pieces(plan, &pieces, src);
         }
         let threads = self.upload_threads;
-        self.encode_with(plan, src, |chunks| copy_chunks(chunks, threads))
+        self.encode_whole(plan, src, |ch, readback| {
+            read_vectors(ch, &self.stream, readback, threads)
+        })
     }
 
     /// [`encode`](Self::encode) of `plan` whole, each chunk's sealed bytes handed to `read`
@@ -52,6 +54,19 @@ impl Gpu {
         src: &CudaSlice<T>,
         read: impl FnOnce(&[&[u8]]) -> R,
     ) -> Result<R, CudaError> {
+        self.encode_whole(plan, src, |ch, readback| {
+            read_sealed_once(ch, &self.stream, readback, read)
+        })
+    }
+
+    /// `plan` encoded whole, its upload and launches queued one after the other, then
+    /// `finish` given its chain, its buffers and the readback buffer to copy the chunks back.
+    fn encode_whole<T, R>(
+        &self,
+        plan: &EncodePlan<'_, '_>,
+        src: &CudaSlice<T>,
+        finish: impl FnOnce(Finished<'_>, &mut Readback) -> Result<R, CudaError>,
+    ) -> Result<R, CudaError> {
         let (ch, levels) = self.resident_encode_chain(plan, 0..plan.chunks())?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
@@ -64,7 +79,7 @@ impl Gpu {
             };
             self.encode_launched(&up, src, None)?;
             let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
-            read_sealed(&up.ch, &up.dev, &self.stream, &mut readback, read)
+            finish((&up.ch, &up.dev), &mut readback)
         })();
         // Every exit waits for what was queued: the staging buffer is free for the next call.
         self.sync()?;
@@ -108,7 +123,9 @@ impl Gpu {
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let threads = self.upload_threads;
-        self.encode_uploaded_with(up, src, |chunks| copy_chunks(chunks, threads))
+        self.encode_uploaded_then(up, src, |ch, readback| {
+            read_vectors(ch, &self.stream, readback, threads)
+        })
     }
 
     /// [`encode_uploaded`](Self::encode_uploaded), each chunk's sealed bytes handed to `read`
@@ -121,10 +138,23 @@ impl Gpu {
         src: &CudaSlice<T>,
         read: impl FnOnce(&[&[u8]]) -> R,
     ) -> Result<R, CudaError> {
+        self.encode_uploaded_then(up, src, |ch, readback| {
+            read_sealed_once(ch, &self.stream, readback, read)
+        })
+    }
+
+    /// The uploaded plan's launches over `src`, then `finish` given its chain, its buffers
+    /// and the readback buffer to copy the chunks back.
+    fn encode_uploaded_then<T, R>(
+        &self,
+        up: &mut UploadedEncodePlan,
+        src: &CudaSlice<T>,
+        finish: impl FnOnce(Finished<'_>, &mut Readback) -> Result<R, CudaError>,
+    ) -> Result<R, CudaError> {
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.encode_launched(up, src, None)?;
         let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
-        read_sealed(&up.ch, &up.dev, &self.stream, &mut readback, read)
+        finish((&up.ch, &up.dev), &mut readback)
     }
 
     /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode) and
@@ -166,15 +196,12 @@ impl Gpu {
             };
             self.encode_launched(&up, src, Some(&mut done))?;
         }
-        let time_read = |read: &dyn Fn(&[&[u8]])| {
-            let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
-            best_time(reps, || {
-                read_sealed(&up.ch, &up.dev, &self.stream, &mut readback, read)
-            })
-        };
-        let threads = self.upload_threads;
-        let copy_back = time_read(&|c| drop(copy_chunks(c, threads)))?;
-        let read_back = time_read(&|_| ())?;
+        let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
+        let (done, s, threads) = ((&up.ch, &up.dev), &self.stream, self.upload_threads);
+        let copy_back = best_time(reps, || {
+            read_vectors(done, s, &mut readback, threads).map(drop)
+        })?;
+        let read_back = best_time(reps, || read_sealed_once(done, s, &mut readback, |_| ()))?;
         Ok(EncodeTimes {
             whole,
             handed_over,
@@ -384,9 +411,8 @@ impl Gpu {
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         copy.wait(&piece.done)
             .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
-        let threads = self.upload_threads;
-        let read = |chunks: &[&[u8]]| copy_chunks(chunks, threads);
-        read_sealed(&piece.ch, &piece.dev, copy, readback, read).map_err(|e| match e {
+        let done = (&piece.ch, &piece.dev);
+        read_vectors(done, copy, readback, self.upload_threads).map_err(|e| match e {
             CudaError::Encode { chunk, what } => CudaError::Encode {
                 chunk: chunk + piece.first_chunk,
                 what,
@@ -439,21 +465,72 @@ pub struct EncodeTimes {
     pub read_back: f64,
 }
 
-/// The chunks the launches of `dev` (over `ch`) sealed, copied back on `s` once they are
-/// done: their places, then the sealed bytes in one copy through `readback` (pinned memory
-/// the caller keeps), each chunk's handed to `read` there.
+/// An encode's chain and buffers once its launches are queued.
+type Finished<'a> = (&'a EncodeChain, &'a ffi::EncodeDev);
+
+/// The pinned memory a `Gpu` keeps for its encodes' copies back.
+type Readback = Option<PinnedHostSlice<u8>>;
+
+/// Copies back of a [`Gpu::encode`]'s chunks into vectors: each part's chunks copied into
+/// vectors while the next part crosses.
+const COPY_BACK_PARTS: usize = 4;
+
+/// The chunks the launches of `done` sealed, copied back on `s` once they are done: their
+/// places, then the sealed bytes through `readback` (pinned memory the caller keeps) in
+/// `parts` copies of whole chunks and about equal bytes, each part's chunks handed to `read`
+/// there as soon as they are (while the next part is copied), in order.
 fn read_sealed<R>(
-    ch: &EncodeChain,
-    dev: &ffi::EncodeDev,
+    (ch, dev): Finished<'_>,
     s: &Arc<CudaStream>,
-    readback: &mut Option<PinnedHostSlice<u8>>,
+    readback: &mut Readback,
+    parts: usize,
+    mut read: impl FnMut(&[&[u8]]) -> R,
+) -> Result<Vec<R>, CudaError> {
+    let places = ch.sealed_places(&dev.seal_results.download(s)?)?;
+    let starts = part_starts(&places, parts);
+    let end_of = |c: usize| c.checked_sub(1).map_or(0, |last| places[last].end);
+    let ends: Vec<usize> = starts[1..].iter().map(|&c| end_of(c)).collect();
+    dev.sealed.download_pinned(s, &ends, readback, |i, bytes| {
+        let first = starts[i];
+        let chunks = split_sealed(bytes, &places[first..starts[i + 1]]).map_err(|e| match e {
+            CudaError::Encode { chunk, what } => CudaError::Encode {
+                chunk: chunk + first,
+                what,
+            },
+            e => e,
+        })?;
+        Ok(read(&chunks))
+    })
+}
+
+/// [`read_sealed`] in one copy, every chunk handed to `read` at once.
+fn read_sealed_once<R>(
+    done: Finished<'_>,
+    s: &Arc<CudaStream>,
+    readback: &mut Readback,
     read: impl FnOnce(&[&[u8]]) -> R,
 ) -> Result<R, CudaError> {
-    let places = ch.sealed_places(&dev.seal_results.download(s)?)?;
-    let len = places.last().map_or(0, |p| p.end);
-    dev.sealed.download_pinned(s, len, readback, |b| {
-        split_sealed(b, &places).map(|chunks| read(&chunks))
-    })?
+    let mut read = Some(read);
+    let mut got = read_sealed(done, s, readback, 1, |chunks| {
+        read.take().map(|f| f(chunks))
+    })?;
+    got.pop().flatten().ok_or(CudaError::Input {
+        what: "a copy back in one part read in another",
+    })
+}
+
+/// [`read_sealed`] in [`COPY_BACK_PARTS`] copies, each part's chunks copied into vectors on
+/// `threads` threads ([`copy_chunks`]).
+fn read_vectors(
+    done: Finished<'_>,
+    s: &Arc<CudaStream>,
+    readback: &mut Readback,
+    threads: usize,
+) -> Result<Vec<Vec<u8>>, CudaError> {
+    let parts = read_sealed(done, s, readback, COPY_BACK_PARTS, |chunks| {
+        copy_chunks(chunks, threads)
+    })?;
+    Ok(parts.into_iter().flatten().collect())
 }
 
 /// The encode chain's entry points.
