@@ -98,11 +98,10 @@ pub struct Gpu {
     /// The device scratch of the decode and encode chains (symbols, their tables, values,
     /// words, chunk bytes), kept for the next upload (grown when short): every chain writes
     /// all of it that it reads, and chains run one at a time (`chain_lock`) but for a decode
-    /// or an encode in pieces, whose pieces on its two compute streams alternate between the
-    /// two.
+    /// or an encode in pieces, whose pieces alternate between the two.
     scratch: Mutex<[Option<Arc<CudaSlice<u8>>>; 2]>,
-    /// The copy stream and second compute stream of a decode or an encode in pieces, made by
-    /// the first.
+    /// The copy stream of a decode or an encode in pieces and the second compute stream of a
+    /// decode's, made by the first.
     pipe: Mutex<Option<pieces::PipeStreams>>,
     /// Coded blocks a piece of a decode holds ([`Gpu::set_decode_piece_blocks`]).
     piece_blocks: usize,

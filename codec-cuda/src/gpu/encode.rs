@@ -86,9 +86,9 @@ impl Gpu {
         encoded
     }
 
-    /// Sets the coded blocks of a piece of [`encode`](Self::encode): a plan of more (by half
-    /// a piece at least) is encoded in pieces of about this many blocks; 0 encodes every plan
-    /// whole. Default: [`DEFAULT_ENCODE_PIECE_BLOCKS`]. The chunks are the same for every
+    /// Sets the coded blocks of a piece of [`encode`](Self::encode): a plan of at least one
+    /// and a half times as many is encoded in pieces of about this many blocks; 0 encodes
+    /// every plan whole. Default: [`DEFAULT_ENCODE_PIECE_BLOCKS`]. The chunks are the same for every
     /// setting.
     pub fn set_encode_piece_blocks(&mut self, blocks: usize) {
         self.encode_piece_blocks = blocks;
@@ -322,7 +322,7 @@ impl Gpu {
 /// Coded blocks a piece of [`Gpu::encode`] holds by default ([`Gpu::set_encode_piece_blocks`]):
 /// a piece of fewer runs its launches on too little of a device for the copy back beside
 /// them to pay (codec-cuda's README has the figures).
-pub const DEFAULT_ENCODE_PIECE_BLOCKS: usize = 2048;
+pub const DEFAULT_ENCODE_PIECE_BLOCKS: usize = 4096;
 
 /// A piece of an encode whose launches are queued: its chain, buffers, first chunk in the
 /// plan and the event after its last launch.

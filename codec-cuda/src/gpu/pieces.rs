@@ -17,9 +17,10 @@ use crate::ffi;
 pub const DEFAULT_PIECE_BLOCKS: usize = 2048;
 
 /// The streams of a decode or an encode in pieces besides the `Gpu`'s own: a copy stream (a
-/// decode's uploads, an encode's copies back) and a second compute stream (pieces alternate
-/// between the two compute streams, so that one piece's launches fill the device beside the
-/// tail of the one before).
+/// decode's uploads, an encode's copies back) and a second compute stream (a decode's pieces
+/// alternate between the two compute streams, so that one piece's launches fill the device
+/// beside the tail of the one before; an encode's run one after another on the `Gpu`'s, so
+/// that each piece's copy back starts as early as it can).
 #[derive(Debug)]
 pub(super) struct PipeStreams {
     copy: Arc<CudaStream>,
