@@ -590,7 +590,7 @@ impl Gpu {
         let queued = {
             let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
             let on = (&self.stream, &mut staging[0]);
-            let q = self.queue_chain(&chain, source, on, 0, Some(levels))?;
+            let q = self.queue_chain(&chain, source, on, 0, Some(levels), &self.stream)?;
             self.sync()?;
             q
         };
@@ -741,7 +741,7 @@ impl Gpu {
     fn upload_chain(&self, ch: &Chain<'_>) -> Result<QueuedChain, CudaError> {
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         let on = (&self.stream, &mut staging[0]);
-        let queued = self.queue_chain(ch, WordSource::Packed, on, 0, None)?;
+        let queued = self.queue_chain(ch, WordSource::Packed, on, 0, None, &self.stream)?;
         self.sync()?;
         Ok(queued)
     }

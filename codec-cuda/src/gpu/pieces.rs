@@ -281,7 +281,8 @@ impl Gpu {
             let copy_start = mark(copy)?;
             let source = WordSource::of(&raw);
             let on = (copy, &mut staging[slot]);
-            let queued = self.queue_chain(&chain, source, on, slot, Some(levels))?;
+            let compute = computes[slot];
+            let queued = self.queue_chain(&chain, source, on, slot, Some(levels), compute)?;
             let done = event(copy)?;
             let (copy_end, queued_at) = (mark(copy)?, ms());
             wait(computes[slot], &done)?;

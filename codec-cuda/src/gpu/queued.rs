@@ -102,11 +102,14 @@ impl ChainStatuses {
 
 impl Gpu {
     /// Queues every input of `ch`'s launches on `s` in one packed upload through `staging`
-    /// (see [`ffi::Packer::queue`]; the caller keeps `staging` until `s` has passed it), and
-    /// with words copied as they lie, the word gather and the chunk checks; its launches'
-    /// large outputs in scratch slot `slot`, every status zeroed in one allocation. With
-    /// `levels`, the chain's table maps and channel constants are those resident arrays
-    /// ([`Gpu::resident_chain`]); without, the chain's own, packed.
+    /// (see [`ffi::Packer::queue`]; the caller keeps `staging` until `s` has passed it); its
+    /// launches' large outputs in scratch slot `slot`. On `launch_on` (the stream the
+    /// caller launches the chain on, `s` or one that waits for it), every status zeroed in
+    /// one allocation and, with words copied as they lie, the word gather and the chunk
+    /// checks once `s` has copied them: `s` only moves bytes, so that a copy stream's next
+    /// upload does not wait behind kernels. With `levels`, the chain's table maps and channel
+    /// constants are those resident arrays ([`Gpu::resident_chain`]); without, the chain's
+    /// own, packed.
     pub(super) fn queue_chain(
         &self,
         ch: &Chain<'_>,
@@ -114,6 +117,7 @@ impl Gpu {
         (s, staging): (&Arc<CudaStream>, &mut Option<PinnedHostSlice<u8>>),
         slot: usize,
         levels: Option<LevelViews>,
+        launch_on: &Arc<CudaStream>,
     ) -> Result<QueuedChain, CudaError> {
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
@@ -139,16 +143,24 @@ impl Gpu {
             Words::Packed(_) => (0, 0),
             Words::Raw(_, parts, checks) => (parts.len(), checks.len()),
         };
-        let z = ChainStatuses::new(s, ch, io.blocks.len(), (n_parts, n_checks))?;
+        let l = launch_on;
+        let z = ChainStatuses::new(l, ch, io.blocks.len(), (n_parts, n_checks))?;
         let (words, gathered) = match words {
             Words::Packed(slot) => (DevBuf::view(b, slot)?, None),
             Words::Raw(raw, parts, checks) => {
+                if !Arc::ptr_eq(s, l) {
+                    let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+                    let copied =
+                        (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))?;
+                    l.wait(&copied)
+                        .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
+                }
                 let (parts, checks) = (DevBuf::view(b, parts)?, DevBuf::view(b, checks)?);
                 let k = self.kernels(None)?;
-                let words = DevBuf::zeros(s, ch.n_words)?;
+                let words = DevBuf::zeros(l, ch.n_words)?;
                 let (gather, crc) = (z.view(z.gather)?, z.view(z.crc)?);
-                ffi::launch_gather_words(s, &k.gather_words, &raw, &parts, &words, &gather)?;
-                ffi::launch_check_chunks(s, &k.check_chunks, &raw, &checks, &crc)?;
+                ffi::launch_gather_words(l, &k.gather_words, &raw, &parts, &words, &gather)?;
+                ffi::launch_check_chunks(l, &k.check_chunks, &raw, &checks, &crc)?;
                 (words, Some([gather, crc]))
             }
         };
