@@ -90,7 +90,6 @@ fn main() {
 
     bench_encode_kernels(&gpu, &d, &profile, (rounds, copies));
     bench_encode_chain(&mut gpu, &d, profile.levels() / 2, (rounds, copies));
-    bench_encode_scaling(&mut gpu, &d, profile.levels() / 2, (rounds, 4 * copies));
     bench_pq(&mut gpu, &d, (rounds, copies));
 }
 
@@ -754,10 +753,34 @@ fn bench_decode_scaling(
     }
 }
 
-/// The encode chain from device memory: the fixture's K/V (f16, every layer) uploaded once,
-/// `copies` times its four 128-token chunks at `level` per plan; the whole `Gpu::encode` (inputs
-/// packed and uploaded, five launches, sealed chunks copied back), a plan uploaded once, and
-/// its launches alone.
+/// The fixture's K/V (f16, every layer) in device memory, its encode context (the middle
+/// level, a profile learned with the fixture's queries) and codec-core's bytes of its four
+/// 128-token chunks: what the encode benches encode, `copies` times per plan.
+struct EncodeInput<'a> {
+    d: &'a kvc_io::Dump,
+    ctx: &'a codec_core::ChunkContext<'a>,
+    source: Source,
+    src_bytes: usize,
+    dev_src: &'a CudaSlice<u8>,
+    level: u8,
+    want: Vec<Vec<u8>>,
+}
+
+impl EncodeInput<'_> {
+    /// A plan of `copies` times the fixture's chunks.
+    fn plan(&self, copies: usize) -> codec_cuda::encode_plan::EncodePlan<'_, '_> {
+        support::encode_plan(self.ctx, self.source, self.level, copies).0
+    }
+
+    /// Whether `got` are codec-core's chunks, the fixture's over and over.
+    fn is_codec_cores(&self, got: &[Vec<u8>]) -> bool {
+        let n = self.want.len();
+        got.iter().enumerate().all(|(i, c)| *c == self.want[i % n])
+    }
+}
+
+/// The encode benches: `copies` times the fixture's chunks at `level` per plan, then a batch
+/// 4x as large.
 fn bench_encode_chain(
     gpu: &mut Gpu,
     d: &kvc_io::Dump,
@@ -767,17 +790,37 @@ fn bench_encode_chain(
     let profile = support::profile_with_queries(d);
     let ctx = support::encode_context(d, &profile);
     let (src, source) = Source::of_view(&d.kv.view());
-    let (plan, chunks) = support::encode_plan(&ctx, source, level, copies);
     let dev_src = gpu.upload(&src).expect("upload");
-    let got = gpu.encode(&plan, &dev_src).expect("encode");
-    for (i, r) in chunks.iter().enumerate() {
-        let want = ctx
-            .encode_chunk(&d.kv.view(), r.clone(), level)
-            .expect("codec-core");
-        assert!(got[i] == want, "chunk {i}: not codec-core's bytes");
-    }
-    let t = gpu.time_encode(&plan, &dev_src, rounds).expect("timed");
-    let in_bytes = (copies * src.len()) as f64;
+    let (_, chunks) = support::encode_plan(&ctx, source, level, 1);
+    let want = (chunks.iter())
+        .map(|r| {
+            ctx.encode_chunk(&d.kv.view(), r.clone(), level)
+                .expect("codec-core")
+        })
+        .collect();
+    let input = EncodeInput {
+        d,
+        ctx: &ctx,
+        source,
+        src_bytes: src.len(),
+        dev_src: &dev_src,
+        level,
+        want,
+    };
+    bench_encode_whole(gpu, &input, (rounds, copies));
+    bench_encode_scaling(gpu, &input, (rounds, 4 * copies));
+}
+
+/// The encode chain from device memory: the whole `Gpu::encode` (inputs packed and uploaded,
+/// five launches, sealed chunks copied back), handed over, a plan uploaded once, its launches
+/// alone, and in pieces of 960 to 120 blocks.
+fn bench_encode_whole(gpu: &mut Gpu, input: &EncodeInput<'_>, (rounds, copies): (usize, usize)) {
+    let (level, dev_src) = (input.level, input.dev_src);
+    let plan = input.plan(copies);
+    let got = gpu.encode(&plan, dev_src).expect("encode");
+    assert!(input.is_codec_cores(&got), "not codec-core's bytes");
+    let t = gpu.time_encode(&plan, dev_src, rounds).expect("timed");
+    let in_bytes = (copies * input.src_bytes) as f64;
     let out_bytes: usize = got.iter().map(Vec::len).sum();
     println!(
         "encode chain level {level}: {:.1} MB of f16 input from device memory to {:.1} MB of \
@@ -811,7 +854,7 @@ fn bench_encode_chain(
     let mut pieces = Vec::new();
     for piece_blocks in [960, 480, 240, 120] {
         gpu.set_encode_piece_blocks(piece_blocks);
-        let (t, got_pieces) = best_of(rounds, || gpu.encode(&plan, &dev_src).expect("pieces"));
+        let (t, got_pieces) = best_of(rounds, || gpu.encode(&plan, dev_src).expect("pieces"));
         assert!(
             got_pieces == got,
             "{piece_blocks} blocks a piece: not the whole encode's"
@@ -826,55 +869,39 @@ fn bench_encode_chain(
     println!(
         "encode chain level {level} in pieces (Gpu::set_encode_piece_blocks, of {} blocks), \
          blocks a piece: {}",
-        plan.chunks() * 2 * d.kv.shape.layers as usize,
+        plan.chunks() * 2 * input.d.kv.shape.layers as usize,
         pieces.join(", ")
     );
 }
 
 /// The encode chain of a larger batch (`copies` times the fixture's four chunks): whole,
 /// handed over, and in pieces of 1920 and 3840 blocks, every chunk codec-core's.
-fn bench_encode_scaling(
-    gpu: &mut Gpu,
-    d: &kvc_io::Dump,
-    level: u8,
-    (rounds, copies): (usize, usize),
-) {
-    let profile = support::profile_with_queries(d);
-    let ctx = support::encode_context(d, &profile);
-    let (src, source) = Source::of_view(&d.kv.view());
-    let (plan, chunks) = support::encode_plan(&ctx, source, level, copies);
-    let dev_src = gpu.upload(&src).expect("upload");
-    let want: Vec<Vec<u8>> = (chunks.iter().take(4))
-        .map(|r| {
-            ctx.encode_chunk(&d.kv.view(), r.clone(), level)
-                .expect("codec-core")
-        })
-        .collect();
-    let in_bytes = (copies * src.len()) as f64;
+fn bench_encode_scaling(gpu: &mut Gpu, input: &EncodeInput<'_>, (rounds, copies): (usize, usize)) {
+    let plan = input.plan(copies);
+    let in_bytes = (copies * input.src_bytes) as f64;
     let rate = |t: f64| format!("{:.3} ms = {:.2} GB/s", t * 1e3, in_bytes / t / 1e9);
     let mut lines = Vec::new();
     for piece_blocks in [0, 1920, 3840] {
         gpu.set_encode_piece_blocks(piece_blocks);
-        let (t, got) = best_of(rounds, || gpu.encode(&plan, &dev_src).expect("encode"));
-        let same = got
-            .iter()
-            .enumerate()
-            .all(|(i, c)| *c == want[i % want.len()]);
+        let (t, got) = best_of(rounds, || gpu.encode(&plan, input.dev_src).expect("encode"));
         assert!(
-            same,
-            "{piece_blocks} blocks a piece: not codec-core's bytes"
+            input.is_codec_cores(&got),
+            "{piece_blocks} blocks a piece: not codec-core's"
         );
         lines.push(format!("{piece_blocks} blocks a piece {}", rate(t)));
     }
     gpu.set_encode_piece_blocks(codec_cuda::DEFAULT_ENCODE_PIECE_BLOCKS);
-    let (t, ()) = best_of(rounds, || {
-        gpu.encode_with(&plan, &dev_src, |_| ()).expect("encode")
-    });
+    let handed = || {
+        gpu.encode_with(&plan, input.dev_src, |_| ())
+            .expect("encode")
+    };
+    let (t, ()) = best_of(rounds, handed);
     println!(
-        "encode scaling level {level}, {copies} copies ({:.1} MB of f16 input, {} blocks): \
+        "encode scaling level {}, {copies} copies ({:.1} MB of f16 input, {} blocks): \
          Gpu::encode {}; Gpu::encode_with (handed over) {}",
+        input.level,
         in_bytes / 1e6,
-        plan.chunks() * 2 * d.kv.shape.layers as usize,
+        plan.chunks() * 2 * input.d.kv.shape.layers as usize,
         lines.join(", "),
         rate(t)
     );
