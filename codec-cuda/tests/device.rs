@@ -517,9 +517,10 @@ fn plan_of<'c, 'p>(
 }
 
 /// The encode chain in pieces (`Gpu::set_encode_piece_blocks`: runs of whole chunks, each
-/// piece's chunks copied back on a copy stream beside the next piece's launches) writes the host-run chain's chunks for every piece size, twice in a row (the
-/// scratch of an earlier piece left as it was), and refuses a short source as a whole encode;
-/// `Gpu::encode_with` hands the same chunks over.
+/// piece's chunks copied back on a copy stream beside the next piece's launches) writes the
+/// host-run chain's chunks for every piece size, twice in a row (the scratch of an earlier
+/// piece left as it was), and refuses a short source as a whole encode; `Gpu::encode_with`
+/// hands the same chunks over.
 #[test]
 fn device_encodes_in_pieces_as_whole() {
     let Some(mut gpu) = gpu("device_encodes_in_pieces_as_whole") else {

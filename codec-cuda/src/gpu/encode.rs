@@ -88,8 +88,8 @@ impl Gpu {
 
     /// Sets the coded blocks of a piece of [`encode`](Self::encode): a plan of at least one
     /// and a half times as many is encoded in pieces of about this many blocks; 0 encodes
-    /// every plan whole. Default: [`DEFAULT_ENCODE_PIECE_BLOCKS`]. The chunks are the same for every
-    /// setting.
+    /// every plan whole. Default: [`DEFAULT_ENCODE_PIECE_BLOCKS`]. The chunks are the same
+    /// for every setting.
     pub fn set_encode_piece_blocks(&mut self, blocks: usize) {
         self.encode_piece_blocks = blocks;
     }
@@ -412,13 +412,8 @@ impl Gpu {
         copy.wait(&piece.done)
             .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
         let done = (&piece.ch, &piece.dev);
-        read_vectors(done, copy, readback, self.upload_threads).map_err(|e| match e {
-            CudaError::Encode { chunk, what } => CudaError::Encode {
-                chunk: chunk + piece.first_chunk,
-                what,
-            },
-            e => e,
-        })
+        read_vectors(done, copy, readback, self.upload_threads)
+            .map_err(chunks_after(piece.first_chunk))
     }
 }
 
@@ -492,15 +487,21 @@ fn read_sealed<R>(
     let ends: Vec<usize> = starts[1..].iter().map(|&c| end_of(c)).collect();
     dev.sealed.download_pinned(s, &ends, readback, |i, bytes| {
         let first = starts[i];
-        let chunks = split_sealed(bytes, &places[first..starts[i + 1]]).map_err(|e| match e {
-            CudaError::Encode { chunk, what } => CudaError::Encode {
-                chunk: chunk + first,
-                what,
-            },
-            e => e,
-        })?;
+        let chunks = split_sealed(bytes, &places[first..starts[i + 1]]);
+        let chunks = chunks.map_err(chunks_after(first))?;
         Ok(read(&chunks))
     })
+}
+
+/// An error of a run of chunks as an error of the whole, the run starting at chunk `first`.
+fn chunks_after(first: usize) -> impl Fn(CudaError) -> CudaError {
+    move |e| match e {
+        CudaError::Encode { chunk, what } => CudaError::Encode {
+            chunk: chunk + first,
+            what,
+        },
+        e => e,
+    }
 }
 
 /// [`read_sealed`] in one copy, every chunk handed to `read` at once.

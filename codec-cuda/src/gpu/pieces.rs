@@ -1,8 +1,8 @@
 //! Decoding a plan in pieces on one [`Gpu`]: each piece's chain is built on a host thread
 //! while the piece before is queued, and its upload queued on a copy stream while the
 //! launches of the piece before run on a compute stream, so that the host's work, the copy
-//! across PCIe and the kernels overlap instead of following one another. Pieces are runs of whole chunks, which write disjoint parts of the
-//! output: the bits are the whole plan's.
+//! across PCIe and the kernels overlap instead of following one another. Pieces are runs of
+//! whole chunks, which write disjoint parts of the output: the bits are the whole plan's.
 
 use std::sync::Arc;
 
@@ -45,8 +45,8 @@ type BuiltPiece<'p> = (
 
 /// For benches: when a piece's steps happened, in milliseconds from the decode's start
 /// ([`Gpu::time_decode_pieces`]): on the host, its chain taken from the builder thread, its
-/// upload queued, its launches queued; on the device, its upload's start and end on the copy stream, its
-/// launches' start and end.
+/// upload queued, its launches queued; on the device, its upload's start and end on the copy
+/// stream, its launches' start and end.
 pub type PieceTimes = [f64; 7];
 
 /// The events a timed decode in pieces records: its start (on the `Gpu`'s stream), and per
