@@ -590,8 +590,9 @@ impl Gpu {
         let queued = {
             let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
             let on = (&self.stream, &mut staging[0]);
-            let q = self.queue_chain(&chain, source, on, 0, Some(levels), &self.stream)?;
+            let mut q = self.queue_chain(&chain, source, on, 0, Some(levels), &self.stream)?;
             self.sync()?;
+            q.free_raw();
             q
         };
         let t2 = std::time::Instant::now();
@@ -728,6 +729,15 @@ impl Gpu {
     /// returned is the same.
     pub fn set_upload_threads(&mut self, threads: usize) {
         self.upload_threads = host_threads(threads);
+    }
+
+    /// Keeps up to `bytes` of freed device memory mapped in the device's memory pool, the
+    /// one every stream-ordered allocation draws from (a chain's uploads, statuses and
+    /// words): the driver's default, 0, unmaps every freed byte at each synchronization, so
+    /// that each call maps its allocations again. The pool is the device's, shared by every
+    /// user of the device in this process; the bits decoded or encoded are the same.
+    pub fn set_pool_release_threshold(&self, bytes: u64) -> Result<(), CudaError> {
+        ffi::set_pool_release_threshold(&self.ctx, bytes)
     }
 
     /// `p` uploaded through the first kept staging buffer by the upload threads.

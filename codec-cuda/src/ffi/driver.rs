@@ -48,3 +48,34 @@ pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> CudaErro
         code: format!("{:?}", e.0),
     }
 }
+
+/// Sets how many bytes of freed memory the current memory pool of `ctx`'s device keeps mapped
+/// at a synchronization (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`; the driver's default, 0, returns
+/// every freed byte to the system then, so that the next stream-ordered allocation maps it
+/// again). The pool is the device's: every user of the device in the process shares it.
+pub(crate) fn set_pool_release_threshold(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    bytes: u64,
+) -> Result<(), CudaError> {
+    use cudarc::driver::sys;
+    ctx.bind_to_thread()
+        .map_err(driver_err("cuCtxSetCurrent"))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the driver is loaded (a context exists, invariant 4); `pool` is a valid place
+    // for the pool handle the call writes.
+    unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .map_err(driver_err("cuDeviceGetMemPool"))?;
+    let mut value = bytes;
+    // SAFETY: `pool` is the handle the driver gave; the release threshold is a `u64`, which
+    // `value` is, alive for the call.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut value as *mut u64).cast(),
+        )
+    }
+    .result()
+    .map_err(driver_err("cuMemPoolSetAttribute"))
+}

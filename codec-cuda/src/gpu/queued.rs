@@ -22,6 +22,12 @@ pub(super) struct QueuedChain {
     pub statuses: Arc<CudaSlice<u8>>,
     /// The word gather's and the chunk checks' statuses (words copied as they lie only).
     gathered: Option<[DevBuf<u32>; 2]>,
+    /// The bytes copied as they lie, which the word gather and the chunk checks read: kept
+    /// until they have run. Dropping a device buffer queues, on the stream that made it (the
+    /// copy stream, in pieces), a wait for the launches reading it: dropped in
+    /// [`Gpu::queue_chain`], it held the next piece's upload behind this piece's gather,
+    /// itself queued behind the launches of the piece two back.
+    raw: Option<DevBuf<u8>>,
 }
 
 impl QueuedChain {
@@ -33,6 +39,12 @@ impl QueuedChain {
             check_crcs(crcs, &crc.read_in(bytes)?)?;
         }
         Ok(())
+    }
+
+    /// Frees the bytes copied as they lie, once the word gather and the chunk checks have run
+    /// (the caller has synchronized with them).
+    pub fn free_raw(&mut self) {
+        self.raw = None;
     }
 
     /// The chain's five launches' statuses (exponent lanes, table resolution, symbol lanes,
@@ -145,8 +157,8 @@ impl Gpu {
         };
         let l = launch_on;
         let z = ChainStatuses::new(l, ch, io.blocks.len(), (n_parts, n_checks))?;
-        let (words, gathered) = match words {
-            Words::Packed(slot) => (DevBuf::view(b, slot)?, None),
+        let (words, gathered, raw) = match words {
+            Words::Packed(slot) => (DevBuf::view(b, slot)?, None, None),
             Words::Raw(raw, parts, checks) => {
                 if !Arc::ptr_eq(s, l) {
                     let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
@@ -161,7 +173,7 @@ impl Gpu {
                 let (gather, crc) = (z.view(z.gather)?, z.view(z.crc)?);
                 ffi::launch_gather_words(l, &k.gather_words, &raw, &parts, &words, &gather)?;
                 ffi::launch_check_chunks(l, &k.check_chunks, &raw, &checks, &crc)?;
-                (words, Some([gather, crc]))
+                (words, Some([gather, crc]), Some(raw))
             }
         };
         let mut o = ffi::Packer::default();
@@ -220,6 +232,7 @@ impl Gpu {
             dev,
             statuses: z.base,
             gathered,
+            raw,
         })
     }
 }
