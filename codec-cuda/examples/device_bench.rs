@@ -13,8 +13,9 @@
 //! statuses), its upload alone (`Gpu::upload_plan`, its packing by the default threads and by
 //! one), the same decode from the streams in page-locked memory (`Gpu::decode_from`, each copy
 //! a stream of its own there), the same by 1 to 8 host threads at once, each with its own
-//! `Gpu::fork` and share of the copies (and of 4x as many), in pieces (and with the device's
-//! memory pool keeping freed memory: `Gpu::set_pool_release_threshold`), the decode of a plan uploaded once
+//! `Gpu::fork` and share of the copies (and of 4x as many), in pieces (4x and 16x as many
+//! too; pieces growing from a small first one, `Gpu::set_decode_first_piece_blocks`; the
+//! device's memory pool keeping freed memory, `Gpu::set_pool_release_threshold`), the decode of a plan uploaded once
 //! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
 //! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
@@ -291,7 +292,7 @@ fn bench_decode(
     for n in [copies, 4 * copies] {
         bench_decode_threads(gpu, &bytes, (rounds, n), one_copy);
     }
-    for n in [copies, 4 * copies] {
+    for n in [copies, 4 * copies, 16 * copies] {
         bench_decode_pieces(gpu, &bytes, (rounds, n), one_copy);
     }
     bench_lane_decode(gpu, &plan, level, rounds);
@@ -354,21 +355,28 @@ fn bench_decode_pieces(
             gbs(into)
         ));
     }
-    // The same decode_from with the device's memory pool keeping what each call frees (its
-    // uploads, statuses and words are mapped once, not at every call).
-    gpu.set_pool_release_threshold(u64::MAX).unwrap();
-    let mut kept = Vec::new();
-    for piece_blocks in [0, 4096, 2048] {
+    // decode_from with pieces growing from a small first one, then with the device's memory
+    // pool keeping what each call frees (its uploads, statuses and words mapped once).
+    let mut from = |gpu: &mut Gpu, (piece_blocks, first): (usize, usize)| {
         gpu.set_decode_piece_blocks(piece_blocks);
+        gpu.set_decode_first_piece_blocks(first);
         let (t, r) = best_of(rounds, || gpu.decode_from(&at_decode, &host, &mut out));
         let got = gpu.stream().clone_dtoh(&out).unwrap();
         let ok = r.is_ok() && got.chunks_exact(one_copy.len()).all(|c| c == one_copy);
-        kept.push(format!(
-            "{piece_blocks}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
+        gpu.set_decode_first_piece_blocks(0);
+        format!(
+            "{piece_blocks} from {first}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
             t * 1e3,
             gbs(t)
-        ));
-    }
+        )
+    };
+    let ramps = [(4096, 256), (4096, 1024), (2048, 256), (2048, 512)];
+    let ramped: Vec<_> = ramps.iter().map(|&p| from(gpu, p)).collect();
+    gpu.set_pool_release_threshold(u64::MAX).unwrap();
+    let kept: Vec<_> = [(0, 0), (4096, 0), (2048, 0), (4096, 256), (2048, 256)]
+        .iter()
+        .map(|&p| from(gpu, p))
+        .collect();
     gpu.set_pool_release_threshold(0).unwrap();
     gpu.set_decode_piece_blocks(best.1);
     let (together, r) = best_of(rounds, || {
@@ -396,12 +404,14 @@ fn bench_decode_pieces(
     };
     println!(
         "decode in pieces on one handle, {copies} streams of {} bytes -> {:.1} MB f16, by \
-         blocks a piece: {}; decode_from, the pool keeping freed memory: {}; plan built and \
-         decode_from together at {}: {:.3} ms = {:.2} GB/s; decode_from at 1024 blocks a piece, each piece's steps in ms from its start (host: \
+         blocks a piece: {}; decode_from in pieces growing from a first: {}; the pool keeping \
+         freed memory: {}; plan built and decode_from together at {}: {:.3} ms = {:.2} GB/s; \
+         decode_from at 1024 blocks a piece, each piece's steps in ms from its start (host: \
          chain ready/upload queued/launches queued; device): {}",
         bytes.len(),
         (one_copy.len() * 2 * copies) as f64 / 1e6,
         line.join("; "),
+        ramped.join(", "),
         kept.join(", "),
         best.1,
         together * 1e3,

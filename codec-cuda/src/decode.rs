@@ -840,21 +840,24 @@ impl DecodePlan<'_> {
     }
 
     /// The plan's chunks cut into runs of about `piece_blocks` blocks each (0: one run of
-    /// them all), of about equal blocks, none empty: the pieces a `Gpu` decodes one after
-    /// another, each piece's upload beside the launches of the piece before.
-    pub(crate) fn pieces(&self, piece_blocks: usize) -> Vec<Range<usize>> {
-        let n = match piece_blocks {
-            0 => 1,
-            b => ((self.blocks + b / 2) / b).max(1),
-        };
-        let mut pieces = Vec::with_capacity(n);
+    /// them all), none empty: the pieces a `Gpu` decodes one after another, each piece's
+    /// upload beside the launches of the piece before. With `first_blocks` below
+    /// `piece_blocks` (and not 0), the first run holds about `first_blocks` and each next one
+    /// twice the one before up to `piece_blocks`, so that the device starts on a small piece
+    /// while the larger ones cross; the rest is cut into runs of about equal blocks.
+    pub(crate) fn pieces(&self, piece_blocks: usize, first_blocks: usize) -> Vec<Range<usize>> {
+        let ends = piece_ends(self.blocks, piece_blocks, first_blocks);
+        let mut pieces = Vec::with_capacity(ends.len() + 1);
+        let mut ends = ends.into_iter().peekable();
         let mut start = 0;
         for (i, pc) in self.chunks.iter().enumerate() {
-            // A piece ends with the chunk that takes it to its share of the blocks.
-            let share = (pieces.len() + 1) * self.blocks / n;
-            if pc.first_block + pc.lanes.blocks.len() >= share && pieces.len() + 1 < n {
+            let end = pc.first_block + pc.lanes.blocks.len();
+            // A piece ends with the chunk that takes it to its end (or past it, and past the
+            // ends of the pieces too small to hold a chunk).
+            if ends.peek().is_some_and(|&e| end >= e) {
                 pieces.push(start..i + 1);
                 start = i + 1;
+                while ends.next_if(|&e| end >= e).is_some() {}
             }
         }
         if start < self.chunks.len() || pieces.is_empty() {
@@ -1129,6 +1132,27 @@ pub(crate) fn check_gather(status: &[u32]) -> Result<(), CudaError> {
     }
 }
 
+/// Where the pieces of `blocks` coded blocks end, in blocks from the first, the last piece's
+/// end (`blocks`) left out: a ramp from `first_blocks` doubling up to `piece_blocks` (when
+/// `first_blocks` is below it and not 0), then runs of about `piece_blocks` of about equal
+/// blocks ([`DecodePlan::pieces`]).
+fn piece_ends(blocks: usize, piece_blocks: usize, first_blocks: usize) -> Vec<usize> {
+    let mut ends = Vec::new();
+    if piece_blocks == 0 {
+        return ends;
+    }
+    let (mut at, mut size) = (0, first_blocks);
+    while size > 0 && size < piece_blocks && at + size < blocks {
+        at += size;
+        ends.push(at);
+        size *= 2;
+    }
+    let rest = blocks - at;
+    let n = ((rest + piece_blocks / 2) / piece_blocks).max(1);
+    ends.extend((1..n).map(|k| at + k * rest / n));
+    ends
+}
+
 /// A chain's statuses (exponent lanes, table resolution, symbol lanes, values,
 /// dequantization), its blocks' chunks `chunk_of`: the first failing block's chunk and what
 /// failed.
@@ -1240,7 +1264,7 @@ mod tests {
         // 3 streams of 4 chunks of 2 layers' K and V: 48 blocks.
         assert_eq!(plan.blocks, 48);
         for (piece_blocks, n) in [(0, 1), (48, 1), (100, 1), (24, 2), (16, 3), (8, 6), (1, 12)] {
-            let pieces = plan.pieces(piece_blocks);
+            let pieces = plan.pieces(piece_blocks, 0);
             assert_eq!(pieces.len(), n, "{piece_blocks} blocks a piece: {pieces:?}");
             assert_eq!(pieces.first().map(|p| p.start), Some(0));
             assert_eq!(pieces.last().map(|p| p.end), Some(plan.chunks()));
@@ -1255,6 +1279,63 @@ mod tests {
         }
         let past = plan.chain_of(&LevelCache::default(), 11..13);
         assert!(matches!(past, Err(CudaError::Input { .. })));
+    }
+
+    /// A ramp of pieces starts at the first piece's size and doubles up to the piece size,
+    /// then cuts the rest evenly; every end lies inside the plan, in order.
+    #[test]
+    fn piece_ends_ramp_from_the_first_then_cut_the_rest_evenly() {
+        let sizes = |blocks, piece, first| {
+            let mut ends = piece_ends(blocks, piece, first);
+            ends.push(blocks);
+            let starts = std::iter::once(0).chain(ends.clone());
+            ends.iter().zip(starts).map(|(e, s)| e - s).collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(7680, 2048, 256), [256, 512, 1024, 1962, 1963, 1963]);
+        assert_eq!(sizes(7680, 2048, 0), [1920; 4]);
+        assert_eq!(sizes(7680, 2048, 4096), [1920; 4]);
+        assert_eq!(sizes(1000, 2048, 256), [256, 512, 232]);
+        assert_eq!(sizes(100, 2048, 256), [100]);
+        assert_eq!(sizes(100, 0, 16), [100]);
+        for blocks in [1, 2, 7, 100, 1919, 7680] {
+            for (piece, first) in [(1, 0), (3, 1), (64, 5), (512, 100), (4096, 1)] {
+                let s = sizes(blocks, piece, first);
+                assert_eq!(s.iter().sum::<usize>(), blocks);
+                assert!(s.iter().all(|&n| n > 0), "{blocks} {piece} {first}: {s:?}");
+                // The ramp: the doublings below the piece size that end inside the plan.
+                let ramp: Vec<_> = (0..16)
+                    .map(|k| first << k)
+                    .take_while(|&n| n > 0 && n < piece)
+                    .scan(0, |at, n| {
+                        *at += n;
+                        (*at < blocks).then_some(n)
+                    })
+                    .collect();
+                assert_eq!(s[..ramp.len()], ramp, "{blocks} {piece} {first}: {s:?}");
+                let rest = &s[ramp.len()..];
+                let (lo, hi) = (rest.iter().min(), rest.iter().max());
+                assert!(hi.zip(lo).is_some_and(|(h, l)| h - l <= 1), "{s:?}");
+                assert!(rest.len() == 1 || rest.iter().all(|&n| 2 * n >= piece && n < 2 * piece));
+            }
+        }
+    }
+
+    /// Pieces of a ramp hold whole chunks, in order, and decode to the whole plan's bits.
+    #[test]
+    fn a_ramp_of_pieces_decodes_to_the_whole_plans_bits() {
+        let bytes = small_stream();
+        let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let plan = plan_of(&[&stream, &stream, &stream]);
+        let want = plan.decode_chain_host().unwrap();
+        // 48 blocks in chunks of 4: ramp ends at 4 and 12, then 36 blocks in two.
+        let pieces = plan.pieces(16, 4);
+        assert_eq!(pieces, [0..1, 1..3, 3..8, 8..12]);
+        let mut out = vec![0u16; plan.output().len];
+        for p in pieces {
+            let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
+            plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
+        }
+        assert!(out == want);
     }
 
     /// Level constants placed outside the chain (as a `Gpu` keeps them resident on its

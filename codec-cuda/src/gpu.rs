@@ -103,8 +103,10 @@ pub struct Gpu {
     /// The copy stream of a decode or an encode in pieces and the second compute stream of a
     /// decode's, made by the first.
     pipe: Mutex<Option<pieces::PipeStreams>>,
-    /// Coded blocks a piece of a decode holds ([`Gpu::set_decode_piece_blocks`]).
+    /// Coded blocks a piece of a decode holds, and its first piece
+    /// ([`Gpu::set_decode_piece_blocks`], [`Gpu::set_decode_first_piece_blocks`]).
     piece_blocks: usize,
+    first_piece_blocks: usize,
     /// Coded blocks a piece of an encode holds ([`Gpu::set_encode_piece_blocks`]).
     encode_piece_blocks: usize,
     /// Held from a chain's first launch until its statuses are read (decode) or its chunks
@@ -178,6 +180,7 @@ impl Gpu {
             lane_shape: LaneShape::DEFAULT,
             pq_shared_keys: u32::MAX,
             piece_blocks: DEFAULT_PIECE_BLOCKS,
+            first_piece_blocks: 0,
             encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
             staging: Mutex::new([None, None]),
             upload_threads: host_threads(0),
@@ -215,6 +218,7 @@ impl Gpu {
             lane_shape: self.lane_shape,
             pq_shared_keys: self.pq_shared_keys,
             piece_blocks: self.piece_blocks,
+            first_piece_blocks: self.first_piece_blocks,
             encode_piece_blocks: self.encode_piece_blocks,
             staging: Mutex::new([None, None]),
             upload_threads: self.upload_threads,

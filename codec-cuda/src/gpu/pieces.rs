@@ -66,6 +66,15 @@ impl Gpu {
         self.piece_blocks = blocks;
     }
 
+    /// Sets the coded blocks of the first piece of a decode in pieces: with `blocks` below
+    /// the piece size ([`set_decode_piece_blocks`](Self::set_decode_piece_blocks)), the
+    /// first piece holds about `blocks` and each next twice the one before up to the piece
+    /// size, so that the device starts on a small piece while larger ones cross. 0, the
+    /// default, cuts every piece alike. The bits are the same for every setting.
+    pub fn set_decode_first_piece_blocks(&mut self, blocks: usize) {
+        self.first_piece_blocks = blocks;
+    }
+
     /// The copy stream and the second compute stream (of a decode or an encode in pieces),
     /// made on the first call.
     pub(super) fn pipe_streams(&self) -> Result<(Arc<CudaStream>, Arc<CudaStream>), CudaError> {
@@ -146,7 +155,7 @@ impl Gpu {
         timeline: Option<&mut Option<Timeline>>,
     ) -> Result<(), CudaError> {
         check_page_size(plan)?;
-        let pieces = plan.pieces(self.piece_blocks);
+        let pieces = plan.pieces(self.piece_blocks, self.first_piece_blocks);
         if pieces.len() < 2 {
             let up = self.upload_plan_timed(plan, host, None)?;
             return self.decode_uploaded_into(&up, out);
