@@ -14,8 +14,11 @@
 // - kvc_map_values (between the symbol lane decode and the dequantization; §6.4): table index i
 //   of a radius-R table is the value i - R, and any i above 2R takes the block's next escape
 //   value (checks B7, B9), ranked by per-tile escape counts (see KvcValueShared).
+// - kvc_chain_verdict (after the last launch): one word, 0 when every status of the chain says
+//   it decoded, so that a chain that did reads back that word instead of all its statuses.
 //
-// One CUDA block per coded block; every range is checked before use.
+// One CUDA block per coded block (the verdict: a grid of threads striding over the statuses);
+// every range is checked before use.
 
 #include "kvc_crc.cuh"
 #include "kvc_kernel.cuh"
@@ -459,11 +462,41 @@ KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage, kvc
            kvc_values_rank_parts, kvc_values_offsets, kvc_values_rank_write,
            kvc_values_escapes_phase, kvc_values_status)
 
+// ----------------------------------------------------------------------------------------------
+// Chain verdict
+
+struct KvcVerdictArgs {
+    // A chain's statuses, one after another.
+    const kvc_u32* status;
+    kvc_u64 n_status;
+    // The first n_lenient pass below lenient_below (the exponent lanes', whose end checks do
+    // not fail a prefix); every other passes at 0 only.
+    kvc_u64 n_lenient;
+    kvc_u32 lenient_below;
+    kvc_u32 reserved;
+    // Zero before the launch; 1 after it if any status fails.
+    kvc_u32* verdict;
+};
+
+// Each thread strides over the statuses; one that saw a failing one marks the verdict.
+__device__ __forceinline__ void kvc_verdict(const KvcVerdictArgs& a, unsigned char*) {
+    const kvc_u64 stride = (kvc_u64)gridDim.x * blockDim.x;
+    bool bad = false;
+    for (kvc_u64 i = (kvc_u64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n_status; i += stride) {
+        const kvc_u32 s = a.status[i];
+        bad |= i < a.n_lenient ? s >= a.lenient_below : s != 0u;
+    }
+    if (bad) atomicOr(a.verdict, 1u);
+}
+
+// Any grid; no shared memory.
+KVC_KERNEL(kvc_chain_verdict, KvcVerdictArgs, kvc_verdict)
+
 #ifdef KVC_HOST
 #include <stddef.h>
 // For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
 // in declaration order, with sizeof(KvcValueShared) after the value mapping's and
-// sizeof(KvcCrcShared) at the end. Writes at most `cap` values.
+// sizeof(KvcCrcShared) after the chunk check's. Writes at most `cap` values.
 extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
         sizeof(KvcResolveBlock),
@@ -535,6 +568,13 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcCheckArgs, status),
         offsetof(KvcCheckArgs, n_checks),
         sizeof(KvcCrcShared),
+        sizeof(KvcVerdictArgs),
+        offsetof(KvcVerdictArgs, status),
+        offsetof(KvcVerdictArgs, n_status),
+        offsetof(KvcVerdictArgs, n_lenient),
+        offsetof(KvcVerdictArgs, lenient_below),
+        offsetof(KvcVerdictArgs, reserved),
+        offsetof(KvcVerdictArgs, verdict),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

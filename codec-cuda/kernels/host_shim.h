@@ -44,6 +44,11 @@ inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
     *p = old + v;
     return old;
 }
+inline unsigned int atomicOr(unsigned int* p, unsigned int v) {
+    const unsigned int old = *p;
+    *p = old | v;
+    return old;
+}
 inline unsigned int atomicXor(unsigned int* p, unsigned int v) {
     const unsigned int old = *p;
     *p = old ^ v;

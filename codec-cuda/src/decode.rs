@@ -1101,7 +1101,8 @@ impl Chain<'_> {
         Ok((lo..hi, parts, checks))
     }
 
-    /// Every launch's statuses: the first failing block's chunk and what failed.
+    /// Every launch's statuses: the first failing block's chunk and what failed. As a `Gpu`
+    /// reads a chain's, only when their verdict (`kvc_chain_verdict`, host-run) fails them.
     pub(crate) fn check(
         &self,
         exp_status: &[u32],
@@ -1117,6 +1118,13 @@ impl Chain<'_> {
             value_status,
             dq_status,
         ];
+        let rule = ffi::VerdictRule {
+            lenient: exp_status.len(),
+            lenient_below: EXP_LANES_FAIL_FROM,
+        };
+        if ffi::host_chain_verdict(&statuses.concat(), rule)? == 0 {
+            return Ok(());
+        }
         check_chain(&self.chunk_of, statuses)
     }
 }
@@ -1153,6 +1161,10 @@ fn piece_ends(blocks: usize, piece_blocks: usize, first_blocks: usize) -> Vec<us
     ends
 }
 
+/// An exponent lane's status from which it fails (`KVC_LANE_BAD_TABLE`): the end checks below
+/// it do not fail a lane whose exponents are a prefix of its block's.
+pub(crate) const EXP_LANES_FAIL_FROM: u32 = 4;
+
 /// A chain's statuses (exponent lanes, table resolution, symbol lanes, values,
 /// dequantization), its blocks' chunks `chunk_of`: the first failing block's chunk and what
 /// failed.
@@ -1161,8 +1173,7 @@ pub(crate) fn check_chain(chunk_of: &[usize], statuses: [&[u32]; 5]) -> Result<(
     for (b, &chunk) in chunk_of.iter().enumerate() {
         let bad = |what| Err(CudaError::Stream { chunk, what });
         let lanes = |s: &[u32]| s.get(b * LANES..(b + 1) * LANES).map(|l| l.to_vec());
-        // A prefix does not end a lane: only range and table statuses fail the exponents.
-        if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= 4)) {
+        if lanes(exp_status).is_none_or(|l| l.iter().any(|&s| s >= EXP_LANES_FAIL_FROM)) {
             return bad("exponent lanes could not be decoded");
         }
         if resolve_status.get(b) != Some(&0) {
@@ -1289,7 +1300,10 @@ mod tests {
             let mut ends = piece_ends(blocks, piece, first);
             ends.push(blocks);
             let starts = std::iter::once(0).chain(ends.clone());
-            ends.iter().zip(starts).map(|(e, s)| e - s).collect::<Vec<_>>()
+            ends.iter()
+                .zip(starts)
+                .map(|(e, s)| e - s)
+                .collect::<Vec<_>>()
         };
         assert_eq!(sizes(7680, 2048, 256), [256, 512, 1024, 1962, 1963, 1963]);
         assert_eq!(sizes(7680, 2048, 0), [1920; 4]);

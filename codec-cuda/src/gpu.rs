@@ -70,6 +70,7 @@ struct Kernels {
     map_values: CudaFunction,
     gather_words: CudaFunction,
     check_chunks: CudaFunction,
+    chain_verdict: CudaFunction,
     /// Dynamic shared memory a PQ search block may ask for: the device's opt-in maximum, to
     /// which the function's limit is raised.
     pq_shared_budget: u64,
@@ -335,6 +336,7 @@ impl Gpu {
             map_values: load("chain.cu", "kvc_map_values")?,
             gather_words: load("chain.cu", "kvc_gather_words")?,
             check_chunks: load("chain.cu", "kvc_check_chunks")?,
+            chain_verdict: load("chain.cu", "kvc_chain_verdict")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,
             pq_shared_budget: 0,
         };
@@ -629,6 +631,10 @@ impl Gpu {
         let k = self.kernels(None)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.launch_chain(&self.stream, &k, &up.queued.dev, up.output, out)?;
+        let verdict = up.queued.judge(&self.stream, &k.chain_verdict)?;
+        if queued::passed(&verdict, &self.stream)? {
+            return Ok(());
+        }
         let statuses = ffi::download_base(&self.stream, &up.queued.statuses)?;
         let [exp, resolve, sym, value, dequant] = up.queued.chain_statuses(&statuses)?;
         check_chain(&up.chunk_of, [&exp, &resolve, &sym, &value, &dequant])

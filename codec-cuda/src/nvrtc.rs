@@ -40,6 +40,7 @@ pub const KERNELS: &[KernelSource] = &[
             "kvc_check_chunks",
             "kvc_resolve_tables",
             "kvc_map_values",
+            "kvc_chain_verdict",
         ],
         decode: true,
     },

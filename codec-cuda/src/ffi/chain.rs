@@ -39,6 +39,12 @@ extern "C" {
         block: u32,
         shared_bytes: u64,
     ) -> c_int;
+    fn kvc_chain_verdict_host(
+        args: *const VerdictArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     #[cfg(test)]
     fn kvc_chain_layout(out: *mut u64, cap: u64) -> u64;
 }
@@ -235,6 +241,86 @@ pub(crate) fn launch_check_chunks(
     unsafe { launch_args(stream, check, &args, cfg, a) }
 }
 
+/// `KvcVerdictArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct VerdictArgs<S: Space> {
+    status: S::Const<u32>,
+    n_status: u64,
+    n_lenient: u64,
+    lenient_below: u32,
+    reserved: u32,
+    verdict: S::Mut<u32>,
+}
+
+/// Statuses each thread of a verdict reads, about: a grid of one thread per this many.
+const VERDICT_PER_THREAD: usize = 8;
+
+/// The grid of a verdict over `n` statuses: a thread per [`VERDICT_PER_THREAD`], in at most
+/// 1024 blocks of [`CHAIN_THREADS`] (the threads stride over the rest).
+fn verdict_grid(n: usize) -> u32 {
+    let blocks = n.div_ceil(CHAIN_THREADS as usize * VERDICT_PER_THREAD);
+    blocks.clamp(1, 1024) as u32
+}
+
+/// What a chain's statuses are judged by: the first `lenient` of `status` pass below
+/// `lenient_below`, the others at 0 only.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VerdictRule {
+    pub lenient: usize,
+    pub lenient_below: u32,
+}
+
+/// Runs `kvc_chain_verdict` on the host: 0 when every status passes `rule`, else 1.
+pub(crate) fn host_chain_verdict(status: &[u32], rule: VerdictRule) -> Result<u32, CudaError> {
+    let mut verdict = 0u32;
+    let args = VerdictArgs::<OnHost> {
+        status: status.as_ptr(),
+        n_status: status.len() as u64,
+        n_lenient: rule.lenient as u64,
+        lenient_below: rule.lenient_below,
+        reserved: 0,
+        verdict: &mut verdict,
+    };
+    let grid = verdict_grid(status.len());
+    // SAFETY: invariants 1, 2 (a pointer/count pair from a live slice, and one word, borrowed
+    // for the call) and 3 (CHAIN_THREADS threads, no shared memory).
+    let rc = unsafe { kvc_chain_verdict_host(&args, grid, CHAIN_THREADS, 0) };
+    host_ran(rc, "kvc_chain_verdict")?;
+    Ok(verdict)
+}
+
+/// Queues `kvc_chain_verdict` on `stream`: `verdict` (one zeroed word) marked if any of
+/// `status` fails `rule`.
+pub(crate) fn launch_chain_verdict(
+    stream: &CudaStream,
+    judge: &CudaFunction,
+    status: &DevBuf<u32>,
+    rule: VerdictRule,
+    verdict: &DevBuf<u32>,
+) -> Result<(), CudaError> {
+    if verdict.len() != 1 {
+        return Err(CudaError::Input {
+            what: "a verdict is one word",
+        });
+    }
+    let mut a = Addrs::default();
+    let (status_ptr, n_status) = a.of(status, stream);
+    let (verdict, _) = a.of(verdict, stream);
+    let args = VerdictArgs::<OnDevice> {
+        status: status_ptr,
+        n_status,
+        n_lenient: rule.lenient as u64,
+        lenient_below: rule.lenient_below,
+        reserved: 0,
+        verdict,
+    };
+    let cfg = launch_shape(verdict_grid(status.len()), CHAIN_THREADS, 0);
+    // SAFETY: invariants 1, 6 (the buffers are borrowed by the caller, which synchronizes the
+    // stream before it drops them), 7 and 3 (any grid, no shared memory).
+    unsafe { launch_args(stream, judge, &args, cfg, a) }
+}
+
 /// The buffers of one word gather.
 #[derive(Debug)]
 pub(crate) struct GatherIo<'a> {
@@ -394,6 +480,7 @@ unsafe impl DeviceRepr for ResolveArgs<OnDevice> {}
 unsafe impl DeviceRepr for ValueArgs<OnDevice> {}
 unsafe impl DeviceRepr for GatherArgs<OnDevice> {}
 unsafe impl DeviceRepr for CheckArgs<OnDevice> {}
+unsafe impl DeviceRepr for VerdictArgs<OnDevice> {}
 device_values!(ResolveBlock, ValueBlock, GatherPart, ChunkCheck);
 
 /// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
@@ -582,6 +669,9 @@ mod tests {
             CheckArgs<S> { raw, n_raw, checks, status, n_checks },
         ]);
         v.push(u64::from(CRC_SHARED_BYTES));
+        v.extend(layout![VerdictArgs<S> {
+            status, n_status, n_lenient, lenient_below, reserved, verdict
+        }]);
         v
     }
 
@@ -777,6 +867,34 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// `kvc_chain_verdict` against a plain reading: statuses all passing but for at most
+        /// a few, anywhere (in the lenient part or not, at its edge, past a thread's first
+        /// stride), any lenient part and bound.
+        #[test]
+        fn chain_verdicts_match_a_plain_reading(
+            n in 0usize..6000,
+            lenient in 0usize..7000,
+            below in 0u32..6,
+            failing in proptest::collection::vec((0usize..6000, 1u32..8), 0..3),
+        ) {
+            let lenient = lenient.min(n);
+            let mut status: Vec<u32> = (0..n)
+                .map(|i| if i < lenient { (i as u32 % 7).min(below.saturating_sub(1)) } else { 0 })
+                .collect();
+            for (at, v) in failing {
+                if let Some(s) = status.get_mut(at) {
+                    *s = v;
+                }
+            }
+            let passes = |(i, &s): (usize, &u32)| match i < lenient {
+                true => s < below,
+                false => s == 0,
+            };
+            let want = u32::from(!status.iter().enumerate().all(passes));
+            let rule = VerdictRule { lenient, lenient_below: below };
+            proptest::prop_assert_eq!(host_chain_verdict(&status, rule).unwrap(), want);
+        }
 
         /// `kvc_check_chunks` against the CRC-32C of the host: chunks at any byte offset and of
         /// any length (0, under and over a thread's share, several thousand bytes), their CRCs

@@ -306,6 +306,17 @@ impl<T> PackSlot<T> {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// The elements from this slot's first up to `end`'s first (a slot laid out after it by
+    /// the same [`Packer`]): the slots between and their alignment gaps. Empty when `end`
+    /// does not lie after it.
+    pub(crate) fn up_to(self, end: PackSlot<T>) -> PackSlot<T> {
+        PackSlot {
+            offset: self.offset,
+            len: end.offset.saturating_sub(self.offset) / size_of::<T>(),
+            _t: PhantomData,
+        }
+    }
 }
 
 /// Host arrays laid out one after another ([`PACK_ALIGN`]-aligned) and uploaded to one device

@@ -33,6 +33,7 @@ type Launched<'p> = (
     super::QueuedChain,
     Vec<usize>,
     Vec<crate::decode::ChunkCrc<'p>>,
+    ffi::DevBuf<u32>,
 );
 
 /// A piece's chain built on the host: the chain, the views of its level constants, and where
@@ -171,9 +172,16 @@ impl Gpu {
                 .map_err(ffi::driver_err("cuStreamSynchronize"))?;
         }
         let launched = launched?;
+        let mut passed = true;
+        for (.., verdict) in &launched {
+            passed &= super::queued::passed(verdict, &self.stream)?;
+        }
+        if passed {
+            return Ok(());
+        }
         let mut chunk_of = Vec::new();
         let mut statuses: [Vec<u32>; 5] = Default::default();
-        for (queued, piece_chunks, crcs) in &launched {
+        for (queued, piece_chunks, crcs, _) in &launched {
             let bytes = ffi::download_base(&self.stream, &queued.statuses)?;
             queued.check_gathered(&bytes, crcs)?;
             for (all, piece) in statuses.iter_mut().zip(queued.chain_statuses(&bytes)?) {
@@ -297,6 +305,7 @@ impl Gpu {
             wait(computes[slot], &done)?;
             let launch_start = mark(computes[slot])?;
             self.launch_chain(computes[slot], &k, &queued.dev, plan.output(), out)?;
+            let verdict = queued.judge(computes[slot], &k.chain_verdict)?;
             let launch_end = mark(computes[slot])?;
             uploaded[slot] = Some(done);
             if let (Some(a), Some(b), Some(c), Some(d)) =
@@ -304,7 +313,7 @@ impl Gpu {
             {
                 marks.push(([built, queued_at, ms()], [a, b, c, d]));
             }
-            launched.push((queued, chain.chunk_of, chain.checks));
+            launched.push((queued, chain.chunk_of, chain.checks, verdict));
         }
         if let Some(t) = timeline.as_mut() {
             **t = Some(Timeline {

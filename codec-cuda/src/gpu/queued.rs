@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::from_host::{WordSource, Words};
 use super::resident::LevelViews;
@@ -22,6 +22,10 @@ pub(super) struct QueuedChain {
     pub statuses: Arc<CudaSlice<u8>>,
     /// The word gather's and the chunk checks' statuses (words copied as they lie only).
     gathered: Option<[DevBuf<u32>; 2]>,
+    /// The statuses a verdict reads (all but the exponents' table indices) and how: the
+    /// exponent lanes' first.
+    judged: DevBuf<u32>,
+    rule: ffi::VerdictRule,
     /// The bytes copied as they lie, which the word gather and the chunk checks read: kept
     /// until they have run. Dropping a device buffer queues, on the stream that made it (the
     /// copy stream, in pieces), a wait for the launches reading it: dropped in
@@ -39,6 +43,19 @@ impl QueuedChain {
             check_crcs(crcs, &crc.read_in(bytes)?)?;
         }
         Ok(())
+    }
+
+    /// Queues the chain's verdict on `s`, after its launches: one word, 0 when every status
+    /// the checks read passes them ([`passed`]). Only a chain with another verdict needs its
+    /// statuses read back to name what failed.
+    pub fn judge(
+        &self,
+        s: &Arc<CudaStream>,
+        judge: &CudaFunction,
+    ) -> Result<DevBuf<u32>, CudaError> {
+        let verdict = DevBuf::zeros(s, 1)?;
+        ffi::launch_chain_verdict(s, judge, &self.judged, self.rule, &verdict)?;
+        Ok(verdict)
     }
 
     /// Frees the bytes copied as they lie, once the word gather and the chunk checks have run
@@ -72,6 +89,8 @@ struct ChainStatuses {
     dequant: PackSlot<u32>,
     gather: PackSlot<u32>,
     crc: PackSlot<u32>,
+    /// From the exponent lanes' statuses to the end: what a verdict reads.
+    judged: PackSlot<u32>,
 }
 
 impl ChainStatuses {
@@ -91,6 +110,7 @@ impl ChainStatuses {
         let value = z.reserve(ch.values.len());
         let dequant = z.reserve(dq_blocks);
         let (gather, crc) = (z.reserve(n_parts), z.reserve(n_checks));
+        let judged = exp.up_to(z.reserve(0));
         let base = s
             .alloc_zeros::<u8>(z.total())
             .map_err(ffi::driver_err("cuMemAllocAsync"))?;
@@ -104,6 +124,7 @@ impl ChainStatuses {
             dequant,
             gather,
             crc,
+            judged,
         })
     }
 
@@ -230,9 +251,20 @@ impl Gpu {
         };
         Ok(QueuedChain {
             dev,
+            judged: z.view(z.judged)?,
+            rule: ffi::VerdictRule {
+                lenient: z.exp.len(),
+                lenient_below: crate::decode::EXP_LANES_FAIL_FROM,
+            },
             statuses: z.base,
             gathered,
             raw,
         })
     }
+}
+
+/// Whether a verdict ([`QueuedChain::judge`]) says its chain decoded: its word copied back on
+/// `s` (synchronized) is 0.
+pub(super) fn passed(verdict: &DevBuf<u32>, s: &Arc<CudaStream>) -> Result<bool, CudaError> {
+    Ok(verdict.download(s)? == [0])
 }
