@@ -126,6 +126,25 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
 }
 
 impl DevBuf<u32> {
+    /// The buffer's elements copied back on `stream` (synchronized): of a view, its part of
+    /// its base only.
+    pub(crate) fn download_part(&self, stream: &Arc<CudaStream>) -> Result<Vec<u32>, CudaError> {
+        let DevMem::View { base, offset, .. } = &self.mem else {
+            return self.download(stream);
+        };
+        if self.len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = self.len.checked_mul(4).and_then(|b| b.checked_add(*offset));
+        let part = end.and_then(|end| base.try_slice(*offset..end));
+        let part = part.ok_or(CudaError::Input {
+            what: "a view outside its base",
+        })?;
+        let bytes = (stream.clone_dtoh(&part)).map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        Ok(bytes.chunks_exact(4).map(word).collect())
+    }
+
     /// A view's elements read from `base`, the bytes of its base as copied back (one copy
     /// for every status of a chain, [`download_base`]).
     pub(crate) fn read_in(&self, base: &[u8]) -> Result<Vec<u32>, CudaError> {

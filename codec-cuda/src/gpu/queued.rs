@@ -64,6 +64,20 @@ impl QueuedChain {
         self.raw = None;
     }
 
+    /// [`check_gathered`](Self::check_gathered) with only the word gather's and the chunk
+    /// checks' statuses copied back on `s` (synchronized).
+    pub fn check_gathered_on(
+        &self,
+        s: &Arc<CudaStream>,
+        crcs: &[ChunkCrc<'_>],
+    ) -> Result<(), CudaError> {
+        if let Some([gather, crc]) = &self.gathered {
+            check_gather(&gather.download_part(s)?)?;
+            check_crcs(crcs, &crc.download_part(s)?)?;
+        }
+        Ok(())
+    }
+
     /// The chain's five launches' statuses (exponent lanes, table resolution, symbol lanes,
     /// values, dequantization) as `bytes` hold them.
     pub fn chain_statuses(&self, bytes: &[u8]) -> Result<[Vec<u32>; 5], CudaError> {
