@@ -237,6 +237,28 @@ __device__ __forceinline__ bool kvc_enc_block_ok(const KvcLaneEncodeArgs& a,
     return ok;
 }
 
+// x / f, and x % f into *rem, for a lane state x and a frequency f >= 1 with x / f < 2^52 (the
+// state after renormalisation: x < f * 2^52, or f >= 2^12), without the 64-bit division the
+// device emulates: q = x * (1 / f) in f64 (x, 1 / f and the product each rounded once, so
+// within 1.5 of x / f), truncated, is within 2 of the quotient, and the remainder's sign and
+// size put it right. Exact: the same on the host and the device whatever the roundings.
+__device__ __forceinline__ kvc_u64 kvc_lane_divmod(kvc_u64 x, kvc_u32 f, kvc_u64* rem) {
+#ifdef KVC_HOST
+    const double inv = 1.0 / (double)f;
+#else
+    const double inv = __drcp_rn((double)f);
+#endif
+    kvc_u64 q = (kvc_u64)((double)x * inv);
+    long long r = (long long)(x - q * f);
+    const long long d = (long long)f;
+    if (r < 0) q--, r += d;
+    if (r < 0) q--, r += d;
+    if (r >= d) q++, r -= d;
+    if (r >= d) q++, r -= d;
+    *rem = (kvc_u64)r;
+    return q;
+}
+
 // A lane's symbol on its way through the encoder's pipeline: its table index in the block's
 // list and its value, then its table's id (`ok` false if the index is outside the list), then
 // its table entry (0, a frequency the encoder refuses, if not ok).
@@ -308,7 +330,9 @@ __device__ __forceinline__ void kvc_lane_encode(const KvcLaneEncodeArgs& a, unsi
             out[n_out++] = (kvc_u32)x;
             x >>= 32;
         }
-        x = ((x / f) << KVC_PRECISION) | (cdf + x % f);
+        kvc_u64 rem;
+        const kvc_u64 q = kvc_lane_divmod(x, (kvc_u32)f, &rem);
+        x = (q << KVC_PRECISION) | (cdf + rem);
         e = e_next;
     }
     if (status == KVC_ENCODE_OK && x != 0) {
@@ -1266,6 +1290,11 @@ __device__ __forceinline__ void kvc_seal_finish(const KvcWriteArgs& a, unsigned 
 KVC_KERNEL(kvc_seal_chunks, KvcWriteArgs, kvc_seal_before, kvc_seal_finish)
 
 #ifdef KVC_HOST
+// For a test: the lane encoder's quotient and remainder.
+extern "C" kvc_u64 kvc_lane_divmod_test(kvc_u64 x, kvc_u32 f, kvc_u64* rem) {
+    return kvc_lane_divmod(x, f, rem);
+}
+
 #include <stddef.h>
 // For the test of the Rust mirrors: sizeof and offsetof of every field of the argument structs
 // in declaration order, then KVC_MAX_SYMBOL. Writes at most `cap` values; returns how many.

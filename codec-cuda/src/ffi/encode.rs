@@ -32,6 +32,8 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_encode_layout(out: *mut u64, cap: u64) -> u64;
+    #[cfg(test)]
+    fn kvc_lane_divmod_test(x: u64, f: u32, rem: *mut u64) -> u64;
     fn kvc_encode_blocks_host(
         args: *const EncodeArgs<OnHost>,
         grid: u32,
@@ -815,6 +817,62 @@ fn launch_write<T>(
 mod tests {
     use super::*;
     use crate::ffi::host_layout;
+
+    /// The lane encoder's quotient and remainder (host build).
+    fn lane_divmod(x: u64, f: u32) -> (u64, u64) {
+        let mut rem = u64::MAX;
+        // SAFETY: a plain function of two integers writing one through a live pointer.
+        let q = unsafe { kvc_lane_divmod_test(x, f, &mut rem) };
+        (q, rem)
+    }
+
+    /// The largest state the lane encoder divides by `f`: below `f * 2^52` (after
+    /// renormalisation) or, for `f` of 2^12 and more, any.
+    fn largest_state(f: u32) -> u64 {
+        (u64::from(f) << 52)
+            .checked_sub(1)
+            .filter(|_| f < 1 << 12)
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The lane encoder's division without a 64-bit divide is the division, at the edges of
+    /// its states (0, around powers of two and multiples of `f`, the largest) and for every
+    /// frequency a table may hold.
+    #[test]
+    fn lane_divmod_is_the_division_at_the_edges() {
+        for f in (1..=4097).chain([8191, 65535, u32::from(u16::MAX) + 7]) {
+            let top = largest_state(f);
+            let f64_ = u64::from(f);
+            let mut xs = vec![
+                0,
+                1,
+                f64_ - 1,
+                f64_,
+                f64_ + 1,
+                top,
+                top - 1,
+                top / 2,
+                top / 3,
+            ];
+            xs.extend((40..64).map(|b| 1u64 << b).filter(|&x| x <= top));
+            xs.extend([top / f64_ * f64_, (top / f64_ * f64_).saturating_sub(1)]);
+            for x in xs.into_iter().filter(|&x| x <= top) {
+                assert_eq!(lane_divmod(x, f), (x / f64_, x % f64_), "{x} / {f}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// ... and at any state.
+        #[test]
+        fn lane_divmod_is_the_division(f in 1u32..70000, at in proptest::prelude::any::<u64>()) {
+            let x = largest_state(f).checked_add(1).map_or(at, |n| at % n);
+            let f64_ = u64::from(f);
+            proptest::prop_assert_eq!(lane_divmod(x, f), (x / f64_, x % f64_));
+        }
+    }
 
     /// What `kvc_encode_layout` reports, from the mirrors in space `S`.
     fn rust_encode_layout<S: Space>() -> Vec<u64> {
