@@ -1281,12 +1281,10 @@ mod tests {
             assert_eq!(pieces.last().map(|p| p.end), Some(plan.chunks()));
             assert!(pieces.windows(2).all(|w| w[0].end == w[1].start));
             assert!(pieces.iter().all(|p| !p.is_empty()));
-            let mut out = vec![0u16; plan.output().len];
-            for p in pieces {
-                let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
-                plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
-            }
-            assert!(out == want, "{piece_blocks} blocks a piece");
+            assert!(
+                decode_pieces_host(&plan, pieces) == want,
+                "{piece_blocks} a piece"
+            );
         }
         let past = plan.chain_of(&LevelCache::default(), 11..13);
         assert!(matches!(past, Err(CudaError::Input { .. })));
@@ -1344,12 +1342,17 @@ mod tests {
         // 48 blocks in chunks of 4: ramp ends at 4 and 12, then 36 blocks in two.
         let pieces = plan.pieces(16, 4);
         assert_eq!(pieces, [0..1, 1..3, 3..8, 8..12]);
+        assert!(decode_pieces_host(&plan, pieces) == want);
+    }
+
+    /// `plan` decoded by the host-run chains of `pieces`, one after another, into one output.
+    fn decode_pieces_host(plan: &DecodePlan<'_>, pieces: Vec<Range<usize>>) -> Vec<u16> {
         let mut out = vec![0u16; plan.output().len];
         for p in pieces {
             let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
             plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
         }
-        assert!(out == want);
+        out
     }
 
     /// Level constants placed outside the chain (as a `Gpu` keeps them resident on its
