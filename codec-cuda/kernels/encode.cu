@@ -122,22 +122,34 @@ __device__ __forceinline__ bool kvc_quant_block_ok(const KvcQuantArgs& a, const 
 // (the walk would otherwise wait on every row's loads in turn).
 #define KVC_QUANT_AHEAD 4u
 
+// What a channel's walk loads for a non-sink row ahead of its arithmetic: its step multiplier,
+// and a tag handed to the row's output with its symbol value (the encode chain's table-list
+// index; 0 for kvc_quantize).
+struct KvcRowStep {
+    float mult;
+    kvc_u32 tag;
+};
+
 // Quantizes one channel down a block's rows (codec_core's closed loop, §7), keeping the
 // group's reconstructed anchor (as the decoder rebuilds it) in a register: `x(r)` is row r's
-// value (sink rows first, kept as they are), `mult(i)` non-sink row i's step multiplier, and
-// `out(i, v)` receives its symbol value. Every f32 operation is one rounded operation in
+// value (sink rows first, kept as they are), `step(i)` non-sink row i's KvcRowStep, and
+// `out(i, v, tag)` receives its symbol value. Every f32 operation is one rounded operation in
 // codec-core's order.
 template <class X, class M, class O>
 __device__ __forceinline__ void kvc_quantize_channel(const KvcQuantConsts k, kvc_u32 rows,
                                                      kvc_u32 sink_rows, kvc_u32 group, X x,
-                                                     M mult, O out) {
+                                                     M step_of, O out) {
     float anchor = 0.0f;
     for (kvc_u32 r0 = 0; r0 < rows; r0 += KVC_QUANT_AHEAD) {
         float v[KVC_QUANT_AHEAD], m[KVC_QUANT_AHEAD];
+        kvc_u32 tag[KVC_QUANT_AHEAD];
         for (kvc_u32 j = 0; j < KVC_QUANT_AHEAD; j++) {
             const kvc_u32 r = r0 + j;
             v[j] = r < rows ? x(r) : 0.0f;
-            m[j] = r < rows && r >= sink_rows ? mult(r - sink_rows) : 1.0f;
+            const KvcRowStep st =
+                r < rows && r >= sink_rows ? step_of(r - sink_rows) : KvcRowStep{1.0f, 0u};
+            m[j] = st.mult;
+            tag[j] = st.tag;
         }
         for (kvc_u32 j = 0; j < KVC_QUANT_AHEAD && r0 + j < rows; j++) {
             const kvc_u32 r = r0 + j;
@@ -155,7 +167,7 @@ __device__ __forceinline__ void kvc_quantize_channel(const KvcQuantConsts k, kvc
                     s = kvc_quantize_one(__fsub_rn(v[j], pred), step);
                     recon = __fadd_rn(pred, __fmul_rn((float)s, step));
                 }
-                out(r - sink_rows, s);
+                out(r - sink_rows, s, tag[j]);
             }
             if (r % group == 0) anchor = recon;
         }
@@ -176,10 +188,10 @@ __device__ __forceinline__ void kvc_quantize_rows(const KvcQuantArgs& a, unsigne
             a.consts[b.consts_start + ch], b.rows, b.sink_rows, b.group,
             [&](kvc_u32 r) { return a.x[b.x_start + (kvc_u64)r * c + ch]; },
             [&](kvc_u32 i) {
-                return b.has_exps ? kvc_enc_exp_mult(a.exps[b.exp_start + (kvc_u64)i * a.heads + head])
-                                  : 1.0f;
+                const kvc_u64 at = b.exp_start + (kvc_u64)i * a.heads + head;
+                return KvcRowStep{b.has_exps ? kvc_enc_exp_mult(a.exps[at]) : 1.0f, 0u};
             },
-            [&](kvc_u32 i, kvc_i32 v) { a.q[b.q_start + (kvc_u64)i * c + ch] = v; });
+            [&](kvc_u32 i, kvc_i32 v, kvc_u32) { a.q[b.q_start + (kvc_u64)i * c + ch] = v; });
     }
 }
 
@@ -707,37 +719,13 @@ __device__ __forceinline__ void kvc_enc_exp_table(const KvcEncodeArgs& a, unsign
     s->n_e = (b.rows - b.sink_rows) * a.heads;
 }
 
-// Phase 4: each thread quantizes its channels down the rows (as kvc_quantize), with the
-// exponents phase 2 wrote.
-__device__ __forceinline__ void kvc_enc_quantize(const KvcEncodeArgs& a, unsigned char* shared) {
-    if (blockIdx.x >= a.n_blocks) return;
-    const KvcEncShared* s = (const KvcEncShared*)shared;
-    if (s->status != KVC_ENCODE_OK) return;
-    const KvcEncBlock b = a.blocks[blockIdx.x];
-    const kvc_u32 c = a.heads * a.head_dim;
-    const kvc_u8* exps = a.symbols + b.sym_start;
-    for (kvc_u32 ch = threadIdx.x; ch < c; ch += blockDim.x) {
-        const kvc_u32 head = ch / a.head_dim;
-        kvc_quantize_channel(
-            a.consts[b.consts_start + ch], b.rows, b.sink_rows, b.group,
-            [&](kvc_u32 r) { return kvc_src_load(a, b.x_start + (kvc_u64)r * c + ch); },
-            [&](kvc_u32 i) {
-                return s->n_e ? kvc_enc_exp_mult(exps[(kvc_u64)i * a.heads + head]) : 1.0f;
-            },
-            [&](kvc_u32 i, kvc_i32 v) { a.q[b.q_start + (kvc_u64)i * c + ch] = v; });
-    }
-}
-
-// Value symbol g's table-list index (its kind, channel and head's exponent through the map).
+// Value symbol (i, ch)'s table-list index: its row kind, its channel and its head's exponent
+// `e` through the map.
 __device__ __forceinline__ kvc_u32 kvc_enc_list_index(const KvcEncodeArgs& a,
-                                                      const KvcEncBlock& b, kvc_u32 n_e,
-                                                      kvc_u32 g) {
+                                                      const KvcEncBlock& b, kvc_u32 i,
+                                                      kvc_u32 ch, kvc_u32 e) {
     const kvc_u32 c = a.heads * a.head_dim;
-    const kvc_u32 i = g / c, ch = g - i * c;
     const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;
-    // Masked: on the device another (malformed) block may overwrite these bytes meanwhile.
-    const kvc_u32 e =
-        n_e ? a.symbols[b.sym_start + (kvc_u64)i * a.heads + ch / a.head_dim] & 15u : 0u;
     return a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
 }
 
@@ -755,45 +743,46 @@ __device__ __forceinline__ bool kvc_enc_escapes(kvc_i32 v, int r) {
     return m > (kvc_u32)r;
 }
 
-// Symbols a thread of phase 5 loads at once (KVC_ENC_MAP_AHEAD strides of the block's threads
-// apart), so that their dependent loads overlap instead of following one another.
-#define KVC_ENC_MAP_AHEAD 4u
-
-// Phase 5: every symbol's table-list index and table index (value + R, or the escape index
-// 2R + 1 with the escape counted in its tile), after the exponents' (list index 0).
-__device__ __forceinline__ void kvc_enc_map(const KvcEncodeArgs& a, unsigned char* shared) {
+// Phase 4: each thread quantizes its channels down the rows (as kvc_quantize), with the
+// exponents phase 2 wrote, and maps each value as it is made, in place of a pass over the
+// values in memory: its table-list index (loaded with the row's exponent, ahead of the
+// arithmetic) and table index (value + R, or the escape index 2R + 1 with the escape counted
+// in its tile and its value kept in `q` for phase 8, the only values stored); the exponents'
+// table-list index (0) first.
+__device__ __forceinline__ void kvc_enc_quantize(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcEncShared* s = (KvcEncShared*)shared;
     if (s->status != KVC_ENCODE_OK) return;
     const KvcEncBlock b = a.blocks[blockIdx.x];
-    const kvc_u32 n_e = s->n_e, n_sym = (b.rows - b.sink_rows) * a.heads * a.head_dim;
+    const kvc_u32 c = a.heads * a.head_dim, n_e = s->n_e, shift = s->tile_shift;
     for (kvc_u32 p = threadIdx.x; p < n_e; p += blockDim.x) a.symbol_table[b.sym_start + p] = 0;
-    const kvc_u32 stride = blockDim.x;
-    for (kvc_u64 g0 = threadIdx.x; g0 < n_sym; g0 += (kvc_u64)KVC_ENC_MAP_AHEAD * stride) {
-        // The symbols' list indices and values loaded first (their exponents, then map entries,
-        // then values: kvc_enc_ok checked the block's ranges), then their symbols written.
-        kvc_u32 li[KVC_ENC_MAP_AHEAD];
-        kvc_i32 v[KVC_ENC_MAP_AHEAD];
-        for (kvc_u32 j = 0; j < KVC_ENC_MAP_AHEAD; j++) {
-            const kvc_u64 g = g0 + (kvc_u64)j * stride;
-            li[j] = g < n_sym ? kvc_enc_list_index(a, b, n_e, (kvc_u32)g) : 0u;
-            v[j] = g < n_sym ? a.q[b.q_start + g] : 0;
-        }
-        for (kvc_u32 j = 0; j < KVC_ENC_MAP_AHEAD; j++) {
-            const kvc_u64 g = g0 + (kvc_u64)j * stride;
-            if (g >= n_sym) break;
-            const int r = kvc_enc_radius(a, b, s, li[j]);
-            const kvc_u64 at = b.sym_start + n_e + g;
-            a.symbol_table[at] = (kvc_u16)li[j];
-            if (r < 0) {
-                s->bad = 1;
-            } else if (kvc_enc_escapes(v[j], r)) {
-                a.symbols[at] = (kvc_u8)(2 * r + 1);
-                atomicAdd(&s->tile[g >> s->tile_shift], 1u);
-            } else {
-                a.symbols[at] = (kvc_u8)(v[j] + r);
-            }
-        }
+    const kvc_u8* exps = a.symbols + b.sym_start;
+    for (kvc_u32 ch = threadIdx.x; ch < c; ch += blockDim.x) {
+        const kvc_u32 head = ch / a.head_dim;
+        kvc_quantize_channel(
+            a.consts[b.consts_start + ch], b.rows, b.sink_rows, b.group,
+            [&](kvc_u32 r) { return kvc_src_load(a, b.x_start + (kvc_u64)r * c + ch); },
+            [&](kvc_u32 i) {
+                const kvc_u32 e = n_e ? exps[(kvc_u64)i * a.heads + head] : 0u;
+                // The index masked: on the device another (malformed) block may overwrite
+                // these bytes meanwhile.
+                const kvc_u32 li = kvc_enc_list_index(a, b, i, ch, e & 15u);
+                return KvcRowStep{n_e ? kvc_enc_exp_mult(e) : 1.0f, li};
+            },
+            [&](kvc_u32 i, kvc_i32 v, kvc_u32 li) {
+                const kvc_u64 g = (kvc_u64)i * c + ch, at = b.sym_start + n_e + g;
+                const int r = kvc_enc_radius(a, b, s, li);
+                a.symbol_table[at] = (kvc_u16)li;
+                if (r < 0) {
+                    s->bad = 1;
+                } else if (kvc_enc_escapes(v, r)) {
+                    a.symbols[at] = (kvc_u8)(2 * r + 1);
+                    a.q[b.q_start + g] = v;
+                    atomicAdd(&s->tile[g >> shift], 1u);
+                } else {
+                    a.symbols[at] = (kvc_u8)(v + r);
+                }
+            });
     }
 }
 
@@ -805,7 +794,7 @@ __device__ __forceinline__ kvc_u32 kvc_enc_tiles(const KvcEncodeArgs& a, const K
     return all < KVC_ENC_TILES ? (kvc_u32)all : KVC_ENC_TILES;
 }
 
-// Phase 6: each thread's share of the tiles' escapes (kvc_scan_part).
+// Phase 5: each thread's share of the tiles' escapes (kvc_scan_part).
 __device__ __forceinline__ void kvc_enc_rank_parts(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcEncShared* s = (KvcEncShared*)shared;
@@ -814,7 +803,7 @@ __device__ __forceinline__ void kvc_enc_rank_parts(const KvcEncodeArgs& a, unsig
     kvc_scan_part(s->tile, kvc_enc_tiles(a, b, s->tile_shift), s->part);
 }
 
-// Phase 7 (thread 0): the shares' first ranks, the block's escapes.
+// Phase 6 (thread 0): the shares' first ranks, the block's escapes.
 __device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     KvcEncShared* s = (KvcEncShared*)shared;
@@ -826,7 +815,7 @@ __device__ __forceinline__ void kvc_enc_offsets(const KvcEncodeArgs& a, unsigned
     s->n_escapes = kvc_scan_starts(s->part);
 }
 
-// Phase 8: each tile's first escape rank.
+// Phase 7: each tile's first escape rank.
 __device__ __forceinline__ void kvc_enc_rank_write(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcEncShared* s = (KvcEncShared*)shared;
@@ -835,7 +824,7 @@ __device__ __forceinline__ void kvc_enc_rank_write(const KvcEncodeArgs& a, unsig
     kvc_scan_write(s->tile, kvc_enc_tiles(a, b, s->tile_shift), s->part);
 }
 
-// Phase 9: each escape's value at its rank, the threads striding over the tiles: a tile holding
+// Phase 8: each escape's value at its rank, the threads striding over the tiles: a tile holding
 // escapes (its first rank below the next tile's) is scanned in order by one thread, which ranks
 // its escapes one after another; tiles without escapes are not read again.
 __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
@@ -863,7 +852,7 @@ __device__ __forceinline__ void kvc_enc_escape_values(const KvcEncodeArgs& a,
     }
 }
 
-// Phase 10 (thread 0): the block's result and its lane-encode record (an empty record, which
+// Phase 9 (thread 0): the block's result and its lane-encode record (an empty record, which
 // the lane encoder reports as a bad range, for a failed block).
 __device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
@@ -889,7 +878,7 @@ __device__ __forceinline__ void kvc_enc_finish(const KvcEncodeArgs& a, unsigned 
 
 // Dynamic shared memory: sizeof(KvcEncShared).
 KVC_KERNEL(kvc_encode_blocks, KvcEncodeArgs, kvc_enc_check, kvc_enc_exponents, kvc_enc_exp_table,
-           kvc_enc_quantize, kvc_enc_map, kvc_enc_rank_parts, kvc_enc_offsets, kvc_enc_rank_write,
+           kvc_enc_quantize, kvc_enc_rank_parts, kvc_enc_offsets, kvc_enc_rank_write,
            kvc_enc_escape_values, kvc_enc_finish)
 
 // ----------------------------------------------------------------------------------------------
