@@ -15,9 +15,9 @@
 //! a stream of its own there), the same by 1 to 8 host threads at once, each with its own
 //! `Gpu::fork` and share of the copies (and of 4x as many), in pieces (4x and 16x as many
 //! too; pieces growing from a small first one, `Gpu::set_decode_first_piece_blocks`; the
-//! device's memory pool keeping freed memory, `Gpu::set_pool_release_threshold`), the decode of a plan uploaded once
-//! (`Gpu::decode_uploaded_into`), the chain's kernels alone and each of them; then the symbol
-//! lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
+//! device's memory pool keeping freed memory, `Gpu::set_pool_release_threshold`), the
+//! decode of a plan uploaded once (`Gpu::decode_uploaded_into`), the chain's kernels alone
+//! and each of them; then the symbol lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
 //! by launch shape (tables in shared memory, coded blocks per CUDA block). Then how the middle
 //! level's decode grows with the batch (`copies`, 4x and 8x as many).

@@ -49,7 +49,8 @@
 //!    [`ENCODE_SHARED_BYTES`] (`kvc_encode_blocks`, one CUDA block per coded block), or
 //!    [`CHAIN_THREADS`] threads and [`PLACE_SHARED_BYTES`] (`kvc_place_blocks`, one per chunk),
 //!    [`WRITE_SHARED_BYTES`] (`kvc_write_blocks`, one per coded block) or
-//!    [`SEAL_SHARED_BYTES`] (`kvc_seal_chunks`, one per chunk) of shared memory.
+//!    [`SEAL_SHARED_BYTES`] (`kvc_seal_chunks`, one per chunk) of shared memory; the chain's
+//!    verdict any grid of [`CHAIN_THREADS`] threads (they stride over the statuses) and none.
 //! 4. **Libraries before symbols.** No cudarc NVRTC or driver function is called unless
 //!    `is_culib_present()` said the library loads (cudarc panics otherwise, `DESIGN.md` §8), and no
 //!    NVRTC function is called before [`nvrtc_missing_symbol`] found all of [`NVRTC_SYMBOLS`] in
