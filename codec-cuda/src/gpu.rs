@@ -630,8 +630,10 @@ impl Gpu {
         let k = self.kernels(None)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.launch_chain(&self.stream, &k, &up.queued.dev, up.output, out)?;
-        let verdict = up.queued.judge(&self.stream, &k.chain_verdict)?;
-        if queued::passed(&verdict, &self.stream)? {
+        let verdict = queued::Verdicts::new(&self.stream, 1)?;
+        up.queued
+            .judge(&self.stream, &k.chain_verdict, verdict.word(0)?)?;
+        if verdict.all_passed(&self.stream)? {
             return Ok(());
         }
         let statuses = ffi::download_base(&self.stream, &up.queued.statuses)?;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
+use super::queued::Verdicts;
 use super::{check_page_size, Gpu, HostBuffer, WordSource};
 use crate::decode::{check_chain, check_crcs_host, DecodePlan};
 use crate::error::CudaError;
@@ -33,8 +34,11 @@ type Launched<'p> = (
     super::QueuedChain,
     Vec<usize>,
     Vec<crate::decode::ChunkCrc<'p>>,
-    ffi::DevBuf<u32>,
 );
+
+/// What a decode in pieces queues on: its copy stream and second compute stream, and a
+/// verdict word per piece.
+type Pipe<'a> = (&'a (Arc<CudaStream>, Arc<CudaStream>), &'a Verdicts);
 
 /// A piece's chain built on the host: the chain, the views of its level constants, and where
 /// its words lie in the caller's bytes (a decode from them).
@@ -164,7 +168,10 @@ impl Gpu {
         let bytes = host.map(HostBuffer::as_slice).transpose()?;
         let streams = self.pipe_streams()?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let launched = self.launch_pieces(plan, &pieces, bytes, &streams, out, timeline);
+        // Allocated before the pieces' launches, which wait for what the `Gpu`'s stream did.
+        let verdicts = Verdicts::new(&self.stream, pieces.len())?;
+        let pipe = (&streams, &verdicts);
+        let launched = self.launch_pieces(plan, &pieces, bytes, pipe, out, timeline);
         // Every exit waits for what was queued: the staging buffers, `host` and `out` are
         // the caller's again.
         for s in [&streams.0, &streams.1, &self.stream] {
@@ -172,16 +179,12 @@ impl Gpu {
                 .map_err(ffi::driver_err("cuStreamSynchronize"))?;
         }
         let launched = launched?;
-        let mut passed = true;
-        for (.., verdict) in &launched {
-            passed &= super::queued::passed(verdict, &self.stream)?;
-        }
-        if passed {
+        if verdicts.all_passed(&self.stream)? {
             return Ok(());
         }
         let mut chunk_of = Vec::new();
         let mut statuses: [Vec<u32>; 5] = Default::default();
-        for (queued, piece_chunks, crcs, _) in &launched {
+        for (queued, piece_chunks, crcs) in &launched {
             let bytes = ffi::download_base(&self.stream, &queued.statuses)?;
             queued.check_gathered(&bytes, crcs)?;
             for (all, piece) in statuses.iter_mut().zip(queued.chain_statuses(&bytes)?) {
@@ -202,10 +205,11 @@ impl Gpu {
         plan: &'p DecodePlan<'_>,
         pieces: &[std::ops::Range<usize>],
         bytes: Option<&'p [u8]>,
-        streams: &(Arc<CudaStream>, Arc<CudaStream>),
+        pipe: Pipe<'_>,
         out: &mut CudaSlice<u16>,
         timeline: Option<&mut Option<Timeline>>,
     ) -> Result<Vec<Launched<'p>>, CudaError> {
+        let streams = pipe.0;
         std::thread::scope(|scope| {
             // One piece waits built while the next is built: the host's chains stay bounded.
             let (tx, built) = std::sync::mpsc::sync_channel(1);
@@ -221,7 +225,7 @@ impl Gpu {
                 }
             });
             // Returning drops `built`, so that a builder still at work stops at its next piece.
-            let launched = self.queue_built_pieces(plan, built, bytes, streams, out, timeline)?;
+            let launched = self.queue_built_pieces(plan, built, bytes, pipe, out, timeline)?;
             if launched.len() != pieces.len() {
                 return Err(CudaError::Input {
                     what: "a piece's chain was not built",
@@ -257,7 +261,7 @@ impl Gpu {
         plan: &'p DecodePlan<'_>,
         built: std::sync::mpsc::Receiver<Result<BuiltPiece<'p>, CudaError>>,
         bytes: Option<&'p [u8]>,
-        (copy, side): &(Arc<CudaStream>, Arc<CudaStream>),
+        ((copy, side), verdicts): Pipe<'_>,
         out: &mut CudaSlice<u16>,
         mut timeline: Option<&mut Option<Timeline>>,
     ) -> Result<Vec<Launched<'p>>, CudaError> {
@@ -305,7 +309,7 @@ impl Gpu {
             wait(computes[slot], &done)?;
             let launch_start = mark(computes[slot])?;
             self.launch_chain(computes[slot], &k, &queued.dev, plan.output(), out)?;
-            let verdict = queued.judge(computes[slot], &k.chain_verdict)?;
+            queued.judge(computes[slot], &k.chain_verdict, verdicts.word(i)?)?;
             let launch_end = mark(computes[slot])?;
             uploaded[slot] = Some(done);
             if let (Some(a), Some(b), Some(c), Some(d)) =
@@ -313,7 +317,7 @@ impl Gpu {
             {
                 marks.push(([built, queued_at, ms()], [a, b, c, d]));
             }
-            launched.push((queued, chain.chunk_of, chain.checks, verdict));
+            launched.push((queued, chain.chunk_of, chain.checks));
         }
         if let Some(t) = timeline.as_mut() {
             **t = Some(Timeline {

@@ -45,17 +45,16 @@ impl QueuedChain {
         Ok(())
     }
 
-    /// Queues the chain's verdict on `s`, after its launches: one word, 0 when every status
-    /// the checks read passes them ([`passed`]). Only a chain with another verdict needs its
-    /// statuses read back to name what failed.
+    /// Queues the chain's verdict on `s`, after its launches, into `verdict` (a zeroed word of
+    /// [`Verdicts`]): 0 stays when every status the checks read passes them. Only a chain
+    /// with another verdict needs its statuses read back to name what failed.
     pub fn judge(
         &self,
         s: &Arc<CudaStream>,
         judge: &CudaFunction,
-    ) -> Result<DevBuf<u32>, CudaError> {
-        let verdict = DevBuf::zeros(s, 1)?;
-        ffi::launch_chain_verdict(s, judge, &self.judged, self.rule, &verdict)?;
-        Ok(verdict)
+        verdict: &DevBuf<u32>,
+    ) -> Result<(), CudaError> {
+        ffi::launch_chain_verdict(s, judge, &self.judged, self.rule, verdict)
     }
 
     /// Frees the bytes copied as they lie, once the word gather and the chunk checks have run
@@ -277,8 +276,38 @@ impl Gpu {
     }
 }
 
-/// Whether a verdict ([`QueuedChain::judge`]) says its chain decoded: its word copied back on
-/// `s` (synchronized) is 0.
-pub(super) fn passed(verdict: &DevBuf<u32>, s: &Arc<CudaStream>) -> Result<bool, CudaError> {
-    Ok(verdict.download(s)? == [0])
+/// The verdicts of a decode's chains ([`QueuedChain::judge`]): a zeroed word each, in one
+/// allocation, read back in one copy.
+pub(super) struct Verdicts {
+    base: Arc<CudaSlice<u8>>,
+    words: Vec<DevBuf<u32>>,
+}
+
+impl Verdicts {
+    /// `n` zeroed words on `s`.
+    pub fn new(s: &Arc<CudaStream>, n: usize) -> Result<Self, CudaError> {
+        let mut p = ffi::Packer::default();
+        let slots: Vec<PackSlot<u32>> = (0..n).map(|_| p.reserve(1)).collect();
+        let base = s
+            .alloc_zeros::<u8>(p.total().max(1))
+            .map_err(ffi::driver_err("cuMemAllocAsync"))?;
+        let base = Arc::new(base);
+        let words = slots.into_iter().map(|w| DevBuf::view(&base, w));
+        Ok(Verdicts {
+            words: words.collect::<Result<_, _>>()?,
+            base,
+        })
+    }
+
+    /// Chain `i`'s word.
+    pub fn word(&self, i: usize) -> Result<&DevBuf<u32>, CudaError> {
+        self.words.get(i).ok_or(CudaError::Input {
+            what: "a chain past the verdicts",
+        })
+    }
+
+    /// Whether every chain decoded: every word, copied back on `s` (synchronized), still 0.
+    pub fn all_passed(&self, s: &Arc<CudaStream>) -> Result<bool, CudaError> {
+        Ok(ffi::download_base(s, &self.base)?.iter().all(|&b| b == 0))
+    }
 }
