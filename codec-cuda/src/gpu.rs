@@ -616,7 +616,8 @@ impl Gpu {
     }
 
     /// Runs an uploaded plan's chain of five launches into `out` (as
-    /// [`decode_into`](Self::decode_into)), then reads and checks the statuses.
+    /// [`decode_into`](Self::decode_into)), then reads its verdict, and its statuses to name
+    /// the failing chunk when the verdict fails.
     pub fn decode_uploaded_into(
         &self,
         up: &UploadedPlan,
