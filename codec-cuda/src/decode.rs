@@ -1149,11 +1149,12 @@ fn piece_ends(blocks: usize, piece_blocks: usize, first_blocks: usize) -> Vec<us
     if piece_blocks == 0 {
         return ends;
     }
-    let (mut at, mut size) = (0, first_blocks);
-    while size > 0 && size < piece_blocks && at + size < blocks {
+    let (mut at, mut size) = (0usize, first_blocks);
+    // Saturating: the sizes are a caller's settings, any usize.
+    while size > 0 && size < piece_blocks && at.saturating_add(size) < blocks {
         at += size;
         ends.push(at);
-        size *= 2;
+        size = size.saturating_mul(2);
     }
     let rest = blocks - at;
     let n = ((rest + piece_blocks / 2) / piece_blocks).max(1);
@@ -1309,6 +1310,8 @@ mod tests {
         assert_eq!(sizes(1000, 2048, 256), [256, 512, 232]);
         assert_eq!(sizes(100, 2048, 256), [100]);
         assert_eq!(sizes(100, 0, 16), [100]);
+        assert_eq!(sizes(100, usize::MAX, usize::MAX - 1), [100]);
+        assert_eq!(sizes(100, usize::MAX, 40), [40, 60]);
         for blocks in [1, 2, 7, 100, 1919, 7680] {
             for (piece, first) in [(1, 0), (3, 1), (64, 5), (512, 100), (4096, 1)] {
                 let s = sizes(blocks, piece, first);
