@@ -287,6 +287,7 @@ fn bench_decode(
         st[4] * 1e3,
         gbs(st[4]),
     );
+    bench_values_before_dequant(gpu, &plan, &mut out, rounds, &want);
     bench_decode_from(gpu, &bytes, (rounds, copies), &want);
     let one_copy = &want[..want.len() / copies];
     for n in [copies, 4 * copies] {
@@ -296,6 +297,44 @@ fn bench_decode(
         bench_decode_pieces(gpu, &bytes, (rounds, n), one_copy);
     }
     bench_lane_decode(gpu, &plan, level, rounds);
+}
+
+/// The decode of `plan` uploaded once and its chain's kernels with the values mapped before
+/// the dequantization (`Gpu::set_decode_values_in_dequant(false)`: every value written and
+/// read back), to set beside `bench_decode`'s figures (the values mapped in it); the output
+/// checked against `want`.
+fn bench_values_before_dequant(
+    gpu: &mut Gpu,
+    plan: &DecodePlan<'_>,
+    out: &mut CudaSlice<u16>,
+    rounds: usize,
+    want: &[u16],
+) {
+    let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
+    gpu.set_decode_values_in_dequant(false);
+    let up = gpu.upload_plan(plan).unwrap();
+    let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, out));
+    r.unwrap();
+    drop(up);
+    let got = gpu.stream().clone_dtoh(&*out).unwrap();
+    assert!(
+        got == want,
+        "values mapped before the dequantization differ"
+    );
+    let k_chain = gpu.time_decode_chain(plan, out, rounds).unwrap();
+    let st = gpu.time_decode_chain_stages(plan, out, rounds).unwrap();
+    gpu.set_decode_values_in_dequant(true);
+    println!(
+        "  values mapped before the dequantization (every value written and read back): plan \
+         uploaded once {:.3} ms = {:.2} GB/s; five kernels alone {:.3} ms = {:.2} GB/s (values \
+         {:.3}, dequantization {:.3} ms)",
+        reused * 1e3,
+        gbs(reused),
+        k_chain * 1e3,
+        gbs(k_chain),
+        st[3] * 1e3,
+        st[4] * 1e3,
+    );
 }
 
 /// `copies` copies of the stream `bytes` back to back in page-locked memory.

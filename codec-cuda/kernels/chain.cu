@@ -13,7 +13,9 @@
 //   map of 2 x 16 x C entries the host builds once from the profile.
 // - kvc_map_values (between the symbol lane decode and the dequantization; §6.4): table index i
 //   of a radius-R table is the value i - R, and any i above 2R takes the block's next escape
-//   value (checks B7, B9), ranked by per-tile escape counts (see KvcValueShared).
+//   value (checks B7, B9), ranked by per-tile escape counts (see KvcValueShared);
+//   kvc_map_escapes writes only the escapes' values, for a dequantization that maps the rest
+//   itself (kvc_values.cuh).
 // - kvc_chain_verdict (after the last launch): one word, 0 when every status of the chain says
 //   it decoded, so that a chain that did reads back that word instead of all its statuses.
 //
@@ -22,6 +24,7 @@
 
 #include "kvc_crc.cuh"
 #include "kvc_kernel.cuh"
+#include "kvc_values.cuh"
 
 #define KVC_MAX_SYMBOL_VALUE (1 << 24)
 
@@ -221,21 +224,6 @@ KVC_KERNEL(kvc_resolve_tables, KvcResolveArgs, kvc_resolve)
 // ----------------------------------------------------------------------------------------------
 // Values and escapes
 
-struct KvcValueBlock {
-    // Index in `indices` and `symbol_table` of the block's first value symbol.
-    kvc_u64 index_start;
-    // Index in `table_list` of the block's table list.
-    kvc_u64 list_start;
-    // Index in `escapes` of the block's escape values.
-    kvc_u64 escape_start;
-    // Index in `q` of the block's first value (output).
-    kvc_u64 q_start;
-    kvc_u32 n_sym;
-    kvc_u32 n_escapes;
-    kvc_u32 list_len;
-    kvc_u32 reserved;
-};
-
 struct KvcValueArgs {
     const kvc_u8* indices;
     const kvc_u16* symbol_table;
@@ -259,9 +247,6 @@ struct KvcValueArgs {
 // its tile. Escapes are rare (well under 1% of symbols), so the threads stride over the symbols
 // in order (coalesced), and only the tiles that hold escapes are read a second time.
 #define KVC_VALUE_TILES 4096u
-// A block's table list of at most this many tables has its radii staged in shared memory.
-#define KVC_VALUE_LIST 4096u
-
 struct KvcValueShared {
     kvc_u32 status;
     kvc_u32 tile_shift;
@@ -292,9 +277,7 @@ __device__ __forceinline__ bool kvc_values_ok(const KvcValueArgs& a, const KvcVa
 // short enough; -1 if t is out of range.
 __device__ __forceinline__ int kvc_list_radius(const KvcValueArgs& a, const KvcValueBlock& b,
                                                const KvcValueShared* s, kvc_u32 t) {
-    if (t >= b.list_len) return -1;
-    if (b.list_len <= KVC_VALUE_LIST) return s->radius[t];
-    return a.radius[a.table_list[b.list_start + t]];
+    return kvc_list_radius_of(a.table_list + b.list_start, a.radius, s->radius, b.list_len, t);
 }
 
 // The radius of value symbol g's table (kvc_list_radius).
@@ -306,8 +289,7 @@ __device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const Kvc
 // Whether value symbol g is an escape (or has a bad list index, which phase 2 reports).
 __device__ __forceinline__ bool kvc_value_escapes(const KvcValueArgs& a, const KvcValueBlock& b,
                                                   const KvcValueShared* s, kvc_u32 g) {
-    const int r = kvc_value_radius(a, b, s, g);
-    return r < 0 || a.indices[b.index_start + g] > 2 * r;
+    return kvc_index_escapes(a.indices[b.index_start + g], kvc_value_radius(a, b, s, g));
 }
 
 // Phase 1: thread 0 checks the block and sizes the tiles; every thread clears the tile counts.
@@ -344,9 +326,10 @@ __device__ __forceinline__ void kvc_values_stage(const KvcValueArgs& a, unsigned
 // loads at a time left too few bytes in flight to fill the memory system.
 #define KVC_VALUES_AHEAD 4u
 
-// Phase 3: the threads stride over the symbols: a value is written, an escape counted in its
-// tile. (The block is a copy and `q` is not read here, so that the compiler need not reload the
-// block's fields after every store.)
+// Phase 3: the threads stride over the symbols: a value is written (unless EscapesOnly), an
+// escape counted in its tile. (The block is a copy and `q` is not read here, so that the
+// compiler need not reload the block's fields after every store.)
+template <bool EscapesOnly>
 __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
@@ -371,10 +354,10 @@ __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigne
             const int r = kvc_list_radius(a, b, s, t[j]);
             if (r < 0) {
                 bad = true;
-            } else if (i[j] <= 2 * r) {
-                q[g] = i[j] - r;
-            } else {
+            } else if (kvc_index_escapes(i[j], r)) {
                 atomicAdd(&s->tile[g >> shift], 1u);
+            } else if (!EscapesOnly) {
+                q[g] = i[j] - r;
             }
         }
     }
@@ -458,9 +441,14 @@ __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigne
 }
 
 // Dynamic shared memory: sizeof(KvcValueShared).
-KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage, kvc_values_direct,
-           kvc_values_rank_parts, kvc_values_offsets, kvc_values_rank_write,
-           kvc_values_escapes_phase, kvc_values_status)
+// kvc_map_escapes: kvc_map_values writing only the escapes' values (the dequantization maps the
+// other symbols as it reads them; kvc_values.cuh).
+KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage,
+           kvc_values_direct<false>, kvc_values_rank_parts, kvc_values_offsets,
+           kvc_values_rank_write, kvc_values_escapes_phase, kvc_values_status)
+KVC_KERNEL(kvc_map_escapes, KvcValueArgs, kvc_values_check, kvc_values_stage,
+           kvc_values_direct<true>, kvc_values_rank_parts, kvc_values_offsets,
+           kvc_values_rank_write, kvc_values_escapes_phase, kvc_values_status)
 
 // ----------------------------------------------------------------------------------------------
 // Chain verdict

@@ -9,8 +9,15 @@
 // the anchor as the decoder rebuilt it, before narrowing). Every f32 operation is one rounded
 // operation in the spec's order (__fmul_rn / __fadd_rn / __fsub_rn on the device,
 // -ffp-contract=off on the host).
+//
+// The symbol values come from `q` (the values given), or, in a decode chain, from the value
+// symbols themselves (kvc_values.cuh): the dequantization maps each table index through its
+// table's radius as it reads it, and only an escape's value is read from `q`, where
+// kvc_map_escapes (chain.cu) placed it. That spares the chain writing every value
+// (4 bytes a symbol) and reading it back here, for 3 bytes a symbol read here instead.
 
 #include "kvc_kernel.cuh"
+#include "kvc_values.cuh"
 
 // Per-block outcome; codec_cuda::quant mirrors these values.
 enum KvcDequantStatus : kvc_u32 {
@@ -67,6 +74,21 @@ struct KvcDequantBlock {
     kvc_u32 reserved;
 };
 
+// A launch's value symbols, when it maps them (n_values > 0): block b's are those of
+// values[b], its escapes' values at its places in `q` (q_start + g for value symbol g).
+struct KvcDequantValues {
+    const KvcValueBlock* values;
+    kvc_u64 n_values;
+    const kvc_u8* indices;
+    const kvc_u16* symbol_table;
+    kvc_u64 n_indices;
+    const kvc_u32* table_list;
+    kvc_u64 n_table_list;
+    // Per global table id, its radius.
+    const kvc_u8* radius;
+    kvc_u64 n_radius;
+};
+
 // A launch's buffers; every count is the number of elements its pointer may be read or written.
 struct KvcDequantArgs {
     const kvc_i32* q;
@@ -92,6 +114,7 @@ struct KvcDequantArgs {
     // Tokens per page; 0 for dense output.
     kvc_u32 page_size;
     kvc_u32 reserved;
+    KvcDequantValues mapped;
 };
 
 // EXP_MULT[e] (§7.1): 2^(e/2), odd e from f32(sqrt 2) = 0x3FB504F3; only the exponent field
@@ -141,11 +164,24 @@ __device__ __forceinline__ kvc_u16 kvc_narrow(float x) {
     }
 }
 
+// Whether block `bi` of a launch that maps its values reads its value symbols and its table
+// list inside the launch's buffers (`coded` of them); true for a launch given its values.
+__device__ __forceinline__ bool kvc_dequant_values_ok(const KvcDequantArgs& a, kvc_u64 bi,
+                                                      kvc_u64 coded) {
+    const KvcDequantValues& m = a.mapped;
+    if (m.n_values == 0) return true;
+    if (bi >= m.n_values) return false;
+    const KvcValueBlock& v = m.values[bi];
+    return v.index_start <= m.n_indices && coded <= m.n_indices - v.index_start &&
+           v.list_start <= m.n_table_list && v.list_len <= m.n_table_list - v.list_start;
+}
+
 // Whether the block's ranges lie inside the launch's buffers (no overflow: C is checked to fit
 // 32 bits, so every product is of two 32-bit values; every bound is compared by subtraction
 // from a count or by division).
 __device__ __forceinline__ bool kvc_dequant_block_ok(const KvcDequantArgs& a,
-                                                     const KvcDequantBlock& b) {
+                                                     const KvcDequantBlock& b,
+                                                     kvc_u64 bi) {
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
     if (c == 0 || c > 0xFFFFFFFFull || b.group == 0 || b.sink_rows > b.rows) return false;
     const kvc_u64 coded = b.rows - b.sink_rows;
@@ -164,7 +200,7 @@ __device__ __forceinline__ bool kvc_dequant_block_ok(const KvcDequantArgs& a,
         o_ok = o_ok && b.page_start <= a.n_pages && last_entry < a.n_pages - b.page_start;
     }
     const bool k_ok = b.consts_start <= a.n_consts && c <= a.n_consts - b.consts_start;
-    return q_ok && e_ok && s_ok && o_ok && k_ok;
+    return q_ok && e_ok && s_ok && o_ok && k_ok && kvc_dequant_values_ok(a, bi, coded * c);
 }
 
 // Index in `out` of row r's channel 0 (a checked block; for paged output, checked pages).
@@ -180,42 +216,80 @@ __device__ __forceinline__ kvc_u64 kvc_row_start(const KvcDequantArgs& a, const 
 // (the walk would otherwise wait on every row's load in turn).
 #define KVC_DEQUANT_AHEAD 4u
 
+// Where a checked block that maps its values finds them (kvc_values.cuh); `tables` is null when
+// the values are given in `q`.
+struct KvcDequantMap {
+    // The block's value symbols: their tables' indices in its list, their table indices.
+    const kvc_u16* tables;
+    const kvc_u8* indices;
+    // The block's table list, the radii of all tables, the list's radii staged (if short).
+    const kvc_u32* list;
+    const kvc_u8* radius;
+    const kvc_u8* staged;
+    kvc_u32 list_len;
+};
+
+// The value of value symbol g of a block that maps its values (table list index t, table
+// index i): i - R for a radius-R table, else the escape's value kvc_map_escapes placed in `q`.
+__device__ __forceinline__ float kvc_mapped_value(const KvcDequantArgs& a,
+                                                  const KvcDequantBlock& b,
+                                                  const KvcDequantMap& m, kvc_u32 t, int i,
+                                                  kvc_u64 g) {
+    const int r = kvc_list_radius_of(m.list, m.radius, m.staged, m.list_len, t);
+    if (!kvc_index_escapes(i, r)) return (float)(i - r);
+    return (float)a.q[b.q_start + g];  // |q| <= 2^24: exact
+}
+
 // Channel `ch` of every row of a checked block (§7.2), narrowed to the output dtype (§7.3).
 template <kvc_u32 Dtype>
 __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
-                                                    const KvcDequantBlock& b, kvc_u64 ch) {
+                                                    const KvcDequantBlock& b,
+                                                    const KvcDequantMap& m, kvc_u64 ch) {
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
     const KvcChannelConsts k = a.consts[b.consts_start + ch];
     const kvc_u64 head = ch / a.head_dim;
     float anchor = 0.0f;
     for (kvc_u32 r0 = 0; r0 < b.rows; r0 += KVC_DEQUANT_AHEAD) {
-        // A sink row's stored value, or a coded row's symbol value and step exponent.
+        // A sink row's stored value, or a coded row's symbol value (or its value symbol) and
+        // step exponent.
         float v[KVC_DEQUANT_AHEAD];
-        kvc_u32 e[KVC_DEQUANT_AHEAD];
+        kvc_u32 e[KVC_DEQUANT_AHEAD], t[KVC_DEQUANT_AHEAD];
+        int ix[KVC_DEQUANT_AHEAD];
         for (kvc_u32 j = 0; j < KVC_DEQUANT_AHEAD; j++) {
             const kvc_u32 r = r0 + j;
             v[j] = 0.0f;
             e[j] = 0;
+            t[j] = 0;
+            ix[j] = 0;
             if (r >= b.rows) continue;
             if (r < b.sink_rows) {
                 v[j] = a.sink[b.sink_start + r * c + ch];
                 continue;
             }
-            const kvc_u64 i = r - b.sink_rows;
-            v[j] = (float)a.q[b.q_start + i * c + ch];  // |q| <= 2^24: exact
+            const kvc_u64 i = r - b.sink_rows, g = i * c + ch;
+            if (m.tables) {
+                t[j] = m.tables[g];
+                ix[j] = m.indices[g];
+            } else {
+                v[j] = (float)a.q[b.q_start + g];  // |q| <= 2^24: exact
+            }
             if (b.has_exps) e[j] = a.exps[b.exp_start + i * a.heads + head];
         }
         for (kvc_u32 j = 0; j < KVC_DEQUANT_AHEAD && r0 + j < b.rows; j++) {
             const kvc_u32 r = r0 + j;
             float x = v[j];
             if (r >= b.sink_rows) {
-                const float m = b.has_exps ? kvc_exp_mult(e[j]) : 1.0f;
+                if (m.tables) {
+                    const kvc_u64 g = (kvc_u64)(r - b.sink_rows) * c + ch;
+                    v[j] = kvc_mapped_value(a, b, m, t[j], ix[j], g);
+                }
+                const float mult = b.has_exps ? kvc_exp_mult(e[j]) : 1.0f;
                 if (r % b.group == 0) {
-                    x = __fadd_rn(k.mean, __fmul_rn(v[j], __fmul_rn(k.anchor_step, m)));
+                    x = __fadd_rn(k.mean, __fmul_rn(v[j], __fmul_rn(k.anchor_step, mult)));
                 } else {
                     const float pred =
                         __fadd_rn(k.mean, __fmul_rn(k.weight, __fsub_rn(anchor, k.mean)));
-                    x = __fadd_rn(pred, __fmul_rn(v[j], __fmul_rn(k.delta_step, m)));
+                    x = __fadd_rn(pred, __fmul_rn(v[j], __fmul_rn(k.delta_step, mult)));
                 }
             }
             if (r % b.group == 0) anchor = x;
@@ -224,17 +298,23 @@ __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
     }
 }
 
-// The block's verdict, in shared memory across the three phases.
+// The block's verdict and its table list's radii, in shared memory across the phases.
 struct KvcDequantShared {
     kvc_u32 status;
+    // Set (to 1) by any thread that finds a table id of the block's list outside `radius`.
+    kvc_u32 bad_list;
+    // The radii of the block's table list, when it maps its values and the list has at most
+    // KVC_VALUE_LIST tables.
+    kvc_u8 radius[KVC_VALUE_LIST];
 };
 
 // Phase 1: thread 0 checks the block's ranges.
 __device__ __forceinline__ void kvc_dequant_check(const KvcDequantArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks || threadIdx.x != 0) return;
     KvcDequantShared* s = (KvcDequantShared*)shared;
-    s->status = kvc_dequant_block_ok(a, a.blocks[blockIdx.x]) ? KVC_DEQUANT_OK
-                                                              : KVC_DEQUANT_BAD_RANGE;
+    const bool ok = kvc_dequant_block_ok(a, a.blocks[blockIdx.x], blockIdx.x);
+    s->status = ok ? KVC_DEQUANT_OK : KVC_DEQUANT_BAD_RANGE;
+    s->bad_list = 0;
 }
 
 // Phase 2 (paged output): the threads check the rows' pages, striding over the rows. A failing
@@ -255,24 +335,66 @@ __device__ __forceinline__ void kvc_dequant_pages_ok(const KvcDequantArgs& a,
     }
 }
 
-// Phase 3: the status, then each thread reconstructs its channels.
+// Phase 3 (a launch that maps its values): the threads stage the radii of the block's table
+// list, striding over it, and check its table ids.
+__device__ __forceinline__ void kvc_dequant_stage(const KvcDequantArgs& a, unsigned char* shared) {
+    const KvcDequantValues& m = a.mapped;
+    if (blockIdx.x >= a.n_blocks || m.n_values == 0) return;
+    KvcDequantShared* s = (KvcDequantShared*)shared;
+    if (s->status != KVC_DEQUANT_OK) return;
+    const KvcValueBlock& v = m.values[blockIdx.x];
+    const kvc_u32* list = m.table_list + v.list_start;
+    bool bad = false;
+    for (kvc_u32 k = threadIdx.x; k < v.list_len; k += blockDim.x) {
+        const kvc_u32 id = list[k];
+        if (id >= m.n_radius) {
+            bad = true;
+        } else if (v.list_len <= KVC_VALUE_LIST) {
+            s->radius[k] = m.radius[id];
+        }
+    }
+    if (bad) s->bad_list = 1;
+}
+
+// Where block b (checked, its list staged) finds its values.
+__device__ __forceinline__ KvcDequantMap kvc_dequant_map(const KvcDequantArgs& a,
+                                                         const KvcDequantShared* s) {
+    KvcDequantMap map = {};
+    const KvcDequantValues& m = a.mapped;
+    if (m.n_values == 0) return map;
+    const KvcValueBlock v = m.values[blockIdx.x];
+    map.tables = m.symbol_table + v.index_start;
+    map.indices = m.indices + v.index_start;
+    map.list = m.table_list + v.list_start;
+    map.radius = m.radius;
+    map.staged = s->radius;
+    map.list_len = v.list_len;
+    return map;
+}
+
+// Phase 4: the status, then each thread reconstructs its channels.
 template <kvc_u32 Dtype>
 __device__ __forceinline__ void kvc_dequant_rows(const KvcDequantArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
-    const kvc_u32 status = ((const KvcDequantShared*)shared)->status;
+    const KvcDequantShared* s = (const KvcDequantShared*)shared;
+    kvc_u32 status = s->status;
+    if (status == KVC_DEQUANT_OK && s->bad_list) status = KVC_DEQUANT_BAD_RANGE;
     if (threadIdx.x == 0) a.status[blockIdx.x] = status;
     if (status != KVC_DEQUANT_OK) return;
     // A copy: the walks' stores to `out` would otherwise reload the record after every row.
     const KvcDequantBlock b = a.blocks[blockIdx.x];
+    const KvcDequantMap map = kvc_dequant_map(a, s);
     const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
-    for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) kvc_dequant_channel<Dtype>(a, b, ch);
+    for (kvc_u64 ch = threadIdx.x; ch < c; ch += blockDim.x) {
+        kvc_dequant_channel<Dtype>(a, b, map, ch);
+    }
 }
 
 // Dynamic shared memory: sizeof(KvcDequantShared) bytes.
 KVC_KERNEL(kvc_dequant_f16, KvcDequantArgs, kvc_dequant_check, kvc_dequant_pages_ok,
-           kvc_dequant_rows<KVC_OUT_F16>)
+           kvc_dequant_stage, kvc_dequant_rows<KVC_OUT_F16>)
 KVC_KERNEL(kvc_dequant_bf16, KvcDequantArgs, kvc_dequant_check, kvc_dequant_pages_ok,
-           kvc_dequant_rows<KVC_OUT_BF16>)
+           kvc_dequant_stage, kvc_dequant_rows<KVC_OUT_BF16>)
 
 #ifdef KVC_HOST
 #include <stddef.h>
@@ -316,6 +438,18 @@ extern "C" kvc_u64 kvc_dequant_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcDequantArgs, heads),
         offsetof(KvcDequantArgs, head_dim),
         offsetof(KvcDequantArgs, page_size),
+        offsetof(KvcDequantArgs, mapped),
+        sizeof(KvcDequantValues),
+        offsetof(KvcDequantValues, values),
+        offsetof(KvcDequantValues, n_values),
+        offsetof(KvcDequantValues, indices),
+        offsetof(KvcDequantValues, symbol_table),
+        offsetof(KvcDequantValues, n_indices),
+        offsetof(KvcDequantValues, table_list),
+        offsetof(KvcDequantValues, n_table_list),
+        offsetof(KvcDequantValues, radius),
+        offsetof(KvcDequantValues, n_radius),
+        sizeof(KvcDequantShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

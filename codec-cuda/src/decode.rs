@@ -12,8 +12,10 @@
 //! 2. `kvc_resolve_tables`: every value symbol's table from the decoded exponents
 //!    (spec/FORMAT.md §6.1);
 //! 3. `kvc_rans_lane_decode` over every symbol;
-//! 4. `kvc_map_values`: table indices to symbol values, with escapes (§6.4);
-//! 5. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output.
+//! 4. `kvc_map_escapes`: every symbol's table index checked, the escapes' values placed (§6.4);
+//! 5. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output, mapping the other table
+//!    indices to values as it reads them (with `Gpu::set_decode_values_in_dequant(false)`,
+//!    `kvc_map_values` writes every value in step 4 and step 5 reads them).
 //!
 //! `Gpu::decode_from` runs it on streams that lie in page-locked host memory, their bytes
 //! copied to the device as they are and the lane words gathered there by one more launch,
@@ -930,7 +932,7 @@ impl DecodePlan<'_> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &ch.words(), &mut out)?;
+        self.run_chain_host(&ch, &ch.words(), &mut out, true)?;
         Ok(out)
     }
 
@@ -957,17 +959,18 @@ impl DecodePlan<'_> {
         })?;
         check_crcs(&ch.checks, &status)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &words, &mut out)?;
+        self.run_chain_host(&ch, &words, &mut out, true)?;
         Ok(out)
     }
 
     /// The chain's five launches on the host into `out` (the plan's output), `words` the
-    /// chain's lane words.
+    /// chain's lane words; `values_in_dequant` as [`ffi::ChainKernels::values_in_dequant`].
     fn run_chain_host(
         &self,
         ch: &Chain<'_>,
         words: &[u32],
         out: &mut [u16],
+        values_in_dequant: bool,
     ) -> Result<(), CudaError> {
         let heads = self.heads;
         let head_dim = self.head_dim;
@@ -1018,6 +1021,7 @@ impl DecodePlan<'_> {
             q: &mut q,
             blocks: &ch.values,
             status: &mut value_status,
+            escapes_only: values_in_dequant,
         })?;
         let mut dq_status = vec![0u32; ch.resolve.len()];
         if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
@@ -1025,7 +1029,15 @@ impl DecodePlan<'_> {
                 what: "a page size of 0",
             });
         }
-        ffi::host_dequant(ch.dequant.io_with(&q, &exps, out, &mut dq_status))?;
+        let mut io = ch.dequant.io_with(&q, &exps, out, &mut dq_status);
+        io.mapped = values_in_dequant.then_some(ffi::MappedValues {
+            values: &ch.values,
+            indices: &symbols,
+            symbol_table: &sym_table,
+            table_list: &ch.table_list,
+            radius: &ch.radius,
+        });
+        ffi::host_dequant(io)?;
         ch.check(
             &exp_status,
             &resolve_status,
@@ -1353,9 +1365,32 @@ mod tests {
         let mut out = vec![0u16; plan.output().len];
         for p in pieces {
             let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
-            plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
+            plan.run_chain_host(&ch, &ch.words(), &mut out, true)
+                .unwrap();
         }
         out
+    }
+
+    /// A chain whose value mapping writes every value for the dequantization to read decodes
+    /// to the bits of one whose dequantization maps the value symbols itself (the default,
+    /// which the tests against codec-core run), on streams with escapes.
+    #[test]
+    fn values_mapped_before_the_dequantization_or_in_it_decode_alike() {
+        let (a, b) = (small_stream(), small_stream_with(EncodeParams::default()));
+        let sa = Stream::open(&a, None, &Limits::DEFAULT).unwrap();
+        let sb = Stream::open(&b, None, &Limits::DEFAULT).unwrap();
+        let plan = plan_of(&[&sa, &sb]);
+        let ch = plan.chain().unwrap();
+        assert!(ch.n_escapes > 0, "the streams have no escapes");
+        let run = |in_dequant| {
+            let mut out = vec![0u16; plan.output().len];
+            plan.run_chain_host(&ch, &ch.words(), &mut out, in_dequant)
+                .unwrap();
+            out
+        };
+        let want = run(false);
+        assert!(want.iter().filter(|&&x| x != 0).count() > want.len() / 2);
+        assert!(run(true) == want);
     }
 
     /// Level constants placed outside the chain (as a `Gpu` keeps them resident on its
@@ -1378,7 +1413,8 @@ mod tests {
         ch.map = elsewhere.maps;
         assert_eq!(ch.dequant.add_consts(&elsewhere.consts), 0);
         let mut out = vec![0u16; plan.output().len];
-        plan.run_chain_host(&ch, &ch.words(), &mut out).unwrap();
+        plan.run_chain_host(&ch, &ch.words(), &mut out, true)
+            .unwrap();
         assert!(out == want);
     }
 

@@ -68,6 +68,7 @@ struct Kernels {
     seal_chunks: CudaFunction,
     resolve_tables: CudaFunction,
     map_values: CudaFunction,
+    map_escapes: CudaFunction,
     gather_words: CudaFunction,
     check_chunks: CudaFunction,
     chain_verdict: CudaFunction,
@@ -108,6 +109,9 @@ pub struct Gpu {
     /// ([`Gpu::set_decode_piece_blocks`], [`Gpu::set_decode_first_piece_blocks`]).
     piece_blocks: usize,
     first_piece_blocks: usize,
+    /// Whether a decode's dequantization maps the value symbols itself
+    /// ([`Gpu::set_decode_values_in_dequant`]).
+    values_in_dequant: bool,
     /// Coded blocks a piece of an encode holds ([`Gpu::set_encode_piece_blocks`]).
     encode_piece_blocks: usize,
     /// Held from a chain's first launch until its statuses are read (decode) or its chunks
@@ -182,6 +186,7 @@ impl Gpu {
             pq_shared_keys: u32::MAX,
             piece_blocks: DEFAULT_PIECE_BLOCKS,
             first_piece_blocks: 0,
+            values_in_dequant: true,
             encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
             staging: Mutex::new([None, None]),
             upload_threads: host_threads(0),
@@ -220,6 +225,7 @@ impl Gpu {
             pq_shared_keys: self.pq_shared_keys,
             piece_blocks: self.piece_blocks,
             first_piece_blocks: self.first_piece_blocks,
+            values_in_dequant: self.values_in_dequant,
             encode_piece_blocks: self.encode_piece_blocks,
             staging: Mutex::new([None, None]),
             upload_threads: self.upload_threads,
@@ -285,6 +291,14 @@ impl Gpu {
         *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
+    /// Sets whether a decode's dequantization maps the value symbols as it reads them (the
+    /// default), the value mapping before it writing only the escapes' values; with `false`
+    /// the value mapping writes every value (4 bytes a symbol) for the dequantization to read
+    /// back. The output is the same either way; the first moves fewer bytes.
+    pub fn set_decode_values_in_dequant(&mut self, on: bool) {
+        self.values_in_dequant = on;
+    }
+
     /// Sets the longest query (in tokens) whose ranking keys a PQ search keeps in shared
     /// memory; longer ones keep theirs in a scratch buffer in device memory. By default every
     /// query's, as far as the device's shared memory per block holds them; 0 keeps none there.
@@ -334,6 +348,7 @@ impl Gpu {
             seal_chunks: load("encode.cu", "kvc_seal_chunks")?,
             resolve_tables: load("chain.cu", "kvc_resolve_tables")?,
             map_values: load("chain.cu", "kvc_map_values")?,
+            map_escapes: load("chain.cu", "kvc_map_escapes")?,
             gather_words: load("chain.cu", "kvc_gather_words")?,
             check_chunks: load("chain.cu", "kvc_check_chunks")?,
             chain_verdict: load("chain.cu", "kvc_chain_verdict")?,
@@ -693,7 +708,7 @@ impl Gpu {
         output: crate::quant::Output,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let kernels = chain_kernels(k, output);
+        let kernels = chain_kernels(k, output, self.values_in_dequant);
         ffi::launch_chain(stream, &kernels, dev, self.lane_shape, out, output.len)
     }
 
@@ -710,7 +725,7 @@ impl Gpu {
         let chain = plan.chain_with(&self.levels)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let dev = self.upload_chain(&chain)?.dev;
-        let kernels = chain_kernels(&k, plan.output());
+        let kernels = chain_kernels(&k, plan.output(), self.values_in_dequant);
         let n_out = plan.output().len;
         self.sync()?;
         let mut best = [f64::INFINITY; 5];
@@ -1029,12 +1044,20 @@ fn dequant_kernel(k: &Kernels, output: crate::quant::Output) -> &CudaFunction {
 }
 
 /// The chain's kernels for `output`'s dtype.
-fn chain_kernels(k: &Kernels, output: crate::quant::Output) -> ffi::ChainKernels<'_> {
+fn chain_kernels(
+    k: &Kernels,
+    output: crate::quant::Output,
+    values_in_dequant: bool,
+) -> ffi::ChainKernels<'_> {
     ffi::ChainKernels {
         lane: &k.lane_decode,
         resolve: &k.resolve_tables,
-        values: &k.map_values,
+        values: match values_in_dequant {
+            true => &k.map_escapes,
+            false => &k.map_values,
+        },
         dequant: dequant_kernel(k, output),
+        values_in_dequant,
     }
 }
 

@@ -40,6 +40,7 @@ pub const KERNELS: &[KernelSource] = &[
             "kvc_check_chunks",
             "kvc_resolve_tables",
             "kvc_map_values",
+            "kvc_map_escapes",
             "kvc_chain_verdict",
         ],
         decode: true,
@@ -87,6 +88,7 @@ pub const KERNELS: &[KernelSource] = &[
 const HEADERS: &[(&str, &str)] = &[
     ("kvc_kernel.cuh", include_str!("../kernels/kvc_kernel.cuh")),
     ("kvc_crc.cuh", include_str!("../kernels/kvc_crc.cuh")),
+    ("kvc_values.cuh", include_str!("../kernels/kvc_values.cuh")),
 ];
 
 /// A loaded NVRTC.

@@ -304,6 +304,7 @@ impl DequantBatch {
             pages: &self.pages,
             page_size: self.page_size(),
             dtype: self.output.dtype,
+            mapped: None,
         }
     }
 

@@ -7,8 +7,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 
 use super::{
     host_ran, launch_args, launch_dequant_with, launch_grid, launch_lane_decode,
-    launch_lane_decode_ref, launch_shape, Addrs, DequantDev, DevBuf, LaneDecodeDev, LaneDecodeRef,
-    OnDevice, OnHost, Space, CHAIN_THREADS, LANES,
+    launch_lane_decode_ref, launch_shape, Addrs, DequantDev, DequantValuesDev, DevBuf,
+    LaneDecodeDev, LaneDecodeRef, MappedValuesDev, OnDevice, OnHost, Space, CHAIN_THREADS, LANES,
 };
 use crate::error::CudaError;
 use crate::rans::{LaneBlock, LaneShape};
@@ -34,6 +34,12 @@ extern "C" {
         shared_bytes: u64,
     ) -> c_int;
     fn kvc_map_values_host(
+        args: *const ValueArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_map_escapes_host(
         args: *const ValueArgs<OnHost>,
         grid: u32,
         block: u32,
@@ -442,9 +448,12 @@ pub(crate) struct ValueIo<'a> {
     pub q: &'a mut [i32],
     pub blocks: &'a [ValueBlock],
     pub status: &'a mut [u32],
+    /// Only the escapes' values written to `q` (`kvc_map_escapes`, for a dequantization that
+    /// maps the value symbols itself).
+    pub escapes_only: bool,
 }
 
-/// Runs `kvc_map_values` on the host.
+/// Runs `kvc_map_values` (or `kvc_map_escapes`) on the host.
 pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     let grid = launch_grid(io.blocks.len())?;
@@ -467,11 +476,15 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
     };
+    let run = match io.escapes_only {
+        false => kvc_map_values_host,
+        true => kvc_map_escapes_host,
+    };
     let shared = u64::from(VALUE_SHARED_BYTES);
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
     // `indices` and `symbol_table` of one length) and 3 (CHAIN_THREADS threads, the shared
     // memory KvcValueShared needs).
-    let rc = unsafe { kvc_map_values_host(&args, grid, CHAIN_THREADS, shared) };
+    let rc = unsafe { run(&args, grid, CHAIN_THREADS, shared) };
     host_ran(rc, "kvc_map_values")
 }
 
@@ -510,8 +523,14 @@ pub(crate) struct ChainDev {
 pub(crate) struct ChainKernels<'a> {
     pub lane: &'a CudaFunction,
     pub resolve: &'a CudaFunction,
+    /// `kvc_map_values`, or `kvc_map_escapes` with `values_in_dequant`.
     pub values: &'a CudaFunction,
     pub dequant: &'a CudaFunction,
+    /// The dequantization maps the value symbols as it reads them, the value mapping
+    /// (`kvc_map_escapes`) writing only the escapes' values (`kernels/kvc_values.cuh`);
+    /// otherwise the value mapping writes every value for the dequantization to read. The same
+    /// bits either way.
+    pub values_in_dequant: bool,
 }
 
 /// Queues the five launches of a chain on `stream`: exponents, table resolution, symbols,
@@ -565,7 +584,21 @@ pub(crate) fn launch_chain_stage(
             launch_lane_decode_ref(stream, k.lane, &sym, lane_shape)
         }
         3 => launch_values(stream, k.values, c),
-        4 => launch_dequant_with(stream, k.dequant, &c.dequant, &c.q, &l.symbols, out, n_out),
+        4 => {
+            let mapped = MappedValuesDev {
+                values: &c.values,
+                indices: &c.symbols,
+                symbol_table: &c.sym_table,
+                table_list: &l.table_list,
+                radius: &c.radius,
+            };
+            let values = DequantValuesDev {
+                q: &c.q,
+                exps: &l.symbols,
+                mapped: k.values_in_dequant.then_some(mapped),
+            };
+            launch_dequant_with(stream, k.dequant, &c.dequant, values, out, n_out)
+        }
         _ => Err(input("a chain has five launches")),
     }
 }
@@ -641,7 +674,8 @@ fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::host_layout;
+    use crate::ffi::{host_dequant, host_layout, MappedValues};
+    use crate::quant::{ChannelConsts, DequantBatch, DequantBlock};
 
     /// What `kvc_chain_layout` reports, from the mirrors in space `S`.
     fn rust_chain_layout<S: Space>() -> Vec<u64> {
@@ -694,6 +728,8 @@ mod tests {
         indices: Vec<u8>,
         escapes: Vec<i32>,
         want: Vec<i32>,
+        /// Per symbol, whether it takes an escape value.
+        escaped: Vec<bool>,
     }
 
     fn value_case(list_len: u32, n_sym: u32, seed: u64) -> ValueCase {
@@ -707,12 +743,13 @@ mod tests {
         let radius: Vec<u8> = (0..64).map(|_| next(11) as u8).collect();
         let table_list: Vec<u32> = (0..list_len).map(|_| next(64)).collect();
         let (mut symbol_table, mut indices) = (Vec::new(), Vec::new());
-        let (mut escapes, mut want) = (Vec::new(), Vec::new());
+        let (mut escapes, mut want, mut escaped) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..n_sym {
             let t = next(list_len);
             let r = i32::from(radius[table_list[t as usize] as usize]);
             symbol_table.push(t as u16);
-            if next(10) == 0 {
+            escaped.push(next(10) == 0);
+            if escaped[escaped.len() - 1] {
                 // An escape: its value lies beyond the radius, either sign.
                 let v = (r + 1 + next(1000) as i32) * if next(2) == 0 { 1 } else { -1 };
                 indices.push((2 * r + 1) as u8);
@@ -731,6 +768,7 @@ mod tests {
             indices,
             escapes,
             want,
+            escaped,
         }
     }
 
@@ -741,12 +779,14 @@ mod tests {
         /// above 2r the next escape): table lists short enough for their radii to be staged in
         /// shared memory and too long for it, a second block after the first; a table index
         /// outside the list or an escape within the radius gives the block's error status.
+        /// With `escapes_only`, the escapes' values are written and nothing else.
         #[test]
         fn map_values_match_a_plain_mapping(
             list_len in proptest::prop_oneof![1u32..300, 4090u32..4200],
             n_sym in 0u32..3000,
             seed in proptest::prelude::any::<u64>(),
             corrupt in 0u8..3,
+            escapes_only in proptest::prelude::any::<bool>(),
         ) {
             let mut c = value_case(list_len, n_sym, seed);
             let second = value_case(7, 100, !seed);
@@ -785,7 +825,8 @@ mod tests {
             let symbol_table = cat(&c.symbol_table, &second.symbol_table);
             let indices = [&c.indices[..], &second.indices].concat();
             let escapes = [&c.escapes[..], &second.escapes].concat();
-            let mut q = vec![0i32; indices.len()];
+            const UNWRITTEN: i32 = i32::MIN;
+            let mut q = vec![UNWRITTEN; indices.len()];
             let mut status = vec![9u32; 2];
             host_map_values(ValueIo {
                 indices: &indices,
@@ -796,13 +837,126 @@ mod tests {
                 q: &mut q,
                 blocks: &blocks,
                 status: &mut status,
+                escapes_only,
             })
             .unwrap();
             proptest::prop_assert_eq!(status, vec![want_status, 0]);
+            // What a plain mapping writes: every value, or only the escapes'.
+            let written = |case: &ValueCase| -> Vec<i32> {
+                let all = case.want.iter().zip(&case.escaped);
+                all.map(|(&v, &e)| if e || !escapes_only { v } else { UNWRITTEN }).collect()
+            };
             if want_status == 0 {
-                proptest::prop_assert_eq!(&q[..n as usize], &c.want[..]);
+                proptest::prop_assert_eq!(&q[..n as usize], &written(&c)[..]);
             }
-            proptest::prop_assert_eq!(&q[n as usize..], &second.want[..]);
+            proptest::prop_assert_eq!(&q[n as usize..], &written(&second)[..]);
+        }
+
+        /// A dequantization that maps the value symbols itself, after a value mapping of only
+        /// the escapes, gives the bits of one given every value by a whole value mapping:
+        /// blocks of 1-40 rows (sink rows among them), with and without step exponents, table
+        /// lists staged in shared memory and too long for it. A table id of the list outside
+        /// the radii, or a value block reaching past the symbols or the table list, gives the
+        /// block `BadRange` and writes nothing.
+        #[test]
+        fn dequantization_maps_values_as_the_value_mapping_does(
+            list_len in proptest::prop_oneof![1u32..300, 4090u32..4200],
+            rows in 1u32..40,
+            sink_rows in 0u32..3,
+            group in 1u32..6,
+            with_exps in proptest::prelude::any::<bool>(),
+            seed in proptest::prelude::any::<u64>(),
+            corrupt in 0u8..6,
+        ) {
+            let (heads, head_dim) = (2u32, 8u32);
+            let c = (heads * head_dim) as usize;
+            let sink_rows = sink_rows.min(rows);
+            let coded = (rows - sink_rows) as usize;
+            let case = value_case(list_len, (coded * c) as u32, seed);
+            let block = ValueBlock {
+                index_start: 0,
+                list_start: 0,
+                escape_start: 0,
+                q_start: 0,
+                n_sym: (coded * c) as u32,
+                n_escapes: case.escapes.len() as u32,
+                list_len,
+                reserved: 0,
+            };
+            let map = |escapes_only: bool| {
+                let mut q = vec![0i32; coded * c];
+                let mut status = [9u32];
+                host_map_values(ValueIo {
+                    indices: &case.indices,
+                    symbol_table: &case.symbol_table,
+                    table_list: &case.table_list,
+                    radius: &case.radius,
+                    escapes: &case.escapes,
+                    q: &mut q,
+                    blocks: &[block],
+                    status: &mut status,
+                    escapes_only,
+                })
+                .unwrap();
+                assert_eq!(status, [0]);
+                q
+            };
+            let exps: Vec<u8> = (0..coded * heads as usize).map(|i| (i % 7) as u8).collect();
+            let sink: Vec<f32> = (0..sink_rows as usize * c).map(|i| i as f32 * 0.5).collect();
+            let mut batch = DequantBatch::new(heads, head_dim, rows as usize * c);
+            let consts: Vec<ChannelConsts> = (0..c)
+                .map(|i| ChannelConsts {
+                    mean: i as f32 * 0.125 - 1.0,
+                    anchor_step: 0.25,
+                    delta_step: 0.0625 + (i % 3) as f32 * 0.03125,
+                    weight: (i % 9) as f32 / 16.0,
+                })
+                .collect();
+            let consts_start = batch.add_consts(&consts);
+            let dq = DequantBlock {
+                consts_start,
+                rows,
+                sink_rows,
+                group,
+                has_exps: u32::from(with_exps),
+                ..DequantBlock::default()
+            };
+            batch.add_block_external(dq, &sink);
+            let mut table_list = case.table_list.clone();
+            let mut bad = block;
+            match corrupt {
+                1 => table_list[(seed % u64::from(list_len)) as usize] = case.radius.len() as u32,
+                2 => bad.index_start = 1,
+                3 => bad.index_start = u64::MAX - 3,
+                4 => bad.list_len += 1,
+                5 => bad.list_start = u64::MAX,
+                _ => {}
+            }
+            let dequant = |q: &[i32], mapped: Option<MappedValues<'_>>| {
+                let mut out = vec![0u16; batch.output().len];
+                let mut status = [9u32];
+                let mut io = batch.io_with(q, &exps, &mut out, &mut status);
+                io.mapped = mapped;
+                host_dequant(io).unwrap();
+                (out, status[0])
+            };
+            let (want, want_status) = dequant(&map(false), None);
+            proptest::prop_assert_eq!(want_status, 0);
+            let mapped = MappedValues {
+                values: &[bad],
+                indices: &case.indices,
+                symbol_table: &case.symbol_table,
+                table_list: &table_list,
+                radius: &case.radius,
+            };
+            let (got, status) = dequant(&map(true), Some(mapped));
+            if corrupt != 0 {
+                proptest::prop_assert_eq!(status, 1);
+                proptest::prop_assert!(got.iter().all(|&x| x == 0));
+            } else {
+                proptest::prop_assert_eq!(status, 0);
+                proptest::prop_assert!(got == want);
+            }
         }
 
         /// `kvc_gather_words` against a plain gather: parts at any byte offset and of any

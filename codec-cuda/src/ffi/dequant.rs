@@ -5,6 +5,7 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 
+use super::ValueBlock;
 use super::{
     host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
 };
@@ -54,6 +55,50 @@ struct DequantArgs<S: Space> {
     head_dim: u32,
     page_size: u32,
     reserved: u32,
+    mapped: DequantValues<S>,
+}
+
+/// `KvcDequantValues` (invariant 1): all null and 0 for a launch given its values.
+#[repr(C)]
+#[derive(Debug)]
+struct DequantValues<S: Space> {
+    values: S::Const<ValueBlock>,
+    n_values: u64,
+    indices: S::Const<u8>,
+    symbol_table: S::Const<u16>,
+    n_indices: u64,
+    table_list: S::Const<u32>,
+    n_table_list: u64,
+    radius: S::Const<u8>,
+    n_radius: u64,
+}
+
+impl DequantValues<OnHost> {
+    const NONE: Self = DequantValues {
+        values: std::ptr::null(),
+        n_values: 0,
+        indices: std::ptr::null(),
+        symbol_table: std::ptr::null(),
+        n_indices: 0,
+        table_list: std::ptr::null(),
+        n_table_list: 0,
+        radius: std::ptr::null(),
+        n_radius: 0,
+    };
+}
+
+impl DequantValues<OnDevice> {
+    const NONE: Self = DequantValues {
+        values: 0,
+        n_values: 0,
+        indices: 0,
+        symbol_table: 0,
+        n_indices: 0,
+        table_list: 0,
+        n_table_list: 0,
+        radius: 0,
+        n_radius: 0,
+    };
 }
 
 /// Most threads per block of the walks down a coded block's channels (the dequantization, the
@@ -73,8 +118,22 @@ pub(crate) fn channel_threads(heads: u32, head_dim: u32) -> u32 {
     per_round.next_multiple_of(32).clamp(32, max) as u32
 }
 
-/// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`).
-pub(crate) const DEQUANT_SHARED_BYTES: u32 = 4;
+/// Dynamic shared memory of the dequantization kernel (`KvcDequantShared`: 8 +
+/// `KVC_VALUE_LIST`).
+pub(crate) const DEQUANT_SHARED_BYTES: u32 = 8 + 4096;
+
+/// The value symbols a dequantization maps itself (`kernels/kvc_values.cuh`), a decode
+/// chain's: block `b`'s are those of `values[b]` (one per dequantization block), its escapes'
+/// values in `q` where `kvc_map_escapes` placed them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MappedValues<'a> {
+    pub values: &'a [ValueBlock],
+    pub indices: &'a [u8],
+    /// Same length as `indices`.
+    pub symbol_table: &'a [u16],
+    pub table_list: &'a [u32],
+    pub radius: &'a [u8],
+}
 
 /// The buffers of one dequantization launch.
 #[derive(Debug)]
@@ -91,6 +150,9 @@ pub(crate) struct DequantIo<'a> {
     pub pages: &'a [u32],
     pub page_size: u32,
     pub dtype: OutDtype,
+    /// The value symbols mapped in the launch (only the escapes' values in `q`), or `None`
+    /// when `q` holds every value.
+    pub mapped: Option<MappedValues<'a>>,
 }
 
 /// Runs `kvc_dequant_f16` or `kvc_dequant_bf16` on the host: one block per entry of
@@ -108,6 +170,30 @@ pub(crate) fn host_dequant_threads(io: DequantIo<'_>, threads: u32) -> Result<()
             what: "status buffer is not one entry per block",
         });
     }
+    let mapped = match io.mapped {
+        None => DequantValues::<OnHost>::NONE,
+        Some(m) if m.indices.len() != m.symbol_table.len() => {
+            return Err(CudaError::Input {
+                what: "value symbols and their tables of mismatched lengths",
+            })
+        }
+        Some(m) if m.values.len() != io.blocks.len() => {
+            return Err(CudaError::Input {
+                what: "value blocks are not one per dequantization block",
+            })
+        }
+        Some(m) => DequantValues::<OnHost> {
+            values: m.values.as_ptr(),
+            n_values: m.values.len() as u64,
+            indices: m.indices.as_ptr(),
+            symbol_table: m.symbol_table.as_ptr(),
+            n_indices: m.indices.len() as u64,
+            table_list: m.table_list.as_ptr(),
+            n_table_list: m.table_list.len() as u64,
+            radius: m.radius.as_ptr(),
+            n_radius: m.radius.len() as u64,
+        },
+    };
     let args = DequantArgs::<OnHost> {
         q: io.q.as_ptr(),
         n_q: io.q.len() as u64,
@@ -128,6 +214,7 @@ pub(crate) fn host_dequant_threads(io: DequantIo<'_>, threads: u32) -> Result<()
         head_dim: io.head_dim,
         page_size: io.page_size,
         reserved: 0,
+        mapped,
     };
     let run = match io.dtype {
         OutDtype::F16 => kvc_dequant_f16_host,
@@ -135,7 +222,8 @@ pub(crate) fn host_dequant_threads(io: DequantIo<'_>, threads: u32) -> Result<()
     };
     let shared = u64::from(DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
-    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
+    // length, borrowed for the call, mutably for the outputs; `indices` and `symbol_table` of
+    // one length) and 3 (launch shape).
     let rc = unsafe { run(&args, grid, threads.max(1), shared) };
     host_ran(rc, io.dtype.entry())
 }
@@ -180,17 +268,41 @@ pub(crate) fn launch_dequant(
     out: &mut CudaSlice<u16>,
     n_out: usize,
 ) -> Result<(), CudaError> {
-    launch_dequant_with(stream, func, b, &b.q, &b.exps, out, n_out)
+    let values = DequantValuesDev {
+        q: &b.q,
+        exps: &b.exps,
+        mapped: None,
+    };
+    launch_dequant_with(stream, func, b, values, out, n_out)
 }
 
-/// [`launch_dequant`] reading symbol values `q` and exponents `exps` from other buffers (a
-/// chain's earlier launches) instead of `b`'s.
+/// Where a dequantization launch finds its symbol values and exponents on the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DequantValuesDev<'a> {
+    pub q: &'a DevBuf<i32>,
+    pub exps: &'a DevBuf<u8>,
+    /// As [`DequantIo::mapped`].
+    pub mapped: Option<MappedValuesDev<'a>>,
+}
+
+/// [`MappedValues`] on the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MappedValuesDev<'a> {
+    pub values: &'a DevBuf<ValueBlock>,
+    pub indices: &'a DevBuf<u8>,
+    /// Same length as `indices`.
+    pub symbol_table: &'a DevBuf<u16>,
+    pub table_list: &'a DevBuf<u32>,
+    pub radius: &'a DevBuf<u8>,
+}
+
+/// [`launch_dequant`] reading symbol values and exponents from `values` (a chain's earlier
+/// launches) instead of `b`'s.
 pub(super) fn launch_dequant_with(
     stream: &CudaStream,
     func: &CudaFunction,
     b: &DequantDev,
-    q_buf: &DevBuf<i32>,
-    exps_buf: &DevBuf<u8>,
+    values: DequantValuesDev<'_>,
     out: &mut CudaSlice<u16>,
     n_out: usize,
 ) -> Result<(), CudaError> {
@@ -206,8 +318,37 @@ pub(super) fn launch_dequant_with(
         return Ok(());
     }
     let mut a = Addrs::default();
-    let (q, n_q) = a.of(q_buf, stream);
-    let (exps, n_exps) = a.of(exps_buf, stream);
+    let (q, n_q) = a.of(values.q, stream);
+    let (exps, n_exps) = a.of(values.exps, stream);
+    let mapped = match values.mapped {
+        None => DequantValues::<OnDevice>::NONE,
+        Some(m) if m.indices.len() != m.symbol_table.len() => {
+            return Err(input(
+                "value symbols and their tables of mismatched lengths",
+            ))
+        }
+        Some(m) if m.values.len() != b.blocks.len() => {
+            return Err(input("value blocks are not one per dequantization block"))
+        }
+        Some(m) => {
+            let (values, n_values) = a.of(m.values, stream);
+            let (indices, n_indices) = a.of(m.indices, stream);
+            let (symbol_table, _) = a.of(m.symbol_table, stream);
+            let (table_list, n_table_list) = a.of(m.table_list, stream);
+            let (radius, n_radius) = a.of(m.radius, stream);
+            DequantValues {
+                values,
+                n_values,
+                indices,
+                symbol_table,
+                n_indices,
+                table_list,
+                n_table_list,
+                radius,
+                n_radius,
+            }
+        }
+    };
     let (sink, n_sink) = a.of(&b.sink, stream);
     let (consts, n_consts) = a.of(&b.consts, stream);
     let (out_ptr, out_guard) = out.device_ptr_mut(stream);
@@ -236,11 +377,13 @@ pub(super) fn launch_dequant_with(
         head_dim: b.head_dim,
         page_size: b.page_size,
         reserved: 0,
+        mapped,
     };
     let threads = channel_threads(b.heads, b.head_dim);
     let cfg = launch_shape(grid, threads, DEQUANT_SHARED_BYTES);
-    // SAFETY: invariants 1, 6 (buffers live in `b` and `out`, held by the caller until the
-    // stream is synchronized), 7 and 3 (the host runs' launch shape).
+    // SAFETY: invariants 1, 6 (buffers live in `b`, `values` and `out`, held by the caller
+    // until the stream is synchronized; `indices` and `symbol_table` of one length), 7 and 3
+    // (the host runs' launch shape).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
@@ -325,7 +468,7 @@ mod tests {
 
     /// What `kvc_dequant_layout` reports, from the mirrors in space `S`.
     fn rust_dequant_layout<S: Space>() -> Vec<u64> {
-        layout![
+        let mut v = layout![
             ChannelConsts { mean, anchor_step, delta_step, weight },
             DequantBlock {
                 q_start, exp_start, sink_start, out_start, consts_start, rows, sink_rows, group,
@@ -333,9 +476,15 @@ mod tests {
             },
             DequantArgs<S> {
                 q, n_q, exps, n_exps, sink, n_sink, consts, n_consts, out, n_out, pages, n_pages,
-                blocks, status, n_blocks, heads, head_dim, page_size
+                blocks, status, n_blocks, heads, head_dim, page_size, mapped
             },
-        ]
+            DequantValues<S> {
+                values, n_values, indices, symbol_table, n_indices, table_list, n_table_list,
+                radius, n_radius
+            },
+        ];
+        v.push(u64::from(DEQUANT_SHARED_BYTES));
+        v
     }
 
     /// Invariant 1 for `kernels/dequant.cu`.

@@ -19,12 +19,14 @@
 //!    `KVC_SLOTS` words). The kernels read or write a buffer only below its count: they check each
 //!    block's ranges against the counts before use (`kvc_block_range_ok`, `kvc_block_tables_ok` and
 //!    a symbol's table index against its block's table count in the lane decode;
-//!    `kvc_dequant_block_ok` and, per row of a paged output, `kvc_dequant_pages_ok` in the
-//!    dequantization; each part's source bytes and destination words, `kvc_gather_ok`, in the
+//!    `kvc_dequant_block_ok` (with `kvc_dequant_values_ok` for a launch that maps its value
+//!    symbols), per row of a paged output `kvc_dequant_pages_ok` and per table of a block's
+//!    list `kvc_dequant_stage` in the dequantization; each part's source bytes and destination words, `kvc_gather_ok`, in the
 //!    word gather), so any *content* of the inputs is memory-safe; only the counts must be
 //!    right, and [`host_lane_decode`] and [`host_dequant`] derive them from the slices. In the lane
 //!    decode, `symbols` and `symbol_table` have the same length and `status` holds 32 entries per
-//!    block; in the dequantization, `status` holds one entry per block; in the PQ search, one per
+//!    block; in the dequantization, `status` holds one entry per block and, when it maps its
+//!    value symbols, `indices` and `symbol_table` have the same length; in the PQ search, one per
 //!    query (the kernel checks each query's ranges, `kvc_pq_range_ok`, and the launch's shape,
 //!    `kvc_pq_shape_ok`, before any read). In the encode chain the source is counted in whole
 //!    elements of its dtype (`kvc_encode_blocks`) or in bytes (the last three launches),
