@@ -107,7 +107,7 @@ fn main() {
     });
     g.finish();
 
-    let (pq, scores) = support::pq_long_batch(32768, 256, 64);
+    let (pq, _, scores) = support::pq_long_batch(32768, 256, 64, 0);
     let mut g = c.benchmark_group("pq search, 256 queries x 32768 tokens");
     g.throughput(Throughput::Elements(scores as u64));
     g.bench_function("uploads included", |b| b.iter(|| gpu.search(&pq).unwrap()));

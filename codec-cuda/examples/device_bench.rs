@@ -190,7 +190,7 @@ fn bench_pq(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {
     );
 
     // PQ: one long head (32768 tokens, synthetic codes), 256 queries.
-    let (batch, n) = support::pq_long_batch(32768, 256, dim);
+    let (batch, _, n) = support::pq_long_batch(32768, 256, dim, 0);
     let (tl, _) = best_of(rounds, || gpu.search(&batch).unwrap());
     let kl = gpu.time_search(&batch, rounds).unwrap();
     let rl = resident_search(gpu, &batch, rounds);
@@ -210,6 +210,47 @@ fn bench_pq(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {
         n as f64 / kl / 1e9,
         kg * 1e3,
         n as f64 / kg / 1e9
+    );
+    bench_pq_steps(gpu, dim, rounds);
+}
+
+/// Decode steps over one head of 32768 tokens and 256 queries that follow it, uploaded once:
+/// each step appends one token's codes (`Gpu::append_pq`) and searches with new query values
+/// (`Gpu::search_uploaded`), against the search alone; checked against the host batch after
+/// the same appends.
+fn bench_pq_steps(gpu: &Gpu, dim: usize, rounds: usize) {
+    let steps = rounds.max(1) * 4;
+    let (mut batch, head, _) = support::pq_long_batch(32768, 256, dim, steps);
+    let mut up = gpu.upload_pq(&batch).unwrap();
+    let values: Vec<f32> = (0..up.query_values())
+        .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
+        .collect();
+    let (alone, _) = best_of(rounds, || gpu.search_uploaded(&mut up, &values).unwrap());
+    let (mut step_best, mut append_best) = (f64::INFINITY, f64::INFINITY);
+    let mut got = None;
+    for step in 0..steps {
+        let codes = [(step * 7 % 64) as u16, (step * 11 % 64) as u16];
+        let t = Instant::now();
+        gpu.append_pq(&mut up, head, &codes).unwrap();
+        let appended = t.elapsed().as_secs_f64();
+        got = Some(gpu.search_uploaded(&mut up, &values).unwrap());
+        step_best = step_best.min(t.elapsed().as_secs_f64());
+        append_best = append_best.min(appended);
+        batch.append_tokens(head, &codes).unwrap();
+    }
+    batch.set_query_values(&values).unwrap();
+    let (got, want) = (got.unwrap(), batch.search_host().unwrap());
+    assert!(
+        (0..want.len()).all(|i| got.tokens(i) == want.tokens(i)),
+        "PQ after appends differs"
+    );
+    println!(
+        "pq decode steps: 256 queries over one head of 32768 tokens, uploaded once: a step \
+         (one token's codes appended, then the search with new query values) {:.3} ms, of \
+         which the append call {:.3} ms; the search alone {:.3} ms",
+        step_best * 1e3,
+        append_best * 1e3,
+        alone * 1e3
     );
 }
 

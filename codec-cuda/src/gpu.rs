@@ -146,7 +146,8 @@ impl UploadedPlan {
 }
 
 /// A [`PqBatch`] on one device ([`Gpu::upload_pq`]): its codebooks, codes and query records
-/// uploaded once, searched by [`Gpu::search_uploaded`] with new query values each time.
+/// uploaded once, searched by [`Gpu::search_uploaded`] with new query values each time, its
+/// heads grown by [`Gpu::append_pq`].
 #[derive(Debug)]
 pub struct UploadedPq {
     dev: ffi::PqDev,
@@ -921,33 +922,71 @@ impl Gpu {
         Ok(up.layout.selected(out, status))
     }
 
+    /// Appends the codes of more tokens to `head` of the batch uploaded as `up`, as
+    /// [`PqBatch::append_tokens`] does to a batch (the head added with room for them; the
+    /// queries that saw all of its tokens see the new ones too): only the bytes of the codes
+    /// that change and the query records are uploaded, so a decode step adds its new keys
+    /// without uploading the context's codes again. An error changes nothing on the host; a
+    /// failed copy may leave the device's codes partly appended, which the next successful
+    /// append of the same codes writes whole.
+    pub fn append_pq(
+        &self,
+        up: &mut UploadedPq,
+        head: crate::pq::HeadId,
+        codes: &[u16],
+    ) -> Result<(), CudaError> {
+        if !Arc::ptr_eq(&up.stream, &self.stream) {
+            return Err(CudaError::Input {
+                what: "a PQ batch uploaded through another Gpu",
+            });
+        }
+        let mut layout = up.layout.clone();
+        let (at, bytes) = layout.append(head, codes)?;
+        let at = usize::try_from(at).map_err(|_| CudaError::Input {
+            what: "codes past the address space",
+        })?;
+        up.dev.codes.write_at(&self.stream, at, &bytes)?;
+        up.dev.items.write(&self.stream, layout.items())?;
+        up.layout = layout;
+        Ok(())
+    }
+
     fn launch_pq(&self, k: &Kernels, d: &ffi::PqDev, batch: &PqBatch) -> Result<(), CudaError> {
         let shape = batch.shape(self.pq_shared_keys, k.pq_shared_budget)?;
         ffi::launch_pq(&self.stream, &k.pq_search, d, shape)
     }
 
     /// The batch's inputs in one packed upload (see [`ffi::Packer`]), its scratch keys and
-    /// outputs in allocations of their own; with `own_queries`, its query values in one of
-    /// their own too (which a search may overwrite).
-    fn upload_pq_with(&self, batch: &PqBatch, own_queries: bool) -> Result<ffi::PqDev, CudaError> {
+    /// outputs in allocations of their own; `resident` (a batch kept for later searches),
+    /// its query values, codes and query records in allocations of their own too (which
+    /// searches and appends overwrite).
+    fn upload_pq_with(&self, batch: &PqBatch, resident: bool) -> Result<ffi::PqDev, CudaError> {
         let s = &self.stream;
         let (keys_len, out_len) = batch.lens();
         let io = batch.io(&mut [], &mut [], &mut []);
         let mut p = ffi::Packer::default();
-        let queries = (!own_queries).then(|| p.add(io.queries));
+        let packed = (!resident).then(|| (p.add(io.queries), p.add(io.codes), p.add(io.items)));
         let codewords = p.add(io.codewords);
-        let (codes, items) = (p.add(io.codes), p.add(io.items));
         let base = self.packed_upload(p)?;
+        let (queries, codes, items) = match packed {
+            Some((queries, codes, items)) => (
+                DevBuf::view(&base, queries)?,
+                DevBuf::view(&base, codes)?,
+                DevBuf::view(&base, items)?,
+            ),
+            None => (
+                DevBuf::upload(s, io.queries)?,
+                DevBuf::upload(s, io.codes)?,
+                DevBuf::upload(s, io.items)?,
+            ),
+        };
         Ok(ffi::PqDev {
-            queries: match queries {
-                Some(slot) => DevBuf::view(&base, slot)?,
-                None => DevBuf::upload(s, io.queries)?,
-            },
+            queries,
             codewords: DevBuf::view(&base, codewords)?,
-            codes: DevBuf::view(&base, codes)?,
+            codes,
             keys: DevBuf::zeros(s, keys_len)?,
             out: DevBuf::zeros(s, out_len)?,
-            items: DevBuf::view(&base, items)?,
+            items,
             status: DevBuf::zeros(s, io.items.len())?,
             dim: io.dim,
             m: io.m,

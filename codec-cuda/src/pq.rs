@@ -65,6 +65,21 @@ struct HeadPlace {
     codebook_start: u64,
     codes_start: u64,
     tokens: usize,
+    /// Tokens its codes have room for (>= `tokens`; [`PqBatch::add_head_with_room`]).
+    capacity: usize,
+    /// The byte of its codes holding the last code's high bits, when that code ends inside
+    /// it (the room after it is zero): what an append ORs its first bits into.
+    tail: u8,
+}
+
+/// What a query that sees all of its head's tokens asked for, kept so that it sees the tokens
+/// appended after them too ([`PqBatch::append_tokens`]), its windows and k clamped anew.
+#[derive(Clone, Copy, Debug)]
+struct Follow {
+    head: usize,
+    k: usize,
+    n_init: usize,
+    n_local: usize,
 }
 
 /// The buffers of one PQ search launch.
@@ -75,8 +90,7 @@ pub struct PqBatch {
     queries: Vec<f32>,
     codewords: Vec<f32>,
     codes: Vec<u8>,
-    heads: Vec<HeadPlace>,
-    /// The books, bits and query records.
+    /// The books, bits, heads and query records.
     layout: PqLayout,
     keys_len: usize,
     out_len: usize,
@@ -104,11 +118,12 @@ impl PqBatch {
             queries: Vec::new(),
             codewords: Vec::new(),
             codes: Vec::new(),
-            heads: Vec::new(),
             layout: PqLayout {
                 m,
                 bits,
                 items: Vec::new(),
+                heads: Vec::new(),
+                follows: Vec::new(),
             },
             keys_len: 0,
             out_len: 0,
@@ -123,6 +138,19 @@ impl PqBatch {
         codebook: &Codebook,
         packed: &[u8],
         tokens: usize,
+    ) -> Result<HeadId, CudaError> {
+        self.add_head_with_room(codebook, packed, tokens, 0)
+    }
+
+    /// [`add_head`](Self::add_head) with room for the codes of `room` more tokens after them,
+    /// which [`append_tokens`](Self::append_tokens) (and [`Gpu::append_pq`](crate::Gpu::append_pq)
+    /// on an uploaded batch) fills in place, a decode step's new key at a time.
+    pub fn add_head_with_room(
+        &mut self,
+        codebook: &Codebook,
+        packed: &[u8],
+        tokens: usize,
+        room: usize,
     ) -> Result<HeadId, CudaError> {
         let input = |what| CudaError::Input { what };
         if codebook.method() != self.method
@@ -148,17 +176,43 @@ impl PqBatch {
                 return Err(input("non-zero padding after the last code"));
             }
         }
-        if u32::try_from(tokens).is_err() {
+        let capacity = tokens.checked_add(room).ok_or(input("too many codes"))?;
+        if u32::try_from(capacity).is_err() {
             return Err(input("over 2^32 tokens in a head"));
         }
-        self.heads.push(HeadPlace {
+        let room_len = capacity
+            .checked_mul(self.layout.m as usize)
+            .and_then(|n| packed_len(n, codebook.bits()).ok())
+            .ok_or(input("too many codes"))?;
+        let heads = &mut self.layout.heads;
+        heads.push(HeadPlace {
             codebook_start: self.codewords.len() as u64,
             codes_start: self.codes.len() as u64,
             tokens,
+            capacity,
+            tail: if used_bits.is_multiple_of(8) {
+                0
+            } else {
+                packed[len - 1]
+            },
         });
         self.codewords.extend_from_slice(codebook.centroids());
         self.codes.extend_from_slice(packed);
-        Ok(HeadId(self.heads.len() - 1))
+        self.codes.resize(self.codes.len() + (room_len - len), 0);
+        Ok(HeadId(heads.len() - 1))
+    }
+
+    /// Appends the codes of more tokens to `head` (`[n, m]` codes, token-major, each below
+    /// `2^bits`, as `pq_core::pack` takes them) within the room it was added with. Every query
+    /// that saw all of the head's tokens sees the new ones too, its `k`, `n_init` and
+    /// `n_local` as it asked, clamped to its tokens anew; the others are unchanged. An error
+    /// (codes of part of a token, a code too large, no room, no such head) changes nothing.
+    pub fn append_tokens(&mut self, head: HeadId, codes: &[u16]) -> Result<(), CudaError> {
+        let (at, bytes) = self.layout.append(head, codes)?;
+        // `append` checked that the bytes lie in the head's room.
+        let at = at as usize;
+        self.codes[at..at + bytes.len()].copy_from_slice(&bytes);
+        Ok(())
     }
 
     /// Adds a query over the first `tokens` tokens of `head`: `queries` is `[G, D]` (the `G >= 1`
@@ -173,7 +227,7 @@ impl PqBatch {
         n_local: usize,
     ) -> Result<usize, CudaError> {
         let input = |what| CudaError::Input { what };
-        let place = *self.heads.get(head.0).ok_or(input("no such head"))?;
+        let place = *self.layout.heads.get(head.0).ok_or(input("no such head"))?;
         if tokens > place.tokens {
             return Err(input("a query sees more tokens than its head holds"));
         }
@@ -186,24 +240,33 @@ impl PqBatch {
         }
         let group_heads =
             u32::try_from(queries.len() / d).map_err(|_| input("too many query heads"))?;
-        let clamp = |x: usize| u32::try_from(x.min(tokens)).unwrap_or(u32::MAX);
-        let item = PqQuery {
+        // A query over all of a head with room follows its appends: its scratch keys and
+        // selection are reserved for the head's capacity.
+        let follow = (tokens == place.tokens && place.capacity > place.tokens).then_some(Follow {
+            head: head.0,
+            k,
+            n_init,
+            n_local,
+        });
+        let reserved = follow.map_or(tokens, |_| place.capacity);
+        let windows = |tokens: usize| (tokens, k, n_init, n_local);
+        let mut item = PqQuery {
             query_start: self.queries.len() as u64,
             codebook_start: place.codebook_start,
             codes_start: place.codes_start,
             keys_start: self.keys_len as u64,
             out_start: self.out_len as u64,
-            tokens: tokens as u32,
             group_heads,
-            k: clamp(k),
-            n_init: clamp(n_init),
-            n_local: clamp(n_local),
-            reserved: 0,
+            ..PqQuery::default()
         };
+        set_windows(&mut item, windows(reserved));
+        let out_len = selection_len(&item);
+        set_windows(&mut item, windows(tokens));
         self.queries.extend_from_slice(queries);
-        self.keys_len += tokens;
-        self.out_len += selection_len(&item);
+        self.keys_len += reserved;
+        self.out_len += out_len;
         self.layout.items.push(item);
+        self.layout.follows.push(follow);
         Ok(self.layout.items.len() - 1)
     }
 
@@ -299,16 +362,60 @@ impl PqBatch {
     }
 }
 
-/// A batch's shape and query records, without its buffers: how a launch over it is shaped and
-/// its output read.
+/// A batch's shape, heads and query records, without its buffers: how a launch over it is
+/// shaped, its output read and its heads grown.
 #[derive(Clone, Debug)]
 pub(crate) struct PqLayout {
     m: u32,
     bits: u32,
     items: Vec<PqQuery>,
+    heads: Vec<HeadPlace>,
+    /// Per query, whether it follows its head's appends.
+    follows: Vec<Option<Follow>>,
 }
 
 impl PqLayout {
+    /// The query records, as the kernel reads them.
+    pub(crate) fn items(&self) -> &[PqQuery] {
+        &self.items
+    }
+
+    /// Appends `codes` to `head` ([`PqBatch::append_tokens`]): the head and the queries that
+    /// follow it grown, and the bytes of the batch's codes that change (from the index
+    /// returned), which lie in the head's room. An error changes nothing.
+    pub(crate) fn append(
+        &mut self,
+        head: HeadId,
+        codes: &[u16],
+    ) -> Result<(u64, Vec<u8>), CudaError> {
+        let input = |what| CudaError::Input { what };
+        let place = self.heads.get(head.0).ok_or(input("no such head"))?;
+        let m = self.m as usize;
+        if !codes.len().is_multiple_of(m) {
+            return Err(input("appended codes are not whole tokens of m codes"));
+        }
+        let n = codes.len() / m;
+        if n > place.capacity - place.tokens {
+            return Err(input("appended tokens past the head's room"));
+        }
+        if codes.iter().any(|&c| u32::from(c) >> self.bits != 0) {
+            return Err(input("an appended code of more than the batch's bits"));
+        }
+        let first_bit = place.tokens as u64 * m as u64 * u64::from(self.bits);
+        let (bytes, tail) = pack_after(codes, self.bits, (first_bit % 8) as u32, place.tail);
+        let at = place.codes_start + first_bit / 8;
+        let place = &mut self.heads[head.0];
+        place.tokens += n;
+        place.tail = tail;
+        let tokens = place.tokens;
+        for (item, follow) in self.items.iter_mut().zip(&self.follows) {
+            if let Some(f) = follow.filter(|f| f.head == head.0) {
+                set_windows(item, (tokens, f.k, f.n_init, f.n_local));
+            }
+        }
+        Ok((at, bytes))
+    }
+
     /// The launch's shape with at most `shared_keys` ranking keys per query in shared memory
     /// and `shared_budget` bytes of it per block.
     pub(crate) fn shape(
@@ -352,6 +459,39 @@ fn status_of(code: u32) -> PqStatus {
         2 => PqStatus::BadShape,
         c => PqStatus::Unknown(c),
     }
+}
+
+/// Sets a query's tokens, and its k and windows as asked, clamped to them (tokens below 2^32,
+/// as the head's capacity is).
+fn set_windows(q: &mut PqQuery, (tokens, k, n_init, n_local): (usize, usize, usize, usize)) {
+    let clamp = |x: usize| u32::try_from(x.min(tokens)).unwrap_or(u32::MAX);
+    q.tokens = clamp(tokens);
+    q.k = clamp(k);
+    q.n_init = clamp(n_init);
+    q.n_local = clamp(n_local);
+}
+
+/// `codes` of `bits` each packed as `pq_core::pack` packs them, from bit `shift` (0-7) of a
+/// first byte holding `tail` below it: the bytes from that one on, and the last byte when the
+/// last code ends inside it (else 0).
+fn pack_after(codes: &[u16], bits: u32, shift: u32, tail: u8) -> (Vec<u8>, u8) {
+    let mut out = Vec::with_capacity((shift as usize + codes.len() * bits as usize).div_ceil(8));
+    // Pending bits: at most 7 plus one code of at most 16.
+    let (mut acc, mut n) = (u32::from(tail) & ((1 << shift) - 1), shift);
+    for &c in codes {
+        acc |= u32::from(c) << n;
+        n += bits;
+        while n >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            n -= 8;
+        }
+    }
+    if n > 0 {
+        out.push(acc as u8);
+        return (out, acc as u8);
+    }
+    (out, 0)
 }
 
 /// Entries of a query's selection: `min(n_init, T) + min(k, rest) + (T - local_start)`.

@@ -323,10 +323,11 @@ fn device_pq_search_selects_what_pq_core_selects() {
     }
 }
 
-/// A PQ batch uploaded once (`Gpu::upload_pq`: codes resident) and searched with new query
-/// values three times (`Gpu::search_uploaded`, a server's decode steps) selects what the
-/// host-run kernel selects for the batch with those values; values of another length, and a
-/// search through another `Gpu`, are refused.
+/// A PQ batch uploaded once (`Gpu::upload_pq`: codes resident), then three decode steps each
+/// appending 13 tokens' codes (`Gpu::append_pq`, into the room the head was added with) and
+/// searching with new query values (`Gpu::search_uploaded`), selects what the host-run kernel
+/// selects for the batch with those tokens and values; values of another length, an append
+/// past the room, and a search or an append through another `Gpu` are refused.
 #[test]
 fn device_pq_resident_codes_select_as_the_host() {
     let Some(gpu) = gpu("device_pq_resident_codes_select_as_the_host") else {
@@ -337,11 +338,14 @@ fn device_pq_resident_codes_select_as_the_host() {
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
         .collect();
     let cb = Codebook::from_parts(Method::Residual, dim, 2, 6, 1, cw).unwrap();
-    let tokens = 3000;
-    let codes: Vec<u16> = (0..2 * tokens).map(|i| (i * 13 % 64) as u16).collect();
+    let (tokens, room) = (3000, 40);
+    let codes: Vec<u16> = (0..2 * (tokens + room))
+        .map(|i| (i * 13 % 64) as u16)
+        .collect();
     let mut batch = PqBatch::new(&cb).unwrap();
+    let packed = pack(&codes[..2 * tokens], 6).unwrap();
     let head = batch
-        .add_head(&cb, &pack(&codes, 6).unwrap(), tokens)
+        .add_head_with_room(&cb, &packed, tokens, room)
         .unwrap();
     let step_values = |step: usize| -> Vec<f32> {
         (0..40 * dim)
@@ -356,6 +360,10 @@ fn device_pq_resident_codes_select_as_the_host() {
     let mut up = gpu.upload_pq(&batch).unwrap();
     assert_eq!(up.query_values(), 40 * dim);
     for step in 1..4 {
+        // A decode step: 13 new tokens' codes (straddling bytes), then the queries.
+        let new = &codes[2 * (tokens + 13 * (step - 1))..][..2 * 13];
+        gpu.append_pq(&mut up, head, new).unwrap();
+        batch.append_tokens(head, new).unwrap();
         let values = step_values(step);
         let got = gpu.search_uploaded(&mut up, &values).unwrap();
         batch.set_query_values(&values).unwrap();
@@ -369,6 +377,9 @@ fn device_pq_resident_codes_select_as_the_host() {
     assert!(refused(gpu.search_uploaded(&mut up, &step_values(1)[1..])));
     let other = Gpu::new(0).unwrap();
     assert!(refused(other.search_uploaded(&mut up, &step_values(1))));
+    let append_refused = |r: Result<(), CudaError>| matches!(r, Err(CudaError::Input { .. }));
+    assert!(append_refused(other.append_pq(&mut up, head, &codes[..2])));
+    assert!(append_refused(gpu.append_pq(&mut up, head, &codes[..4])));
 }
 
 /// Long contexts (1024 threads per block, ranking keys in shared memory above the default 48 KiB

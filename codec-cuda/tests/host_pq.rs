@@ -153,6 +153,77 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Tokens appended to a head added with room (`append_tokens`, a decode step's new keys),
+    /// a few at a time: after each append, every query selects pq-core's tokens over what it
+    /// sees: the queries that saw all of the head's tokens see the new ones too (their k and
+    /// windows clamped anew), a query over a prefix keeps its prefix. Any bits per code (codes
+    /// straddling bytes), room left over or filled; and a second head after the first keeps
+    /// its own selection.
+    #[test]
+    fn appended_tokens_select_what_pq_core_selects(
+        c in case(),
+        steps in proptest::collection::vec(0usize..30, 1..5),
+        spare in 0usize..3,
+    ) {
+        let m = c.cb.m();
+        let bits = c.cb.bits();
+        let added: usize = steps.iter().sum();
+        let all_tokens = c.tokens + added;
+        let mut rng = (c.tokens as u64) << 20 | added as u64;
+        let mut next = move || {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) as u16
+        };
+        let mut codes = c.codes.clone();
+        codes.extend((0..added * m).map(|_| next() & ((1u32 << bits) - 1) as u16));
+        let mut batch = PqBatch::new(&c.cb).unwrap();
+        let first = &codes[..c.tokens * m];
+        let room = added + spare;
+        let head = batch.add_head_with_room(&c.cb, &pack(first, bits).unwrap(), c.tokens, room).unwrap();
+        // A second head (the same codes reversed, no room) after the first's room.
+        let other_codes: Vec<u16> = codes.iter().rev().copied().collect();
+        let other = batch.add_head(&c.cb, &pack(&other_codes, bits).unwrap(), all_tokens).unwrap();
+        // Each case query over all the tokens (it follows) or over a shorter prefix (it
+        // stays).
+        let mut queries = Vec::new();
+        for (q, seen, k, n_init, n_local) in &c.queries {
+            let follows = seen % 2 == 0 || *seen == c.tokens;
+            let seen = if follows { c.tokens } else { *seen };
+            batch.add_query(head, q, seen, *k, *n_init, *n_local).unwrap();
+            queries.push((q.clone(), seen, follows, (*k, *n_init, *n_local)));
+        }
+        let (q0, _, _, windows) = &queries[0];
+        let other_query = batch.add_query(other, q0, all_tokens, windows.0, windows.1, windows.2).unwrap();
+        let other_want = reference(&c.cb, &other_codes, q0, all_tokens, *windows);
+        let mut tokens = c.tokens;
+        for step in steps {
+            batch.append_tokens(head, &codes[tokens * m..(tokens + step) * m]).unwrap();
+            tokens += step;
+            for shared_keys in [u32::MAX, 0] {
+                let got = batch.search_host_keeping(shared_keys).unwrap();
+                for (i, (q, seen, follows, windows)) in queries.iter().enumerate() {
+                    let seen = if *follows { tokens } else { *seen };
+                    prop_assert_eq!(got.status(i), Some(PqStatus::Ok));
+                    let want = reference(&c.cb, &codes, q, seen, *windows);
+                    prop_assert_eq!(got.tokens(i), &want[..], "query {} at {} tokens", i, tokens);
+                }
+                prop_assert_eq!(got.tokens(other_query), &other_want[..]);
+            }
+        }
+        // Past the room: refused, nothing changed.
+        let over = vec![0u16; (spare + 1) * m];
+        prop_assert!(batch.append_tokens(head, &over).is_err());
+        prop_assert!(batch.append_tokens(other, &over[..m]).is_err());
+        let got = batch.search_host().unwrap();
+        let (q, _, _, windows) = &queries[0];
+        let seen = if queries[0].2 { tokens } else { queries[0].1 };
+        prop_assert_eq!(got.tokens(0), &reference(&c.cb, &codes, q, seen, *windows)[..]);
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
 
     /// Long contexts, which launch 512 and 1024 threads per block: codes drawn from a few
@@ -360,6 +431,34 @@ fn batch_inputs_are_checked() {
     )));
     assert!(input(batch.add_query(head, &[1.0; 4], 4, 1, 0, 0)));
     assert!(input(batch.add_query(head, &[], 3, 1, 0, 0)));
+    // Room past 2^32 tokens; appends of part of a token, of a code of more than 3 bits, to a
+    // head of another batch, past the room: refused, the selection unchanged.
+    assert!(input(batch.add_head_with_room(
+        &cb,
+        &packed,
+        3,
+        u32::MAX as usize
+    )));
+    let roomy = batch.add_head_with_room(&cb, &packed, 3, 2).unwrap();
+    batch
+        .add_query(roomy, &[1.0, -1.0, 0.5, 0.0], 3, 1, 0, 1)
+        .unwrap();
+    let before = batch.search_host().unwrap().tokens(0).to_vec();
+    assert!(input(batch.append_tokens(roomy, &[1, 2, 3])));
+    assert!(input(batch.append_tokens(roomy, &[1, 8])));
+    let mut three = PqBatch::new(&cb).unwrap();
+    for _ in 0..3 {
+        three.add_head(&cb, &packed, 3).unwrap();
+    }
+    let foreign = three.add_head_with_room(&cb, &packed, 3, 1).unwrap();
+    assert!(input(batch.append_tokens(foreign, &[1, 2])));
+    assert!(input(batch.append_tokens(roomy, &[1, 2, 3, 4, 5, 6])));
+    assert_eq!(batch.search_host().unwrap().tokens(0), &before[..]);
+    batch.append_tokens(roomy, &[7, 7, 7, 7]).unwrap();
+    assert!(input(batch.append_tokens(roomy, &[7, 7])));
+    // The local window moved onto the appended tokens.
+    assert_eq!(before.last(), Some(&2));
+    assert_eq!(batch.search_host().unwrap().tokens(0).last(), Some(&4));
     // A table larger than the kernel's shared memory.
     let big = Codebook::from_parts(Method::Residual, 1, 3, 12, 1, vec![0.0; 3 << 12]).unwrap();
     const { assert!(3 << 12 > MAX_TABLE_ENTRIES) };

@@ -16,7 +16,7 @@ use codec_core::{
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode::{LaneEncodeBatch, QuantBatch};
 use codec_cuda::encode_plan::{EncodePlan, Source};
-use codec_cuda::pq::PqBatch;
+use codec_cuda::pq::{HeadId, PqBatch};
 use codec_cuda::quant::{OutDtype, OutLayout, Output};
 use codec_cuda::stream::Destination;
 use codec_cuda::Gpu;
@@ -118,7 +118,12 @@ pub fn encode_batches(
 
 /// One head of `tokens` synthetic codes (residual, m = 2, b = 6, key dim `dim`) and `queries`
 /// queries over all of it (k = T/5, windows 4 + 64): the batch and its token-scores.
-pub fn pq_long_batch(tokens: usize, queries: usize, dim: usize) -> (PqBatch, usize) {
+pub fn pq_long_batch(
+    tokens: usize,
+    queries: usize,
+    dim: usize,
+    room: usize,
+) -> (PqBatch, HeadId, usize) {
     let mut s = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
         s ^= s << 13;
@@ -133,7 +138,7 @@ pub fn pq_long_batch(tokens: usize, queries: usize, dim: usize) -> (PqBatch, usi
     let codes: Vec<u16> = (0..2 * tokens).map(|_| (next() % 64) as u16).collect();
     let mut batch = PqBatch::new(&cb).expect("batch");
     let id = batch
-        .add_head(&cb, &pack(&codes, 6).expect("pack"), tokens)
+        .add_head_with_room(&cb, &pack(&codes, 6).expect("pack"), tokens, room)
         .expect("head");
     for i in 0..queries {
         let q: Vec<f32> = (0..dim)
@@ -143,7 +148,7 @@ pub fn pq_long_batch(tokens: usize, queries: usize, dim: usize) -> (PqBatch, usi
             .add_query(id, &q, tokens, tokens / 5, 4, 64)
             .expect("query");
     }
-    (batch, queries * tokens)
+    (batch, id, queries * tokens)
 }
 
 /// Opens a stream of `bytes` (profile embedded).

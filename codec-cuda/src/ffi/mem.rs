@@ -104,6 +104,34 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
             .map_err(driver_err("cuMemcpyHtoDAsync"))
     }
 
+    /// Overwrites elements `at..at + data.len()` of the buffer with `data` (buffers of their
+    /// own only), on `stream`.
+    pub(crate) fn write_at(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        at: usize,
+        data: &[T],
+    ) -> Result<(), CudaError> {
+        let outside = CudaError::Input {
+            what: "a write outside its buffer",
+        };
+        let DevMem::Own(slice) = &mut self.mem else {
+            return Err(CudaError::Input {
+                what: "a packed input is not written",
+            });
+        };
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = at.checked_add(data.len()).filter(|&e| e <= self.len);
+        // (`len <= slice.len()`, invariant 6: the part lies in the slice.)
+        let part = end.and_then(|end| slice.try_slice_mut(at..end));
+        let mut part = part.ok_or(outside)?;
+        stream
+            .memcpy_htod(data, &mut part)
+            .map_err(driver_err("cuMemcpyHtoDAsync"))
+    }
+
     /// Copies the buffer's `len` elements back (buffers of their own only: the launches'
     /// outputs).
     pub(crate) fn download(&self, stream: &Arc<CudaStream>) -> Result<Vec<T>, CudaError> {
