@@ -142,22 +142,6 @@ KVC_KERNEL(kvc_check_chunks, KvcCheckArgs, kvc_check_begin, kvc_check_stretch, k
 // ----------------------------------------------------------------------------------------------
 // Table resolution
 
-struct KvcResolveBlock {
-    // Index in `symbol_table` of the block's symbol 0 (the exponents, then the values).
-    kvc_u64 symbol_start;
-    // Index in `exps` of the block's exponent 0 ((rows - sink) * H of them), if has_exps.
-    kvc_u64 exp_start;
-    // Index in `map` of the block's map: entry (kind * 16 + e) * C + ch is the table-list index
-    // of a value symbol of row kind `kind` (0 anchor, 1 delta), exponent e, channel ch.
-    kvc_u64 map_start;
-    kvc_u32 n_e;
-    kvc_u32 n_sym;
-    kvc_u32 sink_rows;
-    kvc_u32 group;
-    kvc_u32 has_exps;
-    kvc_u32 reserved;
-};
-
 struct KvcResolveArgs {
     kvc_u16* symbol_table;
     kvc_u64 n_symbol_table;
@@ -173,13 +157,9 @@ struct KvcResolveArgs {
 };
 
 __device__ __forceinline__ bool kvc_resolve_ok(const KvcResolveArgs& a, const KvcResolveBlock& b) {
-    const kvc_u64 c = (kvc_u64)a.heads * a.head_dim;
-    if (c == 0 || c > 0xFFFFFFFFull || b.group == 0 || b.n_sym % c != 0) return false;
-    const kvc_u64 rows = b.n_sym / c;
     const kvc_u64 n = (kvc_u64)b.n_e + b.n_sym;
-    return b.symbol_start <= a.n_symbol_table && n <= a.n_symbol_table - b.symbol_start &&
-           (!b.has_exps || (b.exp_start <= a.n_exps && rows * a.heads <= a.n_exps - b.exp_start)) &&
-           b.map_start <= a.n_map && 32 * c <= a.n_map - b.map_start;
+    return kvc_resolve_shape_ok(b, a.heads, a.head_dim, a.n_exps, a.n_map) &&
+           b.symbol_start <= a.n_symbol_table && n <= a.n_symbol_table - b.symbol_start;
 }
 
 __device__ __forceinline__ void kvc_resolve(const KvcResolveArgs& a, unsigned char*) {
@@ -189,33 +169,15 @@ __device__ __forceinline__ void kvc_resolve(const KvcResolveArgs& a, unsigned ch
     const bool ok = kvc_resolve_ok(a, b);
     if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
     if (!ok) return;
-    // 32-bit index arithmetic (C and the symbol counts are below 2^32; 64-bit division is slow
-    // on the device); products that may exceed 32 bits are taken in 64.
-    const kvc_u32 c = a.heads * a.head_dim;
     kvc_u16* __restrict__ out = a.symbol_table + b.symbol_start;
     // The exponents use the exponent table, list index 0.
     for (kvc_u32 p = threadIdx.x; p < b.n_e; p += blockDim.x) out[p] = 0;
-    // Symbol g's row i, channel ch and row phase (sink_rows + i) % group, carried from one g to
-    // the next (g grows by blockDim.x) instead of divided out each time.
-    const kvc_u32 step_rows = blockDim.x / c, step_ch = blockDim.x - step_rows * c;
-    kvc_u32 i = threadIdx.x / c, ch = threadIdx.x - i * c;
-    // (In 64 bits: a group near 2^32 must not wrap the sum.)
-    kvc_u64 phase = ((kvc_u64)b.sink_rows + i) % b.group;
-    const kvc_u64 phase_step = step_rows % b.group;
-    for (kvc_u32 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        const kvc_u32 kind = phase != 0 ? 1u : 0u;
-        const kvc_u32 e =
-            b.has_exps ? a.exps[b.exp_start + (kvc_u64)i * a.heads + ch / a.head_dim] & 15u : 0u;
-        out[(kvc_u64)b.n_e + g] = a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
-        i += step_rows;
-        phase += phase_step;
-        ch += step_ch;
-        if (ch >= c) {
-            ch -= c;
-            i++;
-            phase++;
-        }
-        if (phase >= b.group) phase -= b.group;
+    const kvc_u16* map = a.map + b.map_start;
+    const kvc_u8* exps = b.has_exps ? a.exps + b.exp_start : nullptr;
+    KvcSymbolWalk w = kvc_walk_from(b, a.heads, a.head_dim, threadIdx.x, blockDim.x);
+    for (kvc_u64 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
+        out[b.n_e + g] = kvc_walk_table(w, map, exps, a.heads, a.head_dim);
+        kvc_walk_next(w, a.heads, a.head_dim, b.group);
     }
 }
 
@@ -226,6 +188,8 @@ KVC_KERNEL(kvc_resolve_tables, KvcResolveArgs, kvc_resolve)
 
 struct KvcValueArgs {
     const kvc_u8* indices;
+    // Each value symbol's table-list index (kvc_map_values; kvc_map_escapes finds it through
+    // the block's table map instead, below).
     const kvc_u16* symbol_table;
     kvc_u64 n_indices;
     const kvc_u32* table_list;
@@ -240,6 +204,15 @@ struct KvcValueArgs {
     const KvcValueBlock* blocks;
     kvc_u32* status;
     kvc_u64 n_blocks;
+    // kvc_map_escapes: per block its table resolution's record (where its exponents and table
+    // map lie; kvc_values.cuh), the exponents, the table maps and the row shape.
+    const KvcResolveBlock* resolve;
+    const kvc_u8* exps;
+    kvc_u64 n_exps;
+    const kvc_u16* map;
+    kvc_u64 n_map;
+    kvc_u32 heads;
+    kvc_u32 head_dim;
 };
 
 // Escapes are counted per tile of 2^tile_shift (>= 32) consecutive symbols (at most KVC_VALUE_TILES
@@ -280,26 +253,64 @@ __device__ __forceinline__ int kvc_list_radius(const KvcValueArgs& a, const KvcV
     return kvc_list_radius_of(a.table_list + b.list_start, a.radius, s->radius, b.list_len, t);
 }
 
-// The radius of value symbol g's table (kvc_list_radius).
-__device__ __forceinline__ int kvc_value_radius(const KvcValueArgs& a, const KvcValueBlock& b,
-                                                const KvcValueShared* s, kvc_u32 g) {
-    return kvc_list_radius(a, b, s, a.symbol_table[b.index_start + g]);
+// Where a thread finds its value symbols' table-list indices: in `symbol_table`, or
+// (FromMap, kvc_map_escapes) through the block's table map, walking the symbols it visits.
+template <bool FromMap>
+struct KvcValueTables {
+    const kvc_u16* tables;
+    const kvc_u16* map;
+    const kvc_u8* exps;
+    KvcSymbolWalk walk;
+};
+
+// The tables of a thread that visits the block's value symbols g, g + stride, ... (checked
+// block; `r` its resolve record).
+template <bool FromMap>
+__device__ __forceinline__ KvcValueTables<FromMap> kvc_value_tables(const KvcValueArgs& a,
+                                                                    const KvcValueBlock& b,
+                                                                    kvc_u32 g, kvc_u32 stride) {
+    KvcValueTables<FromMap> v = {};
+    if constexpr (FromMap) {
+        const KvcResolveBlock& r = a.resolve[blockIdx.x];
+        v.map = a.map + r.map_start;
+        v.exps = r.has_exps ? a.exps + r.exp_start : nullptr;
+        v.walk = kvc_walk_from(r, a.heads, a.head_dim, g, stride);
+    } else {
+        v.tables = a.symbol_table + b.index_start;
+    }
+    return v;
 }
 
-// Whether value symbol g is an escape (or has a bad list index, which phase 2 reports).
-__device__ __forceinline__ bool kvc_value_escapes(const KvcValueArgs& a, const KvcValueBlock& b,
-                                                  const KvcValueShared* s, kvc_u32 g) {
-    return kvc_index_escapes(a.indices[b.index_start + g], kvc_value_radius(a, b, s, g));
+// The table-list index of value symbol g, the one the thread visits now; then on to the next.
+template <bool FromMap>
+__device__ __forceinline__ kvc_u32 kvc_value_table(const KvcValueArgs& a,
+                                                   KvcValueTables<FromMap>& v, kvc_u64 g) {
+    if constexpr (FromMap) {
+        const kvc_u32 t = kvc_walk_table(v.walk, v.map, v.exps, a.heads, a.head_dim);
+        kvc_walk_next(v.walk, a.heads, a.head_dim, a.resolve[blockIdx.x].group);
+        return t;
+    } else {
+        return v.tables[g];
+    }
+}
+
+// Whether a kvc_map_escapes block's resolve record lies in the launch's buffers and describes
+// the same value symbols (the walks stay in its rows).
+__device__ __forceinline__ bool kvc_values_map_ok(const KvcValueArgs& a, const KvcValueBlock& b) {
+    const KvcResolveBlock& r = a.resolve[blockIdx.x];
+    return r.n_sym == b.n_sym && kvc_resolve_shape_ok(r, a.heads, a.head_dim, a.n_exps, a.n_map);
 }
 
 // Phase 1: thread 0 checks the block and sizes the tiles; every thread clears the tile counts.
+template <bool FromMap>
 __device__ __forceinline__ void kvc_values_check(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
     for (kvc_u32 i = threadIdx.x; i < KVC_VALUE_TILES; i += blockDim.x) s->tile[i] = 0;
     if (threadIdx.x != 0) return;
     const KvcValueBlock& b = a.blocks[blockIdx.x];
-    s->status = kvc_values_ok(a, b) ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
+    const bool ok = kvc_values_ok(a, b) && (!FromMap || kvc_values_map_ok(a, b));
+    s->status = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
     // Tiles of 32 symbols where 4096 of them cover the block (an escape rescans 16 symbols on
     // average; escape-heavy fine levels made 256-symbol tiles the chain's slowest launch).
     kvc_u32 shift = 5;
@@ -326,17 +337,18 @@ __device__ __forceinline__ void kvc_values_stage(const KvcValueArgs& a, unsigned
 // loads at a time left too few bytes in flight to fill the memory system.
 #define KVC_VALUES_AHEAD 4u
 
-// Phase 3: the threads stride over the symbols: a value is written (unless EscapesOnly), an
+// Phase 3: the threads stride over the symbols: a value is written (kvc_map_values only), an
 // escape counted in its tile. (The block is a copy and `q` is not read here, so that the
-// compiler need not reload the block's fields after every store.)
-template <bool EscapesOnly>
+// compiler need not reload the block's fields after every store.) kvc_map_escapes (FromMap)
+// writes only the escapes' values and finds the symbols' tables through the table map.
+template <bool FromMap>
 __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
     KvcValueShared* s = (KvcValueShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
     const KvcValueBlock b = a.blocks[blockIdx.x];
     const kvc_u32 shift = s->tile_shift, stride = blockDim.x;
-    const kvc_u16* __restrict__ tables = a.symbol_table + b.index_start;
+    KvcValueTables<FromMap> tables = kvc_value_tables<FromMap>(a, b, threadIdx.x, stride);
     const kvc_u8* __restrict__ indices = a.indices + b.index_start;
     kvc_i32* __restrict__ q = a.q + b.q_start;
     bool bad = false;
@@ -345,7 +357,7 @@ __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigne
         int i[KVC_VALUES_AHEAD];
         for (kvc_u32 j = 0; j < KVC_VALUES_AHEAD; j++) {
             const kvc_u64 g = g0 + (kvc_u64)j * stride;
-            t[j] = g < b.n_sym ? tables[g] : 0u;
+            t[j] = g < b.n_sym ? kvc_value_table(a, tables, g) : 0u;
             i[j] = g < b.n_sym ? indices[g] : 0;
         }
         for (kvc_u32 j = 0; j < KVC_VALUES_AHEAD; j++) {
@@ -356,7 +368,7 @@ __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigne
                 bad = true;
             } else if (kvc_index_escapes(i[j], r)) {
                 atomicAdd(&s->tile[g >> shift], 1u);
-            } else if (!EscapesOnly) {
+            } else if (!FromMap) {
                 q[g] = i[j] - r;
             }
         }
@@ -407,6 +419,7 @@ __device__ __forceinline__ void kvc_values_rank_write(const KvcValueArgs& a,
 // Phase 7: each escape's value, the threads striding over the tiles: a tile holding escapes
 // (its first rank below the next tile's) is scanned in order by one thread, which gives its
 // escapes their ranks one after another. Tiles without escapes, most of them, are not read again.
+template <bool FromMap>
 __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
                                                          unsigned char* shared) {
     if (blockIdx.x >= a.n_blocks) return;
@@ -420,10 +433,12 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
         const kvc_u32 end = tile + 1 < tiles ? s->tile[tile + 1] : b.n_escapes;
         const kvc_u64 last = (kvc_u64)(tile + 1) << shift;
         const kvc_u32 stop = last < b.n_sym ? (kvc_u32)last : b.n_sym;
+        if (rank >= end) continue;
+        KvcValueTables<FromMap> tables = kvc_value_tables<FromMap>(a, b, tile << shift, 1);
         for (kvc_u32 g = tile << shift; g < stop && rank < end; g++) {
-            if (!kvc_value_escapes(a, b, s, g)) continue;
+            const int r = kvc_list_radius(a, b, s, kvc_value_table(a, tables, g));
+            if (!kvc_index_escapes(a.indices[b.index_start + g], r)) continue;
             const kvc_i32 v = a.escapes[b.escape_start + rank++];
-            const int r = kvc_value_radius(a, b, s, g);
             const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
             if (m <= (kvc_u32)r || m > (kvc_u32)KVC_MAX_SYMBOL_VALUE) s->bad_escape = 1;
             a.q[b.q_start + g] = v;
@@ -442,13 +457,14 @@ __device__ __forceinline__ void kvc_values_status(const KvcValueArgs& a, unsigne
 
 // Dynamic shared memory: sizeof(KvcValueShared).
 // kvc_map_escapes: kvc_map_values writing only the escapes' values (the dequantization maps the
-// other symbols as it reads them; kvc_values.cuh).
-KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check, kvc_values_stage,
+// other symbols as it reads them; kvc_values.cuh), each symbol's table found through its
+// block's table map rather than read from `symbol_table`.
+KVC_KERNEL(kvc_map_values, KvcValueArgs, kvc_values_check<false>, kvc_values_stage,
            kvc_values_direct<false>, kvc_values_rank_parts, kvc_values_offsets,
-           kvc_values_rank_write, kvc_values_escapes_phase, kvc_values_status)
-KVC_KERNEL(kvc_map_escapes, KvcValueArgs, kvc_values_check, kvc_values_stage,
+           kvc_values_rank_write, kvc_values_escapes_phase<false>, kvc_values_status)
+KVC_KERNEL(kvc_map_escapes, KvcValueArgs, kvc_values_check<true>, kvc_values_stage,
            kvc_values_direct<true>, kvc_values_rank_parts, kvc_values_offsets,
-           kvc_values_rank_write, kvc_values_escapes_phase, kvc_values_status)
+           kvc_values_rank_write, kvc_values_escapes_phase<true>, kvc_values_status)
 
 // ----------------------------------------------------------------------------------------------
 // Chain verdict
@@ -531,6 +547,13 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcValueArgs, blocks),
         offsetof(KvcValueArgs, status),
         offsetof(KvcValueArgs, n_blocks),
+        offsetof(KvcValueArgs, resolve),
+        offsetof(KvcValueArgs, exps),
+        offsetof(KvcValueArgs, n_exps),
+        offsetof(KvcValueArgs, map),
+        offsetof(KvcValueArgs, n_map),
+        offsetof(KvcValueArgs, heads),
+        offsetof(KvcValueArgs, head_dim),
         sizeof(KvcValueShared),
         sizeof(KvcGatherPart),
         offsetof(KvcGatherPart, src),

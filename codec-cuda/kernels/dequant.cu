@@ -12,9 +12,11 @@
 //
 // The symbol values come from `q` (the values given), or, in a decode chain, from the value
 // symbols themselves (kvc_values.cuh): the dequantization maps each table index through its
-// table's radius as it reads it, and only an escape's value is read from `q`, where
-// kvc_map_escapes (chain.cu) placed it. That spares the chain writing every value
-// (4 bytes a symbol) and reading it back here, for 3 bytes a symbol read here instead.
+// table's radius as it reads it (the table's index in the block's list from the block's table
+// map, by the row kind, the exponent and the channel, as kvc_resolve_tables found it), and only
+// an escape's value is read from `q`, where kvc_map_escapes (chain.cu) placed it. That spares
+// the chain writing every value (4 bytes a symbol) and reading it back here, for 1 byte a
+// symbol read here instead.
 
 #include "kvc_kernel.cuh"
 #include "kvc_values.cuh"
@@ -75,13 +77,17 @@ struct KvcDequantBlock {
 };
 
 // A launch's value symbols, when it maps them (n_values > 0): block b's are those of
-// values[b], its escapes' values at its places in `q` (q_start + g for value symbol g).
+// values[b], its escapes' values at its places in `q` (q_start + g for value symbol g), its
+// table map where resolve[b] says.
 struct KvcDequantValues {
     const KvcValueBlock* values;
+    const KvcResolveBlock* resolve;
     kvc_u64 n_values;
     const kvc_u8* indices;
-    const kvc_u16* symbol_table;
     kvc_u64 n_indices;
+    // The chain's table maps (kvc_map_entry).
+    const kvc_u16* map;
+    kvc_u64 n_map;
     const kvc_u32* table_list;
     kvc_u64 n_table_list;
     // Per global table id, its radius.
@@ -164,15 +170,18 @@ __device__ __forceinline__ kvc_u16 kvc_narrow(float x) {
     }
 }
 
-// Whether block `bi` of a launch that maps its values reads its value symbols and its table
-// list inside the launch's buffers (`coded` of them); true for a launch given its values.
+// Whether block `bi` of a launch that maps its values reads its value symbols (`coded` of
+// them), table map and table list inside the launch's buffers (C channels); true for a launch
+// given its values.
 __device__ __forceinline__ bool kvc_dequant_values_ok(const KvcDequantArgs& a, kvc_u64 bi,
-                                                      kvc_u64 coded) {
+                                                      kvc_u64 coded, kvc_u64 c) {
     const KvcDequantValues& m = a.mapped;
     if (m.n_values == 0) return true;
     if (bi >= m.n_values) return false;
     const KvcValueBlock& v = m.values[bi];
+    const kvc_u64 map_start = m.resolve[bi].map_start;
     return v.index_start <= m.n_indices && coded <= m.n_indices - v.index_start &&
+           map_start <= m.n_map && 32 * c <= m.n_map - map_start &&
            v.list_start <= m.n_table_list && v.list_len <= m.n_table_list - v.list_start;
 }
 
@@ -200,7 +209,7 @@ __device__ __forceinline__ bool kvc_dequant_block_ok(const KvcDequantArgs& a,
         o_ok = o_ok && b.page_start <= a.n_pages && last_entry < a.n_pages - b.page_start;
     }
     const bool k_ok = b.consts_start <= a.n_consts && c <= a.n_consts - b.consts_start;
-    return q_ok && e_ok && s_ok && o_ok && k_ok && kvc_dequant_values_ok(a, bi, coded * c);
+    return q_ok && e_ok && s_ok && o_ok && k_ok && kvc_dequant_values_ok(a, bi, coded * c, c);
 }
 
 // Index in `out` of row r's channel 0 (a checked block; for paged output, checked pages).
@@ -216,12 +225,12 @@ __device__ __forceinline__ kvc_u64 kvc_row_start(const KvcDequantArgs& a, const 
 // (the walk would otherwise wait on every row's load in turn).
 #define KVC_DEQUANT_AHEAD 4u
 
-// Where a checked block that maps its values finds them (kvc_values.cuh); `tables` is null when
-// the values are given in `q`.
+// Where a checked block that maps its values finds them (kvc_values.cuh); `indices` is null
+// when the values are given in `q`.
 struct KvcDequantMap {
-    // The block's value symbols: their tables' indices in its list, their table indices.
-    const kvc_u16* tables;
+    // The block's value symbols' table indices, and its table map.
     const kvc_u8* indices;
+    const kvc_u16* map;
     // The block's table list, the radii of all tables, the list's radii staged (if short).
     const kvc_u32* list;
     const kvc_u8* radius;
@@ -253,13 +262,12 @@ __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
         // A sink row's stored value, or a coded row's symbol value (or its value symbol) and
         // step exponent.
         float v[KVC_DEQUANT_AHEAD];
-        kvc_u32 e[KVC_DEQUANT_AHEAD], t[KVC_DEQUANT_AHEAD];
+        kvc_u32 e[KVC_DEQUANT_AHEAD];
         int ix[KVC_DEQUANT_AHEAD];
         for (kvc_u32 j = 0; j < KVC_DEQUANT_AHEAD; j++) {
             const kvc_u32 r = r0 + j;
             v[j] = 0.0f;
             e[j] = 0;
-            t[j] = 0;
             ix[j] = 0;
             if (r >= b.rows) continue;
             if (r < b.sink_rows) {
@@ -267,8 +275,7 @@ __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
                 continue;
             }
             const kvc_u64 i = r - b.sink_rows, g = i * c + ch;
-            if (m.tables) {
-                t[j] = m.tables[g];
+            if (m.indices) {
                 ix[j] = m.indices[g];
             } else {
                 v[j] = (float)a.q[b.q_start + g];  // |q| <= 2^24: exact
@@ -279,9 +286,11 @@ __device__ __forceinline__ void kvc_dequant_channel(const KvcDequantArgs& a,
             const kvc_u32 r = r0 + j;
             float x = v[j];
             if (r >= b.sink_rows) {
-                if (m.tables) {
+                if (m.indices) {
                     const kvc_u64 g = (kvc_u64)(r - b.sink_rows) * c + ch;
-                    v[j] = kvc_mapped_value(a, b, m, t[j], ix[j], g);
+                    const kvc_u32 kind = r % b.group != 0;
+                    const kvc_u32 t = m.map[kvc_map_entry((kvc_u32)c, kind, e[j] & 15u, (kvc_u32)ch)];
+                    v[j] = kvc_mapped_value(a, b, m, t, ix[j], g);
                 }
                 const float mult = b.has_exps ? kvc_exp_mult(e[j]) : 1.0f;
                 if (r % b.group == 0) {
@@ -363,8 +372,8 @@ __device__ __forceinline__ KvcDequantMap kvc_dequant_map(const KvcDequantArgs& a
     const KvcDequantValues& m = a.mapped;
     if (m.n_values == 0) return map;
     const KvcValueBlock v = m.values[blockIdx.x];
-    map.tables = m.symbol_table + v.index_start;
     map.indices = m.indices + v.index_start;
+    map.map = m.map + m.resolve[blockIdx.x].map_start;
     map.list = m.table_list + v.list_start;
     map.radius = m.radius;
     map.staged = s->radius;
@@ -441,10 +450,12 @@ extern "C" kvc_u64 kvc_dequant_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcDequantArgs, mapped),
         sizeof(KvcDequantValues),
         offsetof(KvcDequantValues, values),
+        offsetof(KvcDequantValues, resolve),
         offsetof(KvcDequantValues, n_values),
         offsetof(KvcDequantValues, indices),
-        offsetof(KvcDequantValues, symbol_table),
         offsetof(KvcDequantValues, n_indices),
+        offsetof(KvcDequantValues, map),
+        offsetof(KvcDequantValues, n_map),
         offsetof(KvcDequantValues, table_list),
         offsetof(KvcDequantValues, n_table_list),
         offsetof(KvcDequantValues, radius),

@@ -389,8 +389,7 @@ struct KvcEncBlock {
     kvc_u64 tau_start;
     // Index in `consts` of channel 0's constants.
     kvc_u64 consts_start;
-    // Index in `map` of the (layer, K/V, level)'s map: entry (kind * 16 + e) * C + ch is the
-    // table-list index (>= 1) of a value symbol of row kind `kind`, exponent e, channel ch.
+    // Index in `map` of the (layer, K/V, level)'s map (kvc_map_entry; its entries are >= 1).
     kvc_u64 map_start;
     // Index in `symbols` and `symbol_table` of the block's symbol 0: room for (rows - sink_rows)
     // * (H + C) symbols (the exponents, if any, then the values).
@@ -726,7 +725,7 @@ __device__ __forceinline__ kvc_u32 kvc_enc_list_index(const KvcEncodeArgs& a,
                                                       kvc_u32 ch, kvc_u32 e) {
     const kvc_u32 c = a.heads * a.head_dim;
     const kvc_u32 kind = (b.sink_rows + i) % b.group != 0;
-    return a.map[b.map_start + (kvc_u64)(kind * 16u + e) * c + ch];
+    return a.map[b.map_start + kvc_map_entry(c, kind, e, ch)];
 }
 
 // The radius of list index li's table (of a block whose list kvc_enc_ok checked); -1 for an

@@ -70,6 +70,14 @@ __device__ __forceinline__ kvc_u32 kvc_f32_bits(float x) { return __float_as_uin
 __device__ __forceinline__ float kvc_bits_f32(kvc_u32 u) { return __uint_as_float(u); }
 #endif
 
+// A (layer, K/V, level)'s table map, built on the host from the profile (spec/FORMAT.md
+// §6.1; 32 * C entries): the entry that holds the table-list index of a value symbol of row
+// kind `kind` (0 anchor, 1 delta), step exponent e (0-15) and channel ch, of C channels. The
+// decode chain's table resolution and dequantization and the encode chain read it.
+__device__ __forceinline__ kvc_u64 kvc_map_entry(kvc_u32 c, kvc_u32 kind, kvc_u32 e, kvc_u32 ch) {
+    return (kvc_u64)(kind * 16u + e) * c + ch;
+}
+
 // The lane decoders give each coded block one warp (KVC_LANES threads, one per lane): a CUDA
 // block of blockDim.x = KVC_LANES * w threads holds w coded blocks, warp j of CUDA block i
 // decoding coded block i * w + j, and its `shared` memory is w equal regions, one per warp.

@@ -1021,7 +1021,13 @@ impl DecodePlan<'_> {
             q: &mut q,
             blocks: &ch.values,
             status: &mut value_status,
-            escapes_only: values_in_dequant,
+            from_map: values_in_dequant.then_some(ffi::TableMaps {
+                resolve: &ch.resolve,
+                exps: &exps,
+                map: &ch.map,
+                heads,
+                head_dim,
+            }),
         })?;
         let mut dq_status = vec![0u32; ch.resolve.len()];
         if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
@@ -1032,8 +1038,9 @@ impl DecodePlan<'_> {
         let mut io = ch.dequant.io_with(&q, &exps, out, &mut dq_status);
         io.mapped = values_in_dequant.then_some(ffi::MappedValues {
             values: &ch.values,
+            resolve: &ch.resolve,
             indices: &symbols,
-            symbol_table: &sym_table,
+            map: &ch.map,
             table_list: &ch.table_list,
             radius: &ch.radius,
         });

@@ -144,6 +144,13 @@ struct ValueArgs<S: Space> {
     blocks: S::Const<ValueBlock>,
     status: S::Mut<u32>,
     n_blocks: u64,
+    resolve: S::Const<ResolveBlock>,
+    exps: S::Const<u8>,
+    n_exps: u64,
+    map: S::Const<u16>,
+    n_map: u64,
+    heads: u32,
+    head_dim: u32,
 }
 
 /// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + 4 * `KVC_SCAN_THREADS` +
@@ -448,9 +455,22 @@ pub(crate) struct ValueIo<'a> {
     pub q: &'a mut [i32],
     pub blocks: &'a [ValueBlock],
     pub status: &'a mut [u32],
-    /// Only the escapes' values written to `q` (`kvc_map_escapes`, for a dequantization that
-    /// maps the value symbols itself).
-    pub escapes_only: bool,
+    /// `Some`: `kvc_map_escapes`, which writes only the escapes' values to `q` (for a
+    /// dequantization that maps the value symbols itself) and finds each symbol's table
+    /// through these table maps rather than in `symbol_table`; `None`: `kvc_map_values`.
+    pub from_map: Option<TableMaps<'a>>,
+}
+
+/// Where a chain's value symbols find their tables (`KvcResolveBlock`, `kvc_values.cuh`): per
+/// block its table resolution's record, the decoded exponents, the table maps, the row shape.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableMaps<'a> {
+    /// One per value block.
+    pub resolve: &'a [ResolveBlock],
+    pub exps: &'a [u8],
+    pub map: &'a [u16],
+    pub heads: u32,
+    pub head_dim: u32,
 }
 
 /// Runs `kvc_map_values` (or `kvc_map_escapes`) on the host.
@@ -459,6 +479,18 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     let grid = launch_grid(io.blocks.len())?;
     if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
         return Err(input("value-mapping buffers of mismatched lengths"));
+    }
+    let maps = io.from_map.unwrap_or(TableMaps {
+        resolve: &[],
+        exps: &[],
+        map: &[],
+        heads: 0,
+        head_dim: 0,
+    });
+    if io.from_map.is_some() && maps.resolve.len() != io.blocks.len() {
+        return Err(input(
+            "table resolution records are not one per value block",
+        ));
     }
     let args = ValueArgs::<OnHost> {
         indices: io.indices.as_ptr(),
@@ -475,15 +507,22 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
         blocks: io.blocks.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
+        resolve: maps.resolve.as_ptr(),
+        exps: maps.exps.as_ptr(),
+        n_exps: maps.exps.len() as u64,
+        map: maps.map.as_ptr(),
+        n_map: maps.map.len() as u64,
+        heads: maps.heads,
+        head_dim: maps.head_dim,
     };
-    let run = match io.escapes_only {
-        false => kvc_map_values_host,
-        true => kvc_map_escapes_host,
+    let run = match io.from_map {
+        None => kvc_map_values_host,
+        Some(_) => kvc_map_escapes_host,
     };
     let shared = u64::from(VALUE_SHARED_BYTES);
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call;
-    // `indices` and `symbol_table` of one length) and 3 (CHAIN_THREADS threads, the shared
-    // memory KvcValueShared needs).
+    // `indices` and `symbol_table` of one length; for kvc_map_escapes, `resolve` one record
+    // per block) and 3 (CHAIN_THREADS threads, the shared memory KvcValueShared needs).
     let rc = unsafe { run(&args, grid, CHAIN_THREADS, shared) };
     host_ran(rc, "kvc_map_values")
 }
@@ -587,8 +626,9 @@ pub(crate) fn launch_chain_stage(
         4 => {
             let mapped = MappedValuesDev {
                 values: &c.values,
+                resolve: &c.resolve,
                 indices: &c.symbols,
-                symbol_table: &c.sym_table,
+                map: &c.map,
                 table_list: &l.table_list,
                 radius: &c.radius,
             };
@@ -634,11 +674,17 @@ fn launch_resolve(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result
     unsafe { launch_args(stream, f, &args, cfg, a) }
 }
 
-/// Queues the chain's value mapping with escapes (launch 3).
+/// Queues the chain's value mapping with escapes (launch 3): `f` is `kvc_map_values` or
+/// `kvc_map_escapes` (which reads the table maps; `kvc_map_values` the symbols' tables).
 fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<(), CudaError> {
     let g = launch_grid(c.values.len())?;
     if g == 0 {
         return Ok(());
+    }
+    if c.resolve.len() != c.values.len() {
+        return Err(CudaError::Input {
+            what: "table resolution records are not one per value block",
+        });
     }
     let mut a = Addrs::default();
     let (indices, n_indices) = a.of(&c.symbols, stream);
@@ -649,6 +695,9 @@ fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<
     let (q, n_q) = a.of(&c.q, stream);
     let (blocks, n_blocks) = a.of(&c.values, stream);
     let (status, _) = a.of(&c.value_status, stream);
+    let (resolve, _) = a.of(&c.resolve, stream);
+    let (exps, n_exps) = a.of(&c.lanes_exp.symbols, stream);
+    let (map, n_map) = a.of(&c.map, stream);
     let args = ValueArgs::<OnDevice> {
         indices,
         symbol_table,
@@ -664,10 +713,17 @@ fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<
         blocks,
         status,
         n_blocks,
+        resolve,
+        exps,
+        n_exps,
+        map,
+        n_map,
+        heads: c.heads,
+        head_dim: c.head_dim,
     };
     let cfg = launch_shape(g, CHAIN_THREADS, VALUE_SHARED_BYTES);
-    // SAFETY: invariants 1, 6 (as in `launch_resolve`), 7 and 3 (the shared memory
-    // KvcValueShared needs).
+    // SAFETY: invariants 1, 6 (as in `launch_resolve`; `resolve` one record per block), 7 and
+    // 3 (the shared memory KvcValueShared needs).
     unsafe { launch_args(stream, f, &args, cfg, a) }
 }
 
@@ -692,7 +748,8 @@ mod tests {
             },
             ValueArgs<S> {
                 indices, symbol_table, n_indices, table_list, n_table_list, radius, n_radius,
-                escapes, n_escapes, q, n_q, blocks, status, n_blocks
+                escapes, n_escapes, q, n_q, blocks, status, n_blocks, resolve, exps, n_exps,
+                map, n_map, heads, head_dim
             },
         ];
         v.push(u64::from(VALUE_SHARED_BYTES));
@@ -733,6 +790,16 @@ mod tests {
     }
 
     fn value_case(list_len: u32, n_sym: u32, seed: u64) -> ValueCase {
+        value_case_of(list_len, seed, |next, _| next(list_len) as u16, n_sym)
+    }
+
+    /// A value case of `n_sym` symbols whose tables `table_of(next, g)` gives (g the symbol).
+    fn value_case_of(
+        list_len: u32,
+        seed: u64,
+        mut table_of: impl FnMut(&mut dyn FnMut(u32) -> u32, u32) -> u16,
+        n_sym: u32,
+    ) -> ValueCase {
         let mut x = seed | 1;
         let mut next = move |n: u32| {
             x ^= x << 13;
@@ -744,10 +811,10 @@ mod tests {
         let table_list: Vec<u32> = (0..list_len).map(|_| next(64)).collect();
         let (mut symbol_table, mut indices) = (Vec::new(), Vec::new());
         let (mut escapes, mut want, mut escaped) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..n_sym {
-            let t = next(list_len);
-            let r = i32::from(radius[table_list[t as usize] as usize]);
-            symbol_table.push(t as u16);
+        for g in 0..n_sym {
+            let t = table_of(&mut next, g);
+            let r = i32::from(radius[table_list[usize::from(t)] as usize]);
+            symbol_table.push(t);
             escaped.push(next(10) == 0);
             if escaped[escaped.len() - 1] {
                 // An escape: its value lies beyond the radius, either sign.
@@ -772,6 +839,121 @@ mod tests {
         }
     }
 
+    /// A value block whose symbols' tables come from a table map, as a chain's do: the case,
+    /// its exponents, the map (after 5 other entries), its resolve record and value block.
+    struct MappedCase {
+        case: ValueCase,
+        exps: Vec<u8>,
+        map: Vec<u16>,
+        resolve: ResolveBlock,
+        block: ValueBlock,
+    }
+
+    /// The shape of a [`MappedCase`]: table-list length, rows, sink rows, group, exponents.
+    type Shape = (u32, u32, u32, u32, bool);
+
+    /// Heads and head dim of every [`MappedCase`].
+    const HEADS: (u32, u32) = (2, 8);
+
+    fn mapped_case((list_len, rows, sink_rows, group, with_exps): Shape, seed: u64) -> MappedCase {
+        let (heads, head_dim) = HEADS;
+        let c = (heads * head_dim) as usize;
+        let coded = (rows - sink_rows) as usize;
+        // Exponents (some above 15, which the table resolution masks), and a table map after 5
+        // other entries: each symbol's table as kvc_resolve_tables finds it.
+        let exps: Vec<u8> = (0..coded * heads as usize)
+            .map(|i| (i % 18) as u8)
+            .collect();
+        let mut x = seed;
+        let map: Vec<u16> = (0..5 + 32 * c)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % u64::from(list_len)) as u16
+            })
+            .collect();
+        let table_of = |_: &mut dyn FnMut(u32) -> u32, g: u32| {
+            let (i, ch) = (g as usize / c, g as usize % c);
+            let kind = u64::from(!(sink_rows as usize + i).is_multiple_of(group as usize));
+            let e = match with_exps {
+                true => u64::from(exps[i * heads as usize + ch / head_dim as usize] & 15),
+                false => 0,
+            };
+            map[5 + ((kind * 16 + e) * c as u64) as usize + ch]
+        };
+        let n_sym = (coded * c) as u32;
+        let case = value_case_of(list_len, seed, table_of, n_sym);
+        let resolve = ResolveBlock {
+            symbol_start: 0,
+            exp_start: 0,
+            map_start: 5,
+            n_e: 0,
+            n_sym,
+            sink_rows,
+            group,
+            has_exps: u32::from(with_exps),
+            reserved: 0,
+        };
+        let block = ValueBlock {
+            index_start: 0,
+            list_start: 0,
+            escape_start: 0,
+            q_start: 0,
+            n_sym,
+            n_escapes: case.escapes.len() as u32,
+            list_len,
+            reserved: 0,
+        };
+        MappedCase {
+            case,
+            exps,
+            map,
+            resolve,
+            block,
+        }
+    }
+
+    /// What a value mapping of `m`'s block writes into a buffer of `UNWRITTEN`s, and its status:
+    /// `kvc_map_values` with `maps` `None`, else `kvc_map_escapes` through them.
+    fn map_case(m: &MappedCase, maps: Option<TableMaps<'_>>) -> (Vec<i32>, u32) {
+        let mut q = vec![UNWRITTEN; m.case.indices.len()];
+        let mut status = [9u32];
+        host_map_values(ValueIo {
+            indices: &m.case.indices,
+            symbol_table: &m.case.symbol_table,
+            table_list: &m.case.table_list,
+            radius: &m.case.radius,
+            escapes: &m.case.escapes,
+            q: &mut q,
+            blocks: &[m.block],
+            status: &mut status,
+            from_map: maps,
+        })
+        .unwrap();
+        (q, status[0])
+    }
+
+    const UNWRITTEN: i32 = i32::MIN;
+
+    /// Table-list lengths staged in shared memory and too long for it.
+    fn list_len() -> impl proptest::strategy::Strategy<Value = u32> {
+        proptest::prop_oneof![1u32..300, 4090u32..4200]
+    }
+
+    /// A [`Shape`]: 1-40 rows, sink rows among them, groups 1-5, with and without exponents.
+    fn shape() -> impl proptest::strategy::Strategy<Value = Shape> {
+        use proptest::strategy::Strategy;
+        (
+            list_len(),
+            1u32..40,
+            0u32..3,
+            1u32..6,
+            proptest::prelude::any::<bool>(),
+        )
+            .prop_map(|(l, rows, sink, group, e)| (l, rows, sink.min(rows), group, e))
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
@@ -779,14 +961,12 @@ mod tests {
         /// above 2r the next escape): table lists short enough for their radii to be staged in
         /// shared memory and too long for it, a second block after the first; a table index
         /// outside the list or an escape within the radius gives the block's error status.
-        /// With `escapes_only`, the escapes' values are written and nothing else.
         #[test]
         fn map_values_match_a_plain_mapping(
-            list_len in proptest::prop_oneof![1u32..300, 4090u32..4200],
+            list_len in list_len(),
             n_sym in 0u32..3000,
             seed in proptest::prelude::any::<u64>(),
             corrupt in 0u8..3,
-            escapes_only in proptest::prelude::any::<bool>(),
         ) {
             let mut c = value_case(list_len, n_sym, seed);
             let second = value_case(7, 100, !seed);
@@ -825,7 +1005,6 @@ mod tests {
             let symbol_table = cat(&c.symbol_table, &second.symbol_table);
             let indices = [&c.indices[..], &second.indices].concat();
             let escapes = [&c.escapes[..], &second.escapes].concat();
-            const UNWRITTEN: i32 = i32::MIN;
             let mut q = vec![UNWRITTEN; indices.len()];
             let mut status = vec![9u32; 2];
             host_map_values(ValueIo {
@@ -837,71 +1016,88 @@ mod tests {
                 q: &mut q,
                 blocks: &blocks,
                 status: &mut status,
-                escapes_only,
+                from_map: None,
             })
             .unwrap();
             proptest::prop_assert_eq!(status, vec![want_status, 0]);
-            // What a plain mapping writes: every value, or only the escapes'.
-            let written = |case: &ValueCase| -> Vec<i32> {
-                let all = case.want.iter().zip(&case.escaped);
-                all.map(|(&v, &e)| if e || !escapes_only { v } else { UNWRITTEN }).collect()
-            };
             if want_status == 0 {
-                proptest::prop_assert_eq!(&q[..n as usize], &written(&c)[..]);
+                proptest::prop_assert_eq!(&q[..n as usize], &c.want[..]);
             }
-            proptest::prop_assert_eq!(&q[n as usize..], &written(&second)[..]);
+            proptest::prop_assert_eq!(&q[n as usize..], &second.want[..]);
         }
 
-        /// A dequantization that maps the value symbols itself, after a value mapping of only
-        /// the escapes, gives the bits of one given every value by a whole value mapping:
-        /// blocks of 1-40 rows (sink rows among them), with and without step exponents, table
-        /// lists staged in shared memory and too long for it. A table id of the list outside
-        /// the radii, or a value block reaching past the symbols or the table list, gives the
-        /// block `BadRange` and writes nothing.
+        /// `kvc_map_escapes`, each symbol's table found through the table map, places exactly
+        /// the escapes' values `kvc_map_values` places, and writes nothing else, with the same
+        /// status (an escape within its radius: `BAD_ESCAPES`). A resolve record unlike its
+        /// block (other symbols, no group, exponents or map past their buffers) is
+        /// `BAD_RANGE`, nothing written.
         #[test]
-        fn dequantization_maps_values_as_the_value_mapping_does(
-            list_len in proptest::prop_oneof![1u32..300, 4090u32..4200],
-            rows in 1u32..40,
-            sink_rows in 0u32..3,
-            group in 1u32..6,
-            with_exps in proptest::prelude::any::<bool>(),
+        fn map_escapes_places_what_map_values_places(
+            shape in shape(),
             seed in proptest::prelude::any::<u64>(),
             corrupt in 0u8..6,
         ) {
-            let (heads, head_dim) = (2u32, 8u32);
+            let mut m = mapped_case(shape, seed);
+            if corrupt == 1 && !m.case.escapes.is_empty() {
+                m.case.escapes[0] = 0;
+            }
+            let (all, all_status) = map_case(&m, None);
+            let mut r = m.resolve;
+            let mut map = m.map.clone();
+            match corrupt {
+                2 => r.n_sym += HEADS.0 * HEADS.1,
+                3 => r.group = 0,
+                4 => r.exp_start = 1 + u64::from(r.has_exps) * u64::MAX / 2,
+                5 => map.truncate(map.len() - 1),
+                _ => {}
+            }
+            let maps = TableMaps {
+                resolve: &[r],
+                exps: &m.exps,
+                map: &map,
+                heads: HEADS.0,
+                head_dim: HEADS.1,
+            };
+            let (got, status) = map_case(&m, Some(maps));
+            // A bad exponent range only matters with exponents.
+            if corrupt >= 2 && !(corrupt == 4 && r.has_exps == 0) {
+                proptest::prop_assert_eq!(status, 1);
+                proptest::prop_assert!(got.iter().all(|&v| v == UNWRITTEN));
+            } else {
+                proptest::prop_assert_eq!(status, all_status);
+                let escapes_of = |v: &[i32]| -> Vec<i32> {
+                    let both = v.iter().zip(&m.case.escaped);
+                    both.map(|(&v, &e)| if e { v } else { UNWRITTEN }).collect()
+                };
+                proptest::prop_assert_eq!(&got, &escapes_of(&all));
+            }
+        }
+
+        /// A dequantization that maps the value symbols itself, after `kvc_map_escapes`, gives
+        /// the bits of one given every value by `kvc_map_values`: blocks of 1-40 rows (sink
+        /// rows among them), with and without step exponents, table lists staged in shared
+        /// memory and too long for it. A table id of the list outside the radii, a value
+        /// block reaching past the symbols or the table list, or a table map past its buffer
+        /// gives the block `BadRange` and writes nothing.
+        #[test]
+        fn dequantization_maps_values_as_the_value_mapping_does(
+            shape in shape(),
+            seed in proptest::prelude::any::<u64>(),
+            corrupt in 0u8..7,
+        ) {
+            let (heads, head_dim) = HEADS;
             let c = (heads * head_dim) as usize;
-            let sink_rows = sink_rows.min(rows);
-            let coded = (rows - sink_rows) as usize;
-            let case = value_case(list_len, (coded * c) as u32, seed);
-            let block = ValueBlock {
-                index_start: 0,
-                list_start: 0,
-                escape_start: 0,
-                q_start: 0,
-                n_sym: (coded * c) as u32,
-                n_escapes: case.escapes.len() as u32,
-                list_len,
-                reserved: 0,
+            let (list_len, rows, sink_rows, group, with_exps) = shape;
+            let m = mapped_case(shape, seed);
+            let maps = TableMaps {
+                resolve: &[m.resolve],
+                exps: &m.exps,
+                map: &m.map,
+                heads,
+                head_dim,
             };
-            let map = |escapes_only: bool| {
-                let mut q = vec![0i32; coded * c];
-                let mut status = [9u32];
-                host_map_values(ValueIo {
-                    indices: &case.indices,
-                    symbol_table: &case.symbol_table,
-                    table_list: &case.table_list,
-                    radius: &case.radius,
-                    escapes: &case.escapes,
-                    q: &mut q,
-                    blocks: &[block],
-                    status: &mut status,
-                    escapes_only,
-                })
-                .unwrap();
-                assert_eq!(status, [0]);
-                q
-            };
-            let exps: Vec<u8> = (0..coded * heads as usize).map(|i| (i % 7) as u8).collect();
+            let (all, escapes_only) = (map_case(&m, None), map_case(&m, Some(maps)));
+            proptest::prop_assert_eq!((all.1, escapes_only.1), (0, 0));
             let sink: Vec<f32> = (0..sink_rows as usize * c).map(|i| i as f32 * 0.5).collect();
             let mut batch = DequantBatch::new(heads, head_dim, rows as usize * c);
             let consts: Vec<ChannelConsts> = (0..c)
@@ -922,34 +1118,36 @@ mod tests {
                 ..DequantBlock::default()
             };
             batch.add_block_external(dq, &sink);
-            let mut table_list = case.table_list.clone();
-            let mut bad = block;
+            let (mut table_list, mut map) = (m.case.table_list.clone(), m.map.clone());
+            let mut bad = m.block;
             match corrupt {
-                1 => table_list[(seed % u64::from(list_len)) as usize] = case.radius.len() as u32,
+                1 => table_list[(seed % u64::from(list_len)) as usize] = m.case.radius.len() as u32,
                 2 => bad.index_start = 1,
                 3 => bad.index_start = u64::MAX - 3,
                 4 => bad.list_len += 1,
                 5 => bad.list_start = u64::MAX,
+                6 => map.truncate(map.len() - 1),
                 _ => {}
             }
             let dequant = |q: &[i32], mapped: Option<MappedValues<'_>>| {
                 let mut out = vec![0u16; batch.output().len];
                 let mut status = [9u32];
-                let mut io = batch.io_with(q, &exps, &mut out, &mut status);
+                let mut io = batch.io_with(q, &m.exps, &mut out, &mut status);
                 io.mapped = mapped;
                 host_dequant(io).unwrap();
                 (out, status[0])
             };
-            let (want, want_status) = dequant(&map(false), None);
+            let (want, want_status) = dequant(&all.0, None);
             proptest::prop_assert_eq!(want_status, 0);
             let mapped = MappedValues {
                 values: &[bad],
-                indices: &case.indices,
-                symbol_table: &case.symbol_table,
+                resolve: &[m.resolve],
+                indices: &m.case.indices,
+                map: &map,
                 table_list: &table_list,
-                radius: &case.radius,
+                radius: &m.case.radius,
             };
-            let (got, status) = dequant(&map(true), Some(mapped));
+            let (got, status) = dequant(&escapes_only.0, Some(mapped));
             if corrupt != 0 {
                 proptest::prop_assert_eq!(status, 1);
                 proptest::prop_assert!(got.iter().all(|&x| x == 0));

@@ -5,10 +5,10 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 
-use super::ValueBlock;
 use super::{
     host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
 };
+use super::{ResolveBlock, ValueBlock};
 use crate::error::CudaError;
 use crate::quant::{ChannelConsts, DequantBlock, OutDtype};
 
@@ -63,10 +63,12 @@ struct DequantArgs<S: Space> {
 #[derive(Debug)]
 struct DequantValues<S: Space> {
     values: S::Const<ValueBlock>,
+    resolve: S::Const<ResolveBlock>,
     n_values: u64,
     indices: S::Const<u8>,
-    symbol_table: S::Const<u16>,
     n_indices: u64,
+    map: S::Const<u16>,
+    n_map: u64,
     table_list: S::Const<u32>,
     n_table_list: u64,
     radius: S::Const<u8>,
@@ -76,10 +78,12 @@ struct DequantValues<S: Space> {
 impl DequantValues<OnHost> {
     const NONE: Self = DequantValues {
         values: std::ptr::null(),
+        resolve: std::ptr::null(),
         n_values: 0,
         indices: std::ptr::null(),
-        symbol_table: std::ptr::null(),
         n_indices: 0,
+        map: std::ptr::null(),
+        n_map: 0,
         table_list: std::ptr::null(),
         n_table_list: 0,
         radius: std::ptr::null(),
@@ -90,10 +94,12 @@ impl DequantValues<OnHost> {
 impl DequantValues<OnDevice> {
     const NONE: Self = DequantValues {
         values: 0,
+        resolve: 0,
         n_values: 0,
         indices: 0,
-        symbol_table: 0,
         n_indices: 0,
+        map: 0,
+        n_map: 0,
         table_list: 0,
         n_table_list: 0,
         radius: 0,
@@ -123,14 +129,15 @@ pub(crate) fn channel_threads(heads: u32, head_dim: u32) -> u32 {
 pub(crate) const DEQUANT_SHARED_BYTES: u32 = 8 + 4096;
 
 /// The value symbols a dequantization maps itself (`kernels/kvc_values.cuh`), a decode
-/// chain's: block `b`'s are those of `values[b]` (one per dequantization block), its escapes'
-/// values in `q` where `kvc_map_escapes` placed them.
+/// chain's: block `b`'s are those of `values[b]` (one per dequantization block), each
+/// symbol's table found through the block's table map in `map` (where `resolve[b]` says),
+/// its escapes' values in `q` where `kvc_map_escapes` placed them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MappedValues<'a> {
     pub values: &'a [ValueBlock],
+    pub resolve: &'a [ResolveBlock],
     pub indices: &'a [u8],
-    /// Same length as `indices`.
-    pub symbol_table: &'a [u16],
+    pub map: &'a [u16],
     pub table_list: &'a [u32],
     pub radius: &'a [u8],
 }
@@ -172,22 +179,19 @@ pub(crate) fn host_dequant_threads(io: DequantIo<'_>, threads: u32) -> Result<()
     }
     let mapped = match io.mapped {
         None => DequantValues::<OnHost>::NONE,
-        Some(m) if m.indices.len() != m.symbol_table.len() => {
-            return Err(CudaError::Input {
-                what: "value symbols and their tables of mismatched lengths",
-            })
-        }
-        Some(m) if m.values.len() != io.blocks.len() => {
+        Some(m) if m.values.len() != io.blocks.len() || m.resolve.len() != io.blocks.len() => {
             return Err(CudaError::Input {
                 what: "value blocks are not one per dequantization block",
             })
         }
         Some(m) => DequantValues::<OnHost> {
             values: m.values.as_ptr(),
+            resolve: m.resolve.as_ptr(),
             n_values: m.values.len() as u64,
             indices: m.indices.as_ptr(),
-            symbol_table: m.symbol_table.as_ptr(),
             n_indices: m.indices.len() as u64,
+            map: m.map.as_ptr(),
+            n_map: m.map.len() as u64,
             table_list: m.table_list.as_ptr(),
             n_table_list: m.table_list.len() as u64,
             radius: m.radius.as_ptr(),
@@ -222,8 +226,7 @@ pub(crate) fn host_dequant_threads(io: DequantIo<'_>, threads: u32) -> Result<()
     };
     let shared = u64::from(DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1 (layout), 2 (every pointer/count pair is a live slice and its
-    // length, borrowed for the call, mutably for the outputs; `indices` and `symbol_table` of
-    // one length) and 3 (launch shape).
+    // length, borrowed for the call, mutably for the outputs) and 3 (launch shape).
     let rc = unsafe { run(&args, grid, threads.max(1), shared) };
     host_ran(rc, io.dtype.entry())
 }
@@ -289,9 +292,9 @@ pub(crate) struct DequantValuesDev<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MappedValuesDev<'a> {
     pub values: &'a DevBuf<ValueBlock>,
+    pub resolve: &'a DevBuf<ResolveBlock>,
     pub indices: &'a DevBuf<u8>,
-    /// Same length as `indices`.
-    pub symbol_table: &'a DevBuf<u16>,
+    pub map: &'a DevBuf<u16>,
     pub table_list: &'a DevBuf<u32>,
     pub radius: &'a DevBuf<u8>,
 }
@@ -322,26 +325,24 @@ pub(super) fn launch_dequant_with(
     let (exps, n_exps) = a.of(values.exps, stream);
     let mapped = match values.mapped {
         None => DequantValues::<OnDevice>::NONE,
-        Some(m) if m.indices.len() != m.symbol_table.len() => {
-            return Err(input(
-                "value symbols and their tables of mismatched lengths",
-            ))
-        }
-        Some(m) if m.values.len() != b.blocks.len() => {
+        Some(m) if m.values.len() != b.blocks.len() || m.resolve.len() != b.blocks.len() => {
             return Err(input("value blocks are not one per dequantization block"))
         }
         Some(m) => {
             let (values, n_values) = a.of(m.values, stream);
+            let (resolve, _) = a.of(m.resolve, stream);
             let (indices, n_indices) = a.of(m.indices, stream);
-            let (symbol_table, _) = a.of(m.symbol_table, stream);
+            let (map, n_map) = a.of(m.map, stream);
             let (table_list, n_table_list) = a.of(m.table_list, stream);
             let (radius, n_radius) = a.of(m.radius, stream);
             DequantValues {
                 values,
+                resolve,
                 n_values,
                 indices,
-                symbol_table,
                 n_indices,
+                map,
+                n_map,
                 table_list,
                 n_table_list,
                 radius,
@@ -382,8 +383,7 @@ pub(super) fn launch_dequant_with(
     let threads = channel_threads(b.heads, b.head_dim);
     let cfg = launch_shape(grid, threads, DEQUANT_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (buffers live in `b`, `values` and `out`, held by the caller
-    // until the stream is synchronized; `indices` and `symbol_table` of one length), 7 and 3
-    // (the host runs' launch shape).
+    // until the stream is synchronized), 7 and 3 (the host runs' launch shape).
     unsafe { launch_args(stream, func, &args, cfg, a) }?;
     Ok(())
 }
@@ -479,8 +479,8 @@ mod tests {
                 blocks, status, n_blocks, heads, head_dim, page_size, mapped
             },
             DequantValues<S> {
-                values, n_values, indices, symbol_table, n_indices, table_list, n_table_list,
-                radius, n_radius
+                values, resolve, n_values, indices, n_indices, map, n_map, table_list,
+                n_table_list, radius, n_radius
             },
         ];
         v.push(u64::from(DEQUANT_SHARED_BYTES));
