@@ -44,14 +44,21 @@ fn main() {
     g.bench_function("whole, uploads included", |b| {
         b.iter(|| gpu.decode_into(&plan, &mut out).unwrap())
     });
-    g.bench_function("chain of five kernels alone", |b| {
-        b.iter_custom(|iters| {
-            let s: f64 = (0..iters)
-                .map(|_| gpu.time_decode_chain(&plan, &mut out, 1).unwrap())
-                .sum();
-            Duration::from_secs_f64(s)
-        })
-    });
+    for (name, fused) in [
+        ("fused chain's kernels alone", true),
+        ("five-launch chain's kernels alone", false),
+    ] {
+        gpu.set_decode_chain_fused(fused);
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let s: f64 = (0..iters)
+                    .map(|_| gpu.time_decode_chain(&plan, &mut out, 1).unwrap())
+                    .sum();
+                Duration::from_secs_f64(s)
+            })
+        });
+    }
+    gpu.set_decode_chain_fused(true);
     g.bench_function("stepwise kernels alone", |b| {
         b.iter_custom(|iters| {
             let mut s = 0.0;

@@ -305,7 +305,7 @@ fn bench_decode(
         "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole decode_into {:.3} ms = \
          {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
          pinned memory {:.3} (written by one thread: {:.3}), statuses read {:.3} ms); plan \
-         uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's five kernels \
+         uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the fused chain's kernels \
          alone {:.3} ms = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, \
          values {:.3}, dequantization {:.3} ms = {:.1} GB/s)",
         bytes.len(),
@@ -328,7 +328,7 @@ fn bench_decode(
         st[4] * 1e3,
         gbs(st[4]),
     );
-    bench_values_before_dequant(gpu, &plan, &mut out, rounds, &want);
+    bench_five_launch_chain(gpu, &plan, &mut out, rounds, &want);
     bench_decode_from(gpu, &bytes, (rounds, copies), &want);
     let one_copy = &want[..want.len() / copies];
     for n in [copies, 4 * copies] {
@@ -340,11 +340,11 @@ fn bench_decode(
     bench_lane_decode(gpu, &plan, level, rounds);
 }
 
-/// The decode of `plan` uploaded once and its chain's kernels with the values mapped before
-/// the dequantization (`Gpu::set_decode_values_in_dequant(false)`: every value written and
-/// read back), to set beside `bench_decode`'s figures (the values mapped in it); the output
+/// The decode of `plan` uploaded once and its chain's kernels in five launches
+/// (`Gpu::set_decode_chain_fused(false)`: tables resolved into a buffer, every value written
+/// and read back), to set beside `bench_decode`'s figures (the fused chain); the output
 /// checked against `want`.
-fn bench_values_before_dequant(
+fn bench_five_launch_chain(
     gpu: &mut Gpu,
     plan: &DecodePlan<'_>,
     out: &mut CudaSlice<u16>,
@@ -352,27 +352,28 @@ fn bench_values_before_dequant(
     want: &[u16],
 ) {
     let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
-    gpu.set_decode_values_in_dequant(false);
+    gpu.set_decode_chain_fused(false);
     let up = gpu.upload_plan(plan).unwrap();
     let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, out));
     r.unwrap();
     drop(up);
     let got = gpu.stream().clone_dtoh(&*out).unwrap();
-    assert!(
-        got == want,
-        "values mapped before the dequantization differ"
-    );
+    assert!(got == want, "the five-launch chain's output differs");
     let k_chain = gpu.time_decode_chain(plan, out, rounds).unwrap();
     let st = gpu.time_decode_chain_stages(plan, out, rounds).unwrap();
-    gpu.set_decode_values_in_dequant(true);
+    gpu.set_decode_chain_fused(true);
     println!(
-        "  values mapped before the dequantization (every value written and read back): plan \
-         uploaded once {:.3} ms = {:.2} GB/s; five kernels alone {:.3} ms = {:.2} GB/s (values \
-         {:.3}, dequantization {:.3} ms)",
+        "  the five-launch chain (tables resolved, every value written and read back): plan \
+         uploaded once {:.3} ms = {:.2} GB/s; its kernels alone {:.3} ms = {:.2} GB/s (each \
+         alone: exponents {:.3}, tables {:.3}, symbols {:.3}, values {:.3}, dequantization \
+         {:.3} ms)",
         reused * 1e3,
         gbs(reused),
         k_chain * 1e3,
         gbs(k_chain),
+        st[0] * 1e3,
+        st[1] * 1e3,
+        st[2] * 1e3,
         st[3] * 1e3,
         st[4] * 1e3,
     );

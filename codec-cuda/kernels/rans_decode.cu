@@ -4,8 +4,13 @@
 // CUDA block (kvc_warp_item in kvc_kernel.cuh); many blocks per launch. Lane `l` of a block
 // decodes the symbols at positions l, l + 32, ... of that block, each with the table its
 // `symbol_table` entry names, from the lane's words read backwards. Every input is checked before it is used; each lane reports a KvcLaneStatus.
+//
+// kvc_rans_lane_decode_mapped (the decode chain's symbol launch) finds a value symbol's table
+// through its block's table map instead (kvc_values.cuh), as kvc_resolve_tables would have
+// written it to `symbol_table`, so that the chain needs no table resolution launch.
 
 #include "kvc_kernel.cuh"
+#include "kvc_values.cuh"
 
 // Per-lane outcome; codec_cuda::rans::LaneStatus mirrors these values (a test reads this enum).
 // On a status other than OK or the two end-of-lane checks, the lane stops where it failed and the
@@ -115,11 +120,53 @@ __device__ __forceinline__ void kvc_lane_stage_tables(const KvcLaneDecodeArgs& a
     }
 }
 
-// Decodes lane `lane` of a checked block, its tables at `shared` (or in `a.tables` when null).
-// The arithmetic of spec/FORMAT.md §6.3, in LaneDecoder's order.
+// The table-list indices of a lane's symbols p = lane, lane + 32, ... in turn, as
+// `symbol_table` holds them (0 past the block's symbols).
+struct KvcLaneListTables {
+    const kvc_u16* table_of;
+    kvc_u64 p, n;
+
+    __device__ __forceinline__ kvc_u32 next() {
+        const kvc_u32 t = p < n ? table_of[p] : 0u;
+        p += KVC_LANES;
+        return t;
+    }
+};
+
+// The same through the block's table map (kvc_values.cuh): list index 0 for the block's
+// exponent symbols (its first n_e), the map's entry for its value symbols, walked from the
+// lane's first one.
+struct KvcLaneMapTables {
+    const KvcResolveBlock* r;
+    const kvc_u16* map;
+    const kvc_u8* exps;
+    kvc_u32 heads, head_dim;
+    kvc_u64 p, n;
+    bool walking;
+    KvcSymbolWalk walk;
+
+    __device__ __forceinline__ kvc_u32 next() {
+        kvc_u32 t = 0;
+        if (p < n && p >= r->n_e) {
+            if (!walking) {
+                walk = kvc_walk_from(*r, heads, head_dim, (kvc_u32)(p - r->n_e), KVC_LANES);
+                walking = true;
+            }
+            t = kvc_walk_table(walk, map, exps, heads, head_dim);
+            kvc_walk_next(walk, heads, head_dim, r->group);
+        }
+        p += KVC_LANES;
+        return t;
+    }
+};
+
+// Decodes lane `lane` of a checked block, its tables at `shared` (or in `a.tables` when null),
+// each symbol's table-list index from `tables` (KvcLaneListTables or KvcLaneMapTables, at the
+// lane's first symbol). The arithmetic of spec/FORMAT.md §6.3, in LaneDecoder's order.
+template <class Tables>
 __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
                                                    const KvcLaneBlock& blk, kvc_u32 lane,
-                                                   const kvc_u32* shared) {
+                                                   const kvc_u32* shared, Tables tables) {
     kvc_u64 first = blk.word_start;
     for (kvc_u32 l = 0; l < lane; l++) first += blk.lane_len[l];
     const kvc_u32* w = a.words + first;
@@ -141,13 +188,12 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
     // that within a step only the table entry (which needs the state) waits on memory. Every
     // load ahead stays inside the checked ranges (a table index is checked before its id is
     // read), and the symbols written and the status are those of the plain loop.
-    const kvc_u16* __restrict__ table_of = a.symbol_table + blk.symbol_start;
     kvc_u8* __restrict__ out = a.symbols + blk.symbol_start;
     const kvc_u32* __restrict__ list = a.table_list + blk.table_start;
     const kvc_u64 n_symbols = blk.n_symbols;
     const kvc_u32 count = blk.table_count;
-    kvc_u32 k = lane < n_symbols ? table_of[lane] : 0u;
-    kvc_u32 k_next = lane + KVC_LANES < n_symbols ? table_of[lane + KVC_LANES] : 0u;
+    kvc_u32 k = tables.next();
+    kvc_u32 k_next = tables.next();
     kvc_u32 id = k < count ? list[k] : 0u;
     kvc_u32 word = unread > 0 ? w[unread - 1] : 0u;
     for (kvc_u64 p = lane; p < n_symbols; p += KVC_LANES) {
@@ -155,8 +201,7 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
         const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * KVC_SLOTS
                                              : a.tables + (kvc_u64)id * KVC_SLOTS;
         const kvc_u32 e = t[x & (KVC_SLOTS - 1)];
-        const kvc_u64 after = p + 2 * KVC_LANES;
-        const kvc_u32 k_after = after < n_symbols ? table_of[after] : 0u;
+        const kvc_u32 k_after = tables.next();
         const kvc_u32 id_next = k_next < count ? list[k_next] : 0u;
         // (x >> 12) < 2^52 and the frequency < 2^12: no overflow.
         x = (x >> KVC_PRECISION) * ((e >> 8) & 0xFFF) + (e >> 20);
@@ -175,8 +220,11 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
     return KVC_LANE_OK;
 }
 
-// Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane.
+// Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane, the symbols'
+// tables from `symbol_table` (Mapped null) or through the block's table map.
+template <bool Mapped>
 __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a,
+                                                      const KvcLaneMapTables* mapped,
                                                       unsigned char* shared) {
     const kvc_u64 b = kvc_warp_item();
     const kvc_u32 lane = kvc_warp_lane();
@@ -189,12 +237,70 @@ __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a
         status = KVC_LANE_BAD_TABLE;
     } else {
         const bool in_shared = blk.table_count <= a.shared_tables;
-        status = kvc_decode_lane(a, blk, lane, in_shared ? kvc_lane_shared(a, shared) : nullptr);
+        const kvc_u32* staged = in_shared ? kvc_lane_shared(a, shared) : nullptr;
+        if constexpr (Mapped) {
+            KvcLaneMapTables tables = *mapped;
+            tables.p = lane;
+            tables.n = blk.n_symbols;
+            status = kvc_decode_lane(a, blk, lane, staged, tables);
+        } else {
+            const KvcLaneListTables tables = {a.symbol_table + blk.symbol_start, lane,
+                                              blk.n_symbols};
+            status = kvc_decode_lane(a, blk, lane, staged, tables);
+        }
     }
     a.status[b * KVC_LANES + lane] = status;
 }
 
-KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables, kvc_lane_decode_lanes)
+__device__ __forceinline__ void kvc_lane_decode_listed(const KvcLaneDecodeArgs& a,
+                                                       unsigned char* shared) {
+    kvc_lane_decode_lanes<false>(a, nullptr, shared);
+}
+
+KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables, kvc_lane_decode_listed)
+
+// kvc_rans_lane_decode_mapped's arguments: a lane decode's, and where its value symbols find
+// their tables (one resolve record per block; `lanes.symbol_table` is not read).
+struct KvcLaneMappedArgs {
+    KvcLaneDecodeArgs lanes;
+    const KvcResolveBlock* resolve;
+    const kvc_u8* exps;
+    kvc_u64 n_exps;
+    const kvc_u16* map;
+    kvc_u64 n_map;
+    kvc_u32 heads;
+    kvc_u32 head_dim;
+};
+
+__device__ __forceinline__ void kvc_lane_stage_mapped(const KvcLaneMappedArgs& a,
+                                                      unsigned char* shared) {
+    kvc_lane_stage_tables(a.lanes, shared);
+}
+
+// Phase 2 of the mapped decode: a block whose resolve record does not describe its symbols or
+// reaches past the exponents or the maps is KVC_LANE_BAD_RANGE.
+__device__ __forceinline__ void kvc_lane_decode_mapped(const KvcLaneMappedArgs& a,
+                                                       unsigned char* shared) {
+    const kvc_u64 b = kvc_warp_item();
+    if (b >= a.lanes.n_blocks) return;
+    const KvcResolveBlock& r = a.resolve[b];
+    const bool ok = (kvc_u64)r.n_e + r.n_sym == a.lanes.blocks[b].n_symbols &&
+                    kvc_resolve_shape_ok(r, a.heads, a.head_dim, a.n_exps, a.n_map);
+    if (!ok) {
+        a.lanes.status[b * KVC_LANES + kvc_warp_lane()] = KVC_LANE_BAD_RANGE;
+        return;
+    }
+    KvcLaneMapTables tables = {};
+    tables.r = &r;
+    tables.map = a.map + r.map_start;
+    tables.exps = r.has_exps ? a.exps + r.exp_start : nullptr;
+    tables.heads = a.heads;
+    tables.head_dim = a.head_dim;
+    kvc_lane_decode_lanes<true>(a.lanes, &tables, shared);
+}
+
+KVC_KERNEL(kvc_rans_lane_decode_mapped, KvcLaneMappedArgs, kvc_lane_stage_mapped,
+           kvc_lane_decode_mapped)
 
 #ifdef KVC_HOST
 // For the test of the Rust mirrors (codec_cuda::ffi): sizeof and offsetof of every field of the
@@ -226,6 +332,24 @@ extern "C" kvc_u64 kvc_rans_lane_decode_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcLaneDecodeArgs, shared_tables),
         KVC_LANES,
         KVC_PRECISION,
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+
+// The same for kvc_rans_lane_decode_mapped's arguments.
+extern "C" kvc_u64 kvc_rans_lane_mapped_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcLaneMappedArgs),
+        offsetof(KvcLaneMappedArgs, lanes),
+        offsetof(KvcLaneMappedArgs, resolve),
+        offsetof(KvcLaneMappedArgs, exps),
+        offsetof(KvcLaneMappedArgs, n_exps),
+        offsetof(KvcLaneMappedArgs, map),
+        offsetof(KvcLaneMappedArgs, n_map),
+        offsetof(KvcLaneMappedArgs, heads),
+        offsetof(KvcLaneMappedArgs, head_dim),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

@@ -5,17 +5,19 @@
 //! (C1) and block structure (B1-B5, C2), and borrows its lane words from the stream (with
 //! [`DecodePlan::set_crc_at_decode`], the CRC is checked at decode instead: by the device, one
 //! launch `kvc_check_chunks`, when the streams are copied there as they are).
-//! `Gpu::decode` and `Gpu::decode_into` run a plan as one chain of five launches, with no host
+//! `Gpu::decode` and `Gpu::decode_into` run a plan as one chain of four launches, with no host
 //! step between them:
 //!
 //! 1. `kvc_rans_lane_decode` over the exponent prefix of every block of every chunk;
-//! 2. `kvc_resolve_tables`: every value symbol's table from the decoded exponents
-//!    (spec/FORMAT.md §6.1);
-//! 3. `kvc_rans_lane_decode` over every symbol;
-//! 4. `kvc_map_escapes`: every symbol's table index checked, the escapes' values placed (§6.4);
-//! 5. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output, mapping the other table
-//!    indices to values as it reads them (with `Gpu::set_decode_values_in_dequant(false)`,
-//!    `kvc_map_values` writes every value in step 4 and step 5 reads them).
+//! 2. `kvc_rans_lane_decode_mapped` over every symbol, each value symbol's table found through
+//!    its block's table map from the decoded exponents (spec/FORMAT.md §6.1);
+//! 3. `kvc_map_escapes`: every symbol's table index checked, the escapes' values placed (§6.4);
+//! 4. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output, mapping the other table
+//!    indices to values as it reads them.
+//!
+//! With `Gpu::set_decode_chain_fused(false)` the chain has five: `kvc_resolve_tables` writes
+//! every value symbol's table before the symbol launch reads it, and `kvc_map_values` every
+//! value for the dequantization to read; the same bits.
 //!
 //! `Gpu::decode_from` runs it on streams that lie in page-locked host memory, their bytes
 //! copied to the device as they are and the lane words gathered there by one more launch,
@@ -397,10 +399,10 @@ pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
-/// A plan as one chain of five launches whose inputs are all uploaded at once: the exponent
-/// lane decode, table resolution (`kvc_resolve_tables`), the symbol lane decode, value mapping
-/// (`kvc_map_values`) and dequantization, each reading the previous launches' outputs where they
-/// are (on the device, no host round trip).
+/// A plan as one chain of launches whose inputs are all uploaded at once: the exponent lane
+/// decode, table resolution (`kvc_resolve_tables`, skipped by the fused chain), the symbol
+/// lane decode, value mapping and dequantization, each reading the previous launches' outputs
+/// where they are (on the device, no host round trip).
 #[derive(Debug)]
 pub(crate) struct Chain<'p> {
     /// Every block's lane words, in order, as the chunks store them (little-endian): borrowed
@@ -926,8 +928,8 @@ impl DecodePlan<'_> {
         })
     }
 
-    /// Runs the plan as one chain of five launches of the kernels compiled for the host (as a
-    /// device runs it): the output's f16 or bf16 bits.
+    /// Runs the plan as one (fused) chain of launches of the kernels compiled for the host (as
+    /// a device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
@@ -963,53 +965,56 @@ impl DecodePlan<'_> {
         Ok(out)
     }
 
-    /// The chain's five launches on the host into `out` (the plan's output), `words` the
-    /// chain's lane words; `values_in_dequant` as [`ffi::ChainKernels::values_in_dequant`].
+    /// The chain's launches on the host into `out` (the plan's output), `words` the chain's
+    /// lane words; `fused` as [`ffi::ChainKernels::fused`] (four launches, or five).
     fn run_chain_host(
         &self,
         ch: &Chain<'_>,
         words: &[u32],
         out: &mut [u16],
-        values_in_dequant: bool,
+        fused: bool,
     ) -> Result<(), CudaError> {
-        let heads = self.heads;
-        let head_dim = self.head_dim;
+        if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
+            return Err(CudaError::Input {
+                what: "a page size of 0",
+            });
+        }
+        let (heads, head_dim) = (self.heads, self.head_dim);
         let shape = LaneShape::new(1, LaneBatch::MAX_SHARED_TABLES)?;
         let mut exps = vec![0u8; ch.n_exps];
         let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
-        ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words,
-            tables: &ch.tables,
-            table_list: &ch.table_list,
-            symbol_table: &vec![0u16; ch.n_exps],
-            blocks: &ch.exp_blocks,
-            symbols: &mut exps,
-            status: &mut exp_status,
-            shape,
-        })?;
-        let mut sym_table = vec![0u16; ch.n_symbols];
-        let mut resolve_status = vec![0u32; ch.resolve.len()];
-        ffi::host_resolve_tables(ffi::ResolveIo {
-            symbol_table: &mut sym_table,
+        let no_tables = vec![0u16; ch.n_exps];
+        let exp_out = (&mut exps[..], &mut exp_status[..]);
+        ffi::host_lane_decode(ch.lane_io(words, shape, (&no_tables, &ch.exp_blocks), exp_out))?;
+        let maps = ffi::TableMaps {
+            resolve: &ch.resolve,
             exps: &exps,
             map: &ch.map,
-            blocks: &ch.resolve,
-            status: &mut resolve_status,
             heads,
             head_dim,
-        })?;
+        };
+        // The fused chain leaves the tables to the launches after; its resolution status is 0.
+        let mut sym_table = vec![0u16; ch.n_symbols];
+        let mut resolve_status = vec![0u32; ch.resolve.len()];
+        if !fused {
+            ffi::host_resolve_tables(ffi::ResolveIo {
+                symbol_table: &mut sym_table,
+                exps: &exps,
+                map: &ch.map,
+                blocks: &ch.resolve,
+                status: &mut resolve_status,
+                heads,
+                head_dim,
+            })?;
+        }
         let mut symbols = vec![0u8; ch.n_symbols];
         let mut sym_status = vec![0u32; ch.sym_blocks.len() * LANES];
-        ffi::host_lane_decode(ffi::LaneDecodeIo {
-            words,
-            tables: &ch.tables,
-            table_list: &ch.table_list,
-            symbol_table: &sym_table,
-            blocks: &ch.sym_blocks,
-            symbols: &mut symbols,
-            status: &mut sym_status,
-            shape,
-        })?;
+        let sym_out = (&mut symbols[..], &mut sym_status[..]);
+        let sym_io = ch.lane_io(words, shape, (&sym_table, &ch.sym_blocks), sym_out);
+        match fused {
+            true => ffi::host_lane_decode_mapped(sym_io, maps)?,
+            false => ffi::host_lane_decode(sym_io)?,
+        }
         let mut q = vec![0i32; ch.n_q];
         let mut value_status = vec![0u32; ch.values.len()];
         ffi::host_map_values(ffi::ValueIo {
@@ -1021,22 +1026,11 @@ impl DecodePlan<'_> {
             q: &mut q,
             blocks: &ch.values,
             status: &mut value_status,
-            from_map: values_in_dequant.then_some(ffi::TableMaps {
-                resolve: &ch.resolve,
-                exps: &exps,
-                map: &ch.map,
-                heads,
-                head_dim,
-            }),
+            from_map: fused.then_some(maps),
         })?;
         let mut dq_status = vec![0u32; ch.resolve.len()];
-        if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
-            return Err(CudaError::Input {
-                what: "a page size of 0",
-            });
-        }
         let mut io = ch.dequant.io_with(&q, &exps, out, &mut dq_status);
-        io.mapped = values_in_dequant.then_some(ffi::MappedValues {
+        io.mapped = fused.then_some(ffi::MappedValues {
             values: &ch.values,
             resolve: &ch.resolve,
             indices: &symbols,
@@ -1045,13 +1039,31 @@ impl DecodePlan<'_> {
             radius: &ch.radius,
         });
         ffi::host_dequant(io)?;
-        ch.check(
-            &exp_status,
-            &resolve_status,
-            &sym_status,
-            &value_status,
-            &dq_status,
-        )
+        let (exp, resolve, sym, value) = (&exp_status, &resolve_status, &sym_status, &value_status);
+        ch.check(exp, resolve, sym, value, &dq_status)
+    }
+}
+
+impl Chain<'_> {
+    /// A host-run lane decode of `blocks` over the chain's words and tables (each symbol's
+    /// table in `symbol_table`) into `(symbols, status)`.
+    fn lane_io<'a>(
+        &'a self,
+        words: &'a [u32],
+        shape: LaneShape,
+        (symbol_table, blocks): (&'a [u16], &'a [LaneBlock]),
+        (symbols, status): (&'a mut [u8], &'a mut [u32]),
+    ) -> ffi::LaneDecodeIo<'a> {
+        ffi::LaneDecodeIo {
+            words,
+            tables: &self.tables,
+            table_list: &self.table_list,
+            symbol_table,
+            blocks,
+            symbols,
+            status,
+            shape,
+        }
     }
 }
 
@@ -1378,26 +1390,97 @@ mod tests {
         out
     }
 
-    /// A chain whose value mapping writes every value for the dequantization to read decodes
-    /// to the bits of one whose dequantization maps the value symbols itself (the default,
-    /// which the tests against codec-core run), on streams with escapes.
+    /// The five-launch chain (tables resolved into a buffer, every value written) decodes to
+    /// the bits of the fused one (the default, which the tests against codec-core run), on
+    /// streams with escapes.
     #[test]
-    fn values_mapped_before_the_dequantization_or_in_it_decode_alike() {
+    fn fused_and_five_launch_chains_decode_alike() {
         let (a, b) = (small_stream(), small_stream_with(EncodeParams::default()));
         let sa = Stream::open(&a, None, &Limits::DEFAULT).unwrap();
         let sb = Stream::open(&b, None, &Limits::DEFAULT).unwrap();
         let plan = plan_of(&[&sa, &sb]);
         let ch = plan.chain().unwrap();
         assert!(ch.n_escapes > 0, "the streams have no escapes");
-        let run = |in_dequant| {
+        let run = |fused| {
             let mut out = vec![0u16; plan.output().len];
-            plan.run_chain_host(&ch, &ch.words(), &mut out, in_dequant)
+            plan.run_chain_host(&ch, &ch.words(), &mut out, fused)
                 .unwrap();
             out
         };
         let want = run(false);
         assert!(want.iter().filter(|&&x| x != 0).count() > want.len() / 2);
         assert!(run(true) == want);
+    }
+
+    /// The fused chain's symbol lanes (`kvc_rans_lane_decode_mapped`) decode what the lanes
+    /// given the resolved tables decode; a block whose resolve record does not describe it
+    /// (other symbols, a map or exponents past their buffers, no group) is
+    /// `KVC_LANE_BAD_RANGE` on every lane, the other blocks decoded as before.
+    #[test]
+    fn mapped_lanes_decode_as_the_resolved_ones_and_check_their_records() {
+        let bytes = small_stream();
+        let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let plan = plan_of(&[&stream]);
+        let ch = plan.chain().unwrap();
+        let (heads, head_dim) = (plan.heads, plan.head_dim);
+        let shape = LaneShape::new(1, 0).unwrap();
+        let words = ch.words();
+        let mut exps = vec![0u8; ch.n_exps];
+        let mut status = vec![0u32; ch.exp_blocks.len() * LANES];
+        let no_tables = vec![0u16; ch.n_exps];
+        let out = (&mut exps[..], &mut status[..]);
+        ffi::host_lane_decode(ch.lane_io(&words, shape, (&no_tables, &ch.exp_blocks), out))
+            .unwrap();
+        let mut sym_table = vec![0u16; ch.n_symbols];
+        let mut resolve_status = vec![9u32; ch.resolve.len()];
+        ffi::host_resolve_tables(ffi::ResolveIo {
+            symbol_table: &mut sym_table,
+            exps: &exps,
+            map: &ch.map,
+            blocks: &ch.resolve,
+            status: &mut resolve_status,
+            heads,
+            head_dim,
+        })
+        .unwrap();
+        assert!(resolve_status.iter().all(|&s| s == 0));
+        let lanes = |resolve: Option<&[ResolveBlock]>| {
+            let mut symbols = vec![0u8; ch.n_symbols];
+            let mut status = vec![9u32; ch.sym_blocks.len() * LANES];
+            let out = (&mut symbols[..], &mut status[..]);
+            let io = ch.lane_io(&words, shape, (&sym_table, &ch.sym_blocks), out);
+            let maps = |resolve| ffi::TableMaps {
+                resolve,
+                exps: &exps,
+                map: &ch.map,
+                heads,
+                head_dim,
+            };
+            match resolve {
+                None => ffi::host_lane_decode(io).unwrap(),
+                Some(r) => ffi::host_lane_decode_mapped(io, maps(r)).unwrap(),
+            }
+            (symbols, status)
+        };
+        let want = lanes(None);
+        assert!(want.1.iter().all(|&s| s == 0));
+        assert!(lanes(Some(&ch.resolve)) == want);
+        let first = ch.resolve[0];
+        let n = first.n_e as usize + first.n_sym as usize;
+        let corruptions: [fn(&mut ResolveBlock); 4] = [
+            |r| r.n_sym -= 1,
+            |r| r.map_start = u64::MAX - 7,
+            |r| (r.has_exps, r.exp_start) = (1, u64::MAX / 2),
+            |r| r.group = 0,
+        ];
+        for corrupt in corruptions {
+            let mut resolve = ch.resolve.clone();
+            corrupt(&mut resolve[0]);
+            let (symbols, status) = lanes(Some(&resolve));
+            assert!(status[..LANES].iter().all(|&s| s == 5), "{:?}", resolve[0]);
+            assert_eq!(status[LANES..], want.1[LANES..]);
+            assert_eq!(symbols[n..], want.0[n..]);
+        }
     }
 
     /// Level constants placed outside the chain (as a `Gpu` keeps them resident on its

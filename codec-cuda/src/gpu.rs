@@ -57,6 +57,7 @@ fn check_page_size(plan: &DecodePlan<'_>) -> Result<(), CudaError> {
 #[derive(Debug)]
 struct Kernels {
     lane_decode: CudaFunction,
+    lane_decode_mapped: CudaFunction,
     dequant_f16: CudaFunction,
     dequant_bf16: CudaFunction,
     pq_search: CudaFunction,
@@ -109,9 +110,8 @@ pub struct Gpu {
     /// ([`Gpu::set_decode_piece_blocks`], [`Gpu::set_decode_first_piece_blocks`]).
     piece_blocks: usize,
     first_piece_blocks: usize,
-    /// Whether a decode's dequantization maps the value symbols itself
-    /// ([`Gpu::set_decode_values_in_dequant`]).
-    values_in_dequant: bool,
+    /// Whether a decode runs the fused chain ([`Gpu::set_decode_chain_fused`]).
+    fused: bool,
     /// Coded blocks a piece of an encode holds ([`Gpu::set_encode_piece_blocks`]).
     encode_piece_blocks: usize,
     /// Held from a chain's first launch until its statuses are read (decode) or its chunks
@@ -125,7 +125,7 @@ pub struct Gpu {
 }
 
 /// A [`DecodePlan`]'s chain uploaded to one device ([`Gpu::upload_plan`]): every input of its
-/// five launches (words, tables, table maps, block headers, sink rows, constants, page tables)
+/// launches (words, tables, table maps, block headers, sink rows, constants, page tables)
 /// in one device allocation, decoded by [`Gpu::decode_uploaded_into`] any number of times with
 /// no host work but the launches and the statuses.
 #[derive(Debug)]
@@ -187,7 +187,7 @@ impl Gpu {
             pq_shared_keys: u32::MAX,
             piece_blocks: DEFAULT_PIECE_BLOCKS,
             first_piece_blocks: 0,
-            values_in_dequant: true,
+            fused: true,
             encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
             staging: Mutex::new([None, None]),
             upload_threads: host_threads(0),
@@ -226,7 +226,7 @@ impl Gpu {
             pq_shared_keys: self.pq_shared_keys,
             piece_blocks: self.piece_blocks,
             first_piece_blocks: self.first_piece_blocks,
-            values_in_dequant: self.values_in_dequant,
+            fused: self.fused,
             encode_piece_blocks: self.encode_piece_blocks,
             staging: Mutex::new([None, None]),
             upload_threads: self.upload_threads,
@@ -292,12 +292,15 @@ impl Gpu {
         *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Sets whether a decode's dequantization maps the value symbols as it reads them (the
-    /// default), the value mapping before it writing only the escapes' values; with `false`
-    /// the value mapping writes every value (4 bytes a symbol) for the dequantization to read
-    /// back. The output is the same either way; the first moves fewer bytes.
-    pub fn set_decode_values_in_dequant(&mut self, on: bool) {
-        self.values_in_dequant = on;
+    /// Sets whether a decode runs the fused chain (the default): four launches, the symbol
+    /// lanes, the value mapping and the dequantization each finding a value symbol's table
+    /// through its block's table map, the value mapping writing only the escapes' values and
+    /// the dequantization mapping the other symbols as it reads them. With `false`, five: a
+    /// table resolution writes every symbol's table (2 bytes a symbol) for the launches after
+    /// it to read, and the value mapping every value (4 bytes) for the dequantization. The
+    /// output is the same either way; the fused chain moves fewer bytes.
+    pub fn set_decode_chain_fused(&mut self, on: bool) {
+        self.fused = on;
     }
 
     /// Sets the longest query (in tokens) whose ranking keys a PQ search keeps in shared
@@ -338,6 +341,7 @@ impl Gpu {
         };
         let mut kernels = Kernels {
             lane_decode: load("rans_decode.cu", "kvc_rans_lane_decode")?,
+            lane_decode_mapped: load("rans_decode.cu", "kvc_rans_lane_decode_mapped")?,
             dequant_f16: load("dequant.cu", "kvc_dequant_f16")?,
             dequant_bf16: load("dequant.cu", "kvc_dequant_bf16")?,
             pq_search: load("pq_search.cu", "kvc_pq_search")?,
@@ -360,7 +364,8 @@ impl Gpu {
         if shared > 48 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
             // Invariant 8 of src/ffi/mod.rs: the limit is raised before any launch asks for it.
-            for f in [&kernels.lane_decode, &kernels.lane32_experiment] {
+            let lanes = [&kernels.lane_decode, &kernels.lane_decode_mapped];
+            for f in lanes.into_iter().chain([&kernels.lane32_experiment]) {
                 f.set_attribute(
                     A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     shared as i32,
@@ -567,9 +572,10 @@ impl Gpu {
 
     /// Decodes every chunk of `plan` into `out`, a device buffer of at least the plan's output
     /// length (e.g. a serving engine's KV pages) on [`stream`](Self::stream): every input
-    /// uploaded at once ([`upload_plan`](Self::upload_plan)), then one chain of five launches
-    /// (exponents, table resolution, symbols, values with escapes, dequantization) with no host
-    /// step between them, then the statuses. A plan of more than about
+    /// uploaded at once ([`upload_plan`](Self::upload_plan)), then one chain of launches
+    /// (exponents, symbols, values with escapes, dequantization; see
+    /// [`set_decode_chain_fused`](Self::set_decode_chain_fused)) with no host step between
+    /// them, then the statuses. A plan of more than about
     /// [`set_decode_piece_blocks`](Self::set_decode_piece_blocks) coded blocks goes in pieces,
     /// each piece's upload beside the launches of the one before; the bits are the same.
     pub fn decode_into(
@@ -631,7 +637,7 @@ impl Gpu {
         })
     }
 
-    /// Runs an uploaded plan's chain of five launches into `out` (as
+    /// Runs an uploaded plan's chain of launches into `out` (as
     /// [`decode_into`](Self::decode_into)), then reads its verdict, and its statuses to name
     /// the failing chunk when the verdict fails.
     pub fn decode_uploaded_into(
@@ -683,7 +689,7 @@ impl Gpu {
         Ok(best)
     }
 
-    /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of five launches,
+    /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of launches,
     /// its inputs uploaded once (the kernels alone).
     pub fn time_decode_chain(
         &self,
@@ -700,7 +706,7 @@ impl Gpu {
         )
     }
 
-    /// Queues the chain `dev`'s five launches into `out` on `stream`.
+    /// Queues the chain `dev`'s launches into `out` on `stream`.
     fn launch_chain(
         &self,
         stream: &CudaStream,
@@ -709,13 +715,13 @@ impl Gpu {
         output: crate::quant::Output,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let kernels = chain_kernels(k, output, self.values_in_dequant);
+        let kernels = chain_kernels(k, output, self.fused);
         ffi::launch_chain(stream, &kernels, dev, self.lane_shape, out, output.len)
     }
 
     /// For benches: the best time in seconds of each of the chain's five launches (exponents,
     /// table resolution, symbols, values, dequantization) over `reps` runs, each launch
-    /// synchronized alone.
+    /// synchronized alone (the fused chain's table resolution is no launch: about 0).
     pub fn time_decode_chain_stages(
         &self,
         plan: &DecodePlan<'_>,
@@ -726,7 +732,7 @@ impl Gpu {
         let chain = plan.chain_with(&self.levels)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let dev = self.upload_chain(&chain)?.dev;
-        let kernels = chain_kernels(&k, plan.output(), self.values_in_dequant);
+        let kernels = chain_kernels(&k, plan.output(), self.fused);
         let n_out = plan.output().len;
         self.sync()?;
         let mut best = [f64::INFINITY; 5];
@@ -1083,20 +1089,17 @@ fn dequant_kernel(k: &Kernels, output: crate::quant::Output) -> &CudaFunction {
 }
 
 /// The chain's kernels for `output`'s dtype.
-fn chain_kernels(
-    k: &Kernels,
-    output: crate::quant::Output,
-    values_in_dequant: bool,
-) -> ffi::ChainKernels<'_> {
+fn chain_kernels(k: &Kernels, output: crate::quant::Output, fused: bool) -> ffi::ChainKernels<'_> {
     ffi::ChainKernels {
         lane: &k.lane_decode,
+        lane_mapped: &k.lane_decode_mapped,
         resolve: &k.resolve_tables,
-        values: match values_in_dequant {
+        values: match fused {
             true => &k.map_escapes,
             false => &k.map_values,
         },
         dequant: dequant_kernel(k, output),
-        values_in_dequant,
+        fused,
     }
 }
 

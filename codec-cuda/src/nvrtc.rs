@@ -79,7 +79,7 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "rans_decode.cu",
         source: include_str!("../kernels/rans_decode.cu"),
-        entries: &["kvc_rans_lane_decode"],
+        entries: &["kvc_rans_lane_decode", "kvc_rans_lane_decode_mapped"],
         decode: true,
     },
 ];

@@ -882,8 +882,8 @@ fn decode_copies(
 /// piece's chain built on a thread of its own while the one before is queued) gives the
 /// whole plan's bits, from page-locked memory and packed, CRCs checked when added or at
 /// decode: five copies of the fixture (4 layers) in pieces of 8 to 1000 blocks, and in
-/// pieces growing from 8 to 64, the values mapped in the dequantization (the default) or
-/// before it (`Gpu::set_decode_values_in_dequant`). With a
+/// pieces growing from 8 to 64, the chain fused (the default) or in five launches
+/// (`Gpu::set_decode_chain_fused`). With a
 /// chunk of the middle copy damaged (a stored CRC altered; a lane word altered under a
 /// recomputed CRC), every piece size gives the whole plan's verdict.
 #[test]
@@ -897,7 +897,7 @@ fn device_decodes_in_pieces_as_whole() {
     let one = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
     let want = codec_core_tensors(&one, OutDtype::F16).concat().repeat(5);
     for crc_at_decode in [false, true] {
-        for (piece_blocks, first, in_dequant) in [
+        for (piece_blocks, first, fused) in [
             (0, 0, true),
             (0, 0, false),
             (8, 0, true),
@@ -909,17 +909,17 @@ fn device_decodes_in_pieces_as_whole() {
         ] {
             gpu.set_decode_piece_blocks(piece_blocks);
             gpu.set_decode_first_piece_blocks(first);
-            gpu.set_decode_values_in_dequant(in_dequant);
+            gpu.set_decode_chain_fused(fused);
             for got in decode_copies(&gpu, &host, at, crc_at_decode) {
                 assert!(
                     got.unwrap() == want,
-                    "{piece_blocks} blocks, first {first}, {crc_at_decode}, {in_dequant}"
+                    "{piece_blocks} blocks, first {first}, {crc_at_decode}, {fused}"
                 );
             }
         }
     }
     gpu.set_decode_first_piece_blocks(0);
-    gpu.set_decode_values_in_dequant(true);
+    gpu.set_decode_chain_fused(true);
     let chunks: Vec<(usize, usize)> = (0..one.header().chunks.len())
         .map(|c| {
             let chunk = one.chunk_bytes(c).unwrap();

@@ -8,7 +8,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 use super::{
     host_ran, launch_args, launch_dequant_with, launch_grid, launch_lane_decode,
     launch_lane_decode_ref, launch_shape, Addrs, DequantDev, DequantValuesDev, DevBuf,
-    LaneDecodeDev, LaneDecodeRef, MappedValuesDev, OnDevice, OnHost, Space, CHAIN_THREADS, LANES,
+    LaneDecodeDev, LaneDecodeRef, MappedValuesDev, OnDevice, OnHost, Space, TableMaps,
+    TableMapsDev, CHAIN_THREADS, LANES,
 };
 use crate::error::CudaError;
 use crate::rans::{LaneBlock, LaneShape};
@@ -461,18 +462,6 @@ pub(crate) struct ValueIo<'a> {
     pub from_map: Option<TableMaps<'a>>,
 }
 
-/// Where a chain's value symbols find their tables (`KvcResolveBlock`, `kvc_values.cuh`): per
-/// block its table resolution's record, the decoded exponents, the table maps, the row shape.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TableMaps<'a> {
-    /// One per value block.
-    pub resolve: &'a [ResolveBlock],
-    pub exps: &'a [u8],
-    pub map: &'a [u16],
-    pub heads: u32,
-    pub head_dim: u32,
-}
-
 /// Runs `kvc_map_values` (or `kvc_map_escapes`) on the host.
 pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
@@ -535,7 +524,7 @@ unsafe impl DeviceRepr for CheckArgs<OnDevice> {}
 unsafe impl DeviceRepr for VerdictArgs<OnDevice> {}
 device_values!(ResolveBlock, ValueBlock, GatherPart, ChunkCheck);
 
-/// A plan's chain on the device: every buffer of its five launches (invariant 6: each count
+/// A plan's chain on the device: every buffer of its launches (invariant 6: each count
 /// within its buffer; built from one `decode::Chain`).
 #[derive(Debug)]
 pub(crate) struct ChainDev {
@@ -561,19 +550,23 @@ pub(crate) struct ChainDev {
 #[derive(Debug)]
 pub(crate) struct ChainKernels<'a> {
     pub lane: &'a CudaFunction,
+    /// `kvc_rans_lane_decode_mapped`, the symbol launch of a fused chain.
+    pub lane_mapped: &'a CudaFunction,
     pub resolve: &'a CudaFunction,
-    /// `kvc_map_values`, or `kvc_map_escapes` with `values_in_dequant`.
+    /// `kvc_map_values`, or `kvc_map_escapes` when `fused`.
     pub values: &'a CudaFunction,
     pub dequant: &'a CudaFunction,
-    /// The dequantization maps the value symbols as it reads them, the value mapping
-    /// (`kvc_map_escapes`) writing only the escapes' values (`kernels/kvc_values.cuh`);
-    /// otherwise the value mapping writes every value for the dequantization to read. The same
-    /// bits either way.
-    pub values_in_dequant: bool,
+    /// The fused chain (`kernels/kvc_values.cuh`): the symbol launch, the value mapping and
+    /// the dequantization find each value symbol's table through its block's table map (no
+    /// table resolution launch), the value mapping (`kvc_map_escapes`) writes only the
+    /// escapes' values and the dequantization maps the other symbols as it reads them.
+    /// Otherwise the table resolution writes every symbol's table for the launches after it
+    /// and the value mapping every value for the dequantization. The same bits either way.
+    pub fused: bool,
 }
 
-/// Queues the five launches of a chain on `stream`: exponents, table resolution, symbols,
-/// values, dequantization into the first `n_out` elements of `out`.
+/// Queues the launches of a chain on `stream`: exponents, table resolution (not fused),
+/// symbols, values, dequantization into the first `n_out` elements of `out`.
 pub(crate) fn launch_chain(
     stream: &CudaStream,
     k: &ChainKernels<'_>,
@@ -588,7 +581,8 @@ pub(crate) fn launch_chain(
     Ok(())
 }
 
-/// Queues launch `stage` (0-4) of a chain; the earlier ones must be queued before it.
+/// Queues launch `stage` (0-4) of a chain; the earlier ones must be queued before it. Stage 1,
+/// the table resolution, is no launch in the fused chain.
 pub(crate) fn launch_chain_stage(
     stream: &CudaStream,
     k: &ChainKernels<'_>,
@@ -609,6 +603,8 @@ pub(crate) fn launch_chain_stage(
     }
     match stage {
         0 => launch_lane_decode(stream, k.lane, l, lane_shape),
+        // The symbol launch finds the tables itself (its resolution status stays 0).
+        1 if k.fused => Ok(()),
         1 => launch_resolve(stream, k.resolve, c),
         2 => {
             let sym = LaneDecodeRef {
@@ -620,7 +616,17 @@ pub(crate) fn launch_chain_stage(
                 symbols: &c.symbols,
                 status: &c.sym_status,
             };
-            launch_lane_decode_ref(stream, k.lane, &sym, lane_shape)
+            let maps = TableMapsDev {
+                resolve: &c.resolve,
+                exps: &l.symbols,
+                map: &c.map,
+                heads: c.heads,
+                head_dim: c.head_dim,
+            };
+            match k.fused {
+                true => launch_lane_decode_ref(stream, k.lane_mapped, &sym, lane_shape, Some(maps)),
+                false => launch_lane_decode_ref(stream, k.lane, &sym, lane_shape, None),
+            }
         }
         3 => launch_values(stream, k.values, c),
         4 => {
@@ -635,11 +641,11 @@ pub(crate) fn launch_chain_stage(
             let values = DequantValuesDev {
                 q: &c.q,
                 exps: &l.symbols,
-                mapped: k.values_in_dequant.then_some(mapped),
+                mapped: k.fused.then_some(mapped),
             };
             launch_dequant_with(stream, k.dequant, &c.dequant, values, out, n_out)
         }
-        _ => Err(input("a chain has five launches")),
+        _ => Err(input("a chain has five stages")),
     }
 }
 

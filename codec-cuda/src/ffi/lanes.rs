@@ -5,6 +5,7 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, ValidAsZeroBits};
 
+use super::ResolveBlock;
 use super::{
     host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
     LANES, SLOTS,
@@ -22,6 +23,14 @@ extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn kvc_rans_lane_decode_layout(out: *mut u64, cap: u64) -> u64;
+    fn kvc_rans_lane_decode_mapped_host(
+        args: *const LaneMappedArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    #[cfg(test)]
+    fn kvc_rans_lane_mapped_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_rans32_lane_decode_experiment_host(
         args: *const LaneDecodeArgs<OnHost>,
         grid: u32,
@@ -51,6 +60,32 @@ pub(crate) struct LaneDecodeArgs<S: Space> {
     status: S::Mut<u32>,
     n_blocks: u64,
     shared_tables: u64,
+}
+
+/// `KvcLaneMappedArgs` (invariant 1): `kvc_rans_lane_decode_mapped`'s arguments.
+#[repr(C)]
+#[derive(Debug)]
+struct LaneMappedArgs<S: Space> {
+    lanes: LaneDecodeArgs<S>,
+    resolve: S::Const<ResolveBlock>,
+    exps: S::Const<u8>,
+    n_exps: u64,
+    map: S::Const<u16>,
+    n_map: u64,
+    heads: u32,
+    head_dim: u32,
+}
+
+/// Where a chain's value symbols find their tables (`KvcResolveBlock`, `kvc_values.cuh`): per
+/// block its table resolution's record, the decoded exponents, the table maps, the row shape.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableMaps<'a> {
+    /// One per value block.
+    pub resolve: &'a [ResolveBlock],
+    pub exps: &'a [u8],
+    pub map: &'a [u16],
+    pub heads: u32,
+    pub head_dim: u32,
 }
 
 /// The word of a lane-decode kernel: `u32` for format v2's `kvc_rans_lane_decode`, `u16` for
@@ -91,7 +126,7 @@ pub(crate) struct LaneDecodeIo<'a, W = u32> {
 
 /// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one warp
 /// per entry of `io.blocks`, `io.shape.warps()` of them per CUDA block.
-pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(), CudaError> {
+pub(crate) fn host_lane_decode<W: LaneWord>(mut io: LaneDecodeIo<'_, W>) -> Result<(), CudaError> {
     let grid = lane_grid(io.blocks.len(), io.shape)?;
     if io.symbols.len() != io.symbol_table.len() {
         return Err(CudaError::Input {
@@ -103,7 +138,18 @@ pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(
             what: "status buffer is not 32 entries per block",
         });
     }
-    let args = LaneDecodeArgs::<OnHost> {
+    let args = host_lane_args(&mut io);
+    let (threads, shared_bytes) = (io.shape.threads(), io.shape.shared_bytes());
+    // SAFETY: invariant 1 (layout; `words` points to `n_words` words of the kernel's word
+    // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
+    // for the call, mutably for the outputs) and 3 (launch shape).
+    let rc = unsafe { W::HOST(&args, grid, threads, u64::from(shared_bytes)) };
+    host_ran(rc, W::ENTRY)
+}
+
+/// `io`'s buffers as a host run's arguments.
+fn host_lane_args<W: LaneWord>(io: &mut LaneDecodeIo<'_, W>) -> LaneDecodeArgs<OnHost> {
+    LaneDecodeArgs::<OnHost> {
         words: io.words.as_ptr().cast(),
         n_words: io.words.len() as u64,
         tables: io.tables.as_ptr(),
@@ -117,13 +163,43 @@ pub(crate) fn host_lane_decode<W: LaneWord>(io: LaneDecodeIo<'_, W>) -> Result<(
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
         shared_tables: u64::from(io.shape.shared_tables()),
+    }
+}
+
+/// Runs `kvc_rans_lane_decode_mapped` on the host: [`host_lane_decode`] with each value
+/// symbol's table found through `maps` (one resolve record per block) instead of in
+/// `io.symbol_table`, which is not read.
+pub(crate) fn host_lane_decode_mapped(
+    mut io: LaneDecodeIo<'_>,
+    maps: TableMaps<'_>,
+) -> Result<(), CudaError> {
+    let grid = lane_grid(io.blocks.len(), io.shape)?;
+    if io.symbols.len() != io.symbol_table.len() || io.status.len() != io.blocks.len() * LANES {
+        return Err(CudaError::Input {
+            what: "lane-decode buffers of mismatched lengths",
+        });
+    }
+    if maps.resolve.len() != io.blocks.len() {
+        return Err(CudaError::Input {
+            what: "table resolution records are not one per lane block",
+        });
+    }
+    let args = LaneMappedArgs::<OnHost> {
+        lanes: host_lane_args(&mut io),
+        resolve: maps.resolve.as_ptr(),
+        exps: maps.exps.as_ptr(),
+        n_exps: maps.exps.len() as u64,
+        map: maps.map.as_ptr(),
+        n_map: maps.map.len() as u64,
+        heads: maps.heads,
+        head_dim: maps.head_dim,
     };
     let (threads, shared_bytes) = (io.shape.threads(), io.shape.shared_bytes());
-    // SAFETY: invariant 1 (layout; `words` points to `n_words` words of the kernel's word
-    // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
-    // for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { W::HOST(&args, grid, threads, u64::from(shared_bytes)) };
-    host_ran(rc, W::ENTRY)
+    // SAFETY: as in `host_lane_decode` (invariants 1-3), and `resolve` holds one record per
+    // block.
+    let rc =
+        unsafe { kvc_rans_lane_decode_mapped_host(&args, grid, threads, u64::from(shared_bytes)) };
+    host_ran(rc, "kvc_rans_lane_decode_mapped")
 }
 
 /// CUDA blocks for `blocks` coded blocks, `shape.warps()` per CUDA block.
@@ -133,6 +209,8 @@ fn lane_grid(blocks: usize, shape: LaneShape) -> Result<u32, CudaError> {
 
 // SAFETY (invariant 7): `#[repr(C)]` integers (invariant 1).
 unsafe impl DeviceRepr for LaneDecodeArgs<OnDevice> {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for LaneMappedArgs<OnDevice> {}
 device_values!(LaneBlock);
 
 /// A lane-decode launch's device buffers (invariant 2 on the device: built by
@@ -165,18 +243,35 @@ pub(crate) fn launch_lane_decode<W: LaneWord>(
         symbols: &b.symbols,
         status: &b.status,
     };
-    launch_lane_decode_ref(stream, func, &r, shape)
+    launch_lane_decode_ref(stream, func, &r, shape, None)
 }
 
+/// [`TableMaps`] on the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableMapsDev<'a> {
+    pub resolve: &'a DevBuf<ResolveBlock>,
+    pub exps: &'a DevBuf<u8>,
+    pub map: &'a DevBuf<u16>,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// Queues a lane decode over `b` on `stream` in `shape`: `func` is `kvc_rans_lane_decode`
+/// (`maps` `None`) or `kvc_rans_lane_decode_mapped`, whose value symbols find their tables
+/// through `maps` (invariant 8 as in [`launch_lane_decode`]).
 pub(super) fn launch_lane_decode_ref<W: LaneWord>(
     stream: &CudaStream,
     func: &CudaFunction,
     b: &LaneDecodeRef<'_, W>,
     shape: LaneShape,
+    maps: Option<TableMapsDev<'_>>,
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
         return Err(input("lane-decode buffers of mismatched lengths"));
+    }
+    if maps.is_some_and(|m| m.resolve.len() != b.blocks.len()) {
+        return Err(input("table resolution records are not one per lane block"));
     }
     let grid = lane_grid(b.blocks.len(), shape)?;
     if grid == 0 {
@@ -206,11 +301,28 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
         shared_tables: u64::from(shape.shared_tables()),
     };
     let cfg = launch_shape(grid, shape.threads(), shape.shared_bytes());
-    // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is a
-    // live device buffer and a count within it, kept alive by `b` until the stream is
-    // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared memory).
-    unsafe { launch_args(stream, func, &args, cfg, a) }?;
-    Ok(())
+    let Some(m) = maps else {
+        // SAFETY: invariants 1 (the argument struct's layout), 6 (every address/count pair is
+        // a live device buffer and a count within it, kept alive by `b` until the stream is
+        // synchronized by the caller, who holds `b`), 7 and 8 (launch shape and shared
+        // memory).
+        return unsafe { launch_args(stream, func, &args, cfg, a) };
+    };
+    let (resolve, _) = a.of(m.resolve, stream);
+    let (exps, n_exps) = a.of(m.exps, stream);
+    let (map, n_map) = a.of(m.map, stream);
+    let args = LaneMappedArgs::<OnDevice> {
+        lanes: args,
+        resolve,
+        exps,
+        n_exps,
+        map,
+        n_map,
+        heads: m.heads,
+        head_dim: m.head_dim,
+    };
+    // SAFETY: as above, `maps` held by the caller too, `resolve` one record per block.
+    unsafe { launch_args(stream, func, &args, cfg, a) }
 }
 
 /// A lane-decode launch's buffers, borrowed (the chain's symbol launch shares the exponent
@@ -247,7 +359,7 @@ mod tests {
     }
 
     /// Invariant 1: the Rust mirrors have the C++ layouts (the 32-bit-state experiment's
-    /// too), and the kernel's constants are codec-core's.
+    /// and the mapped decode's too), and the kernel's constants are codec-core's.
     #[test]
     fn layouts_match_the_kernel() {
         for kernel in [
@@ -259,5 +371,13 @@ mod tests {
         }
         assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
         assert_eq!(codec_core::consts::LANES, LANES);
+        fn mapped<S: Space>() -> Vec<u64> {
+            layout![LaneMappedArgs<S> { lanes, resolve, exps, n_exps, map, n_map, heads, head_dim }]
+        }
+        assert_eq!(host_layout(kvc_rans_lane_mapped_layout), mapped::<OnHost>());
+        assert_eq!(
+            host_layout(kvc_rans_lane_mapped_layout),
+            mapped::<OnDevice>()
+        );
     }
 }

@@ -77,8 +77,8 @@ impl QueuedChain {
         Ok(())
     }
 
-    /// The chain's five launches' statuses (exponent lanes, table resolution, symbol lanes,
-    /// values, dequantization) as `bytes` hold them.
+    /// The chain's statuses (exponent lanes, table resolution, symbol lanes, values,
+    /// dequantization; the fused chain's table resolution's stay 0) as `bytes` hold them.
     pub fn chain_statuses(&self, bytes: &[u8]) -> Result<[Vec<u32>; 5], CudaError> {
         let d = &self.dev;
         Ok([
