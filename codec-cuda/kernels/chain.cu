@@ -145,40 +145,30 @@ KVC_KERNEL(kvc_check_chunks, KvcCheckArgs, kvc_check_begin, kvc_check_stretch, k
 struct KvcResolveArgs {
     kvc_u16* symbol_table;
     kvc_u64 n_symbol_table;
-    const kvc_u8* exps;
-    kvc_u64 n_exps;
-    const kvc_u16* map;
-    kvc_u64 n_map;
-    const KvcResolveBlock* blocks;
+    // The blocks are maps.resolve.
+    KvcTableMaps maps;
     kvc_u32* status;
     kvc_u64 n_blocks;
-    kvc_u32 heads;
-    kvc_u32 head_dim;
 };
 
 __device__ __forceinline__ bool kvc_resolve_ok(const KvcResolveArgs& a, const KvcResolveBlock& b) {
     const kvc_u64 n = (kvc_u64)b.n_e + b.n_sym;
-    return kvc_resolve_shape_ok(b, a.heads, a.head_dim, a.n_exps, a.n_map) &&
-           b.symbol_start <= a.n_symbol_table && n <= a.n_symbol_table - b.symbol_start;
+    return kvc_maps_ok(a.maps, b) && b.symbol_start <= a.n_symbol_table &&
+           n <= a.n_symbol_table - b.symbol_start;
 }
 
 __device__ __forceinline__ void kvc_resolve(const KvcResolveArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_blocks) return;
     // A copy: `out` may alias the blocks, and a reference would be reread after every store.
-    const KvcResolveBlock b = a.blocks[blockIdx.x];
+    const KvcResolveBlock b = a.maps.resolve[blockIdx.x];
     const bool ok = kvc_resolve_ok(a, b);
     if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
     if (!ok) return;
     kvc_u16* __restrict__ out = a.symbol_table + b.symbol_start;
     // The exponents use the exponent table, list index 0.
     for (kvc_u32 p = threadIdx.x; p < b.n_e; p += blockDim.x) out[p] = 0;
-    const kvc_u16* map = a.map + b.map_start;
-    const kvc_u8* exps = b.has_exps ? a.exps + b.exp_start : nullptr;
-    KvcSymbolWalk w = kvc_walk_from(b, a.heads, a.head_dim, threadIdx.x, blockDim.x);
-    for (kvc_u64 g = threadIdx.x; g < b.n_sym; g += blockDim.x) {
-        out[b.n_e + g] = kvc_walk_table(w, map, exps, a.heads, a.head_dim);
-        kvc_walk_next(w, a.heads, a.head_dim, b.group);
-    }
+    KvcTableWalk tables = kvc_table_walk(a.maps, b, threadIdx.x, blockDim.x);
+    for (kvc_u64 g = threadIdx.x; g < b.n_sym; g += blockDim.x) out[b.n_e + g] = tables.next();
 }
 
 KVC_KERNEL(kvc_resolve_tables, KvcResolveArgs, kvc_resolve)
@@ -204,15 +194,8 @@ struct KvcValueArgs {
     const KvcValueBlock* blocks;
     kvc_u32* status;
     kvc_u64 n_blocks;
-    // kvc_map_escapes: per block its table resolution's record (where its exponents and table
-    // map lie; kvc_values.cuh), the exponents, the table maps and the row shape.
-    const KvcResolveBlock* resolve;
-    const kvc_u8* exps;
-    kvc_u64 n_exps;
-    const kvc_u16* map;
-    kvc_u64 n_map;
-    kvc_u32 heads;
-    kvc_u32 head_dim;
+    // kvc_map_escapes: where the symbols find their tables (one resolve record per block).
+    KvcTableMaps maps;
 };
 
 // Escapes are counted per tile of 2^tile_shift (>= 32) consecutive symbols (at most KVC_VALUE_TILES
@@ -258,47 +241,39 @@ __device__ __forceinline__ int kvc_list_radius(const KvcValueArgs& a, const KvcV
 template <bool FromMap>
 struct KvcValueTables {
     const kvc_u16* tables;
-    const kvc_u16* map;
-    const kvc_u8* exps;
-    KvcSymbolWalk walk;
+    KvcTableWalk walk;
+
+    // The table-list index of value symbol g, the one the thread visits now; then on to the
+    // next.
+    __device__ __forceinline__ kvc_u32 at(kvc_u64 g) {
+        if constexpr (FromMap) {
+            return walk.next();
+        } else {
+            return tables[g];
+        }
+    }
 };
 
-// The tables of a thread that visits the block's value symbols g, g + stride, ... (checked
-// block; `r` its resolve record).
+// The tables of a thread that visits the block's value symbols g, g + stride, ... (a checked
+// block).
 template <bool FromMap>
 __device__ __forceinline__ KvcValueTables<FromMap> kvc_value_tables(const KvcValueArgs& a,
                                                                     const KvcValueBlock& b,
                                                                     kvc_u32 g, kvc_u32 stride) {
     KvcValueTables<FromMap> v = {};
     if constexpr (FromMap) {
-        const KvcResolveBlock& r = a.resolve[blockIdx.x];
-        v.map = a.map + r.map_start;
-        v.exps = r.has_exps ? a.exps + r.exp_start : nullptr;
-        v.walk = kvc_walk_from(r, a.heads, a.head_dim, g, stride);
+        v.walk = kvc_table_walk(a.maps, a.maps.resolve[blockIdx.x], g, stride);
     } else {
         v.tables = a.symbol_table + b.index_start;
     }
     return v;
 }
 
-// The table-list index of value symbol g, the one the thread visits now; then on to the next.
-template <bool FromMap>
-__device__ __forceinline__ kvc_u32 kvc_value_table(const KvcValueArgs& a,
-                                                   KvcValueTables<FromMap>& v, kvc_u64 g) {
-    if constexpr (FromMap) {
-        const kvc_u32 t = kvc_walk_table(v.walk, v.map, v.exps, a.heads, a.head_dim);
-        kvc_walk_next(v.walk, a.heads, a.head_dim, a.resolve[blockIdx.x].group);
-        return t;
-    } else {
-        return v.tables[g];
-    }
-}
-
 // Whether a kvc_map_escapes block's resolve record lies in the launch's buffers and describes
 // the same value symbols (the walks stay in its rows).
 __device__ __forceinline__ bool kvc_values_map_ok(const KvcValueArgs& a, const KvcValueBlock& b) {
-    const KvcResolveBlock& r = a.resolve[blockIdx.x];
-    return r.n_sym == b.n_sym && kvc_resolve_shape_ok(r, a.heads, a.head_dim, a.n_exps, a.n_map);
+    const KvcResolveBlock& r = a.maps.resolve[blockIdx.x];
+    return r.n_sym == b.n_sym && kvc_maps_ok(a.maps, r);
 }
 
 // Phase 1: thread 0 checks the block and sizes the tiles; every thread clears the tile counts.
@@ -357,7 +332,7 @@ __device__ __forceinline__ void kvc_values_direct(const KvcValueArgs& a, unsigne
         int i[KVC_VALUES_AHEAD];
         for (kvc_u32 j = 0; j < KVC_VALUES_AHEAD; j++) {
             const kvc_u64 g = g0 + (kvc_u64)j * stride;
-            t[j] = g < b.n_sym ? kvc_value_table(a, tables, g) : 0u;
+            t[j] = g < b.n_sym ? tables.at(g) : 0u;
             i[j] = g < b.n_sym ? indices[g] : 0;
         }
         for (kvc_u32 j = 0; j < KVC_VALUES_AHEAD; j++) {
@@ -436,7 +411,7 @@ __device__ __forceinline__ void kvc_values_escapes_phase(const KvcValueArgs& a,
         if (rank >= end) continue;
         KvcValueTables<FromMap> tables = kvc_value_tables<FromMap>(a, b, tile << shift, 1);
         for (kvc_u32 g = tile << shift; g < stop && rank < end; g++) {
-            const int r = kvc_list_radius(a, b, s, kvc_value_table(a, tables, g));
+            const int r = kvc_list_radius(a, b, s, tables.at(g));
             if (!kvc_index_escapes(a.indices[b.index_start + g], r)) continue;
             const kvc_i32 v = a.escapes[b.escape_start + rank++];
             const kvc_u32 m = v < 0 ? 0u - (kvc_u32)v : (kvc_u32)v;
@@ -515,15 +490,9 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         sizeof(KvcResolveArgs),
         offsetof(KvcResolveArgs, symbol_table),
         offsetof(KvcResolveArgs, n_symbol_table),
-        offsetof(KvcResolveArgs, exps),
-        offsetof(KvcResolveArgs, n_exps),
-        offsetof(KvcResolveArgs, map),
-        offsetof(KvcResolveArgs, n_map),
-        offsetof(KvcResolveArgs, blocks),
+        offsetof(KvcResolveArgs, maps),
         offsetof(KvcResolveArgs, status),
         offsetof(KvcResolveArgs, n_blocks),
-        offsetof(KvcResolveArgs, heads),
-        offsetof(KvcResolveArgs, head_dim),
         sizeof(KvcValueBlock),
         offsetof(KvcValueBlock, index_start),
         offsetof(KvcValueBlock, list_start),
@@ -547,13 +516,7 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcValueArgs, blocks),
         offsetof(KvcValueArgs, status),
         offsetof(KvcValueArgs, n_blocks),
-        offsetof(KvcValueArgs, resolve),
-        offsetof(KvcValueArgs, exps),
-        offsetof(KvcValueArgs, n_exps),
-        offsetof(KvcValueArgs, map),
-        offsetof(KvcValueArgs, n_map),
-        offsetof(KvcValueArgs, heads),
-        offsetof(KvcValueArgs, head_dim),
+        offsetof(KvcValueArgs, maps),
         sizeof(KvcValueShared),
         sizeof(KvcGatherPart),
         offsetof(KvcGatherPart, src),

@@ -106,6 +106,55 @@ __device__ __forceinline__ kvc_u32 kvc_walk_table(const KvcSymbolWalk& w, const 
     return map[kvc_map_entry(heads * head_dim, kind, e, w.head * head_dim + w.d)];
 }
 
+// Where a launch that finds value symbols' tables itself reads them (kvc_resolve_tables,
+// kvc_map_escapes, kvc_rans_lane_decode_mapped): per block its resolve record, the decoded
+// exponents, the table maps, and every block's row shape.
+struct KvcTableMaps {
+    // One record per block of the launch.
+    const KvcResolveBlock* resolve;
+    const kvc_u8* exps;
+    kvc_u64 n_exps;
+    const kvc_u16* map;
+    kvc_u64 n_map;
+    kvc_u32 heads;
+    kvc_u32 head_dim;
+};
+
+// Whether record r's value symbols are whole rows and its exponents and table map lie in the
+// maps' buffers (kvc_resolve_shape_ok).
+__device__ __forceinline__ bool kvc_maps_ok(const KvcTableMaps& m, const KvcResolveBlock& r) {
+    return kvc_resolve_shape_ok(r, m.heads, m.head_dim, m.n_exps, m.n_map);
+}
+
+// A thread's walk over a checked record's value symbols g, g + stride, ..., giving each one's
+// table-list index in turn, as kvc_resolve_tables finds it.
+struct KvcTableWalk {
+    const kvc_u16* map;
+    const kvc_u8* exps;
+    kvc_u32 heads, head_dim, group;
+    KvcSymbolWalk w;
+
+    __device__ __forceinline__ kvc_u32 next() {
+        const kvc_u32 t = kvc_walk_table(w, map, exps, heads, head_dim);
+        kvc_walk_next(w, heads, head_dim, group);
+        return t;
+    }
+};
+
+// Record r's walk (kvc_maps_ok) from value symbol g.
+__device__ __forceinline__ KvcTableWalk kvc_table_walk(const KvcTableMaps& m,
+                                                       const KvcResolveBlock& r, kvc_u32 g,
+                                                       kvc_u32 stride) {
+    KvcTableWalk t;
+    t.map = m.map + r.map_start;
+    t.exps = r.has_exps ? m.exps + r.exp_start : nullptr;
+    t.heads = m.heads;
+    t.head_dim = m.head_dim;
+    t.group = r.group;
+    t.w = kvc_walk_from(r, m.heads, m.head_dim, g, stride);
+    return t;
+}
+
 struct KvcValueBlock {
     // Index in `indices` and `symbol_table` of the block's first value symbol.
     kvc_u64 index_start;

@@ -137,23 +137,20 @@ struct KvcLaneListTables {
 // exponent symbols (its first n_e), the map's entry for its value symbols, walked from the
 // lane's first one.
 struct KvcLaneMapTables {
+    const KvcTableMaps* maps;
     const KvcResolveBlock* r;
-    const kvc_u16* map;
-    const kvc_u8* exps;
-    kvc_u32 heads, head_dim;
     kvc_u64 p, n;
     bool walking;
-    KvcSymbolWalk walk;
+    KvcTableWalk walk;
 
     __device__ __forceinline__ kvc_u32 next() {
         kvc_u32 t = 0;
         if (p < n && p >= r->n_e) {
             if (!walking) {
-                walk = kvc_walk_from(*r, heads, head_dim, (kvc_u32)(p - r->n_e), KVC_LANES);
+                walk = kvc_table_walk(*maps, *r, (kvc_u32)(p - r->n_e), KVC_LANES);
                 walking = true;
             }
-            t = kvc_walk_table(walk, map, exps, heads, head_dim);
-            kvc_walk_next(walk, heads, head_dim, r->group);
+            t = walk.next();
         }
         p += KVC_LANES;
         return t;
@@ -221,10 +218,10 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
 }
 
 // Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane, the symbols'
-// tables from `symbol_table` (Mapped null) or through the block's table map.
+// tables from `symbol_table` or (Mapped) through the block's table map in `maps`.
 template <bool Mapped>
 __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a,
-                                                      const KvcLaneMapTables* mapped,
+                                                      const KvcTableMaps* maps,
                                                       unsigned char* shared) {
     const kvc_u64 b = kvc_warp_item();
     const kvc_u32 lane = kvc_warp_lane();
@@ -239,9 +236,8 @@ __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a
         const bool in_shared = blk.table_count <= a.shared_tables;
         const kvc_u32* staged = in_shared ? kvc_lane_shared(a, shared) : nullptr;
         if constexpr (Mapped) {
-            KvcLaneMapTables tables = *mapped;
-            tables.p = lane;
-            tables.n = blk.n_symbols;
+            const KvcLaneMapTables tables = {maps, maps->resolve + b, lane, blk.n_symbols, false,
+                                             {}};
             status = kvc_decode_lane(a, blk, lane, staged, tables);
         } else {
             const KvcLaneListTables tables = {a.symbol_table + blk.symbol_start, lane,
@@ -263,13 +259,7 @@ KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables, kvc_l
 // their tables (one resolve record per block; `lanes.symbol_table` is not read).
 struct KvcLaneMappedArgs {
     KvcLaneDecodeArgs lanes;
-    const KvcResolveBlock* resolve;
-    const kvc_u8* exps;
-    kvc_u64 n_exps;
-    const kvc_u16* map;
-    kvc_u64 n_map;
-    kvc_u32 heads;
-    kvc_u32 head_dim;
+    KvcTableMaps maps;
 };
 
 __device__ __forceinline__ void kvc_lane_stage_mapped(const KvcLaneMappedArgs& a,
@@ -283,20 +273,14 @@ __device__ __forceinline__ void kvc_lane_decode_mapped(const KvcLaneMappedArgs& 
                                                        unsigned char* shared) {
     const kvc_u64 b = kvc_warp_item();
     if (b >= a.lanes.n_blocks) return;
-    const KvcResolveBlock& r = a.resolve[b];
+    const KvcResolveBlock& r = a.maps.resolve[b];
     const bool ok = (kvc_u64)r.n_e + r.n_sym == a.lanes.blocks[b].n_symbols &&
-                    kvc_resolve_shape_ok(r, a.heads, a.head_dim, a.n_exps, a.n_map);
+                    kvc_maps_ok(a.maps, r);
     if (!ok) {
         a.lanes.status[b * KVC_LANES + kvc_warp_lane()] = KVC_LANE_BAD_RANGE;
         return;
     }
-    KvcLaneMapTables tables = {};
-    tables.r = &r;
-    tables.map = a.map + r.map_start;
-    tables.exps = r.has_exps ? a.exps + r.exp_start : nullptr;
-    tables.heads = a.heads;
-    tables.head_dim = a.head_dim;
-    kvc_lane_decode_lanes<true>(a.lanes, &tables, shared);
+    kvc_lane_decode_lanes<true>(a.lanes, &a.maps, shared);
 }
 
 KVC_KERNEL(kvc_rans_lane_decode_mapped, KvcLaneMappedArgs, kvc_lane_stage_mapped,
@@ -338,18 +322,20 @@ extern "C" kvc_u64 kvc_rans_lane_decode_layout(kvc_u64* out, kvc_u64 cap) {
     return n;
 }
 
-// The same for kvc_rans_lane_decode_mapped's arguments.
+// The same for kvc_rans_lane_decode_mapped's arguments and KvcTableMaps (kvc_values.cuh).
 extern "C" kvc_u64 kvc_rans_lane_mapped_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
         sizeof(KvcLaneMappedArgs),
         offsetof(KvcLaneMappedArgs, lanes),
-        offsetof(KvcLaneMappedArgs, resolve),
-        offsetof(KvcLaneMappedArgs, exps),
-        offsetof(KvcLaneMappedArgs, n_exps),
-        offsetof(KvcLaneMappedArgs, map),
-        offsetof(KvcLaneMappedArgs, n_map),
-        offsetof(KvcLaneMappedArgs, heads),
-        offsetof(KvcLaneMappedArgs, head_dim),
+        offsetof(KvcLaneMappedArgs, maps),
+        sizeof(KvcTableMaps),
+        offsetof(KvcTableMaps, resolve),
+        offsetof(KvcTableMaps, exps),
+        offsetof(KvcTableMaps, n_exps),
+        offsetof(KvcTableMaps, map),
+        offsetof(KvcTableMaps, n_map),
+        offsetof(KvcTableMaps, heads),
+        offsetof(KvcTableMaps, head_dim),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

@@ -999,12 +999,8 @@ impl DecodePlan<'_> {
         if !fused {
             ffi::host_resolve_tables(ffi::ResolveIo {
                 symbol_table: &mut sym_table,
-                exps: &exps,
-                map: &ch.map,
-                blocks: &ch.resolve,
+                maps,
                 status: &mut resolve_status,
-                heads,
-                head_dim,
             })?;
         }
         let mut symbols = vec![0u8; ch.n_symbols];
@@ -1433,14 +1429,17 @@ mod tests {
             .unwrap();
         let mut sym_table = vec![0u16; ch.n_symbols];
         let mut resolve_status = vec![9u32; ch.resolve.len()];
-        ffi::host_resolve_tables(ffi::ResolveIo {
-            symbol_table: &mut sym_table,
+        let maps = ffi::TableMaps {
+            resolve: &ch.resolve,
             exps: &exps,
             map: &ch.map,
-            blocks: &ch.resolve,
-            status: &mut resolve_status,
             heads,
             head_dim,
+        };
+        ffi::host_resolve_tables(ffi::ResolveIo {
+            symbol_table: &mut sym_table,
+            maps,
+            status: &mut resolve_status,
         })
         .unwrap();
         assert!(resolve_status.iter().all(|&s| s == 0));
@@ -1449,16 +1448,12 @@ mod tests {
             let mut status = vec![9u32; ch.sym_blocks.len() * LANES];
             let out = (&mut symbols[..], &mut status[..]);
             let io = ch.lane_io(&words, shape, (&sym_table, &ch.sym_blocks), out);
-            let maps = |resolve| ffi::TableMaps {
-                resolve,
-                exps: &exps,
-                map: &ch.map,
-                heads,
-                head_dim,
-            };
             match resolve {
                 None => ffi::host_lane_decode(io).unwrap(),
-                Some(r) => ffi::host_lane_decode_mapped(io, maps(r)).unwrap(),
+                Some(resolve) => {
+                    let maps = ffi::TableMaps { resolve, ..maps };
+                    ffi::host_lane_decode_mapped(io, maps).unwrap()
+                }
             }
             (symbols, status)
         };

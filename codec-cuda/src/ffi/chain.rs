@@ -8,8 +8,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 use super::{
     host_ran, launch_args, launch_dequant_with, launch_grid, launch_lane_decode,
     launch_lane_decode_ref, launch_shape, Addrs, DequantDev, DequantValuesDev, DevBuf,
-    LaneDecodeDev, LaneDecodeRef, MappedValuesDev, OnDevice, OnHost, Space, TableMaps,
-    TableMapsDev, CHAIN_THREADS, LANES,
+    LaneDecodeDev, LaneDecodeRef, MappedValuesDev, OnDevice, OnHost, Space, TableMapArgs,
+    TableMaps, TableMapsDev, CHAIN_THREADS, LANES,
 };
 use crate::error::CudaError;
 use crate::rans::{LaneBlock, LaneShape};
@@ -116,15 +116,10 @@ pub(crate) struct ValueBlock {
 struct ResolveArgs<S: Space> {
     symbol_table: S::Mut<u16>,
     n_symbol_table: u64,
-    exps: S::Const<u8>,
-    n_exps: u64,
-    map: S::Const<u16>,
-    n_map: u64,
-    blocks: S::Const<ResolveBlock>,
+    /// The blocks are `maps.resolve`.
+    maps: TableMapArgs<S>,
     status: S::Mut<u32>,
     n_blocks: u64,
-    heads: u32,
-    head_dim: u32,
 }
 
 /// `KvcValueArgs` (invariant 1).
@@ -145,13 +140,7 @@ struct ValueArgs<S: Space> {
     blocks: S::Const<ValueBlock>,
     status: S::Mut<u32>,
     n_blocks: u64,
-    resolve: S::Const<ResolveBlock>,
-    exps: S::Const<u8>,
-    n_exps: u64,
-    map: S::Const<u16>,
-    n_map: u64,
-    heads: u32,
-    head_dim: u32,
+    maps: TableMapArgs<S>,
 }
 
 /// Bytes of `KvcValueShared` (16 + 4 * `KVC_VALUE_TILES` + 4 * `KVC_SCAN_THREADS` +
@@ -410,33 +399,25 @@ pub(crate) fn launch_gather_words(
 #[derive(Debug)]
 pub(crate) struct ResolveIo<'a> {
     pub symbol_table: &'a mut [u16],
-    pub exps: &'a [u8],
-    pub map: &'a [u16],
-    pub blocks: &'a [ResolveBlock],
+    /// The blocks are `maps.resolve`.
+    pub maps: TableMaps<'a>,
     pub status: &'a mut [u32],
-    pub heads: u32,
-    pub head_dim: u32,
 }
 
 /// Runs `kvc_resolve_tables` on the host.
 pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    let grid = launch_grid(io.blocks.len())?;
-    if io.status.len() != io.blocks.len() {
+    let n_blocks = io.maps.resolve.len();
+    let grid = launch_grid(n_blocks)?;
+    if io.status.len() != n_blocks {
         return Err(input("status buffer is not one entry per block"));
     }
     let args = ResolveArgs::<OnHost> {
         symbol_table: io.symbol_table.as_mut_ptr(),
         n_symbol_table: io.symbol_table.len() as u64,
-        exps: io.exps.as_ptr(),
-        n_exps: io.exps.len() as u64,
-        map: io.map.as_ptr(),
-        n_map: io.map.len() as u64,
-        blocks: io.blocks.as_ptr(),
+        maps: TableMapArgs::host(Some(&io.maps)),
         status: io.status.as_mut_ptr(),
-        n_blocks: io.blocks.len() as u64,
-        heads: io.heads,
-        head_dim: io.head_dim,
+        n_blocks: n_blocks as u64,
     };
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
     // 3 (CHAIN_THREADS threads, no shared memory).
@@ -469,14 +450,10 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
         return Err(input("value-mapping buffers of mismatched lengths"));
     }
-    let maps = io.from_map.unwrap_or(TableMaps {
-        resolve: &[],
-        exps: &[],
-        map: &[],
-        heads: 0,
-        head_dim: 0,
-    });
-    if io.from_map.is_some() && maps.resolve.len() != io.blocks.len() {
+    if io
+        .from_map
+        .is_some_and(|m| m.resolve.len() != io.blocks.len())
+    {
         return Err(input(
             "table resolution records are not one per value block",
         ));
@@ -496,13 +473,7 @@ pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
         blocks: io.blocks.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_blocks: io.blocks.len() as u64,
-        resolve: maps.resolve.as_ptr(),
-        exps: maps.exps.as_ptr(),
-        n_exps: maps.exps.len() as u64,
-        map: maps.map.as_ptr(),
-        n_map: maps.map.len() as u64,
-        heads: maps.heads,
-        head_dim: maps.head_dim,
+        maps: TableMapArgs::host(io.from_map.as_ref()),
     };
     let run = match io.from_map {
         None => kvc_map_values_host,
@@ -544,6 +515,20 @@ pub(crate) struct ChainDev {
     pub dequant: DequantDev,
     pub heads: u32,
     pub head_dim: u32,
+}
+
+impl ChainDev {
+    /// Where the chain's value symbols find their tables: the blocks' resolve records, the
+    /// exponent launch's output, the table maps.
+    fn table_maps(&self) -> TableMapsDev<'_> {
+        TableMapsDev {
+            resolve: &self.resolve,
+            exps: &self.lanes_exp.symbols,
+            map: &self.map,
+            heads: self.heads,
+            head_dim: self.head_dim,
+        }
+    }
 }
 
 /// The kernels of a chain.
@@ -616,15 +601,11 @@ pub(crate) fn launch_chain_stage(
                 symbols: &c.symbols,
                 status: &c.sym_status,
             };
-            let maps = TableMapsDev {
-                resolve: &c.resolve,
-                exps: &l.symbols,
-                map: &c.map,
-                heads: c.heads,
-                head_dim: c.head_dim,
-            };
             match k.fused {
-                true => launch_lane_decode_ref(stream, k.lane_mapped, &sym, lane_shape, Some(maps)),
+                true => {
+                    let maps = Some(c.table_maps());
+                    launch_lane_decode_ref(stream, k.lane_mapped, &sym, lane_shape, maps)
+                }
                 false => launch_lane_decode_ref(stream, k.lane, &sym, lane_shape, None),
             }
         }
@@ -657,22 +638,14 @@ fn launch_resolve(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result
     }
     let mut a = Addrs::default();
     let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
-    let (exps, n_exps) = a.of(&c.lanes_exp.symbols, stream);
-    let (map, n_map) = a.of(&c.map, stream);
-    let (blocks, n_blocks) = a.of(&c.resolve, stream);
+    let maps = TableMapArgs::device(&c.table_maps(), &mut a, stream);
     let (status, _) = a.of(&c.resolve_status, stream);
     let args = ResolveArgs::<OnDevice> {
         symbol_table,
         n_symbol_table,
-        exps,
-        n_exps,
-        map,
-        n_map,
-        blocks,
+        maps,
         status,
-        n_blocks,
-        heads: c.heads,
-        head_dim: c.head_dim,
+        n_blocks: c.resolve.len() as u64,
     };
     let cfg = launch_shape(g, CHAIN_THREADS, 0);
     // SAFETY: invariants 1, 6 (buffers live in `c`, held by the caller until the stream is
@@ -701,9 +674,7 @@ fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<
     let (q, n_q) = a.of(&c.q, stream);
     let (blocks, n_blocks) = a.of(&c.values, stream);
     let (status, _) = a.of(&c.value_status, stream);
-    let (resolve, _) = a.of(&c.resolve, stream);
-    let (exps, n_exps) = a.of(&c.lanes_exp.symbols, stream);
-    let (map, n_map) = a.of(&c.map, stream);
+    let maps = TableMapArgs::device(&c.table_maps(), &mut a, stream);
     let args = ValueArgs::<OnDevice> {
         indices,
         symbol_table,
@@ -719,13 +690,7 @@ fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<
         blocks,
         status,
         n_blocks,
-        resolve,
-        exps,
-        n_exps,
-        map,
-        n_map,
-        heads: c.heads,
-        head_dim: c.head_dim,
+        maps,
     };
     let cfg = launch_shape(g, CHAIN_THREADS, VALUE_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (as in `launch_resolve`; `resolve` one record per block), 7 and
@@ -745,17 +710,13 @@ mod tests {
             ResolveBlock {
                 symbol_start, exp_start, map_start, n_e, n_sym, sink_rows, group, has_exps
             },
-            ResolveArgs<S> {
-                symbol_table, n_symbol_table, exps, n_exps, map, n_map, blocks, status, n_blocks,
-                heads, head_dim
-            },
+            ResolveArgs<S> { symbol_table, n_symbol_table, maps, status, n_blocks },
             ValueBlock {
                 index_start, list_start, escape_start, q_start, n_sym, n_escapes, list_len
             },
             ValueArgs<S> {
                 indices, symbol_table, n_indices, table_list, n_table_list, radius, n_radius,
-                escapes, n_escapes, q, n_q, blocks, status, n_blocks, resolve, exps, n_exps,
-                map, n_map, heads, head_dim
+                escapes, n_escapes, q, n_q, blocks, status, n_blocks, maps
             },
         ];
         v.push(u64::from(VALUE_SHARED_BYTES));

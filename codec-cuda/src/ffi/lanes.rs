@@ -67,6 +67,14 @@ pub(crate) struct LaneDecodeArgs<S: Space> {
 #[derive(Debug)]
 struct LaneMappedArgs<S: Space> {
     lanes: LaneDecodeArgs<S>,
+    maps: TableMapArgs<S>,
+}
+
+/// `KvcTableMaps` (invariant 1, `kernels/kvc_values.cuh`): where the table resolution, the
+/// mapped lane decode and `kvc_map_escapes` find value symbols' tables.
+#[repr(C)]
+#[derive(Debug)]
+pub(super) struct TableMapArgs<S: Space> {
     resolve: S::Const<ResolveBlock>,
     exps: S::Const<u8>,
     n_exps: u64,
@@ -74,6 +82,51 @@ struct LaneMappedArgs<S: Space> {
     n_map: u64,
     heads: u32,
     head_dim: u32,
+}
+
+impl TableMapArgs<OnHost> {
+    /// `maps` as a host run reads them (`None`: a launch that does not read them).
+    pub(super) fn host(maps: Option<&TableMaps<'_>>) -> Self {
+        let none = TableMaps {
+            resolve: &[],
+            exps: &[],
+            map: &[],
+            heads: 0,
+            head_dim: 0,
+        };
+        let m = maps.unwrap_or(&none);
+        TableMapArgs {
+            resolve: m.resolve.as_ptr(),
+            exps: m.exps.as_ptr(),
+            n_exps: m.exps.len() as u64,
+            map: m.map.as_ptr(),
+            n_map: m.map.len() as u64,
+            heads: m.heads,
+            head_dim: m.head_dim,
+        }
+    }
+}
+
+impl TableMapArgs<OnDevice> {
+    /// `maps` as a launch reads them, their buffers' guards added to `a`.
+    pub(super) fn device<'a>(
+        maps: &TableMapsDev<'a>,
+        a: &mut Addrs<'a>,
+        stream: &'a CudaStream,
+    ) -> Self {
+        let (resolve, _) = a.of(maps.resolve, stream);
+        let (exps, n_exps) = a.of(maps.exps, stream);
+        let (map, n_map) = a.of(maps.map, stream);
+        TableMapArgs {
+            resolve,
+            exps,
+            n_exps,
+            map,
+            n_map,
+            heads: maps.heads,
+            head_dim: maps.head_dim,
+        }
+    }
 }
 
 /// Where a chain's value symbols find their tables (`KvcResolveBlock`, `kvc_values.cuh`): per
@@ -186,13 +239,7 @@ pub(crate) fn host_lane_decode_mapped(
     }
     let args = LaneMappedArgs::<OnHost> {
         lanes: host_lane_args(&mut io),
-        resolve: maps.resolve.as_ptr(),
-        exps: maps.exps.as_ptr(),
-        n_exps: maps.exps.len() as u64,
-        map: maps.map.as_ptr(),
-        n_map: maps.map.len() as u64,
-        heads: maps.heads,
-        head_dim: maps.head_dim,
+        maps: TableMapArgs::host(Some(&maps)),
     };
     let (threads, shared_bytes) = (io.shape.threads(), io.shape.shared_bytes());
     // SAFETY: as in `host_lane_decode` (invariants 1-3), and `resolve` holds one record per
@@ -308,19 +355,8 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
         // memory).
         return unsafe { launch_args(stream, func, &args, cfg, a) };
     };
-    let (resolve, _) = a.of(m.resolve, stream);
-    let (exps, n_exps) = a.of(m.exps, stream);
-    let (map, n_map) = a.of(m.map, stream);
-    let args = LaneMappedArgs::<OnDevice> {
-        lanes: args,
-        resolve,
-        exps,
-        n_exps,
-        map,
-        n_map,
-        heads: m.heads,
-        head_dim: m.head_dim,
-    };
+    let maps = TableMapArgs::device(&m, &mut a, stream);
+    let args = LaneMappedArgs::<OnDevice> { lanes: args, maps };
     // SAFETY: as above, `maps` held by the caller too, `resolve` one record per block.
     unsafe { launch_args(stream, func, &args, cfg, a) }
 }
@@ -372,7 +408,10 @@ mod tests {
         assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
         assert_eq!(codec_core::consts::LANES, LANES);
         fn mapped<S: Space>() -> Vec<u64> {
-            layout![LaneMappedArgs<S> { lanes, resolve, exps, n_exps, map, n_map, heads, head_dim }]
+            layout![
+                LaneMappedArgs<S> { lanes, maps },
+                TableMapArgs<S> { resolve, exps, n_exps, map, n_map, heads, head_dim },
+            ]
         }
         assert_eq!(host_layout(kvc_rans_lane_mapped_layout), mapped::<OnHost>());
         assert_eq!(
