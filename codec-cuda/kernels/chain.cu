@@ -10,7 +10,8 @@
 // - kvc_resolve_tables (between the exponent and the symbol lane decode; spec/FORMAT.md §6.1):
 //   every value symbol's table, as an index into its block's table list, from the row kind, the
 //   channel and the step exponent the first launch decoded, through a per-(layer, K/V, level)
-//   map of 2 x 16 x C entries the host builds once from the profile.
+//   map of 2 x 16 x C entries the host builds once from the profile. Only in the five-launch
+//   chain: the fused chain's launches find each symbol's table themselves (kvc_values.cuh).
 // - kvc_map_values (between the symbol lane decode and the dequantization; §6.4): table index i
 //   of a radius-R table is the value i - R, and any i above 2R takes the block's next escape
 //   value (checks B7, B9), ranked by per-tile escape counts (see KvcValueShared);

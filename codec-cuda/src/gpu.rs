@@ -364,8 +364,8 @@ impl Gpu {
         if shared > 48 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
             // Invariant 8 of src/ffi/mod.rs: the limit is raised before any launch asks for it.
-            let lanes = [&kernels.lane_decode, &kernels.lane_decode_mapped];
-            for f in lanes.into_iter().chain([&kernels.lane32_experiment]) {
+            let k = &kernels;
+            for f in [&k.lane_decode, &k.lane_decode_mapped, &k.lane32_experiment] {
                 f.set_attribute(
                     A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     shared as i32,

@@ -5,10 +5,9 @@ use std::ffi::c_int;
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, ValidAsZeroBits};
 
-use super::ResolveBlock;
 use super::{
-    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost, Space,
-    LANES, SLOTS,
+    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost,
+    ResolveBlock, Space, LANES, SLOTS,
 };
 use crate::error::CudaError;
 use crate::rans::{LaneBlock, LaneShape};
@@ -133,7 +132,7 @@ impl TableMapArgs<OnDevice> {
 /// block its table resolution's record, the decoded exponents, the table maps, the row shape.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TableMaps<'a> {
-    /// One per value block.
+    /// One per block of the launch.
     pub resolve: &'a [ResolveBlock],
     pub exps: &'a [u8],
     pub map: &'a [u16],
