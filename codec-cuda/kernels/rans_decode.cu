@@ -137,25 +137,27 @@ struct KvcLaneListTables {
 // exponent symbols (its first n_e), the map's entry for its value symbols, walked from the
 // lane's first one.
 struct KvcLaneMapTables {
-    const KvcTableMaps* maps;
-    const KvcResolveBlock* r;
-    kvc_u64 p, n;
-    bool walking;
+    kvc_u64 p, n, n_e;
     KvcTableWalk walk;
 
     __device__ __forceinline__ kvc_u32 next() {
-        kvc_u32 t = 0;
-        if (p < n && p >= r->n_e) {
-            if (!walking) {
-                walk = kvc_table_walk(*maps, *r, (kvc_u32)(p - r->n_e), KVC_LANES);
-                walking = true;
-            }
-            t = walk.next();
-        }
+        const kvc_u32 t = p < n && p >= n_e ? walk.next() : 0u;
         p += KVC_LANES;
         return t;
     }
 };
+
+// The tables of lane `lane` of a block of n symbols whose resolve record r (kvc_maps_ok)
+// describes them. (The walk of a lane without value symbols is never used.)
+__device__ __forceinline__ KvcLaneMapTables kvc_lane_map_tables(const KvcTableMaps& maps,
+                                                                const KvcResolveBlock& r,
+                                                                kvc_u32 lane, kvc_u64 n) {
+    const kvc_u64 n_e = r.n_e;
+    // The lane's first value symbol: its first position at or past n_e.
+    const kvc_u64 first =
+        lane >= n_e ? lane : lane + (n_e - lane + KVC_LANES - 1) / KVC_LANES * KVC_LANES;
+    return {lane, n, n_e, kvc_table_walk(maps, r, (kvc_u32)(first - n_e), KVC_LANES)};
+}
 
 // Decodes lane `lane` of a checked block, its tables at `shared` (or in `a.tables` when null),
 // each symbol's table-list index from `tables` (KvcLaneListTables or KvcLaneMapTables, at the
@@ -236,8 +238,8 @@ __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a
         const bool in_shared = blk.table_count <= a.shared_tables;
         const kvc_u32* staged = in_shared ? kvc_lane_shared(a, shared) : nullptr;
         if constexpr (Mapped) {
-            const KvcLaneMapTables tables = {maps, maps->resolve + b, lane, blk.n_symbols, false,
-                                             {}};
+            const KvcLaneMapTables tables =
+                kvc_lane_map_tables(*maps, maps->resolve[b], lane, blk.n_symbols);
             status = kvc_decode_lane(a, blk, lane, staged, tables);
         } else {
             const KvcLaneListTables tables = {a.symbol_table + blk.symbol_start, lane,
