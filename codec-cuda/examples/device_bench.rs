@@ -306,8 +306,7 @@ fn bench_decode(
          {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
          pinned memory {:.3} (written by one thread: {:.3}), statuses read {:.3} ms); plan \
          uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the fused chain's kernels \
-         alone {:.3} ms = {:.2} GB/s (each alone: exponents {:.3}, tables {:.3}, symbols {:.3}, \
-         values {:.3}, dequantization {:.3} ms = {:.1} GB/s)",
+         alone {:.3} ms = {:.2} GB/s (each alone: {}, the dequantization at {:.1} GB/s)",
         bytes.len(),
         out_bytes / 1e6,
         whole * 1e3,
@@ -321,11 +320,7 @@ fn bench_decode(
         gbs(reused),
         k_chain * 1e3,
         gbs(k_chain),
-        st[0] * 1e3,
-        st[1] * 1e3,
-        st[2] * 1e3,
-        st[3] * 1e3,
-        st[4] * 1e3,
+        stage_times(&st),
         gbs(st[4]),
     );
     bench_five_launch_chain(gpu, &plan, &mut out, rounds, &want);
@@ -365,18 +360,22 @@ fn bench_five_launch_chain(
     println!(
         "  the five-launch chain (tables resolved, every value written and read back): plan \
          uploaded once {:.3} ms = {:.2} GB/s; its kernels alone {:.3} ms = {:.2} GB/s (each \
-         alone: exponents {:.3}, tables {:.3}, symbols {:.3}, values {:.3}, dequantization \
-         {:.3} ms)",
+         alone: {})",
         reused * 1e3,
         gbs(reused),
         k_chain * 1e3,
         gbs(k_chain),
-        st[0] * 1e3,
-        st[1] * 1e3,
-        st[2] * 1e3,
-        st[3] * 1e3,
-        st[4] * 1e3,
+        stage_times(&st),
     );
+}
+
+/// A chain's launch times (`Gpu::time_decode_chain_stages`, seconds) as printed.
+fn stage_times(st: &[f64; 5]) -> String {
+    let names = ["exponents", "tables", "symbols", "values", "dequantization"];
+    let each: Vec<String> = (names.iter().zip(st))
+        .map(|(n, t)| format!("{n} {:.3}", t * 1e3))
+        .collect();
+    format!("{} ms", each.join(", "))
 }
 
 /// `copies` copies of the stream `bytes` back to back in page-locked memory.
