@@ -993,8 +993,9 @@ impl DecodePlan<'_> {
             heads,
             head_dim,
         };
-        // The fused chain leaves the tables to the launches after; its resolution status is 0.
-        let mut sym_table = vec![0u16; ch.n_symbols];
+        // The fused chain leaves the tables to the launches after (no table index a symbol);
+        // its resolution status is 0.
+        let mut sym_table = vec![0u16; if fused { 0 } else { ch.n_symbols }];
         let mut resolve_status = vec![0u32; ch.resolve.len()];
         if !fused {
             ffi::host_resolve_tables(ffi::ResolveIo {

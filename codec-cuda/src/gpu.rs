@@ -298,7 +298,9 @@ impl Gpu {
     /// the dequantization mapping the other symbols as it reads them. With `false`, five: a
     /// table resolution writes every symbol's table (2 bytes a symbol) for the launches after
     /// it to read, and the value mapping every value (4 bytes) for the dequantization. The
-    /// output is the same either way; the fused chain moves fewer bytes.
+    /// output is the same either way; the fused chain moves fewer bytes, and its scratch holds
+    /// no table index a symbol. A plan uploaded by
+    /// [`upload_plan`](Self::upload_plan) runs the chain set when it was uploaded.
     pub fn set_decode_chain_fused(&mut self, on: bool) {
         self.fused = on;
     }
@@ -715,7 +717,7 @@ impl Gpu {
         output: crate::quant::Output,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let kernels = chain_kernels(k, output, self.fused);
+        let kernels = chain_kernels(k, output);
         ffi::launch_chain(stream, &kernels, dev, self.lane_shape, out, output.len)
     }
 
@@ -732,7 +734,7 @@ impl Gpu {
         let chain = plan.chain_with(&self.levels)?;
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let dev = self.upload_chain(&chain)?.dev;
-        let kernels = chain_kernels(&k, plan.output(), self.fused);
+        let kernels = chain_kernels(&k, plan.output());
         let n_out = plan.output().len;
         self.sync()?;
         let mut best = [f64::INFINITY; 5];
@@ -1089,17 +1091,14 @@ fn dequant_kernel(k: &Kernels, output: crate::quant::Output) -> &CudaFunction {
 }
 
 /// The chain's kernels for `output`'s dtype.
-fn chain_kernels(k: &Kernels, output: crate::quant::Output, fused: bool) -> ffi::ChainKernels<'_> {
+fn chain_kernels(k: &Kernels, output: crate::quant::Output) -> ffi::ChainKernels<'_> {
     ffi::ChainKernels {
         lane: &k.lane_decode,
         lane_mapped: &k.lane_decode_mapped,
         resolve: &k.resolve_tables,
-        values: match fused {
-            true => &k.map_escapes,
-            false => &k.map_values,
-        },
+        map_values: &k.map_values,
+        map_escapes: &k.map_escapes,
         dequant: dequant_kernel(k, output),
-        fused,
     }
 }
 

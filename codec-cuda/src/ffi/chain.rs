@@ -429,7 +429,7 @@ pub(crate) fn host_resolve_tables(io: ResolveIo<'_>) -> Result<(), CudaError> {
 #[derive(Debug)]
 pub(crate) struct ValueIo<'a> {
     pub indices: &'a [u8],
-    /// Same length as `indices`.
+    /// Same length as `indices` (not read, and may be empty, with `from_map`).
     pub symbol_table: &'a [u16],
     pub table_list: &'a [u32],
     pub radius: &'a [u8],
@@ -447,7 +447,8 @@ pub(crate) struct ValueIo<'a> {
 pub(crate) fn host_map_values(io: ValueIo<'_>) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
     let grid = launch_grid(io.blocks.len())?;
-    if io.status.len() != io.blocks.len() || io.indices.len() != io.symbol_table.len() {
+    let tables_given = io.from_map.is_some() || io.indices.len() == io.symbol_table.len();
+    if io.status.len() != io.blocks.len() || !tables_given {
         return Err(input("value-mapping buffers of mismatched lengths"));
     }
     if io
@@ -501,7 +502,10 @@ device_values!(ResolveBlock, ValueBlock, GatherPart, ChunkCheck);
 pub(crate) struct ChainDev {
     pub lanes_exp: LaneDecodeDev,
     pub sym_blocks: DevBuf<LaneBlock>,
-    pub sym_table: DevBuf<u16>,
+    /// Each value symbol's table-list index, written by the table resolution for the
+    /// five-launch chain; `None` in a chain uploaded for the fused chain, which finds the
+    /// tables through the table maps instead (and runs fused).
+    pub sym_table: Option<DevBuf<u16>>,
     pub symbols: DevBuf<u8>,
     pub sym_status: DevBuf<u32>,
     pub map: DevBuf<u16>,
@@ -518,6 +522,12 @@ pub(crate) struct ChainDev {
 }
 
 impl ChainDev {
+    /// Whether this chain runs fused ([`ChainKernels`]): whether it was uploaded without a
+    /// table index a symbol.
+    pub fn fused(&self) -> bool {
+        self.sym_table.is_none()
+    }
+
     /// Where the chain's value symbols find their tables: the blocks' resolve records, the
     /// exponent launch's output, the table maps.
     fn table_maps(&self) -> TableMapsDev<'_> {
@@ -538,20 +548,23 @@ pub(crate) struct ChainKernels<'a> {
     /// `kvc_rans_lane_decode_mapped`, the symbol launch of a fused chain.
     pub lane_mapped: &'a CudaFunction,
     pub resolve: &'a CudaFunction,
-    /// `kvc_map_values`, or `kvc_map_escapes` when `fused`.
-    pub values: &'a CudaFunction,
+    /// The five-launch chain's value mapping.
+    pub map_values: &'a CudaFunction,
+    /// The fused chain's value mapping.
+    pub map_escapes: &'a CudaFunction,
     pub dequant: &'a CudaFunction,
-    /// The fused chain (`kernels/kvc_values.cuh`): the symbol launch, the value mapping and
-    /// the dequantization find each value symbol's table through its block's table map (no
-    /// table resolution launch), the value mapping (`kvc_map_escapes`) writes only the
-    /// escapes' values and the dequantization maps the other symbols as it reads them.
-    /// Otherwise the table resolution writes every symbol's table for the launches after it
-    /// and the value mapping every value for the dequantization. The same bits either way.
-    pub fused: bool,
 }
 
 /// Queues the launches of a chain on `stream`: exponents, table resolution (not fused),
 /// symbols, values, dequantization into the first `n_out` elements of `out`.
+///
+/// A fused chain ([`ChainDev::fused`], `kernels/kvc_values.cuh`) has no table resolution
+/// launch: the symbol launch, the value mapping and the dequantization find each value
+/// symbol's table through its block's table map, the value mapping (`kvc_map_escapes`)
+/// writes only the escapes' values and the dequantization maps the other symbols as it reads
+/// them. Otherwise the table resolution writes every symbol's table for the launches after it
+/// and the value mapping (`kvc_map_values`) every value for the dequantization. The same bits
+/// either way.
 pub(crate) fn launch_chain(
     stream: &CudaStream,
     k: &ChainKernels<'_>,
@@ -581,27 +594,32 @@ pub(crate) fn launch_chain_stage(
     let l = &c.lanes_exp;
     if c.resolve_status.len() != c.resolve.len()
         || c.value_status.len() != c.values.len()
-        || c.symbols.len() != c.sym_table.len()
+        || c.sym_table
+            .as_ref()
+            .is_some_and(|t| t.len() != c.symbols.len())
         || c.sym_status.len() != c.sym_blocks.len() * LANES
     {
         return Err(input("chain buffers of mismatched lengths"));
     }
+    let fused = c.fused();
     match stage {
         0 => launch_lane_decode(stream, k.lane, l, lane_shape),
-        // The symbol launch finds the tables itself (its resolution status stays 0).
-        1 if k.fused => Ok(()),
-        1 => launch_resolve(stream, k.resolve, c),
+        1 => match &c.sym_table {
+            Some(sym_table) => launch_resolve(stream, k.resolve, c, sym_table),
+            // The symbol launch finds the tables itself (its resolution status stays 0).
+            None => Ok(()),
+        },
         2 => {
             let sym = LaneDecodeRef {
                 words: &l.words,
                 tables: &l.tables,
                 table_list: &l.table_list,
-                symbol_table: &c.sym_table,
+                symbol_table: c.sym_table.as_ref(),
                 blocks: &c.sym_blocks,
                 symbols: &c.symbols,
                 status: &c.sym_status,
             };
-            match k.fused {
+            match fused {
                 true => {
                     let maps = Some(c.table_maps());
                     launch_lane_decode_ref(stream, k.lane_mapped, &sym, lane_shape, maps)
@@ -609,7 +627,10 @@ pub(crate) fn launch_chain_stage(
                 false => launch_lane_decode_ref(stream, k.lane, &sym, lane_shape, None),
             }
         }
-        3 => launch_values(stream, k.values, c),
+        3 => match fused {
+            true => launch_values(stream, k.map_escapes, c),
+            false => launch_values(stream, k.map_values, c),
+        },
         4 => {
             let mapped = MappedValuesDev {
                 values: &c.values,
@@ -622,7 +643,7 @@ pub(crate) fn launch_chain_stage(
             let values = DequantValuesDev {
                 q: &c.q,
                 exps: &l.symbols,
-                mapped: k.fused.then_some(mapped),
+                mapped: fused.then_some(mapped),
             };
             launch_dequant_with(stream, k.dequant, &c.dequant, values, out, n_out)
         }
@@ -630,14 +651,19 @@ pub(crate) fn launch_chain_stage(
     }
 }
 
-/// Queues the chain's table resolution (launch 1).
-fn launch_resolve(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<(), CudaError> {
+/// Queues the chain's table resolution (launch 1) into `sym_table`.
+fn launch_resolve(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    c: &ChainDev,
+    sym_table: &DevBuf<u16>,
+) -> Result<(), CudaError> {
     let g = launch_grid(c.resolve.len())?;
     if g == 0 {
         return Ok(());
     }
     let mut a = Addrs::default();
-    let (symbol_table, n_symbol_table) = a.of(&c.sym_table, stream);
+    let (symbol_table, n_symbol_table) = a.of(sym_table, stream);
     let maps = TableMapArgs::device(&c.table_maps(), &mut a, stream);
     let (status, _) = a.of(&c.resolve_status, stream);
     let args = ResolveArgs::<OnDevice> {
@@ -653,8 +679,8 @@ fn launch_resolve(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result
     unsafe { launch_args(stream, f, &args, cfg, a) }
 }
 
-/// Queues the chain's value mapping with escapes (launch 3): `f` is `kvc_map_values` or
-/// `kvc_map_escapes` (which reads the table maps; `kvc_map_values` the symbols' tables).
+/// Queues the chain's value mapping with escapes (launch 3): `f` is `kvc_map_values` (which
+/// reads the symbols' tables) or, for a fused chain, `kvc_map_escapes` (the table maps).
 fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<(), CudaError> {
     let g = launch_grid(c.values.len())?;
     if g == 0 {
@@ -667,7 +693,7 @@ fn launch_values(stream: &CudaStream, f: &CudaFunction, c: &ChainDev) -> Result<
     }
     let mut a = Addrs::default();
     let (indices, n_indices) = a.of(&c.symbols, stream);
-    let (symbol_table, _) = a.of(&c.sym_table, stream);
+    let (symbol_table, _) = a.of_opt(c.sym_table.as_ref(), stream);
     let (table_list, n_table_list) = a.of(&c.lanes_exp.table_list, stream);
     let (radius, n_radius) = a.of(&c.radius, stream);
     let (escapes, n_escapes) = a.of(&c.escapes, stream);

@@ -220,13 +220,13 @@ fn host_lane_args<W: LaneWord>(io: &mut LaneDecodeIo<'_, W>) -> LaneDecodeArgs<O
 
 /// Runs `kvc_rans_lane_decode_mapped` on the host: [`host_lane_decode`] with each value
 /// symbol's table found through `maps` (one resolve record per block) instead of in
-/// `io.symbol_table`, which is not read.
+/// `io.symbol_table`, which is not read (and may be empty).
 pub(crate) fn host_lane_decode_mapped(
     mut io: LaneDecodeIo<'_>,
     maps: TableMaps<'_>,
 ) -> Result<(), CudaError> {
     let grid = lane_grid(io.blocks.len(), io.shape)?;
-    if io.symbols.len() != io.symbol_table.len() || io.status.len() != io.blocks.len() * LANES {
+    if io.status.len() != io.blocks.len() * LANES {
         return Err(CudaError::Input {
             what: "lane-decode buffers of mismatched lengths",
         });
@@ -284,7 +284,7 @@ pub(crate) fn launch_lane_decode<W: LaneWord>(
         words: &b.words,
         tables: &b.tables,
         table_list: &b.table_list,
-        symbol_table: &b.symbol_table,
+        symbol_table: Some(&b.symbol_table),
         blocks: &b.blocks,
         symbols: &b.symbols,
         status: &b.status,
@@ -313,7 +313,12 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
     maps: Option<TableMapsDev<'_>>,
 ) -> Result<(), CudaError> {
     let input = |what| CudaError::Input { what };
-    if b.symbols.len() != b.symbol_table.len() || b.status.len() != b.blocks.len() * LANES {
+    let tables_given = match (maps, b.symbol_table) {
+        (None, Some(t)) => t.len() == b.symbols.len(),
+        (None, None) => false,
+        (Some(_), _) => true,
+    };
+    if !tables_given || b.status.len() != b.blocks.len() * LANES {
         return Err(input("lane-decode buffers of mismatched lengths"));
     }
     if maps.is_some_and(|m| m.resolve.len() != b.blocks.len()) {
@@ -327,7 +332,7 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
     let (words, n_words) = a.of(b.words, stream);
     let (tables, n_words_tables) = a.of(b.tables, stream);
     let (table_list, n_table_list) = a.of(b.table_list, stream);
-    let (symbol_table, _) = a.of(b.symbol_table, stream);
+    let (symbol_table, _) = a.of_opt(b.symbol_table, stream);
     let (symbols, n_symbols) = a.of(b.symbols, stream);
     let (blocks, n_blocks) = a.of(b.blocks, stream);
     let (status, _) = a.of(b.status, stream);
@@ -366,7 +371,8 @@ pub(super) struct LaneDecodeRef<'a, W> {
     pub(super) words: &'a DevBuf<W>,
     pub(super) tables: &'a DevBuf<u32>,
     pub(super) table_list: &'a DevBuf<u32>,
-    pub(super) symbol_table: &'a DevBuf<u16>,
+    /// Each symbol's table-list index; not read (and may be `None`) with table maps.
+    pub(super) symbol_table: Option<&'a DevBuf<u16>>,
     pub(super) blocks: &'a DevBuf<LaneBlock>,
     pub(super) symbols: &'a DevBuf<u8>,
     pub(super) status: &'a DevBuf<u32>,

@@ -280,6 +280,15 @@ impl<'a> Addrs<'a> {
         self.guards.push(guard);
         (ptr, b.len as u64)
     }
+
+    /// [`of`](Self::of), or a null address and a count of 0 for `None`.
+    pub(super) fn of_opt<T>(
+        &mut self,
+        b: Option<&'a DevBuf<T>>,
+        stream: &'a CudaStream,
+    ) -> (u64, u64) {
+        b.map_or((0, 0), |b| self.of(b, stream))
+    }
 }
 
 /// `held`, or when it is missing or shorter than `need` bytes (at most `isize::MAX / 4`), a new

@@ -212,7 +212,8 @@ impl Gpu {
         };
         let mut o = ffi::Packer::default();
         let exps = o.reserve::<u8>(ch.n_exps);
-        let sym_table = o.reserve::<u16>(ch.n_symbols);
+        // The fused chain finds the tables through the table maps.
+        let sym_table = (!self.fused).then(|| o.reserve::<u16>(ch.n_symbols));
         let symbols = o.reserve::<u8>(ch.n_symbols);
         let q = o.reserve::<i32>(ch.n_q);
         let x = &self.scratch(slot, o.total(), s)?;
@@ -236,7 +237,7 @@ impl Gpu {
                 status: z.view(z.exp)?,
             },
             sym_blocks: DevBuf::view(b, sym_blocks)?,
-            sym_table: DevBuf::view(x, sym_table)?,
+            sym_table: sym_table.map(|t| DevBuf::view(x, t)).transpose()?,
             symbols: DevBuf::view(x, symbols)?,
             sym_status: z.view(z.sym)?,
             map,
