@@ -11,6 +11,8 @@ use super::Gpu;
 use crate::decode::{check_crcs, check_gather, Chain, ChunkCrc};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, PackSlot, LANES};
+use crate::quant::{ChannelConsts, DequantBlock};
+use crate::rans::LaneBlock;
 
 /// A chain's inputs queued on a stream ([`Gpu::queue_chain`]), its outputs in place.
 #[derive(Debug)]
@@ -146,6 +148,94 @@ impl ChainStatuses {
     }
 }
 
+/// Where a chain's inputs other than its words lie in its packed upload
+/// ([`PackedChain::add`]).
+struct PackedChain {
+    tables: PackSlot<u32>,
+    table_list: PackSlot<u32>,
+    exp_blocks: PackSlot<LaneBlock>,
+    sym_blocks: PackSlot<LaneBlock>,
+    resolve: PackSlot<ffi::ResolveBlock>,
+    radius: PackSlot<u8>,
+    escapes: PackSlot<i32>,
+    values: PackSlot<ffi::ValueBlock>,
+    sink: PackSlot<f32>,
+    /// The chain's own table maps and channel constants, when no resident ones are given.
+    own_levels: Option<(PackSlot<u16>, PackSlot<ChannelConsts>)>,
+    pages: PackSlot<u32>,
+    dq_blocks: PackSlot<DequantBlock>,
+}
+
+impl PackedChain {
+    /// Adds `ch`'s inputs to `p` (`io` its dequantization's, `own_levels` whether its table
+    /// maps and channel constants go too), and says where its words go: words copied as they
+    /// lie (`source`) are queued on `s` now, before the packed upload, whose filling overlaps
+    /// that copy.
+    fn add<'a>(
+        p: &mut ffi::Packer<'a>,
+        ch: &'a Chain<'_>,
+        io: &ffi::DequantIo<'a>,
+        source: WordSource<'a>,
+        s: &Arc<CudaStream>,
+        own_levels: bool,
+    ) -> Result<(Words, Self), CudaError> {
+        let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
+        let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
+        let words = match source {
+            WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
+            WordSource::Raw { raw, parts, checks } => {
+                Words::Raw(DevBuf::upload(s, raw)?, p.add(parts), p.add(checks))
+            }
+        };
+        let packed = PackedChain {
+            tables: p.add(&ch.tables),
+            table_list: p.add(&ch.table_list),
+            exp_blocks: p.add(&ch.exp_blocks),
+            sym_blocks: p.add(&ch.sym_blocks),
+            resolve: p.add(&ch.resolve),
+            radius: p.add(&ch.radius),
+            escapes: p.add_bytes_as::<i32>(&escape_bytes),
+            values: p.add(&ch.values),
+            sink: p.add(io.sink),
+            own_levels: own_levels.then(|| (p.add(&ch.map), p.add(io.consts))),
+            pages: p.add(io.pages),
+            dq_blocks: p.add(io.blocks),
+        };
+        Ok((words, packed))
+    }
+}
+
+/// Where a chain's large outputs lie in its scratch slot.
+struct ChainScratch {
+    exps: PackSlot<u8>,
+    /// Only for the five-launch chain (the fused one finds the tables through the table maps).
+    sym_table: Option<PackSlot<u16>>,
+    symbols: PackSlot<u8>,
+    q: PackSlot<i32>,
+    bytes: usize,
+}
+
+impl ChainScratch {
+    fn reserve(ch: &Chain<'_>, fused: bool) -> Self {
+        let mut o = ffi::Packer::default();
+        let exps = o.reserve::<u8>(ch.n_exps);
+        let sym_table = (!fused).then(|| o.reserve::<u16>(ch.n_symbols));
+        let symbols = o.reserve::<u8>(ch.n_symbols);
+        let q = o.reserve::<i32>(ch.n_q);
+        ChainScratch {
+            exps,
+            sym_table,
+            symbols,
+            q,
+            bytes: o.total(),
+        }
+    }
+}
+
+/// A chain's lane words on the device, with (words copied as they lie) the word gather's and
+/// chunk checks' statuses and the bytes they read.
+type PlacedWords = (DevBuf<u32>, Option<[DevBuf<u32>; 2]>, Option<DevBuf<u8>>);
+
 impl Gpu {
     /// Queues every input of `ch`'s launches on `s` in one packed upload through `staging`
     /// (see [`ffi::Packer::queue`]; the caller keeps `staging` until `s` has passed it); its
@@ -155,7 +245,8 @@ impl Gpu {
     /// checks once `s` has copied them: `s` only moves bytes, so that a copy stream's next
     /// upload does not wait behind kernels. With `levels`, the chain's table maps and channel
     /// constants are those resident arrays ([`Gpu::resident_chain`]); without, the chain's
-    /// own, packed.
+    /// own, packed. The chain runs fused if this `Gpu` decodes fused now
+    /// ([`Gpu::set_decode_chain_fused`]).
     pub(super) fn queue_chain(
         &self,
         ch: &Chain<'_>,
@@ -167,94 +258,57 @@ impl Gpu {
     ) -> Result<QueuedChain, CudaError> {
         let io = ch.dequant.io(&mut [], &mut []);
         let mut p = ffi::Packer::default();
-        let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
-        let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
-        let words = match source {
-            WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
-            // Queued before the packed upload, whose filling overlaps this copy.
-            WordSource::Raw { raw, parts, checks } => {
-                Words::Raw(DevBuf::upload(s, raw)?, p.add(parts), p.add(checks))
-            }
-        };
-        let (tables, table_list) = (p.add(&ch.tables), p.add(&ch.table_list));
-        let (exp_blocks, sym_blocks) = (p.add(&ch.exp_blocks), p.add(&ch.sym_blocks));
-        let (resolve, radius) = (p.add(&ch.resolve), p.add(&ch.radius));
-        let (escapes, values) = (p.add_bytes_as::<i32>(&escape_bytes), p.add(&ch.values));
-        let sink = p.add(io.sink);
-        let own_levels = levels.is_none().then(|| (p.add(&ch.map), p.add(io.consts)));
-        let (pages, dq_blocks) = (p.add(io.pages), p.add(io.blocks));
+        let (words, packed) = PackedChain::add(&mut p, ch, &io, source, s, levels.is_none())?;
         let base = p.queue(s, staging, self.upload_threads)?;
-        let b = &base;
-        let (n_parts, n_checks) = match &words {
+        let gather_counts = match &words {
             Words::Packed(_) => (0, 0),
             Words::Raw(_, parts, checks) => (parts.len(), checks.len()),
         };
-        let l = launch_on;
-        let z = ChainStatuses::new(l, ch, io.blocks.len(), (n_parts, n_checks))?;
-        let (words, gathered, raw) = match words {
-            Words::Packed(slot) => (DevBuf::view(b, slot)?, None, None),
-            Words::Raw(raw, parts, checks) => {
-                if !Arc::ptr_eq(s, l) {
-                    let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-                    let copied =
-                        (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))?;
-                    l.wait(&copied)
-                        .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
-                }
-                let (parts, checks) = (DevBuf::view(b, parts)?, DevBuf::view(b, checks)?);
-                let k = self.kernels(None)?;
-                let words = DevBuf::zeros(l, ch.n_words)?;
-                let (gather, crc) = (z.view(z.gather)?, z.view(z.crc)?);
-                ffi::launch_gather_words(l, &k.gather_words, &raw, &parts, &words, &gather)?;
-                ffi::launch_check_chunks(l, &k.check_chunks, &raw, &checks, &crc)?;
-                (words, Some([gather, crc]), Some(raw))
-            }
-        };
-        let mut o = ffi::Packer::default();
-        let exps = o.reserve::<u8>(ch.n_exps);
-        // The fused chain finds the tables through the table maps.
-        let sym_table = (!self.fused).then(|| o.reserve::<u16>(ch.n_symbols));
-        let symbols = o.reserve::<u8>(ch.n_symbols);
-        let q = o.reserve::<i32>(ch.n_q);
-        let x = &self.scratch(slot, o.total(), s)?;
-        let (map, consts) = match (levels, own_levels) {
+        let z = ChainStatuses::new(launch_on, ch, io.blocks.len(), gather_counts)?;
+        let (words, gathered, raw) = self.place_words(ch, words, &base, (s, launch_on), &z)?;
+        let o = ChainScratch::reserve(ch, self.fused);
+        let x = &self.scratch(slot, o.bytes, s)?;
+        let (map, consts) = match (levels, packed.own_levels) {
             (Some(views), _) => views,
-            (None, Some((map, consts))) => (DevBuf::view(b, map)?, DevBuf::view(b, consts)?),
+            (None, Some((map, consts))) => {
+                (DevBuf::view(&base, map)?, DevBuf::view(&base, consts)?)
+            }
             (None, None) => {
                 return Err(CudaError::Input {
                     what: "a chain without level constants",
                 })
             }
         };
+        let b = &base;
         let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
                 words,
-                tables: DevBuf::view(b, tables)?,
-                table_list: DevBuf::view(b, table_list)?,
+                tables: DevBuf::view(b, packed.tables)?,
+                table_list: DevBuf::view(b, packed.table_list)?,
                 symbol_table: DevBuf::view(&z.base, z.exp_tables)?,
-                blocks: DevBuf::view(b, exp_blocks)?,
-                symbols: DevBuf::view(x, exps)?,
+                blocks: DevBuf::view(b, packed.exp_blocks)?,
+                symbols: DevBuf::view(x, o.exps)?,
                 status: z.view(z.exp)?,
             },
-            sym_blocks: DevBuf::view(b, sym_blocks)?,
-            sym_table: sym_table.map(|t| DevBuf::view(x, t)).transpose()?,
-            symbols: DevBuf::view(x, symbols)?,
+            sym_blocks: DevBuf::view(b, packed.sym_blocks)?,
+            sym_table: o.sym_table.map(|t| DevBuf::view(x, t)).transpose()?,
+            symbols: DevBuf::view(x, o.symbols)?,
             sym_status: z.view(z.sym)?,
             map,
-            resolve: DevBuf::view(b, resolve)?,
+            resolve: DevBuf::view(b, packed.resolve)?,
             resolve_status: z.view(z.resolve)?,
-            radius: DevBuf::view(b, radius)?,
-            escapes: DevBuf::view(b, escapes)?,
-            q: DevBuf::view(x, q)?,
-            values: DevBuf::view(b, values)?,
+            radius: DevBuf::view(b, packed.radius)?,
+            escapes: DevBuf::view(b, packed.escapes)?,
+            q: DevBuf::view(x, o.q)?,
+            values: DevBuf::view(b, packed.values)?,
             value_status: z.view(z.value)?,
             dequant: ffi::DequantDev {
                 q: DevBuf::zeros(s, 0)?,
                 exps: DevBuf::zeros(s, 0)?,
-                sink: DevBuf::view(b, sink)?,
+                sink: DevBuf::view(b, packed.sink)?,
                 consts,
-                pages: DevBuf::view(b, pages)?,
-                blocks: DevBuf::view(b, dq_blocks)?,
+                pages: DevBuf::view(b, packed.pages)?,
+                blocks: DevBuf::view(b, packed.dq_blocks)?,
                 status: z.view(z.dequant)?,
                 heads: io.heads,
                 head_dim: io.head_dim,
@@ -274,6 +328,36 @@ impl Gpu {
             gathered,
             raw,
         })
+    }
+
+    /// `ch`'s lane words on the device: packed, a view of the upload `base`; or copied as
+    /// they lie on `s` (raw), gathered on `l` into a buffer of their own once `s` has copied
+    /// them, the chunks' CRCs checked beside, into `z`'s statuses.
+    fn place_words(
+        &self,
+        ch: &Chain<'_>,
+        words: Words,
+        base: &Arc<CudaSlice<u8>>,
+        (s, l): (&Arc<CudaStream>, &Arc<CudaStream>),
+        z: &ChainStatuses,
+    ) -> Result<PlacedWords, CudaError> {
+        let (raw, parts, checks) = match words {
+            Words::Packed(slot) => return Ok((DevBuf::view(base, slot)?, None, None)),
+            Words::Raw(raw, parts, checks) => (raw, parts, checks),
+        };
+        if !Arc::ptr_eq(s, l) {
+            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+            let copied = (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))?;
+            l.wait(&copied)
+                .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
+        }
+        let (parts, checks) = (DevBuf::view(base, parts)?, DevBuf::view(base, checks)?);
+        let k = self.kernels(None)?;
+        let words = DevBuf::zeros(l, ch.n_words)?;
+        let (gather, crc) = (z.view(z.gather)?, z.view(z.crc)?);
+        ffi::launch_gather_words(l, &k.gather_words, &raw, &parts, &words, &gather)?;
+        ffi::launch_check_chunks(l, &k.check_chunks, &raw, &checks, &crc)?;
+        Ok((words, Some([gather, crc]), Some(raw)))
     }
 }
 
