@@ -17,7 +17,7 @@ use codec_core::blend::{deviations, less_coding_error, Filter, Norm, SelectParam
 use codec_core::{CodingError, KvCache};
 
 use crate::error::{bad_input, LlmError};
-use crate::model::Model;
+use crate::model::{Model, State};
 use crate::ops::Attention;
 use crate::weights::Block;
 
@@ -78,90 +78,112 @@ impl Model {
         let p0 = reused.meta.first_position;
         self.check_tokens(tokens, p0)?;
         self.check_tokens(suffix, p0 + n as u64)?;
-        let state = self.state_of(reused)?;
-        let mut filter = match how {
-            Recompute::Select(p) => Some(Filter::new(*p, n as u32).map_err(blend_err)?),
-            Recompute::Fixed(set) => {
-                if !set.windows(2).all(|w| w[0] < w[1])
-                    || set.last().is_some_and(|&t| t as usize >= n)
-                {
-                    bad_input!("recomputed tokens must ascend and stay below {n}");
-                }
-                None
-            }
-        };
-        let first: Vec<u32> = match (&filter, how) {
-            (Some(f), _) => f.candidates().to_vec(),
-            (None, Recompute::Fixed(set)) => set.clone(),
-            (None, Recompute::Select(_)) => unreachable!("a selection has a filter"),
-        };
+        let (filter, first) = first_candidates(how, n)?;
         let total = n + suffix.len();
-        let mut rows = Rows::new(first, n, total);
+        let rows = Rows::new(first, n, total);
         let all: Vec<u32> = tokens.iter().chain(suffix).copied().collect();
         let ids: Vec<u32> = rows.index.iter().map(|&i| all[i as usize]).collect();
         let mut x = self
             .weights()
             .embed
             .index_select(&Tensor::new(ids, self.device())?, 0)?;
-        let mut out = Blended {
-            logits: Vec::new(),
-            recomputed: Vec::with_capacity(self.config().layers),
-            flops: 0.0,
-            scoring_s: 0.0,
+        let mut walk = Walk {
+            state: self.state_of(reused)?,
+            rows,
+            filter,
+            error,
+            p0,
+            total,
+            out: Blended {
+                logits: Vec::new(),
+                recomputed: Vec::with_capacity(self.config().layers),
+                flops: 0.0,
+                scoring_s: 0.0,
+            },
         };
         for (l, block) in self.weights().blocks.iter().enumerate() {
-            let eps = self.config().rms_eps as f32;
-            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, eps)?;
-            let positions: Vec<u64> = rows.index.iter().map(|&i| p0 + u64::from(i)).collect();
-            let (q, k, v) = self.qkv(block, &h, &positions)?;
-            out.flops += self.projection_flops(rows.index.len());
-            // The first layer's K/V depend on each token alone (its embedding and position), so
-            // reused and fresh ones agree there: the first layer is recomputed in full, which
-            // gives every token the cross-chunk attention its later K/V deviate by, and the
-            // first check is the second layer's.
-            let kept = match filter.as_mut() {
-                Some(f) if l > 0 => {
-                    let mut dev = self.deviations(&state.k[l], &state.v[l], &k, &v, &rows, f)?;
-                    if let (Some(e), Norm::L2) = (error, f.params().norm) {
-                        let noise = coding_error(e, l, f.params().tensors, f.candidates());
-                        less_coding_error(&mut dev, &noise).map_err(blend_err)?;
-                    }
-                    f.narrow(&dev).map_err(blend_err)?;
-                    rows.keep(f.candidates())
-                }
-                _ => (0..rows.index.len()).collect(),
-            };
-            let pick = |t: &Tensor, dim| -> Result<Tensor, LlmError> {
-                let at: Vec<u32> = kept.iter().map(|&r| r as u32).collect();
-                Ok(t.index_select(&Tensor::new(at, self.device())?, dim)?
-                    .contiguous()?)
-            };
-            let (q, k, v, xs) = (pick(&q, 1)?, pick(&k, 1)?, pick(&v, 1)?, pick(&x, 0)?);
-            rows.retain(&kept);
-            out.recomputed.push(rows.index[..rows.reused].to_vec());
-            let ck = self.write_rows(&state.k[l], &k, &rows.index, total)?;
-            let cv = self.write_rows(&state.v[l], &v, &rows.index, total)?;
-            let d = self.config().head_dim;
-            let op = Attention {
-                scale: 1.0 / (d as f32).sqrt(),
-                seen: rows.index.iter().map(|&i| i as usize + 1).collect(),
-            };
-            out.flops += self.layer_flops(&op.seen);
-            let o = q.apply_op3_no_bwd(&ck, &cv, &op)?;
-            let m = rows.index.len();
-            let o = o.transpose(0, 1)?.reshape((m, self.config().heads * d))?;
-            let xa = (xs + o.matmul(&block.wo)?)?;
-            let h = candle_nn::ops::rms_norm(&xa, &block.ffn_norm, eps)?;
-            x = (&xa + self.mlp(block, &h)?)?;
+            x = self.blend_layer(&mut walk, l, block, &x)?;
         }
         let t0 = Instant::now();
         let s = suffix.len();
         let last = x.narrow(0, x.dim(0)? - s, s)?;
         let eps = self.config().rms_eps as f32;
         let last = candle_nn::ops::rms_norm(&last, &self.weights().norm, eps)?;
-        out.logits = self.logits(&last)?.flatten_all()?.to_vec1::<f32>()?;
-        out.scoring_s = t0.elapsed().as_secs_f64();
-        Ok(out)
+        walk.out.logits = self.logits(&last)?.flatten_all()?.to_vec1::<f32>()?;
+        walk.out.scoring_s = t0.elapsed().as_secs_f64();
+        Ok(walk.out)
+    }
+
+    /// Layer `l` (`block`) of a blend on the hidden states `x` of `walk`'s rows: their Q/K/V
+    /// recomputed, the rows kept (all, or under selection the most deviating reused ones and
+    /// the suffix) written into the layer's cache and carried through attention and the MLP.
+    /// Returns the kept rows' hidden states.
+    fn blend_layer(
+        &self,
+        walk: &mut Walk<'_>,
+        l: usize,
+        block: &Block,
+        x: &Tensor,
+    ) -> Result<Tensor, LlmError> {
+        let eps = self.config().rms_eps as f32;
+        let h = candle_nn::ops::rms_norm(x, &block.attn_norm, eps)?;
+        let rows = &walk.rows;
+        let positions: Vec<u64> = rows.index.iter().map(|&i| walk.p0 + u64::from(i)).collect();
+        let (q, k, v) = self.qkv(block, &h, &positions)?;
+        walk.out.flops += self.projection_flops(rows.index.len());
+        let kept = self.kept_rows(walk, l, &k, &v)?;
+        let pick = |t: &Tensor, dim| -> Result<Tensor, LlmError> {
+            let at: Vec<u32> = kept.iter().map(|&r| r as u32).collect();
+            Ok(t.index_select(&Tensor::new(at, self.device())?, dim)?
+                .contiguous()?)
+        };
+        let (q, k, v, xs) = (pick(&q, 1)?, pick(&k, 1)?, pick(&v, 1)?, pick(x, 0)?);
+        let rows = &mut walk.rows;
+        rows.retain(&kept);
+        walk.out.recomputed.push(rows.index[..rows.reused].to_vec());
+        let ck = self.write_rows(&walk.state.k[l], &k, &rows.index, walk.total)?;
+        let cv = self.write_rows(&walk.state.v[l], &v, &rows.index, walk.total)?;
+        let d = self.config().head_dim;
+        let op = Attention {
+            scale: 1.0 / (d as f32).sqrt(),
+            seen: rows.index.iter().map(|&i| i as usize + 1).collect(),
+        };
+        walk.out.flops += self.layer_flops(&op.seen);
+        let o = q.apply_op3_no_bwd(&ck, &cv, &op)?;
+        let m = rows.index.len();
+        let o = o.transpose(0, 1)?.reshape((m, self.config().heads * d))?;
+        let xa = (xs + o.matmul(&block.wo)?)?;
+        let h = candle_nn::ops::rms_norm(&xa, &block.ffn_norm, eps)?;
+        Ok((&xa + self.mlp(block, &h)?)?)
+    }
+
+    /// Positions (in `walk.rows`) of the rows layer `l` goes on with, from its fresh `k`, `v`:
+    /// all of them, or under selection (from the second layer) the reused tokens the filter
+    /// keeps by their deviations and the suffix.
+    ///
+    /// The first layer's K/V depend on each token alone (its embedding and position), so
+    /// reused and fresh ones agree there: the first layer is recomputed in full, which gives
+    /// every token the cross-chunk attention its later K/V deviate by, and the first check is
+    /// the second layer's.
+    fn kept_rows(
+        &self,
+        walk: &mut Walk<'_>,
+        l: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Vec<usize>, LlmError> {
+        let rows = &walk.rows;
+        let Some(f) = walk.filter.as_mut().filter(|_| l > 0) else {
+            return Ok((0..rows.index.len()).collect());
+        };
+        let (rk, rv) = (&walk.state.k[l], &walk.state.v[l]);
+        let mut dev = self.deviations(rk, rv, k, v, rows, f)?;
+        if let (Some(e), Norm::L2) = (walk.error, f.params().norm) {
+            let noise = coding_error(e, l, f.params().tensors, f.candidates());
+            less_coding_error(&mut dev, &noise).map_err(blend_err)?;
+        }
+        f.narrow(&dev).map_err(blend_err)?;
+        Ok(rows.keep(f.candidates()))
     }
 
     /// Refuses a coding error that does not describe `n` tokens of this model's cache.
@@ -380,6 +402,41 @@ impl Rows {
         let reused = at.iter().filter(|&&i| i < self.reused).count();
         self.index = at.iter().map(|&i| self.index[i]).collect();
         self.reused = reused;
+    }
+}
+
+/// A blend's walk through the layers ([`Model::blend`]).
+struct Walk<'a> {
+    /// The reused cache, per layer.
+    state: State,
+    /// The rows still computed.
+    rows: Rows,
+    /// The selection, under HKVD selection.
+    filter: Option<Filter>,
+    /// The coding error the reused cache is expected to carry.
+    error: Option<&'a CodingError>,
+    /// The reused cache's first position.
+    p0: u64,
+    /// Tokens, reused and suffix.
+    total: usize,
+    out: Blended,
+}
+
+/// `how`'s selection (HKVD) and the reused tokens the first layer recomputes, of `n`.
+fn first_candidates(how: &Recompute, n: usize) -> Result<(Option<Filter>, Vec<u32>), LlmError> {
+    match how {
+        Recompute::Select(p) => {
+            let f = Filter::new(*p, n as u32).map_err(blend_err)?;
+            let first = f.candidates().to_vec();
+            Ok((Some(f), first))
+        }
+        Recompute::Fixed(set) => {
+            if !set.windows(2).all(|w| w[0] < w[1]) || set.last().is_some_and(|&t| t as usize >= n)
+            {
+                bad_input!("recomputed tokens must ascend and stay below {n}");
+            }
+            Ok((None, set.clone()))
+        }
     }
 }
 
