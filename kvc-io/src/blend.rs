@@ -139,26 +139,7 @@ pub fn blend_eval(
     progress: &mut dyn Progress,
 ) -> Result<BlendReport, Error> {
     check_params(params)?;
-    if chunks.is_empty() {
-        return Err(Error::OutOfRange {
-            what: "chunks",
-            got: 0,
-            min: 1,
-            max: usize::MAX,
-            why: String::new(),
-        });
-    }
-    let texts: Vec<Vec<u32>> = chunks
-        .iter()
-        .map(|t| first_tokens(model, t, params.chunk_tokens))
-        .collect::<Result<_, _>>()?;
-    let q = model.tokenizer().encode(question)?;
-    if q.len() < params.scored || params.scored == 0 {
-        return Err(Error::TextTooShort {
-            have: q.len(),
-            need: params.scored.max(1),
-        });
-    }
+    let (texts, q) = blend_tokens(model, chunks, question, params)?;
     let tokens: Vec<u32> = texts.concat();
     let n = tokens.len();
     let runs = methods(params, n, texts[0].len());
@@ -199,28 +180,10 @@ pub fn blend_eval(
     let mut rows = Vec::new();
     let mut storages = Vec::new();
     for level in std::iter::once(None).chain(params.level.map(Some)) {
-        let (store, caches, error) = run.store(&alone, level, &profile)?;
+        let stored = run.store(&alone, level, &profile)?;
         progress.step();
-        let placed = llm::place_chunks(&caches)?;
-        let truth = truth(&placed, &full)?;
-        for (method, ratio, pick) in &runs {
-            let oracle;
-            let how = match pick {
-                Pick::Recompute(how) => how,
-                Pick::Oracle(count) => {
-                    oracle = Recompute::Fixed(most_deviating(&truth, *count)?);
-                    &oracle
-                }
-            };
-            let mut row = run.row(&placed, error.as_ref(), how, &truth)?;
-            row.method = method;
-            row.storage = store.storage.clone();
-            row.ratio = *ratio;
-            row.flop_share /= full_flops;
-            rows.push(row);
-            progress.step();
-        }
-        storages.push(store);
+        rows.extend(run.rows(&runs, &stored, &full, full_flops, progress)?);
+        storages.push(stored.0);
     }
     progress.finish();
     Ok(BlendReport {
@@ -230,6 +193,37 @@ pub fn blend_eval(
         storages,
         rows,
     })
+}
+
+/// The chunks' first tokens and the question's, refused when there are no chunks or the
+/// question is shorter than the tokens scored.
+fn blend_tokens(
+    model: &Model,
+    chunks: &[String],
+    question: &str,
+    params: &BlendParams,
+) -> Result<(Vec<Vec<u32>>, Vec<u32>), Error> {
+    if chunks.is_empty() {
+        return Err(Error::OutOfRange {
+            what: "chunks",
+            got: 0,
+            min: 1,
+            max: usize::MAX,
+            why: String::new(),
+        });
+    }
+    let texts: Vec<Vec<u32>> = chunks
+        .iter()
+        .map(|t| first_tokens(model, t, params.chunk_tokens))
+        .collect::<Result<_, _>>()?;
+    let q = model.tokenizer().encode(question)?;
+    if q.len() < params.scored || params.scored == 0 {
+        return Err(Error::TextTooShort {
+            have: q.len(),
+            need: params.scored.max(1),
+        });
+    }
+    Ok((texts, q))
 }
 
 /// Refuses unknown methods, a zero repeat and selections that cannot be run.
@@ -420,6 +414,40 @@ impl Run<'_> {
             bits_per_elem: Some(8.0 * bytes as f64 / elements.max(1) as f64),
         };
         Ok((row, caches, error.filter(|_| self.less_coding_error)))
+    }
+
+    /// Every method's row of `runs` on the chunks as `stored`, placed one after another,
+    /// against `full` (the full prefill's cache, `full_flops` its operations), a progress step
+    /// each.
+    fn rows(
+        &self,
+        runs: &[(&'static str, f64, Pick)],
+        (store, caches, error): &Stored,
+        full: &KvCache,
+        full_flops: f64,
+        progress: &mut dyn Progress,
+    ) -> Result<Vec<BlendRow>, Error> {
+        let placed = llm::place_chunks(caches)?;
+        let truth = truth(&placed, full)?;
+        let mut rows = Vec::with_capacity(runs.len());
+        for (method, ratio, pick) in runs {
+            let oracle;
+            let how = match pick {
+                Pick::Recompute(how) => how,
+                Pick::Oracle(count) => {
+                    oracle = Recompute::Fixed(most_deviating(&truth, *count)?);
+                    &oracle
+                }
+            };
+            let mut row = self.row(&placed, error.as_ref(), how, &truth)?;
+            row.method = method;
+            row.storage = store.storage.clone();
+            row.ratio = *ratio;
+            row.flop_share /= full_flops;
+            rows.push(row);
+            progress.step();
+        }
+        Ok(rows)
     }
 
     /// One method's figures (its name, storage and ratio filled in by the caller); the time is
