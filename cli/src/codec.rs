@@ -11,10 +11,67 @@ use kvc_io::{write_dump, Dump, Output};
 use crate::gpu::GpuCodec;
 use crate::progress::Bars;
 use crate::{load, output_file, read, Result};
+use clap::Args;
+
+/// `kvc encode`'s arguments.
+#[derive(Args)]
+pub(crate) struct EncodeArgs {
+    pub input: PathBuf,
+    #[arg(required_unless_present = "store")]
+    pub output: Option<PathBuf>,
+    /// Write a multi-level store in this directory instead (spec/STREAM.md): every chunk at
+    /// each of --levels, one profile (--profile, or learned from the input), the token ids.
+    #[arg(long, conflicts_with_all = ["output", "level"], requires = "levels")]
+    pub store: Option<PathBuf>,
+    /// Level for every chunk (0 = finest).
+    #[arg(long, default_value_t = 7, conflicts_with = "levels")]
+    pub level: u8,
+    /// Level per chunk, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub levels: Option<Vec<u8>>,
+    /// Profile to reference (without it the stream embeds a profile learned from the input).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = EncodeParams::DEFAULT_CHUNK_TOKENS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub chunk_tokens: u32,
+    /// Tokens per group (anchor + deltas).
+    #[arg(long, default_value_t = EncodeParams::DEFAULT_GROUP,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(EncodeParams::MAX_GROUP)))]
+    pub group: u32,
+    /// Leading tokens (attention sinks) stored exactly.
+    #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_SINK)]
+    pub sink: u16,
+    /// Same steps for every token: turn off the coarser steps for tokens that later queries
+    /// barely read (use this if the cache will be read by queries at unusual positions).
+    #[arg(long)]
+    pub uniform_steps: bool,
+    /// Code the chunks on GPU 0 (codec-cuda's encode chain; the same bytes as on the CPU).
+    #[arg(long, conflicts_with = "store")]
+    pub gpu: bool,
+}
+
+/// `kvc encode`: one stream, or a store with `--store`.
+pub(crate) fn cmd_encode_args(a: EncodeArgs, (force, threads): (bool, usize)) -> Result<()> {
+    let params = EncodeParams {
+        chunk_tokens: a.chunk_tokens,
+        group: a.group,
+        n_sink: a.sink,
+        levels: a.levels.unwrap_or_else(|| vec![a.level]),
+        token_importance: !a.uniform_steps,
+    };
+    let profile = a.profile.as_deref();
+    match (a.store, a.output) {
+        (Some(dir), _) => cmd_encode_store(&a.input, &dir, profile, params, (force, threads)),
+        (None, Some(out)) => cmd_encode(&a.input, &out, profile, params, (force, threads, a.gpu)),
+        (None, None) => Err("give an output file, or --store DIR".into()),
+    }
+}
 
 /// `kvc encode`: the dump at `input` as one stream in `output`, its chunks coded on GPU 0 with
 /// `gpu`.
-pub(crate) fn cmd_encode(
+fn cmd_encode(
     input: &Path,
     output: &Path,
     profile: Option<&Path>,
@@ -63,7 +120,7 @@ pub(crate) fn cmd_encode(
 }
 
 /// `kvc encode --store`: the input at every level of `params.levels`, as a store in `dir`.
-pub(crate) fn cmd_encode_store(
+fn cmd_encode_store(
     input: &Path,
     dir: &Path,
     profile: Option<&Path>,

@@ -1,6 +1,6 @@
 //! `kvc dump` and `kvc judge`: the reference model making dumps and judging the codec.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kvc_io::judge::{self, JudgeParams, JudgeProfile, JudgeRow};
 use kvc_io::{policy, Output};
@@ -70,6 +70,57 @@ pub struct JudgeArgs<'a> {
     pub json: bool,
     /// Also draw bits per element against KL into this SVG file.
     pub plot: Option<&'a Output>,
+}
+
+/// `kvc judge`'s arguments.
+#[derive(clap::Args)]
+pub struct JudgeCmd {
+    /// The model (tools/fetch-model fetches the reference one and prints its path).
+    pub model: PathBuf,
+    /// A text file: its first --ctx tokens are the cache, the next --cont are scored.
+    pub text: PathBuf,
+    /// Context tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub ctx: usize,
+    /// Continuation tokens scored on top of the cache.
+    #[arg(long, default_value_t = 256)]
+    pub cont: usize,
+    /// Profile the streams reference (learned on other text, e.g. `kvc profile` on a `kvc
+    /// dump` of it); without it each stream embeds one learned from the context.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Levels to judge, comma separated (default: every level of the profile).
+    #[arg(long, value_delimiter = ',')]
+    pub levels: Option<Vec<u8>>,
+    /// Leave out the minmax int8/int4/int3 baselines.
+    #[arg(long)]
+    pub no_baselines: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw bits per element against KL into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// `kvc judge`: its outputs checked, then [`cmd_judge`].
+pub fn cmd_judge_args(a: JudgeCmd, force: bool) -> Result<()> {
+    let mut inputs = vec![a.model.as_path(), a.text.as_path()];
+    inputs.extend(a.profile.as_deref());
+    let plot = crate::plot_file(a.plot.as_deref(), &inputs, force)?;
+    cmd_judge(JudgeArgs {
+        model: &a.model,
+        text: &a.text,
+        params: JudgeParams {
+            ctx: a.ctx,
+            cont: a.cont,
+            levels: a.levels,
+            baselines: !a.no_baselines,
+        },
+        profile: a.profile.as_deref(),
+        json: a.json,
+        plot: plot.as_ref(),
+    })
 }
 
 /// Judges every level (and the baselines) by the model on `a.text`; prints the table or JSON,

@@ -15,8 +15,7 @@ mod progress;
 mod sim;
 
 use clap::{Parser, Subcommand};
-use codec::{cmd_decode, cmd_encode, cmd_encode_store, cmd_inspect, cmd_profile, cmd_shift};
-use codec_core::EncodeParams;
+use codec::{cmd_decode, cmd_inspect, cmd_profile, cmd_shift};
 use kvc_io::{Dump, Output};
 use pq::{cmd_pq, PqCmd};
 use std::path::{Path, PathBuf};
@@ -44,42 +43,7 @@ struct Cli {
 enum Cmd {
     /// Encode a safetensors KV dump (k.{i}, v.{i} [T, H, D]) into a .kvc stream, or into a
     /// multi-level store with --store.
-    Encode {
-        input: PathBuf,
-        #[arg(required_unless_present = "store")]
-        output: Option<PathBuf>,
-        /// Write a multi-level store in this directory instead (spec/STREAM.md): every chunk at
-        /// each of --levels, one profile (--profile, or learned from the input), the token ids.
-        #[arg(long, conflicts_with_all = ["output", "level"], requires = "levels")]
-        store: Option<PathBuf>,
-        /// Level for every chunk (0 = finest).
-        #[arg(long, default_value_t = 7, conflicts_with = "levels")]
-        level: u8,
-        /// Level per chunk, comma separated.
-        #[arg(long, value_delimiter = ',')]
-        levels: Option<Vec<u8>>,
-        /// Profile to reference (without it the stream embeds a profile learned from the input).
-        #[arg(long)]
-        profile: Option<PathBuf>,
-        /// Tokens per chunk.
-        #[arg(long, default_value_t = EncodeParams::DEFAULT_CHUNK_TOKENS,
-              value_parser = clap::value_parser!(u32).range(1..))]
-        chunk_tokens: u32,
-        /// Tokens per group (anchor + deltas).
-        #[arg(long, default_value_t = EncodeParams::DEFAULT_GROUP,
-              value_parser = clap::value_parser!(u32).range(1..=i64::from(EncodeParams::MAX_GROUP)))]
-        group: u32,
-        /// Leading tokens (attention sinks) stored exactly.
-        #[arg(long, default_value_t = codec_core::EncodeParams::DEFAULT_SINK)]
-        sink: u16,
-        /// Same steps for every token: turn off the coarser steps for tokens that later queries
-        /// barely read (use this if the cache will be read by queries at unusual positions).
-        #[arg(long)]
-        uniform_steps: bool,
-        /// Code the chunks on GPU 0 (codec-cuda's encode chain; the same bytes as on the CPU).
-        #[arg(long, conflicts_with = "store")]
-        gpu: bool,
-    },
+    Encode(codec::EncodeArgs),
     /// Decode a .kvc stream into a safetensors dump in the original dtype.
     Decode {
         input: PathBuf,
@@ -174,34 +138,7 @@ enum Cmd {
     },
     /// Judge the codec by the model: perplexity, KL and top-1 agreement of a continuation fed on
     /// top of each level's decoded cache, next to the minmax baselines.
-    Judge {
-        /// The model (tools/fetch-model fetches the reference one and prints its path).
-        model: PathBuf,
-        /// A text file: its first --ctx tokens are the cache, the next --cont are scored.
-        text: PathBuf,
-        /// Context tokens.
-        #[arg(long, default_value_t = 2048)]
-        ctx: usize,
-        /// Continuation tokens scored on top of the cache.
-        #[arg(long, default_value_t = 256)]
-        cont: usize,
-        /// Profile the streams reference (learned on other text, e.g. `kvc profile` on a `kvc
-        /// dump` of it); without it each stream embeds one learned from the context.
-        #[arg(long)]
-        profile: Option<PathBuf>,
-        /// Levels to judge, comma separated (default: every level of the profile).
-        #[arg(long, value_delimiter = ',')]
-        levels: Option<Vec<u8>>,
-        /// Leave out the minmax int8/int4/int3 baselines.
-        #[arg(long)]
-        no_baselines: bool,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Also draw bits per element against KL into this SVG file.
-        #[arg(long, value_name = "FILE.svg")]
-        plot: Option<PathBuf>,
-    },
+    Judge(judge::JudgeCmd),
     /// CacheBlend on the model: chunk texts prefilled alone, stored, placed one after another,
     /// a question on top; every method against a full prefill.
     BlendEval(blend::EvalArgs),
@@ -238,46 +175,19 @@ fn main() -> ExitCode {
         eprintln!("kvc: interrupted");
         std::process::exit(130);
     });
-    let force = cli.force;
-    let r = match cli.cmd {
-        Cmd::Encode {
-            input,
-            output,
-            store,
-            level,
-            levels,
-            profile,
-            chunk_tokens,
-            group,
-            sink,
-            uniform_steps,
-            gpu,
-        } => {
-            let params = EncodeParams {
-                chunk_tokens,
-                group,
-                n_sink: sink,
-                levels: levels.unwrap_or_else(|| vec![level]),
-                token_importance: !uniform_steps,
-            };
-            match (store, output) {
-                (Some(dir), _) => cmd_encode_store(
-                    &input,
-                    &dir,
-                    profile.as_deref(),
-                    params,
-                    (force, cli.threads),
-                ),
-                (None, Some(out)) => cmd_encode(
-                    &input,
-                    &out,
-                    profile.as_deref(),
-                    params,
-                    (force, cli.threads, gpu),
-                ),
-                (None, None) => Err("give an output file, or --store DIR".into()),
-            }
+    match run(cli.cmd, cli.force, cli.threads) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvc: error: {e}");
+            ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs the command `cmd` (`force` and `threads` its global options).
+fn run(cmd: Cmd, force: bool, threads: usize) -> Result<()> {
+    match cmd {
+        Cmd::Encode(args) => codec::cmd_encode_args(args, (force, threads)),
         Cmd::Decode {
             input,
             output,
@@ -290,7 +200,7 @@ fn main() -> ExitCode {
             &output,
             profile.as_deref(),
             (level, position, gpu),
-            (force, cli.threads),
+            (force, threads),
         ),
         Cmd::Shift {
             input,
@@ -314,17 +224,14 @@ fn main() -> ExitCode {
             json,
             plot,
             gpu,
-        } => {
-            let mut inputs = vec![input.as_path()];
-            inputs.extend(profile.as_deref());
-            plot_file(plot.as_deref(), &inputs, force).and_then(|plot| {
-                let out = eval::Out {
-                    json,
-                    plot: plot.as_ref(),
-                };
-                eval::cmd_eval(&input, profile.as_deref(), out, gpu, cli.threads)
-            })
-        }
+        } => eval_to(
+            &input,
+            profile.as_deref(),
+            (json, plot.as_deref()),
+            gpu,
+            force,
+            threads,
+        ),
         Cmd::Pq { cmd } => cmd_pq(cmd, force),
         Cmd::Dump {
             model,
@@ -337,35 +244,7 @@ fn main() -> ExitCode {
             let queries = queries.unwrap_or(tokens.min(64));
             judge::cmd_dump(&model, &text, &out, tokens, queries, pre_rope)
         }),
-        Cmd::Judge {
-            model,
-            text,
-            ctx,
-            cont,
-            profile,
-            levels,
-            no_baselines,
-            json,
-            plot,
-        } => {
-            let mut inputs = vec![model.as_path(), text.as_path()];
-            inputs.extend(profile.as_deref());
-            plot_file(plot.as_deref(), &inputs, force).and_then(|plot| {
-                judge::cmd_judge(judge::JudgeArgs {
-                    model: &model,
-                    text: &text,
-                    params: kvc_io::judge::JudgeParams {
-                        ctx,
-                        cont,
-                        levels,
-                        baselines: !no_baselines,
-                    },
-                    profile: profile.as_deref(),
-                    json,
-                    plot: plot.as_ref(),
-                })
-            })
-        }
+        Cmd::Judge(args) => judge::cmd_judge_args(args, force),
         Cmd::BlendEval(args) => blend::cmd_blend_eval(args),
         Cmd::BlendPlan(args) => blend::cmd_blend_plan(args),
         Cmd::StreamSim(args) => sim::cmd_stream_sim(args, force),
@@ -373,20 +252,14 @@ fn main() -> ExitCode {
         Cmd::Fetch(args) => net::cmd_fetch(args, force),
         Cmd::Demo { json, plot } => {
             let sample = kvc_io::fixtures::sample();
-            plot_file(plot.as_deref(), &[&sample], force).and_then(|plot| {
-                let out = eval::Out {
-                    json,
-                    plot: plot.as_ref(),
-                };
-                eval::cmd_eval(&sample, None, out, false, cli.threads)
-            })
-        }
-    };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kvc: error: {e}");
-            ExitCode::FAILURE
+            eval_to(
+                &sample,
+                None,
+                (json, plot.as_deref()),
+                false,
+                force,
+                threads,
+            )
         }
     }
 }
@@ -407,6 +280,25 @@ fn load(path: &Path) -> Result<Dump> {
         DumpError::Io { .. } | DumpError::NotSafetensors { .. } => e.to_string(),
         e => format!("{}: {e}", path.display()),
     })
+}
+
+/// `kvc eval` of the dump at `input`, as a table or `json`, with its chart in `plot`.
+fn eval_to(
+    input: &Path,
+    profile: Option<&Path>,
+    (json, plot): (bool, Option<&Path>),
+    gpu: bool,
+    force: bool,
+    threads: usize,
+) -> Result<()> {
+    let mut inputs = vec![input];
+    inputs.extend(profile);
+    let plot = plot_file(plot, &inputs, force)?;
+    let out = eval::Out {
+        json,
+        plot: plot.as_ref(),
+    };
+    eval::cmd_eval(input, profile, out, gpu, threads)
 }
 
 /// The `--plot` output, if asked for, checked as [`output_file`] checks.
