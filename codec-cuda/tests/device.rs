@@ -573,26 +573,32 @@ fn device_encodes_in_pieces_as_whole() {
 }
 
 /// A plan uploaded once (`Gpu::upload_plan`: one packed copy from pinned memory) decodes to
-/// codec-core's bits every time it is run, into a fresh buffer or over the last output; a plan
-/// uploaded through another `Gpu` is refused.
+/// codec-core's bits every time it is run, into a fresh buffer or over the last output, in the
+/// chain it was uploaded for (fused or five launches) after `Gpu::set_decode_chain_fused`
+/// has switched to the other; a plan uploaded through another `Gpu` is refused.
 #[test]
 fn device_uploaded_plan_decodes_again_and_again() {
-    let Some(gpu) = gpu("device_uploaded_plan_decodes_again_and_again") else {
+    let Some(mut gpu) = gpu("device_uploaded_plan_decodes_again_and_again") else {
         return;
     };
     for (name, bytes, profile) in golden() {
         let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
         let want = codec_core_tensors(&stream, OutDtype::Bf16).concat();
         let plan = DecodePlan::for_stream(&stream, OutDtype::Bf16).unwrap();
-        let up = gpu.upload_plan(&plan).unwrap();
-        let mut out = gpu.stream().alloc_zeros::<u16>(want.len().max(1)).unwrap();
-        for round in 0..3 {
-            gpu.decode_uploaded_into(&up, &mut out).unwrap();
-            let mut got = gpu.stream().clone_dtoh(&out).unwrap();
-            got.truncate(want.len());
-            assert!(got == want, "{name} round {round}");
+        for fused in [true, false] {
+            gpu.set_decode_chain_fused(fused);
+            let up = gpu.upload_plan(&plan).unwrap();
+            gpu.set_decode_chain_fused(!fused);
+            let mut out = gpu.stream().alloc_zeros::<u16>(want.len().max(1)).unwrap();
+            for round in 0..3 {
+                gpu.decode_uploaded_into(&up, &mut out).unwrap();
+                let mut got = gpu.stream().clone_dtoh(&out).unwrap();
+                got.truncate(want.len());
+                assert!(got == want, "{name} round {round}, uploaded fused: {fused}");
+            }
         }
     }
+    gpu.set_decode_chain_fused(true);
     let other = Gpu::new(0).unwrap();
     let (_, bytes, profile) = golden().swap_remove(0);
     let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
