@@ -25,7 +25,8 @@
 //!    word gather), so any *content* of the inputs is memory-safe; only the counts must be
 //!    right, and [`host_lane_decode`] and [`host_dequant`] derive them from the slices. In the lane
 //!    decode, `symbols` and `symbol_table` have the same length and `status` holds 32 entries per
-//!    block; in the dequantization, `status` holds one entry per block; in `kvc_map_escapes` and
+//!    block (the mapped lane decode and `kvc_map_escapes` do not read `symbol_table`, which may
+//!    then be empty, or a null address on the device); in the dequantization, `status` holds one entry per block; in `kvc_map_escapes` and
 //!    a dequantization that maps its value symbols, `resolve` (and the dequantization's
 //!    `values`) one record per block, which the kernels read by block index; in the PQ search, one per
 //!    query (the kernel checks each query's ranges, `kvc_pq_range_ok`, and the launch's shape,
