@@ -981,18 +981,8 @@ impl DecodePlan<'_> {
         }
         let (heads, head_dim) = (self.heads, self.head_dim);
         let shape = LaneShape::new(1, LaneBatch::MAX_SHARED_TABLES)?;
-        let mut exps = vec![0u8; ch.n_exps];
-        let mut exp_status = vec![0u32; ch.exp_blocks.len() * LANES];
-        let no_tables = vec![0u16; ch.n_exps];
-        let exp_out = (&mut exps[..], &mut exp_status[..]);
-        ffi::host_lane_decode(ch.lane_io(words, shape, (&no_tables, &ch.exp_blocks), exp_out))?;
-        let maps = ffi::TableMaps {
-            resolve: &ch.resolve,
-            exps: &exps,
-            map: &ch.map,
-            heads,
-            head_dim,
-        };
+        let (exps, exp_status) = ch.host_exps(words, shape)?;
+        let maps = ch.table_maps(&exps, (heads, head_dim));
         // The fused chain leaves the tables to the launches after (no table index a symbol);
         // its resolution status is 0.
         let mut sym_table = vec![0u16; if fused { 0 } else { ch.n_symbols }];
@@ -1042,6 +1032,33 @@ impl DecodePlan<'_> {
 }
 
 impl Chain<'_> {
+    /// The exponent lanes run on the host over `words` (the chain's lane words): the decoded
+    /// exponents and the lanes' statuses.
+    fn host_exps(&self, words: &[u32], shape: LaneShape) -> Result<(Vec<u8>, Vec<u32>), CudaError> {
+        let mut exps = vec![0u8; self.n_exps];
+        let mut status = vec![0u32; self.exp_blocks.len() * LANES];
+        let no_tables = vec![0u16; self.n_exps];
+        let out = (&mut exps[..], &mut status[..]);
+        ffi::host_lane_decode(self.lane_io(words, shape, (&no_tables, &self.exp_blocks), out))?;
+        Ok((exps, status))
+    }
+
+    /// Where the chain's value symbols find their tables, given its decoded exponents `exps`
+    /// and the row shape.
+    fn table_maps<'a>(
+        &'a self,
+        exps: &'a [u8],
+        (heads, head_dim): (u32, u32),
+    ) -> ffi::TableMaps<'a> {
+        ffi::TableMaps {
+            resolve: &self.resolve,
+            exps,
+            map: &self.map,
+            heads,
+            head_dim,
+        }
+    }
+
     /// A host-run lane decode of `blocks` over the chain's words and tables (each symbol's
     /// table in `symbol_table`) into `(symbols, status)`.
     fn lane_io<'a>(
@@ -1422,21 +1439,10 @@ mod tests {
         let (heads, head_dim) = (plan.heads, plan.head_dim);
         let shape = LaneShape::new(1, 0).unwrap();
         let words = ch.words();
-        let mut exps = vec![0u8; ch.n_exps];
-        let mut status = vec![0u32; ch.exp_blocks.len() * LANES];
-        let no_tables = vec![0u16; ch.n_exps];
-        let out = (&mut exps[..], &mut status[..]);
-        ffi::host_lane_decode(ch.lane_io(&words, shape, (&no_tables, &ch.exp_blocks), out))
-            .unwrap();
+        let (exps, _) = ch.host_exps(&words, shape).unwrap();
         let mut sym_table = vec![0u16; ch.n_symbols];
         let mut resolve_status = vec![9u32; ch.resolve.len()];
-        let maps = ffi::TableMaps {
-            resolve: &ch.resolve,
-            exps: &exps,
-            map: &ch.map,
-            heads,
-            head_dim,
-        };
+        let maps = ch.table_maps(&exps, (heads, head_dim));
         ffi::host_resolve_tables(ffi::ResolveIo {
             symbol_table: &mut sym_table,
             maps,
