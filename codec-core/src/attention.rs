@@ -356,9 +356,47 @@ fn weighted_sums<const R: usize>(
 /// Panics if the heads are empty or do not form whole groups, if the slice lengths do not fit
 /// the heads, or if a query's row or length is out of range.
 pub fn outputs(q: &[f32], heads: Heads, queries: &[Query], k: &[f32], v: &[f32]) -> Vec<f64> {
+    let kt = checked_keys(q, heads, queries, k, v);
+    let d = heads.head_dim;
+    let row_len = heads.q_heads * d;
+    let group = heads.q_heads / heads.kv_heads;
+    let mut out = vec![0.0f64; queries.len() * row_len];
+    let mut rows_of = RowBlock::new(queries, d, score_scale(d));
+    let mut panel = Vec::new();
+    // (index into `queries`, query head) of one KV head's rows, query by query.
+    let mut rows: Vec<(usize, usize)> = Vec::with_capacity(queries.len() * group);
+    for g in 0..heads.kv_heads {
+        value_panel(v, heads.kv_heads * d, g, d, &mut panel);
+        rows.clear();
+        for qi in 0..queries.len() {
+            rows.extend((g * group..(g + 1) * group).map(|qh| (qi, qh)));
+        }
+        for block in rows.chunks(ROWS) {
+            let lens: Vec<usize> = block.iter().map(|&(qi, _)| queries[qi].len).collect();
+            let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
+            for (slot, &(qi, qh)) in qs.iter_mut().zip(block) {
+                let at = queries[qi].row * row_len + qh * d;
+                *slot = &q[at..at + d];
+            }
+            rows_of.attend(kt.head(g), &panel, kt.tokens, &qs[..block.len()], &lens);
+            for (r, &(qi, qh)) in block.iter().enumerate() {
+                rows_of.output(r, &mut out[(qi * heads.q_heads + qh) * d..][..d]);
+            }
+        }
+    }
+    out
+}
+
+/// [`outputs`]' argument checks (it panics as documented there); the keys transposed.
+fn checked_keys(
+    q: &[f32],
+    heads: Heads,
+    queries: &[Query],
+    k: &[f32],
+    v: &[f32],
+) -> TransposedKeys {
     heads.check();
     let d = heads.head_dim;
-    let c = heads.kv_heads * d;
     assert_eq!(k.len(), v.len(), "attention: K and V lengths differ");
     let row_len = heads.q_heads * d;
     assert!(
@@ -375,73 +413,89 @@ pub fn outputs(q: &[f32], heads: Heads, queries: &[Query], k: &[f32], v: &[f32])
             q.len() / row_len
         );
     }
-    let group = heads.q_heads / heads.kv_heads;
-    let scale = score_scale(d);
-    let d4 = d.div_ceil(4);
-    let mut out = vec![0.0f64; queries.len() * row_len];
-    let n_max_all = queries.iter().map(|qr| qr.len).max().unwrap_or(0);
-    let mut scores = vec![0.0f32; ROWS * n_max_all];
-    let mut weights = vec![0.0f64; ROWS * n_max_all];
-    let mut sums = vec![[0.0f64; 4]; ROWS * d4];
-    let mut panel = Vec::new();
-    // (index into `queries`, query head) of one KV head's rows, query by query.
-    let mut rows: Vec<(usize, usize)> = Vec::with_capacity(queries.len() * group);
-    for g in 0..heads.kv_heads {
-        value_panel(v, c, g, d, &mut panel);
-        rows.clear();
-        for qi in 0..queries.len() {
-            rows.extend((g * group..(g + 1) * group).map(|qh| (qi, qh)));
-        }
-        for block in rows.chunks(ROWS) {
-            let lens: Vec<usize> = block.iter().map(|&(qi, _)| queries[qi].len).collect();
-            let n = lens.iter().copied().max().unwrap_or(0);
-            let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
-            for (slot, &(qi, qh)) in qs.iter_mut().zip(block) {
-                let at = queries[qi].row * row_len + qh * d;
-                *slot = &q[at..at + d];
-            }
-            match <[&[f32]; ROWS]>::try_from(&qs[..block.len()]) {
-                Ok(full) => score_rows(kt.head(g), d, full, n, &mut scores),
-                Err(_) => {
-                    for (q, out) in qs[..block.len()].iter().zip(scores.chunks_mut(n.max(1))) {
-                        score_rows(kt.head(g), d, [*q], n, out);
-                    }
-                }
-            }
-            for (r, &len) in lens.iter().enumerate() {
-                let w = &mut weights[r * n..r * n + len];
-                for (x, &s) in w.iter_mut().zip(&scores[r * n..r * n + len]) {
-                    *x = s as f64;
-                }
-                weights_in_place(w, scale);
-            }
-            let mut z = [0.0f64; ROWS];
-            sums.fill([0.0; 4]);
-            // All rows of a full block share each value load over their common tokens; each
-            // row then adds its own remaining tokens.
-            let common = if block.len() == ROWS {
-                let n_min = lens.iter().copied().min().unwrap_or(0);
-                let w: [&[f64]; ROWS] = core::array::from_fn(|r| &weights[r * n..(r + 1) * n]);
-                weighted_sums(w, &panel, tokens, 0..n_min, &mut sums, &mut z);
-                n_min
-            } else {
-                0
-            };
-            for (r, &len) in lens.iter().enumerate() {
-                let w = [&weights[r * n..(r + 1) * n]];
-                let o = &mut sums[r * d4..(r + 1) * d4];
-                weighted_sums(w, &panel, tokens, common..len, o, &mut z[r..r + 1]);
-            }
-            for (r, &(qi, qh)) in block.iter().enumerate() {
-                let o = &mut out[(qi * heads.q_heads + qh) * d..][..d];
-                let s = sums[r * d4..(r + 1) * d4].as_flattened();
-                for (oj, &sj) in o.iter_mut().zip(s) {
-                    *oj = sj / z[r];
-                }
-            }
+    kt
+}
+
+/// [`outputs`]' scratch for a block of up to [`ROWS`] query rows of one KV head: their scores,
+/// softmax weights, weighted value sums and normalizers.
+struct RowBlock {
+    d: usize,
+    scale: f64,
+    /// A block's rows lie its longest row's length apart.
+    scores: Vec<f32>,
+    weights: Vec<f64>,
+    sums: Vec<[f64; 4]>,
+    z: [f64; ROWS],
+}
+
+impl RowBlock {
+    fn new(queries: &[Query], d: usize, scale: f64) -> RowBlock {
+        let n_max_all = queries.iter().map(|qr| qr.len).max().unwrap_or(0);
+        RowBlock {
+            d,
+            scale,
+            scores: vec![0.0f32; ROWS * n_max_all],
+            weights: vec![0.0f64; ROWS * n_max_all],
+            sums: vec![[0.0f64; 4]; ROWS * d.div_ceil(4)],
+            z: [0.0; ROWS],
         }
     }
-    out
+
+    /// Attends rows `qs` (each seeing its first `lens[r]` tokens) over one KV head's keys
+    /// `head` and value `panel`.
+    fn attend(
+        &mut self,
+        head: &[[f32; LANES]],
+        panel: &[[f32; 4]],
+        tokens: usize,
+        qs: &[&[f32]],
+        lens: &[usize],
+    ) {
+        let (d, d4) = (self.d, self.d.div_ceil(4));
+        let n = lens.iter().copied().max().unwrap_or(0);
+        match <[&[f32]; ROWS]>::try_from(qs) {
+            Ok(full) => score_rows(head, d, full, n, &mut self.scores),
+            Err(_) => {
+                for (q, out) in qs.iter().zip(self.scores.chunks_mut(n.max(1))) {
+                    score_rows(head, d, [*q], n, out);
+                }
+            }
+        }
+        for (r, &len) in lens.iter().enumerate() {
+            let w = &mut self.weights[r * n..r * n + len];
+            for (x, &s) in w.iter_mut().zip(&self.scores[r * n..r * n + len]) {
+                *x = s as f64;
+            }
+            weights_in_place(w, self.scale);
+        }
+        self.z = [0.0; ROWS];
+        self.sums.fill([0.0; 4]);
+        // All rows of a full block share each value load over their common tokens; each
+        // row then adds its own remaining tokens.
+        let weights = &self.weights;
+        let common = if qs.len() == ROWS {
+            let n_min = lens.iter().copied().min().unwrap_or(0);
+            let w: [&[f64]; ROWS] = core::array::from_fn(|r| &weights[r * n..(r + 1) * n]);
+            weighted_sums(w, panel, tokens, 0..n_min, &mut self.sums, &mut self.z);
+            n_min
+        } else {
+            0
+        };
+        for (r, &len) in lens.iter().enumerate() {
+            let w = [&weights[r * n..(r + 1) * n]];
+            let o = &mut self.sums[r * d4..(r + 1) * d4];
+            weighted_sums(w, panel, tokens, common..len, o, &mut self.z[r..r + 1]);
+        }
+    }
+
+    /// Row `r`'s output of the block last attended.
+    fn output(&self, r: usize, o: &mut [f64]) {
+        let d4 = self.d.div_ceil(4);
+        let s = self.sums[r * d4..(r + 1) * d4].as_flattened();
+        for (oj, &sj) in o.iter_mut().zip(s) {
+            *oj = sj / self.z[r];
+        }
+    }
 }
 
 #[cfg(test)]

@@ -157,8 +157,52 @@ pub fn stream_frame<'p>(
     profile: ProfileMode<'p>,
     params: &EncodeParams,
 ) -> Result<StreamFrame<'p>, EncodeError> {
-    view.check()?;
+    let n_chunks = check_frame(view, params)?;
     let p = profile.profile();
+    let meta = &view.meta;
+    let context = ChunkContext::new(
+        view.shape,
+        view.k[0].dtype(),
+        meta.first_position,
+        params.group,
+        params.n_sink,
+        p,
+        meta.rope,
+    )?
+    .with_query_position(
+        params
+            .token_importance
+            .then(|| meta.first_position.saturating_add(u64::from(view.shape.tokens))),
+    );
+    // A self-contained stream embeds the profile without its importance hints: decoding never
+    // reads them (FORMAT.md §4.3), and they cost ~4 bytes per (layer, channel).
+    let embedded = match profile {
+        ProfileMode::Embedded(p) => Some(p.without_importance()),
+        ProfileMode::Referenced(_) => None,
+    };
+    let header = Header {
+        version: STREAM_VERSION,
+        shape: view.shape,
+        dtype: context.dtype(),
+        meta: meta.clone(),
+        chunk_tokens: params.chunk_tokens,
+        group: params.group as u16,
+        n_sink: params.n_sink,
+        profile_hash: embedded.as_ref().unwrap_or(p).hash(),
+        profile_len: embedded.as_ref().map_or(0, |e| e.as_bytes().len() as u64),
+        chunks: chunk_entries(view.shape.tokens, params, n_chunks),
+    };
+    let profile = embedded.map_or_else(Vec::new, |e| e.as_bytes().to_vec());
+    Ok(StreamFrame {
+        header,
+        profile,
+        context,
+    })
+}
+
+/// `encode`'s checks of `view` and `params` before anything is coded; the number of chunks.
+fn check_frame(view: &KvView<'_>, params: &EncodeParams) -> Result<u32, EncodeError> {
+    view.check()?;
     if params.chunk_tokens == 0 {
         return Err(EncodeError::InvalidParam {
             what: "chunk_tokens",
@@ -191,63 +235,30 @@ pub fn stream_frame<'p>(
             chunk_tokens: params.chunk_tokens,
         });
     }
-    let meta = &view.meta;
-    let context = ChunkContext::new(
-        view.shape,
-        view.k[0].dtype(),
-        meta.first_position,
-        params.group,
-        params.n_sink,
-        p,
-        meta.rope,
-    )?
-    .with_query_position(
-        params
-            .token_importance
-            .then(|| meta.first_position.saturating_add(u64::from(tokens))),
-    );
-    let mut header = Header {
-        version: STREAM_VERSION,
-        shape: view.shape,
-        dtype: context.dtype(),
-        meta: view.meta.clone(),
-        chunk_tokens: params.chunk_tokens,
-        group: params.group as u16,
-        n_sink: params.n_sink,
-        profile_hash: [0; 32],
-        profile_len: 0,
-        chunks: Vec::with_capacity(n_chunks as usize),
-    };
-    // A self-contained stream embeds the profile without its importance hints: decoding never
-    // reads them (FORMAT.md §4.3), and they cost ~4 bytes per (layer, channel).
-    let embedded = match profile {
-        ProfileMode::Embedded(p) => Some(p.without_importance()),
-        ProfileMode::Referenced(_) => None,
-    };
-    header.profile_hash = embedded.as_ref().unwrap_or(p).hash();
-    header.profile_len = embedded.as_ref().map_or(0, |e| e.as_bytes().len() as u64);
-    for i in 0..n_chunks {
-        let start = i * params.chunk_tokens;
-        let end = (start + params.chunk_tokens).min(tokens);
-        let level = if params.levels.len() == 1 {
-            params.levels[0]
-        } else {
-            params.levels[i as usize]
-        };
-        header.chunks.push(ChunkEntry {
-            offset: 0,
-            len_bytes: 0,
-            token_start: start,
-            tokens: end - start,
-            level,
-        });
-    }
-    let profile = embedded.map_or_else(Vec::new, |e| e.as_bytes().to_vec());
-    Ok(StreamFrame {
-        header,
-        profile,
-        context,
-    })
+    Ok(n_chunks)
+}
+
+/// The header's chunk entries for `tokens` in chunks of `params.chunk_tokens`, each at its
+/// level (one for all, or one per chunk); offsets and lengths 0 until the chunks are coded.
+fn chunk_entries(tokens: u32, params: &EncodeParams, n_chunks: u32) -> Vec<ChunkEntry> {
+    (0..n_chunks)
+        .map(|i| {
+            let start = i * params.chunk_tokens;
+            let end = (start + params.chunk_tokens).min(tokens);
+            let level = if params.levels.len() == 1 {
+                params.levels[0]
+            } else {
+                params.levels[i as usize]
+            };
+            ChunkEntry {
+                offset: 0,
+                len_bytes: 0,
+                token_start: start,
+                tokens: end - start,
+                level,
+            }
+        })
+        .collect()
 }
 
 /// Appends every chunk of `chunks` to `out` and records its length, the layers of all chunks

@@ -866,6 +866,7 @@ const B_MAX: i32 = 10 * B_PER_OCTAVE;
 struct LevelStats {
     ss: Vec<f64>,
     cnt: Vec<f64>,
+    /// Symbols with their map slot and exponent, kept for pass 2.
     coded: Vec<(u32, u8, i32)>,
 }
 
@@ -884,10 +885,11 @@ fn level_stats(
     let group = params.group as usize;
     let heads = c / d;
     let n_map = layers * 4 * c;
-    let mut ss = vec![0f64; n_map];
-    let mut cnt = vec![0f64; n_map];
-    // Symbols with their map slot and exponent, kept for pass 2.
-    let mut coded: Vec<(u32, u8, i32)> = Vec::new();
+    let mut stats = LevelStats {
+        ss: vec![0f64; n_map],
+        cnt: vec![0f64; n_map],
+        coded: Vec::new(),
+    };
     for (si, s) in samples.iter().enumerate() {
         for layer in 0..layers {
             for kv in 0..2 {
@@ -920,37 +922,55 @@ fn level_stats(
                                 ce[(i / c) * heads + ch / d]
                             };
                             let slot = ((layer * 2 + kv) * 2 + kind) * c + ch;
-                            coded.push((slot as u32, e, v));
+                            stats.coded.push((slot as u32, e, v));
                         }
                         chunks.push((start, sink, syms.len() / c));
                     },
                 );
-                for (start, sink, n) in chunks {
-                    for r in sink..sink + n {
-                        let row = start + r;
-                        let chunk_row = r;
-                        let kind = usize::from(chunk_row % group != 0);
-                        let arow = start + chunk_row - chunk_row % group;
-                        for ch in 0..c {
-                            let xv = x[row * c + ch];
-                            let (res, step) = if kind == 0 {
-                                (xv - consts.mean[ch], consts.anchor_step[ch])
-                            } else {
-                                let pred =
-                                    predict(consts.mean[ch], consts.weight[ch], rec[arow * c + ch]);
-                                (xv - pred, consts.delta_step[ch])
-                            };
-                            let z = (res / step) as f64;
-                            let slot = ((layer * 2 + kv) * 2 + kind) * c + ch;
-                            ss[slot] += z * z;
-                            cnt[slot] += 1.0;
-                        }
-                    }
+                let block = (layer * 2 + kv) * 2;
+                stats.add_residuals(&x, &rec, &consts, &chunks, block, c, group);
+            }
+        }
+    }
+    stats
+}
+
+impl LevelStats {
+    /// Adds the squared residuals in step units of the rows of `chunks` (`(start, sink,
+    /// rows)`, as `simulate` coded them) of one tensor `x`, reconstructed as `rec`, to its
+    /// (kind, channel) slots from `block * c` on.
+    #[allow(clippy::too_many_arguments)]
+    fn add_residuals(
+        &mut self,
+        x: &[f32],
+        rec: &[f32],
+        consts: &BlockConsts,
+        chunks: &[(usize, usize, usize)],
+        block: usize,
+        c: usize,
+        group: usize,
+    ) {
+        for &(start, sink, n) in chunks {
+            for r in sink..sink + n {
+                let row = start + r;
+                let kind = usize::from(r % group != 0);
+                let arow = start + r - r % group;
+                for ch in 0..c {
+                    let xv = x[row * c + ch];
+                    let (res, step) = if kind == 0 {
+                        (xv - consts.mean[ch], consts.anchor_step[ch])
+                    } else {
+                        let pred = predict(consts.mean[ch], consts.weight[ch], rec[arow * c + ch]);
+                        (xv - pred, consts.delta_step[ch])
+                    };
+                    let z = (res / step) as f64;
+                    let slot = (block + kind) * c + ch;
+                    self.ss[slot] += z * z;
+                    self.cnt[slot] += 1.0;
                 }
             }
         }
     }
-    LevelStats { ss, cnt, coded }
 }
 
 /// Learns the frequency tables of one level.

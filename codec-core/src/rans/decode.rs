@@ -128,6 +128,67 @@ pub(super) fn vector_decode(
     }
 }
 
+/// The portable decode of `out.len()` symbols from global index `start` (see
+/// [`LaneDecoder::decode`]): single symbols up to a round boundary, full rounds of 32, then a
+/// partial round.
+fn scalar_decode(
+    state: &mut [u64; LANES],
+    pos: &mut [usize; LANES],
+    start_of: &[usize; LANES],
+    words: &[u32],
+    start: usize,
+    tables: &[&DecodeTable],
+    out: &mut [u8],
+) {
+    // Head: single symbols until the next global index is a multiple of 32.
+    let head = ((LANES - start % LANES) % LANES).min(out.len());
+    let (out_head, out_body) = out.split_at_mut(head);
+    let (tables_head, tables_body) = tables.split_at(head);
+    for (j, (o, t)) in out_head.iter_mut().zip(tables_head).enumerate() {
+        let l = (start + j) % LANES;
+        *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
+    }
+
+    // Body: full rounds of 32, lane l = position within the round. A round consumes at
+    // most one word per lane, so while every lane has at least `k` unread words the next
+    // `k` rounds can skip the "any words left?" test (`fast_round`); rounds where some lane
+    // may run out use the general step.
+    let mut out_rounds = out_body.chunks_exact_mut(LANES);
+    let mut table_rounds = tables_body.chunks_exact(LANES);
+    loop {
+        let rounds_left = out_rounds.len();
+        if rounds_left == 0 {
+            break;
+        }
+        let safe = pos
+            .iter()
+            .zip(start_of)
+            .map(|(&p, &s)| p - s)
+            .min()
+            .unwrap_or(0)
+            .min(rounds_left);
+        if safe == 0 {
+            if let (Some(o), Some(t)) = (out_rounds.next(), table_rounds.next()) {
+                for (l, (o, t)) in o.iter_mut().zip(t).enumerate() {
+                    *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
+                }
+            }
+            continue;
+        }
+        for (o, t) in (&mut out_rounds).zip(&mut table_rounds).take(safe) {
+            if let (Ok(o), Ok(t)) = (o.try_into(), t.try_into()) {
+                fast_round(state, pos, words, o, t);
+            }
+        }
+    }
+    // Tail: a partial round, lanes 0.. in order.
+    let out_tail = out_rounds.into_remainder();
+    let tables_tail = table_rounds.remainder();
+    for (l, (o, t)) in out_tail.iter_mut().zip(tables_tail).enumerate() {
+        *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
+    }
+}
+
 impl<'a> LaneDecoder<'a> {
     /// Starts decoding: reads each lane's initial state from the end of its words (constriction's
     /// `from_compressed`): an empty lane starts in state 0; otherwise the last word `t` must be
@@ -248,54 +309,7 @@ impl<'a> LaneDecoder<'a> {
             return Ok(());
         }
 
-        // Head: single symbols until the next global index is a multiple of 32.
-        let head = ((LANES - start % LANES) % LANES).min(out.len());
-        let (out_head, out_body) = out.split_at_mut(head);
-        let (tables_head, tables_body) = tables.split_at(head);
-        for (j, (o, t)) in out_head.iter_mut().zip(tables_head).enumerate() {
-            let l = (start + j) % LANES;
-            *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
-        }
-
-        // Body: full rounds of 32, lane l = position within the round. A round consumes at
-        // most one word per lane, so while every lane has at least `k` unread words the next
-        // `k` rounds can skip the "any words left?" test (`fast_round`); rounds where some lane
-        // may run out use the general step.
-        let mut out_rounds = out_body.chunks_exact_mut(LANES);
-        let mut table_rounds = tables_body.chunks_exact(LANES);
-        loop {
-            let rounds_left = out_rounds.len();
-            if rounds_left == 0 {
-                break;
-            }
-            let safe = pos
-                .iter()
-                .zip(start_of)
-                .map(|(&p, &s)| p - s)
-                .min()
-                .unwrap_or(0)
-                .min(rounds_left);
-            if safe == 0 {
-                if let (Some(o), Some(t)) = (out_rounds.next(), table_rounds.next()) {
-                    for (l, (o, t)) in o.iter_mut().zip(t).enumerate() {
-                        *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
-                    }
-                }
-                continue;
-            }
-            for (o, t) in (&mut out_rounds).zip(&mut table_rounds).take(safe) {
-                if let (Ok(o), Ok(t)) = (o.try_into(), t.try_into()) {
-                    fast_round(state, pos, words, o, t);
-                }
-            }
-        }
-        // Tail: a partial round, lanes 0.. in order.
-        let out_tail = out_rounds.into_remainder();
-        let tables_tail = table_rounds.remainder();
-        for (l, (o, t)) in out_tail.iter_mut().zip(tables_tail).enumerate() {
-            *o = decode_step(&mut state[l], &mut pos[l], start_of[l], words, t);
-        }
-
+        scalar_decode(state, pos, start_of, words, start, tables, out);
         self.next = end;
         Ok(())
     }
