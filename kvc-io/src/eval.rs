@@ -127,61 +127,24 @@ pub fn evaluate_with(
     progress: &mut dyn Progress,
     mut second: Option<&mut dyn SecondDecoder>,
 ) -> Result<Vec<Row>, Error> {
-    let full = match profile {
-        ProfileUse::Referenced(p) | ProfileUse::SelfContained(p) => p,
-    };
-    let elements = d.kv.shape.total_elements();
-    let f16_mb = elements as f64 * 2.0 / 1e6;
     let orig_attn: Vec<Option<Vec<f64>>> = (0..d.kv.shape.layers as usize)
         .map(|l| {
             metrics::dump_attention_output(d, l, &d.kv.k[l].to_f32_vec(), &d.kv.v[l].to_f32_vec())
         })
         .collect();
+    let levels = match profile {
+        ProfileUse::Referenced(p) | ProfileUse::SelfContained(p) => p.levels(),
+    };
     let mut rows = Vec::new();
-    progress.start("levels", full.levels() as u64);
-    for level in 0..full.levels() {
-        // The embedded profile is cut before the clock starts: the speed is the codec's.
-        let embedded = match profile {
-            ProfileUse::SelfContained(p) => Some(policy::self_contained(p, &[level])?),
-            ProfileUse::Referenced(_) => None,
-        };
-        let (mode, reader, levels) = match &embedded {
-            Some((p, levels)) => (ProfileMode::Embedded(p), p, levels.clone()),
-            None => (ProfileMode::Referenced(full), full, vec![level]),
-        };
-        let params = EncodeParams {
-            levels,
-            ..EncodeParams::default()
-        };
-        let view = d.kv.view();
-        let t0 = Instant::now();
-        let bytes = codec_core::encode_threads(&view, mode, &params, threads)?;
-        let enc_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let stream = Stream::open(&bytes, Some(reader), &Limits::DEFAULT)?;
-        let rec = decode_threads(&stream, threads)?;
-        let dec_s = t1.elapsed().as_secs_f64();
-        let second_s =
-            match second.as_deref_mut() {
-                Some(dec) => Some(dec.decode_and_compare(&stream, &rec).map_err(|source| {
-                    Error::Companion {
-                        at: format!("level {level}"),
-                        source,
-                    }
-                })?),
-                None => None,
-            };
-        let bpe = bytes.len() as f64 * 8.0 / elements as f64;
-        let name = format!(
-            "kvc level {level} (x{})",
-            full.level_multipliers()[level as usize]
-        );
-        let mut row = errors(d, &orig_attn, &rec, name, bpe);
-        row.encode_mb_s = Some(f16_mb / enc_s);
-        row.decode_mb_s = Some(f16_mb / dec_s);
-        row.second_decode_mb_s = second_s.map(|s| f16_mb / s);
-        row.bytes = Some(bytes.len());
-        rows.push(row);
+    progress.start("levels", levels as u64);
+    let run = LevelRun {
+        d,
+        profile,
+        threads,
+        orig_attn: &orig_attn,
+    };
+    for level in 0..levels {
+        rows.push(run.row(level, second.as_deref_mut())?);
         progress.step();
     }
     progress.finish();
@@ -204,4 +167,71 @@ pub fn evaluate_with(
             }),
     );
     Ok(rows)
+}
+
+/// What [`evaluate_with`] measures every level against.
+struct LevelRun<'a> {
+    d: &'a Dump,
+    profile: ProfileUse<'a>,
+    threads: usize,
+    /// The original cache's attention output per layer (`None` without queries).
+    orig_attn: &'a [Option<Vec<f64>>],
+}
+
+impl LevelRun<'_> {
+    /// One level's row: encoded, decoded (and by `second`), timed and measured.
+    fn row<'s>(
+        &self,
+        level: u8,
+        second: Option<&mut (dyn SecondDecoder + 's)>,
+    ) -> Result<Row, Error> {
+        let (d, profile, threads) = (self.d, self.profile, self.threads);
+        let full = match profile {
+            ProfileUse::Referenced(p) | ProfileUse::SelfContained(p) => p,
+        };
+        let elements = d.kv.shape.total_elements();
+        let f16_mb = elements as f64 * 2.0 / 1e6;
+        // The embedded profile is cut before the clock starts: the speed is the codec's.
+        let embedded = match profile {
+            ProfileUse::SelfContained(p) => Some(policy::self_contained(p, &[level])?),
+            ProfileUse::Referenced(_) => None,
+        };
+        let (mode, reader, levels) = match &embedded {
+            Some((p, levels)) => (ProfileMode::Embedded(p), p, levels.clone()),
+            None => (ProfileMode::Referenced(full), full, vec![level]),
+        };
+        let params = EncodeParams {
+            levels,
+            ..EncodeParams::default()
+        };
+        let view = d.kv.view();
+        let t0 = Instant::now();
+        let bytes = codec_core::encode_threads(&view, mode, &params, threads)?;
+        let enc_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let stream = Stream::open(&bytes, Some(reader), &Limits::DEFAULT)?;
+        let rec = decode_threads(&stream, threads)?;
+        let dec_s = t1.elapsed().as_secs_f64();
+        let second_s =
+            match second {
+                Some(dec) => Some(dec.decode_and_compare(&stream, &rec).map_err(|source| {
+                    Error::Companion {
+                        at: format!("level {level}"),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        let bpe = bytes.len() as f64 * 8.0 / elements as f64;
+        let name = format!(
+            "kvc level {level} (x{})",
+            full.level_multipliers()[level as usize]
+        );
+        let mut row = errors(d, self.orig_attn, &rec, name, bpe);
+        row.encode_mb_s = Some(f16_mb / enc_s);
+        row.decode_mb_s = Some(f16_mb / dec_s);
+        row.second_decode_mb_s = second_s.map(|s| f16_mb / s);
+        row.bytes = Some(bytes.len());
+        Ok(row)
+    }
 }
