@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use codec_core::blend::plan::{plan, Request, Tier};
+use codec_core::blend::plan::{plan, Plan, Request, Tier};
 use codec_core::blend::{Norm, SelectParams, Tensors};
 use kvc_io::blend::{blend_eval, BlendParams, BlendReport, BlendRow, METHODS};
 use kvc_io::judge::JudgeProfile;
@@ -310,36 +310,47 @@ pub fn cmd_blend_plan(a: PlanArgs) -> Result<()> {
         })
         .collect();
     let p = plan(&req, &tiers).map_err(|e| e.to_string())?;
-    let chosen = &specs[p.tier];
     if a.json {
-        let v = serde_json::json!({
-            "tier": chosen.name, "ratio": p.ratio, "hidden": p.hidden,
-            "recompute_ms_per_layer": p.recompute_s * 1e3, "load_ms_per_layer": p.load_s * 1e3,
-            "prefill_s": prefill_s, "layers": layers, "layer_bytes": req.layer_bytes,
-            "tiers": specs.iter().map(|t| serde_json::json!({
-                "name": t.name, "gb_per_s": t.gb_per_s, "cost_per_gb": t.cost_per_gb,
-                "load_ms_per_layer": req.load_s(&Tier { name: &t.name, gb_per_s: t.gb_per_s, cost_per_gb: t.cost_per_gb }) * 1e3,
-            })).collect::<Vec<_>>(),
-        });
+        let v = plan_json(&req, &tiers, &p);
         println!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
-        return Ok(());
+    } else {
+        print_plan(a.tokens, &req, &tiers, &p);
     }
+    Ok(())
+}
+
+/// `kvc blend-plan --json`: the decision `p` for `req`, and every tier's load time.
+fn plan_json(req: &Request, tiers: &[Tier<'_>], p: &Plan) -> serde_json::Value {
+    serde_json::json!({
+        "tier": tiers[p.tier].name, "ratio": p.ratio, "hidden": p.hidden,
+        "recompute_ms_per_layer": p.recompute_s * 1e3, "load_ms_per_layer": p.load_s * 1e3,
+        "prefill_s": req.prefill_s, "layers": req.layers, "layer_bytes": req.layer_bytes,
+        "tiers": tiers.iter().map(|t| serde_json::json!({
+            "name": t.name, "gb_per_s": t.gb_per_s, "cost_per_gb": t.cost_per_gb,
+            "load_ms_per_layer": req.load_s(t) * 1e3,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `kvc blend-plan`'s table: the request of `tokens` tokens, every tier, the decision `p`.
+fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) {
     println!(
-        "context {} tokens, {layers} layers, {:.2} MB per layer stored, prefill {prefill_s:.3} s \
+        "context {tokens} tokens, {} layers, {:.2} MB per layer stored, prefill {:.3} s \
          ({:.2} ms per layer), minimal ratio {:.0}%",
-        a.tokens,
+        req.layers,
         req.layer_bytes / 1e6,
+        req.prefill_s,
         req.recompute_s(1.0) * 1e3,
-        a.min_ratio * 100.0
+        req.min_ratio * 100.0
     );
     println!(
         "{:<16} {:>8} {:>10} {:>14} {:>9}",
         "tier", "GB/s", "cost/GB", "load ms/layer", "ratio"
     );
-    for t in &tiers {
+    for t in tiers {
         println!(
             "{:<16} {:>8.2} {:>10.3} {:>14.3} {:>8.0}%",
             t.name,
@@ -351,7 +362,7 @@ pub fn cmd_blend_plan(a: PlanArgs) -> Result<()> {
     }
     println!(
         "plan: {} at ratio {:.0}% (recompute {:.3} ms, load {:.3} ms per layer){}",
-        chosen.name,
+        tiers[p.tier].name,
         p.ratio * 100.0,
         p.recompute_s * 1e3,
         p.load_s * 1e3,
@@ -361,7 +372,6 @@ pub fn cmd_blend_plan(a: PlanArgs) -> Result<()> {
             "; no tier hides its load behind the minimal recompute, so the fastest is taken"
         }
     );
-    Ok(())
 }
 
 /// Layers and stored bytes per token (all layers): from a stream's actual size, or given.

@@ -214,16 +214,7 @@ pub(crate) fn cmd_decode(
     let s = Stream::open(bytes, p.as_ref(), &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
     if let Some(l) = level {
-        let ladder = policy::ladder_levels(s.profile());
-        let named = |e: &codec_core::ChunkEntry| ladder[e.level as usize].unwrap_or(e.level);
-        if let Some(e) = s.header().chunks.iter().find(|e| named(e) != l) {
-            return Err(format!(
-                "{}: the chunk at token {} is coded at level {}, not {l} (a stream keeps the levels it was encoded at)",
-                input.display(),
-                e.token_start,
-                named(e)
-            ));
-        }
+        check_level(input, &s, l)?;
     }
     let h = s.header();
     let done = |shape: codec_core::KvShape| {
@@ -236,15 +227,7 @@ pub(crate) fn cmd_decode(
     };
     let in_err = |e: &dyn std::fmt::Display| format!("{}: {e}", input.display());
     if gpu.is_none() && position.is_none() {
-        // Straight into the output file's buffer, written once.
-        let metadata = dump_metadata(&h.meta);
-        let mut file = kvc_io::dump::DumpFile::new(h.shape, h.dtype, &h.meta, &metadata)
-            .map_err(|e| e.to_string())?;
-        let (mut k, mut v) = file.kv_mut().map_err(|e| e.to_string())?;
-        s.decode_range_into_threads(0..h.shape.tokens, &mut k, &mut v, threads)
-            .map_err(|e| in_err(&e))?;
-        drop((k, v));
-        file.write(&out).map_err(|e| e.to_string())?;
+        decode_to_file(input, &s, &out, threads)?;
         done(h.shape);
         return Ok(());
     }
@@ -259,6 +242,36 @@ pub(crate) fn cmd_decode(
     write_dump(&out, &cache, &dump_metadata(&cache.meta)).map_err(|e| e.to_string())?;
     done(cache.shape);
     Ok(())
+}
+
+/// `kvc decode --level l`: an error naming the first chunk of `s` not coded at level `l` (by
+/// the ladder's names where the profile was cut down).
+fn check_level(input: &Path, s: &Stream<'_>, l: u8) -> Result<()> {
+    let ladder = policy::ladder_levels(s.profile());
+    let named = |e: &codec_core::ChunkEntry| ladder[e.level as usize].unwrap_or(e.level);
+    match s.header().chunks.iter().find(|e| named(e) != l) {
+        Some(e) => Err(format!(
+            "{}: the chunk at token {} is coded at level {}, not {l} (a stream keeps the levels it was encoded at)",
+            input.display(),
+            e.token_start,
+            named(e)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Decodes all of `s` (read from `input`) straight into the output file's buffer, and writes
+/// it once to `out`.
+fn decode_to_file(input: &Path, s: &Stream<'_>, out: &Output, threads: usize) -> Result<()> {
+    let h = s.header();
+    let metadata = dump_metadata(&h.meta);
+    let mut file = kvc_io::dump::DumpFile::new(h.shape, h.dtype, &h.meta, &metadata)
+        .map_err(|e| e.to_string())?;
+    let (mut k, mut v) = file.kv_mut().map_err(|e| e.to_string())?;
+    s.decode_range_into_threads(0..h.shape.tokens, &mut k, &mut v, threads)
+        .map_err(|e| format!("{}: {e}", input.display()))?;
+    drop((k, v));
+    file.write(out).map_err(|e| e.to_string())
 }
 
 /// `kvc shift`: the dump at `input` moved to start at `to`, with the rotary settings overridden

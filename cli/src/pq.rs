@@ -54,20 +54,15 @@ pub fn cmd_eval(
 
 /// The table, or the JSON with `json`.
 fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> Result<()> {
-    let s = dump.kv.shape;
-    let (layers, kv_heads, t) = (s.layers, s.kv_heads, s.tokens);
-    let Report {
-        k_t5: k5,
-        k_t10: k10,
-        figures,
-    } = report;
     if json {
+        let s = dump.kv.shape;
+        let t = s.tokens;
         let j = serde_json::json!({
             "input": input.display().to_string(),
-            "shape": {"layers": layers, "kv_heads": kv_heads, "q_heads": dump.q_heads,
+            "shape": {"layers": s.layers, "kv_heads": s.kv_heads, "q_heads": dump.q_heads,
                       "head_dim": s.head_dim, "tokens": t, "queries": dump.n_q(), "q_start": dump.q_start},
-            "k_t5": k5, "k_t10": k10, "n_init": w.n_init, "n_local": w.n_local,
-            "rows": figures.iter().map(|f| figures_json(f, t as usize)).collect::<Vec<_>>(),
+            "k_t5": report.k_t5, "k_t10": report.k_t10, "n_init": w.n_init, "n_local": w.n_local,
+            "rows": report.figures.iter().map(|f| figures_json(f, t as usize)).collect::<Vec<_>>(),
         });
         println!(
             "{}",
@@ -75,26 +70,35 @@ fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> 
         );
         return Ok(());
     }
+    print_table(input, dump, report, w);
+    print_cache_and_gpu(&report.figures);
+    Ok(())
+}
+
+/// The dump's shape and every selector's recall, mass and speed, a row each.
+fn print_table(input: &Path, dump: &Dump, report: &Report, w: Windows) {
+    let s = dump.kv.shape;
+    let k5 = report.k_t5;
     println!(
         "{}: {} layers x {} KV heads ({} query heads), {} tokens, {} queries from position {}",
         input.display(),
-        layers,
-        kv_heads,
+        s.layers,
+        s.kv_heads,
         dump.q_heads,
-        t,
+        s.tokens,
         dump.n_q(),
         dump.q_start
     );
     println!(
-        "recall of the exact top-k by q.k (k = T/5 = {k5}, T/10 = {k10}); mass: softmax mass of the top-{k5} \
+        "recall of the exact top-k by q.k (k = T/5 = {k5}, T/10 = {}); mass: softmax mass of the top-{k5} \
          chosen among the rest plus the first {} and last {} tokens (README's union form in brackets)",
-        w.n_init, w.n_local
+        report.k_t10, w.n_init, w.n_local
     );
     println!(
         "{:<44} {:>5} {:>9} {:>9} {:>15} {:>9} {:>10}",
         "method", "bits", "rec@T/5", "rec@T/10", "mass (union)", "train ms", "search ns"
     );
-    for f in figures {
+    for f in &report.figures {
         println!(
             "{:<44} {:>5} {:>9.4} {:>9.4} {:>7.4} ({:.4}) {:>9.2} {:>10.0}",
             f.name,
@@ -107,6 +111,10 @@ fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> 
             f.search_ns_per_query_head
         );
     }
+}
+
+/// Every selector's block-cache hit rates, then its GPU speeds where it ran on one.
+fn print_cache_and_gpu(figures: &[Figures]) {
     println!(
         "block cache: token hit rate of the chosen tokens outside the windows (128-token blocks, \
          one cache per layer and KV head of 1/4 and 1/2 of the blocks, the GQA group's selections \
@@ -135,7 +143,6 @@ fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> 
             );
         }
     }
-    Ok(())
 }
 
 /// Code bits per key against the miss rate 1 - recall@T/5 (log): one point per selector, named
