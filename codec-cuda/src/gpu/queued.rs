@@ -167,6 +167,24 @@ struct PackedChain {
 }
 
 impl PackedChain {
+    /// The chain's table maps and channel constants: the resident `levels` given, else its
+    /// own in the upload `base`.
+    fn level_views(
+        &self,
+        levels: Option<LevelViews>,
+        base: &Arc<CudaSlice<u8>>,
+    ) -> Result<LevelViews, CudaError> {
+        match (levels, self.own_levels) {
+            (Some(views), _) => Ok(views),
+            (None, Some((map, consts))) => {
+                Ok((DevBuf::view(base, map)?, DevBuf::view(base, consts)?))
+            }
+            (None, None) => Err(CudaError::Input {
+                what: "a chain without level constants",
+            }),
+        }
+    }
+
     /// Adds `ch`'s inputs to `p` (`io` its dequantization's, `own_levels` whether its table
     /// maps and channel constants go too), and says where its words go: words copied as they
     /// lie (`source`) are queued on `s` now, before the packed upload, whose filling overlaps
@@ -268,17 +286,7 @@ impl Gpu {
         let (words, gathered, raw) = self.place_words(ch, words, &base, (s, launch_on), &z)?;
         let o = ChainScratch::reserve(ch, self.fused);
         let x = &self.scratch(slot, o.bytes, s)?;
-        let (map, consts) = match (levels, packed.own_levels) {
-            (Some(views), _) => views,
-            (None, Some((map, consts))) => {
-                (DevBuf::view(&base, map)?, DevBuf::view(&base, consts)?)
-            }
-            (None, None) => {
-                return Err(CudaError::Input {
-                    what: "a chain without level constants",
-                })
-            }
-        };
+        let (map, consts) = packed.level_views(levels, &base)?;
         let b = &base;
         let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
