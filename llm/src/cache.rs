@@ -211,9 +211,8 @@ impl Model {
         })
     }
 
-    /// A codec cache as the runner's state: checked against the model, K permuted from NeoX
-    /// pairing and rotated if stored before the rotary embedding.
-    pub(crate) fn state_of(&self, cache: &KvCache) -> Result<State, LlmError> {
+    /// `cache` fits this model: its shape, rotary settings, tensors and positions.
+    fn check_cache(&self, cache: &KvCache) -> Result<(), LlmError> {
         let c = self.config();
         let s = cache.shape;
         if (s.layers as usize, s.kv_heads as usize, s.head_dim as usize)
@@ -245,14 +244,26 @@ impl Model {
                 c.layers
             );
         }
-        let t = s.tokens as usize;
-        let end = cache.meta.first_position.saturating_add(t as u64);
+        let end = cache
+            .meta
+            .first_position
+            .saturating_add(u64::from(s.tokens));
         if end > c.context as u64 {
             bad_input!(
                 "cache positions up to {end} exceed the model's context of {}",
                 c.context
             );
         }
+        Ok(())
+    }
+
+    /// A codec cache as the runner's state: checked against the model, K permuted from NeoX
+    /// pairing and rotated if stored before the rotary embedding.
+    pub(crate) fn state_of(&self, cache: &KvCache) -> Result<State, LlmError> {
+        self.check_cache(cache)?;
+        let c = self.config();
+        let r = cache.meta.rope;
+        let t = cache.shape.tokens as usize;
         let dev = self.device();
         let load = |x: &KvTensor, is_k: bool| -> Result<Tensor, LlmError> {
             let mut v = x.to_f32_vec();

@@ -129,43 +129,21 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
         }
         _ => None,
     };
-    // Step exponents of every sample and layer, as the encoder would choose them.
-    let exps: Vec<Vec<Vec<u8>>> = samples
-        .iter()
-        .map(|s| {
-            (0..layers)
-                .map(|layer| match &importance {
-                    Some(imp) => sample_exponents(s, layer, imp, params),
-                    None => Vec::new(),
-                })
-                .collect()
-        })
-        .collect();
+    let exps = step_exponents(samples, layers, importance.as_ref(), params);
     let mut all_params = Vec::with_capacity(layers * 2 * c);
     for layer in 0..layers {
+        let layer_exps: Vec<&[u8]> = exps.iter().map(|e| e[layer].as_slice()).collect();
         for kv in 0..2 {
-            let tensors: Vec<(Vec<f32>, usize)> = samples
-                .iter()
-                .map(|s| {
-                    let t = if kv == 0 {
-                        s.kv.k[layer]
-                    } else {
-                        s.kv.v[layer]
-                    };
-                    (to_f32(t), s.kv.shape.tokens as usize)
-                })
-                .collect();
-            let layer_exps: Vec<&[u8]> = exps.iter().map(|e| e[layer].as_slice()).collect();
             all_params.extend(learn_tensor(
                 samples,
-                &tensors,
+                &sample_tensors(samples, layer, kv),
                 &layer_exps,
                 layer,
                 kv,
                 c,
                 group,
                 params,
-                shape.head_dim as usize,
+                d,
                 first.kv.meta.rope.style,
             ));
         }
@@ -184,6 +162,42 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
         importance,
         levels,
     ))
+}
+
+/// Step exponents of every sample and layer, as the encoder would choose them (none without
+/// importance).
+fn step_exponents(
+    samples: &[Sample<'_>],
+    layers: usize,
+    importance: Option<&Importance>,
+    params: &LearnParams,
+) -> Vec<Vec<Vec<u8>>> {
+    samples
+        .iter()
+        .map(|s| {
+            (0..layers)
+                .map(|layer| match importance {
+                    Some(imp) => sample_exponents(s, layer, imp, params),
+                    None => Vec::new(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Every sample's K (`kv` 0) or V (1) of `layer` in f32, with its tokens.
+fn sample_tensors(samples: &[Sample<'_>], layer: usize, kv: usize) -> Vec<(Vec<f32>, usize)> {
+    samples
+        .iter()
+        .map(|s| {
+            let t = if kv == 0 {
+                s.kv.k[layer]
+            } else {
+                s.kv.v[layer]
+            };
+            (to_f32(t), s.kv.shape.tokens as usize)
+        })
+        .collect()
 }
 
 /// The learning parameters are in range.
