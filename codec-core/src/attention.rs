@@ -361,7 +361,7 @@ pub fn outputs(q: &[f32], heads: Heads, queries: &[Query], k: &[f32], v: &[f32])
     let row_len = heads.q_heads * d;
     let group = heads.q_heads / heads.kv_heads;
     let mut out = vec![0.0f64; queries.len() * row_len];
-    let mut rows_of = RowBlock::new(queries, d, score_scale(d));
+    let mut scratch = RowBlock::new(queries, d, score_scale(d));
     let mut panel = Vec::new();
     // (index into `queries`, query head) of one KV head's rows, query by query.
     let mut rows: Vec<(usize, usize)> = Vec::with_capacity(queries.len() * group);
@@ -378,9 +378,9 @@ pub fn outputs(q: &[f32], heads: Heads, queries: &[Query], k: &[f32], v: &[f32])
                 let at = queries[qi].row * row_len + qh * d;
                 *slot = &q[at..at + d];
             }
-            rows_of.attend(kt.head(g), &panel, kt.tokens, &qs[..block.len()], &lens);
+            scratch.attend(kt.head(g), &panel, kt.tokens, &qs[..block.len()], &lens);
             for (r, &(qi, qh)) in block.iter().enumerate() {
-                rows_of.output(r, &mut out[(qi * heads.q_heads + qh) * d..][..d]);
+                scratch.output(r, &mut out[(qi * heads.q_heads + qh) * d..][..d]);
             }
         }
     }

@@ -203,6 +203,43 @@ def test_every_error_kind_from_real_input(small):
         kvc.encode(k, v, levels=[1, 2], chunk_tokens=32)
 
 
+def _damaged(data, rng):
+    """`data` with one seeded kind of damage: bits flipped, cut short, or bytes inserted."""
+    bad = bytearray(data)
+    kind = rng.integers(3)
+    if kind == 0:
+        for _ in range(rng.integers(1, 4)):
+            bad[rng.integers(len(bad))] ^= 1 << int(rng.integers(8))
+    elif kind == 1:
+        del bad[rng.integers(len(bad)) :]
+    else:
+        at = int(rng.integers(len(bad)))
+        bad[at:at] = rng.integers(256, size=int(rng.integers(1, 9)), dtype=np.uint8).tobytes()
+    return bytes(bad)
+
+
+def test_damaged_streams_and_profiles_raise_library_errors(small):
+    # Every byte of a stream is under a CRC (header, embedded profile, chunks) and every
+    # length is checked, so each damaged copy must raise a KvcError: never another exception,
+    # never a decode that returns.
+    k, v = small
+    p = kvc.Profile.learn([(k, v)])
+    rng = np.random.default_rng(2026)
+    streams = [(kvc.encode(k, v, chunk_tokens=32), None), (kvc.encode(k, v, profile=p, chunk_tokens=32), p)]
+    kinds = set()
+    for data, profile in streams:
+        for _ in range(150):
+            with pytest.raises(kvc.KvcError) as e:
+                kvc.Stream(_damaged(data, rng), profile).decode()
+            kinds.add(type(e.value).__name__)
+    blob = p.save()
+    for _ in range(150):
+        with pytest.raises(kvc.KvcError) as e:
+            kvc.Profile.load(_damaged(blob, rng))
+        kinds.add(type(e.value).__name__)
+    assert {"HeaderError", "ProfileError", "ChunkError"} <= kinds, kinds
+
+
 def test_a_panic_does_not_take_the_interpreter_down():
     with pytest.raises(kvc.InternalError, match="deliberate panic"):
         _native._panic()
