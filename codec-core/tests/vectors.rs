@@ -415,129 +415,204 @@ fn first_freq_at(p: &[u8]) -> usize {
     24 + 4 * n_levels + record_len(p) * 2 * l * c + hints + 2 + 1
 }
 
+/// The caches and profiles most vectors are cut from: a synthetic f16 cache, a profile learned
+/// from it, and one learned with synthetic queries (importance hints).
+struct Sources {
+    big: KvCache,
+    prof: Profile,
+    prof_q: Profile,
+}
+
 fn build() -> (Vec<Valid>, Vec<Invalid>) {
+    let big = synthetic(shape(2, 2, 8, 160), Dtype::F16, meta(RopeStyle::NeoX, 0), 1);
+    let q = synthetic_queries(&big, 16, 77);
+    let src = Sources {
+        prof: learn(&big, None),
+        prof_q: learn(&big, Some((&q, 4, 144))),
+        big,
+    };
     let mut valid = Vec::new();
+    layout_vectors(&src, &mut valid);
+    sink_dtype_vectors(&src, &mut valid);
+    hint_real_vectors(&src, &mut valid);
+    // Invalid streams, mutations of a valid one, self-contained (`base`) or referenced.
+    let base = enc(&src.big, &src.prof, true, &params(64, 10, 1, &[7]));
     let mut invalid = Vec::new();
+    stream_mutations(&base, &mut invalid);
+    profile_mutations(&src, &base, &mut invalid);
+    let v = &mut invalid;
+    let d = Limits::DEFAULT;
+    let mut s = base.to_vec();
+    s[12] = 3;
+    fix_header_crc(&mut s);
+    bad(
+        v,
+        "bad-dtype",
+        "dtype code 3, header CRC recomputed",
+        s,
+        None,
+        d,
+    );
+    (valid, invalid)
+}
 
-    // Synthetic caches: a training cache per dtype (for the profile) and prefixes of it.
-    let sh = shape(2, 2, 8, 160);
-    let big = synthetic(sh, Dtype::F16, meta(RopeStyle::NeoX, 0), 1);
-    let prof = learn(&big, None);
-    let prof_bytes = prof.as_bytes().to_vec();
+/// `c` encoded against `p`, embedded or referenced, with `ep`.
+fn enc(c: &KvCache, p: &Profile, embedded: bool, ep: &EncodeParams) -> Vec<u8> {
+    let mode = if embedded {
+        ProfileMode::Embedded(p)
+    } else {
+        ProfileMode::Referenced(p)
+    };
+    encode(&c.view(), mode, ep).unwrap()
+}
+
+fn add(
+    v: &mut Vec<Valid>,
+    name: &'static str,
+    description: String,
+    stream: Vec<u8>,
+    profile: Option<&Profile>,
+) {
+    v.push(Valid {
+        name,
+        description,
+        stream,
+        profile: profile.map(|p| p.as_bytes().to_vec()),
+        limits: Limits::DEFAULT,
+    })
+}
+
+fn bad(
+    v: &mut Vec<Invalid>,
+    name: &'static str,
+    description: &str,
+    stream: Vec<u8>,
+    profile: Option<Vec<u8>>,
+    limits: Limits,
+) {
+    v.push(Invalid {
+        name,
+        description: description.into(),
+        stream,
+        profile,
+        limits,
+    })
+}
+
+/// Tokens, groups, chunks and levels.
+fn layout_vectors(src: &Sources, v: &mut Vec<Valid>) {
+    let (big, prof) = (&src.big, &src.prof);
     let n_levels = prof.levels();
-    let enc = |c: &KvCache, p: &Profile, embedded: bool, ep: &EncodeParams| -> Vec<u8> {
-        let mode = if embedded {
-            ProfileMode::Embedded(p)
-        } else {
-            ProfileMode::Referenced(p)
-        };
-        encode(&c.view(), mode, ep).unwrap()
-    };
-    let mut add = |name, description: String, stream, profile: Option<&Profile>| {
-        valid.push(Valid {
-            name,
-            description,
-            stream,
-            profile: profile.map(|p| p.as_bytes().to_vec()),
-            limits: Limits::DEFAULT,
-        })
-    };
-
-    let one = prefix(&big, 1);
+    let one = prefix(big, 1);
     add(
+        v,
         "one-token",
         "f16, L=2 H=2 D=8, a single token (a sink row, stored raw); self-contained".into(),
-        enc(&one, &prof, true, &params(64, 10, 1, &[7])),
+        enc(&one, prof, true, &params(64, 10, 1, &[7])),
         None,
     );
-    let one_ns = prefix(&big, 1);
+    let one_ns = prefix(big, 1);
     add(
+        v,
         "one-token-no-sink",
         "f16, a single token with n_sink = 0: one anchor row coded with the tables; referenced"
             .into(),
-        enc(&one_ns, &prof, false, &params(64, 10, 0, &[3])),
-        Some(&prof),
+        enc(&one_ns, prof, false, &params(64, 10, 0, &[3])),
+        Some(prof),
     );
-    let rem = prefix(&big, 27);
+    let rem = prefix(big, 27);
     add(
+        v,
         "group-remainder",
         "f16, T=27 with G=10: two full groups and a 7-row remainder group; self-contained".into(),
-        enc(&rem, &prof, true, &params(64, 10, 1, &[5])),
+        enc(&rem, prof, true, &params(64, 10, 1, &[5])),
         None,
     );
     add(
+        v,
         "chunk-remainder",
         "f16, T=160 in chunks of 64: chunks of 64, 64 and 32 tokens; referenced".into(),
-        enc(&big, &prof, false, &params(64, 10, 1, &[7])),
-        Some(&prof),
+        enc(big, prof, false, &params(64, 10, 1, &[7])),
+        Some(prof),
     );
     let every: Vec<u8> = (0..n_levels).collect();
     let t_every = 13 * n_levels as u32;
     add(
+        v,
         "every-level",
         format!(
             "f16, T={t_every} in {n_levels} chunks of 13 tokens, chunk i at level i: every level of the profile; referenced"
         ),
-        enc(&prefix(&big, t_every), &prof, false, &params(13, 10, 1, &every)),
-        Some(&prof),
+        enc(&prefix(big, t_every), prof, false, &params(13, 10, 1, &every)),
+        Some(prof),
     );
     add(
+        v,
         "finest-level",
         "f16, T=100, level 0 (the finest) in one chunk; self-contained".into(),
-        enc(&prefix(&big, 100), &prof, true, &params(128, 10, 1, &[0])),
+        enc(&prefix(big, 100), prof, true, &params(128, 10, 1, &[0])),
         None,
     );
     add(
+        v,
         "coarsest-level",
         format!(
             "f16, T=100, level {} (the coarsest) in one chunk; self-contained",
             n_levels - 1
         ),
         enc(
-            &prefix(&big, 100),
-            &prof,
+            &prefix(big, 100),
+            prof,
             true,
             &params(128, 10, 1, &[n_levels - 1]),
         ),
         None,
     );
     add(
+        v,
         "group-1",
         "f16, T=40, G=1: every row an anchor row; referenced".into(),
-        enc(&prefix(&big, 40), &prof, false, &params(64, 1, 1, &[6])),
-        Some(&prof),
+        enc(&prefix(big, 40), prof, false, &params(64, 1, 1, &[6])),
+        Some(prof),
     );
     add(
+        v,
         "group-larger-than-chunk",
         "f16, T=50 in chunks of 16 with G=100: every chunk is one partial group (one anchor row, the rest delta rows); referenced".into(),
-        enc(&prefix(&big, 50), &prof, false, &params(16, 100, 1, &[4])),
-        Some(&prof),
+        enc(&prefix(big, 50), prof, false, &params(16, 100, 1, &[4])),
+        Some(prof),
     );
+}
 
-    // Sinks and positions.
-    let mut shifted = prefix(&big, 60);
+/// Sinks and positions, dtypes and metadata.
+fn sink_dtype_vectors(src: &Sources, v: &mut Vec<Valid>) {
+    let (big, prof) = (&src.big, &src.prof);
+    let mut shifted = prefix(big, 60);
     shifted.meta.first_position = 3;
     add(
+        v,
         "sinks-first-position",
         "f16, T=60, first_position 3 and n_sink 5: stream tokens 0 and 1 are sinks (positions 3, 4); chunks of 32; referenced".into(),
-        enc(&shifted, &prof, false, &params(32, 10, 5, &[7])),
-        Some(&prof),
+        enc(&shifted, prof, false, &params(32, 10, 5, &[7])),
+        Some(prof),
     );
-    let mut late = prefix(&big, 30);
+    let mut late = prefix(big, 30);
     late.meta.first_position = 1_000_000;
     add(
+        v,
         "no-sinks-late-position",
         "f16, T=30, first_position 1000000, n_sink 4: no sink rows; self-contained".into(),
-        enc(&late, &prof, true, &params(64, 10, 4, &[8])),
+        enc(&late, prof, true, &params(64, 10, 4, &[8])),
         None,
     );
-    let mut all_sink = prefix(&big, 12);
+    let mut all_sink = prefix(big, 12);
     all_sink.meta.first_position = 0;
     add(
+        v,
         "all-sinks",
         "f16, T=12, n_sink 100: every row is a sink row (stored raw); referenced".into(),
-        enc(&all_sink, &prof, false, &params(64, 10, 100, &[7])),
-        Some(&prof),
+        enc(&all_sink, prof, false, &params(64, 10, 100, &[7])),
+        Some(prof),
     );
 
     // Dtypes and metadata.
@@ -559,33 +634,37 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
         m.model_id = "modèle-ß/κ (UTF-8 id)".into();
         let c = synthetic(shape(2, 2, 8, 70), dtype, m, 2 + dtype as u64);
         let p = learn(&c, None);
-        add(name, desc.into(), enc(&c, &p, true, &params(32, 10, 1, &[6])), None);
+        add(v, name, desc.into(), enc(&c, &p, true, &params(32, 10, 1, &[6])), None);
     }
     let wide = synthetic(shape(1, 3, 16, 45), Dtype::F32, meta(RopeStyle::None, 0), 9);
     let wide_p = learn(&wide, None);
     add(
+        v,
         "f32-one-layer-uniform",
         "f32, L=1 H=3 D=16, T=45, rope none, no importance hints: uniform steps; referenced".into(),
         enc(&wide, &wide_p, false, &params(20, 8, 1, &[2])),
         Some(&wide_p),
     );
+}
 
-    // Importance hints and step exponents (synthetic queries).
-    let q = synthetic_queries(&big, 16, 77);
-    let prof_q = learn(&big, Some((&q, 4, 144)));
+/// Importance hints and step exponents (synthetic queries), the real fixture, no tokens.
+fn hint_real_vectors(src: &Sources, v: &mut Vec<Valid>) {
+    let (big, prof, prof_q) = (&src.big, &src.prof, &src.prof_q);
     add(
+        v,
         "step-exponents",
         "f16, T=160 in chunks of 64 with a profile that carries importance hints: blocks carry step exponents; self-contained".into(),
-        enc(&big, &prof_q, true, &params(64, 10, 1, &[7])),
+        enc(big, prof_q, true, &params(64, 10, 1, &[7])),
         None,
     );
     let mut uni = params(64, 10, 1, &[7]);
     uni.token_importance = false;
     add(
+        v,
         "hints-uniform-steps",
         "f16, T=160, profile with importance hints but encoded with uniform steps (n_exp = 0 in every block); referenced".into(),
-        enc(&big, &prof_q, false, &uni),
-        Some(&prof_q),
+        enc(big, prof_q, false, &uni),
+        Some(prof_q),
     );
 
     // A slice of the real fixture: 3 layers of SmolLM2 at tokens 0..160, profile learned from the
@@ -594,40 +673,35 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     let real_p = learn(&real, Some((&rq, q_heads, q_start)));
     let real_slice = prefix(&real, 160);
     add(
+        v,
         "smollm2-slice",
         "real SmolLM2-135M cache (testdata/smollm2-gpl3-512, layers 0..3, tokens 0..160, f16, H=3 D=64), chunks of 64, default level 7, step exponents from the profile's hints; referenced".into(),
         enc(&real_slice, &real_p, false, &params(64, 10, 1, &[7])),
         Some(&real_p),
     );
     add(
+        v,
         "smollm2-slice-self-contained",
         "the same real slice at level 2, tokens 0..96, self-contained".into(),
         enc(&prefix(&real, 96), &real_p, true, &params(96, 10, 1, &[2])),
         None,
     );
-    let empty = prefix(&big, 0);
+    let empty = prefix(big, 0);
     add(
+        v,
         "zero-tokens",
         "f16, T=0: no chunks, only the header and the embedded profile; self-contained".into(),
-        enc(&empty, &prof, true, &params(64, 10, 1, &[7])),
+        enc(&empty, prof, true, &params(64, 10, 1, &[7])),
         None,
     );
+}
 
-    // Invalid streams, mutations of valid ones.
-    let base = enc(&big, &prof, true, &params(64, 10, 1, &[7]));
-    let refd = enc(&big, &prof, false, &params(64, 10, 1, &[7]));
-    let mut bad = |name, description: &str, stream: Vec<u8>, profile: Option<Vec<u8>>, limits| {
-        invalid.push(Invalid {
-            name,
-            description: description.into(),
-            stream,
-            profile,
-            limits,
-        })
-    };
+/// The stream's own bytes damaged: cut short, its header, its lanes, its index, its limits.
+fn stream_mutations(base: &[u8], v: &mut Vec<Invalid>) {
     let d = Limits::DEFAULT;
-    bad("empty", "zero bytes", Vec::new(), None, d);
+    bad(v, "empty", "zero bytes", Vec::new(), None, d);
     bad(
+        v,
         "truncated-header",
         "the first 60 bytes of a valid stream",
         base[..60].to_vec(),
@@ -635,36 +709,46 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
         d,
     );
     bad(
+        v,
         "truncated-last-chunk",
         "a valid self-contained stream without its last 5 bytes",
         base[..base.len() - 5].to_vec(),
         None,
         d,
     );
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     s[3] = b'X';
-    bad("bad-magic", "magic \"KVCX\"", s, None, d);
-    let mut s = base.clone();
+    bad(v, "bad-magic", "magic \"KVCX\"", s, None, d);
+    let mut s = base.to_vec();
     s[4] = 1;
     fix_header_crc(&mut s);
     bad(
+        v,
         "version-1",
         "stream version 1 (header CRC recomputed)",
         s,
         None,
         d,
     );
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     s[28] ^= 0x01;
     bad(
+        v,
         "header-crc",
         "one bit of the token count flipped, header CRC not updated",
         s,
         None,
         d,
     );
+    lane_mutations(base, v);
+    index_and_limit_mutations(base, v);
+}
+
+/// Block (0, K) of chunk 1's lane 0 damaged.
+fn lane_mutations(base: &[u8], v: &mut Vec<Invalid>) {
+    let d = Limits::DEFAULT;
     // Block (0, K) of chunk 1 (no sink rows): where lane 0's words start, and how many it has.
-    let r = chunk_range(&base, 1);
+    let r = chunk_range(base, 1);
     let u32at = |o: usize| u32::from_le_bytes(base[o..o + 4].try_into().unwrap()) as usize;
     let (n_esc, lane0, n_exp) = (
         u32at(r.start),
@@ -673,10 +757,11 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     );
     let words = r.start + 4 + 128 + 1 + 2 * n_exp + 4 * n_esc;
     assert!(lane0 > 0);
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     s[words + 4 * (lane0 - 1)..words + 4 * lane0].fill(0);
     fix_trailing_crc(&mut s[r.clone()]);
     bad(
+        v,
         "lane-zero-final-word",
         "chunk 1, block (0, K): lane 0's last word (the first one decoded) set to 0, chunk CRC recomputed",
         s,
@@ -689,58 +774,69 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     chunk.splice(rel..rel, 0x1234_5678u32.to_le_bytes());
     fix_trailing_crc(&mut chunk);
     bad(
+        v,
         "lane-trailing-word",
         "chunk 1, block (0, K): an extra word 0x12345678 inserted before lane 0's words and counted in lane_len[0]; the lane decoder refills from it and the lane does not end in state 0 (chunk CRC, length and header recomputed)",
-        with_chunk(&base, 1, &chunk),
+        with_chunk(base, 1, &chunk),
         None,
         d,
     );
-    let mut s = base.clone();
+}
+
+/// The header's reserved byte, the chunk index, bytes after the chunks, and limits.
+fn index_and_limit_mutations(base: &[u8], v: &mut Vec<Invalid>) {
+    let d = Limits::DEFAULT;
+    let mut s = base.to_vec();
     s[15] = 1;
     fix_header_crc(&mut s);
     bad(
+        v,
         "header-reserved",
         "the header's reserved byte (offset 15) set to 1, CRC recomputed",
         s,
         None,
         d,
     );
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     let e = entry_at(&s, 0);
     s[e + 20] = 200;
     fix_header_crc(&mut s);
     bad(
+        v,
         "unknown-level",
         "chunk 0 at level 200 (the profile has 12), header CRC recomputed",
         s,
         None,
         d,
     );
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     let e = entry_at(&s, 2);
     let len = u32::from_le_bytes(s[e + 8..e + 12].try_into().unwrap());
     s[e + 8..e + 12].copy_from_slice(&(len + 1000).to_le_bytes());
     fix_header_crc(&mut s);
     bad(
+        v,
         "chunk-past-input",
         "the last chunk's len_bytes 1000 larger than the bytes present, header CRC recomputed",
         s,
         None,
         d,
     );
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     s.extend_from_slice(&[0, 0, 0]);
     bad(
+        v,
         "trailing-bytes",
         "three zero bytes after the last chunk",
         s,
         None,
         d,
     );
-    let mut s = base.clone();
+    let mut s = base.to_vec();
     s[16..20].copy_from_slice(&5000u32.to_le_bytes());
     fix_header_crc(&mut s);
     bad(
+        v,
         "layers-past-limit",
         "layers = 5000, past the default max_layers 1024 (header CRC recomputed)",
         s,
@@ -748,9 +844,10 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
         d,
     );
     bad(
+        v,
         "tokens-past-caller-limit",
         "a valid stream of 160 tokens decoded with max_tokens = 100",
-        base.clone(),
+        base.to_vec(),
         None,
         Limits {
             max_tokens: 100,
@@ -758,16 +855,26 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
         },
     );
     bad(
+        v,
         "elements-past-caller-limit",
         "a valid stream (2*2*160*16 = 10240 elements) decoded with max_elements = 10000",
-        base.clone(),
+        base.to_vec(),
         None,
         Limits {
             max_elements: 10000,
             ..d
         },
     );
+}
+
+/// Profiles missing, wrong or damaged, referenced or embedded.
+fn profile_mutations(src: &Sources, base: &[u8], v: &mut Vec<Invalid>) {
+    let d = Limits::DEFAULT;
+    let (big, prof, prof_q) = (&src.big, &src.prof, &src.prof_q);
+    let prof_bytes = prof.as_bytes().to_vec();
+    let refd = enc(big, prof, false, &params(64, 10, 1, &[7]));
     bad(
+        v,
         "profile-required",
         "a stream that references its profile, decoded without one",
         refd.clone(),
@@ -775,6 +882,7 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
         d,
     );
     bad(
+        v,
         "wrong-profile",
         "a stream that references one profile, decoded with another of the same shape",
         refd.clone(),
@@ -785,6 +893,7 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     let at = p.len() / 2;
     p[at] ^= 0x01;
     bad(
+        v,
         "profile-crc",
         "a referenced stream with its profile file corrupted by one bit (profile CRC mismatch)",
         refd.clone(),
@@ -796,9 +905,10 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     p[at] = p[at].wrapping_add(1);
     fix_trailing_crc(&mut p);
     bad(
+        v,
         "malformed-table",
         "embedded profile whose first table's frequencies sum to 4097 (profile CRC, hash and header CRC recomputed)",
-        with_embedded(&base, &p),
+        with_embedded(base, &p),
         None,
         d,
     );
@@ -807,9 +917,10 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     p[at..at + 2].copy_from_slice(&[0, 0]);
     fix_trailing_crc(&mut p);
     bad(
+        v,
         "zero-step",
         "embedded profile whose first channel's delta_step is bf16 +0 (profile CRC, hash and header CRC recomputed)",
-        with_embedded(&base, &p),
+        with_embedded(base, &p),
         None,
         d,
     );
@@ -817,32 +928,23 @@ fn build() -> (Vec<Valid>, Vec<Invalid>) {
     p[4] = 4;
     fix_trailing_crc(&mut p);
     bad(
+        v,
         "profile-version-4",
         "embedded profile of version 4 (profile CRC, hash and header CRC recomputed)",
-        with_embedded(&base, &p),
+        with_embedded(base, &p),
         None,
         d,
     );
     let other = synthetic(shape(2, 2, 4, 40), Dtype::F16, meta(RopeStyle::NeoX, 0), 5);
     let other_p = learn(&other, None);
     bad(
+        v,
         "profile-shape",
         "embedded profile of another shape (head_dim 4, not 8), hash and header CRC recomputed",
-        with_embedded(&base, other_p.as_bytes()),
+        with_embedded(base, other_p.as_bytes()),
         None,
         d,
     );
-    let mut s = base.clone();
-    s[12] = 3;
-    fix_header_crc(&mut s);
-    bad(
-        "bad-dtype",
-        "dtype code 3, header CRC recomputed",
-        s,
-        None,
-        d,
-    );
-    (valid, invalid)
 }
 
 /// Writes `spec/vectors/`. Run by hand; see the module docs.
