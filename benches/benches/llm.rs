@@ -14,7 +14,7 @@ fn llm(c: &mut Criterion) {
         return;
     };
     let model = Model::load(&path).unwrap();
-    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
+    let text = llm::test_text(&root, "GPL-3");
     let tokens = model.tokenizer().encode(&text).unwrap();
     let mut g = c.benchmark_group("llm/smollm2-135m");
     g.sample_size(10);

@@ -13,7 +13,8 @@ fn dump_encode_decode_judge() {
         return;
     };
     let model = model.to_str().unwrap();
-    let text = "/usr/share/common-licenses/Apache-2.0";
+    let text = root.join("testdata/texts/Apache-2.0");
+    let text = text.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let f = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
     let (dump, stream, back) = (f("a.safetensors"), f("a.kvc"), f("b.safetensors"));
@@ -96,7 +97,7 @@ fn blend_eval_reports_every_method_as_json() {
         "Permission is granted to copy, distribute and modify this text.",
     )
     .unwrap();
-    let l = |n: &str| format!("/usr/share/common-licenses/{n}");
+    let l = |n: &str| root.join("testdata/texts").join(n).display().to_string();
     let chunks = format!("{},{}", l("GPL-2"), l("Apache-2.0"));
     let base = [
         "blend-eval",

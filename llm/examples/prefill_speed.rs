@@ -16,8 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         l => l,
     };
     let model = kvc_llm::Model::load(&path)?;
-    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")?;
-    let once = model.tokenizer().encode(&text)?;
+    let text = include_str!("../../testdata/texts/GPL-3");
+    let once = model.tokenizer().encode(text)?;
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let tokens: Vec<u32> = once.iter().copied().cycle().take(longest).collect();
     for n in lengths {

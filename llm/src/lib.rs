@@ -66,6 +66,14 @@ pub fn test_model(root: &std::path::Path) -> Option<std::path::PathBuf> {
     None
 }
 
+/// For the project's tests and benches: the text `name` of `testdata/texts/` under the
+/// repository root `root` (licence texts shipped with the repository, e.g. `GPL-3`).
+#[doc(hidden)]
+pub fn test_text(root: &std::path::Path, name: &str) -> String {
+    let path = root.join("testdata/texts").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// For the project's tests: the reference model under `root` ([`test_model`]), loaded once per
 /// test binary and shared by its tests.
 #[doc(hidden)]

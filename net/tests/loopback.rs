@@ -175,7 +175,7 @@ async fn text_chunks_are_recomputed_on_the_chunks_before_them() {
     let Some(m) = llm::shared_test_model(&common::root()) else {
         return;
     };
-    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
+    let text = llm::test_text(&common::root(), "GPL-3");
     let tokens = m.tokenizer().encode(&text).unwrap()[..512].to_vec();
     let dir = tempfile::tempdir().unwrap();
     common::write_store(dir.path(), "gpl3", Some(tokens.clone()));
