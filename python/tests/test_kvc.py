@@ -1,6 +1,8 @@
 import gc
+import os
 import pickle
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -272,8 +274,15 @@ def test_decode_from_several_threads(small):
 
 
 def _rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+    """Resident bytes now (Linux), else the peak so far (macOS, BSDs): growth shows in both."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def test_repeated_decodes_do_not_grow_memory(dump):
