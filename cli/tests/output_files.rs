@@ -1,6 +1,8 @@
 //! The command never destroys a user's file: an existing output is kept without `--force`, an
 //! input is never an output (by path, hard link or symbolic link), and no temporary file is left
 //! behind, on errors or on Ctrl-C. Also the messages a new user met first.
+//! Unix only: it sends SIGINT and makes symbolic links.
+#![cfg(unix)]
 
 mod common;
 use common::{kvc, write_sample_layers, SAMPLE};
