@@ -33,6 +33,7 @@
 //!   on it.
 //!
 //! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
+#![warn(missing_docs)]
 
 pub mod decode;
 pub mod encode;

@@ -23,6 +23,7 @@
 //! GGUF conversion permutes the Q/K weights for interleaved (GPT-J) rotary pairing, so the
 //! runner's K is a channel permutation of a NeoX-paired runtime's; the caches it makes say
 //! [`RopeStyle::GptJ`](codec_core::RopeStyle), and it accepts either pairing as input.
+#![warn(missing_docs)]
 
 mod arch;
 mod blend;

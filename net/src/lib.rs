@@ -8,6 +8,7 @@
 //! - [`frame`]: the frame codec, pure and synchronous (what the fuzzer drives).
 //! - `rate`, `server` and `client` (feature `runtime`, default): the token bucket that replays
 //!   a bandwidth trace on the server's sends, the tokio server and the fetch client.
+#![warn(missing_docs)]
 
 pub mod frame;
 pub mod fuzzing;
