@@ -19,8 +19,7 @@ use codec_core::{Dtype, EncodeParams, KvCache, KvView, ProfileMode, Stream, Tens
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::{PqBatch, PqStatus};
-use codec_cuda::quant::OutDtype;
-use codec_cuda::{CudaError, Gpu, HostBuffer};
+use codec_cuda::{CudaError, Gpu, HostBuffer, OutDtype};
 use half::vec::HalfBitsVecExt;
 use kvc_io::pq::{SearchQuery, Searched};
 use pq_core::Codebook;

@@ -25,15 +25,15 @@
 //!
 //! [`DecodePlan::decode_chain_host`] runs the same chain on the kernels compiled for the CPU
 //! ([`DecodePlan::decode_chain_host_from`] with the words gathered as `Gpu::decode_from` does);
-//! [`DecodePlan::decode_host`] (and `Gpu::decode_into_stepwise`) the stepwise path, steps 2 and
-//! 4 on the host. Every path reports a failing chunk as [`CudaError::Stream`] (B6-B10 as the
+//! `DecodePlan::decode_host` (and `Gpu::decode_into_stepwise`, both with the feature
+//! `internals`) the stepwise path, steps 2 and 4 on the host. Every path reports a failing chunk as [`CudaError::Stream`] (B6-B10 as the
 //! launches find them), never panicking, and writes what codec-core decodes, bit for bit.
 //!
 //! ```
 //! use codec_core::{encode, learn_profile, EncodeParams, KvCache, KvMeta, KvShape, Limits};
 //! use codec_core::{LearnParams, ProfileMode, Sample, Stream, Tensor, TensorMut};
 //! use codec_cuda::decode::DecodePlan;
-//! use codec_cuda::quant::OutDtype;
+//! use codec_cuda::OutDtype;
 //!
 //! // A tiny f32 cache (2 layers, 1 KV head of 4 channels, 8 tokens) coded in chunks of 4.
 //! let shape = KvShape { layers: 2, kv_heads: 1, head_dim: 4, tokens: 8 };
@@ -271,6 +271,7 @@ impl<'s> DecodePlan<'s> {
         self.chunks.len()
     }
 
+    #[cfg(feature = "internals")]
     /// The first launch: every block's exponent prefix.
     pub fn exponent_batch(&self) -> Result<LaneBatch, CudaError> {
         let mut batch = LaneBatch::new();
@@ -280,6 +281,7 @@ impl<'s> DecodePlan<'s> {
         Ok(batch)
     }
 
+    #[cfg(feature = "internals")]
     /// Every block's exponents from the first launch's output; a block whose exponent lanes
     /// failed is the chunk's error.
     pub fn exponents<'a>(&self, out: &'a LaneDecoded) -> Result<Vec<&'a [u8]>, CudaError> {
@@ -308,6 +310,7 @@ impl<'s> DecodePlan<'s> {
         Ok(exps)
     }
 
+    #[cfg(feature = "internals")]
     /// The second launch: every symbol of every block, level tables shared per (profile, level).
     pub fn symbol_batch(&self, exps: &[&[u8]]) -> Result<LaneBatch, CudaError> {
         let mut batch = LaneBatch::new();
@@ -332,6 +335,7 @@ impl<'s> DecodePlan<'s> {
         Ok(batch)
     }
 
+    #[cfg(feature = "internals")]
     /// The third launch: every block's symbol values (escapes mapped, B7/B9 checked) into a
     /// dequantization batch writing the plan's output.
     pub fn dequant_batch(
@@ -364,17 +368,18 @@ impl<'s> DecodePlan<'s> {
         Ok(batch)
     }
 
+    #[cfg(feature = "internals")]
     /// Runs the three kernels compiled for the host: the output's f16 or bf16 bits (elements
     /// no chunk writes are 0).
     pub fn decode_host(&self) -> Result<Vec<u16>, CudaError> {
         self.check_crcs_host()?;
         let exp_out = self
             .exponent_batch()?
-            .decode_host(LaneBatch::MAX_SHARED_TABLES)?;
+            .decode_host(LaneShape::MAX_SHARED_TABLES)?;
         let exps = self.exponents(&exp_out)?;
         let sym_out = self
             .symbol_batch(&exps)?
-            .decode_host(LaneBatch::MAX_SHARED_TABLES)?;
+            .decode_host(LaneShape::MAX_SHARED_TABLES)?;
         let (out, status) = self.dequant_batch(&sym_out, &exps)?.decode_host()?;
         check_dequant(&status)?;
         Ok(out)
@@ -909,6 +914,7 @@ impl DecodePlan<'_> {
         check_crcs_host(&crc_checks(&self.chunks))
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the seconds `reps` builds of the plan's chain of launches take on the host
     /// (the first step of every `Gpu` upload): with `kept`, each (profile, level)'s constants
     /// built before the first and kept, as a `Gpu` keeps them after its first call; without,
@@ -917,6 +923,7 @@ impl DecodePlan<'_> {
         time_builds(reps, kept, |cache| self.chain_with(cache))
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: [`time_chain`](Self::time_chain) with the constants kept and each level's
     /// table maps and channel constants resident where the chain's launches read them (as a
     /// `Gpu` keeps them on its device after its first call): the host's part of every later
@@ -980,7 +987,7 @@ impl DecodePlan<'_> {
             });
         }
         let (heads, head_dim) = (self.heads, self.head_dim);
-        let shape = LaneShape::new(1, LaneBatch::MAX_SHARED_TABLES)?;
+        let shape = LaneShape::new(1, LaneShape::MAX_SHARED_TABLES)?;
         let (exps, exp_status) = ch.host_exps(words, shape)?;
         let maps = ch.table_maps(&exps, (heads, head_dim));
         // The fused chain leaves the tables to the launches after (no table index a symbol);

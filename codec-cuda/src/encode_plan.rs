@@ -452,6 +452,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         Ok(ch)
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the seconds `reps` builds of the plan's chain take on the host (the first
     /// step of every `Gpu::encode`): with `kept`, each level's table maps and channel
     /// constants built before the first and kept, as a `Gpu` keeps them after its first call.
@@ -459,6 +460,7 @@ impl<'c, 'p> EncodePlan<'c, 'p> {
         time_builds(reps, kept, |cache| self.chain_with(cache))
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: [`time_chain`](Self::time_chain) with the constants kept and each level's
     /// table maps and channel constants resident where the chain's launches read them (as a
     /// `Gpu` keeps them on its device after its first call): the host's part of every later

@@ -266,7 +266,7 @@ impl Gpu {
     }
 
     /// Sets how many tables a lane-decode block stages in shared memory (16 KiB each, with
-    /// the warps per CUDA block at most [`LaneBatch::MAX_SHARED_TABLES`] per CUDA block; see
+    /// the warps per CUDA block at most [`LaneShape::MAX_SHARED_TABLES`] per CUDA block; see
     /// [`LaneShape::new`]); takes effect before the kernels are loaded.
     pub fn set_lane_shared_tables(&mut self, tables: u32) -> Result<(), CudaError> {
         self.set_lane_shape(LaneShape::new(self.lane_shape.warps(), tables)?);
@@ -402,6 +402,7 @@ impl Gpu {
             .map_err(ffi::driver_err("cuStreamSynchronize"))
     }
 
+    #[cfg(feature = "internals")]
     /// Decodes every block of `batch` on the device (as [`LaneBatch::decode_host`] does on the
     /// host): words, tables and block headers uploaded, one launch, symbols and statuses back.
     pub fn lane_decode(&self, batch: &LaneBatch) -> Result<LaneDecoded, CudaError> {
@@ -430,6 +431,7 @@ impl Gpu {
         })
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` lane-decode launches over `batch`,
     /// uploaded once (the kernel alone: each launch queued, then the stream synchronized).
     pub fn time_lane_decode(&self, batch: &LaneBatch, reps: usize) -> Result<f64, CudaError> {
@@ -441,6 +443,7 @@ impl Gpu {
         )
     }
 
+    #[cfg(feature = "internals")]
     /// Not part of any format: decodes `batch` with the 32-bit-state experiment's kernel (as
     /// [`Lane32Batch::decode_host`] does on the host).
     pub fn lane32_decode_experiment(&self, batch: &Lane32Batch) -> Result<LaneDecoded, CudaError> {
@@ -453,6 +456,7 @@ impl Gpu {
         Ok(batch.decoded(dev.symbols.download(s)?, dev.status.download(s)?))
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: [`time_lane_decode`](Self::time_lane_decode) for the 32-bit-state
     /// experiment's kernel.
     pub fn time_lane32_decode_experiment(
@@ -499,6 +503,7 @@ impl Gpu {
         })
     }
 
+    #[cfg(feature = "internals")]
     /// Runs the dequantization kernel over `batch` on the device into `out`, a device buffer of
     /// at least the batch's output length on [`stream`](Self::stream); the blocks' statuses.
     pub fn dequant_into(
@@ -536,6 +541,7 @@ impl Gpu {
         })
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` dequantization launches over `batch`
     /// into `out`, uploaded once (the kernel alone).
     pub fn time_dequant(
@@ -552,6 +558,7 @@ impl Gpu {
         )
     }
 
+    #[cfg(feature = "internals")]
     /// [`dequant_into`](Self::dequant_into) a zeroed buffer, downloaded: as
     /// [`DequantBatch::decode_host`] gives it.
     pub fn dequant(
@@ -666,6 +673,7 @@ impl Gpu {
         check_chain(&up.chunk_of, [&exp, &resolve, &sym, &value, &dequant])
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds over `reps` runs of [`upload_plan`](Self::upload_plan)
     /// (the chain built from the plan, packed, copied from pinned memory to the device, its
     /// statuses read), or with `host` of [`upload_plan_from`](Self::upload_plan_from), and of
@@ -691,6 +699,7 @@ impl Gpu {
         Ok(best)
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` runs of `plan`'s chain of launches,
     /// its inputs uploaded once (the kernels alone).
     pub fn time_decode_chain(
@@ -721,6 +730,7 @@ impl Gpu {
         ffi::launch_chain(stream, &kernels, dev, self.lane_shape, out, output.len)
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of each of the chain's five launches (exponents,
     /// table resolution, symbols, values, dequantization) over `reps` runs, each launch
     /// synchronized alone (the fused chain's table resolution is no launch: about 0).
@@ -830,6 +840,7 @@ impl Gpu {
         Ok(new)
     }
 
+    #[cfg(feature = "internals")]
     /// The three-launch path with the host's steps between launches (table resolution and
     /// value mapping on the host; [`DecodePlan::decode_host`]'s order), into `out`.
     pub fn decode_into_stepwise(
@@ -846,7 +857,7 @@ impl Gpu {
     }
 
     /// Decodes every chunk of `plan` on the device: the output's f16 or bf16 bits, as
-    /// [`DecodePlan::decode_host`] gives them.
+    /// [`DecodePlan::decode_chain_host`] gives them.
     pub fn decode(&self, plan: &DecodePlan<'_>) -> Result<Vec<u16>, CudaError> {
         self.decode_to_vec(plan, |out| self.decode_into(plan, out))
     }
@@ -1020,6 +1031,7 @@ impl Gpu {
         })
     }
 
+    #[cfg(feature = "internals")]
     /// Quantizes every block of `batch` on the device: as [`QuantBatch::quantize_host`]
     /// gives it.
     pub fn quantize(&self, batch: &QuantBatch) -> Result<Vec<(Vec<i32>, EncodeStatus)>, CudaError> {
@@ -1031,6 +1043,7 @@ impl Gpu {
         Ok(batch.quantized(dev.q.download(s)?, dev.status.download(s)?))
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` quantization launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_quantize(&self, batch: &QuantBatch, reps: usize) -> Result<f64, CudaError> {
@@ -1056,6 +1069,7 @@ impl Gpu {
         })
     }
 
+    #[cfg(feature = "internals")]
     /// Encodes every block of `batch` on the device: as [`LaneEncodeBatch::encode_host`]
     /// gives it.
     pub fn lane_encode(&self, batch: &LaneEncodeBatch) -> Result<LaneEncoded, CudaError> {
@@ -1071,6 +1085,7 @@ impl Gpu {
         ))
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` lane-encode launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_lane_encode(&self, batch: &LaneEncodeBatch, reps: usize) -> Result<f64, CudaError> {

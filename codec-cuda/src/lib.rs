@@ -10,36 +10,48 @@
 //! block's threads one after another, phase by phase): the `*_host` functions run it on the CPU,
 //! and the tests compare their output with codec-core's, bit for bit, without a GPU.
 //!
-//! - [`rans`]: the rANS lane decode kernel's batches ([`rans::LaneBatch`]).
-//! - [`quant`]: the dequantization kernel's batches ([`quant::DequantBatch`]), f16 or bf16,
-//!   dense `[T, H, D]` or paged as vLLM keeps its cache.
-//! - [`stream`]: a stream's chunks as lane-decode batches (exponents, then every symbol), their
-//!   symbol values (escapes) and dequantization blocks.
-//! - [`decode`]: a batch of chunks of one or several streams decoded by three launches into
-//!   one output ([`decode::DecodePlan`]).
+//! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
+//!   once per process and loaded once; it decodes plans of many streams' chunks into f16 or
+//!   bf16 K/V, dense `[T, H, D]` or paged as vLLM keeps its cache ([`Destination`],
+//!   [`OutLayout`]), encodes caches where they lie, and searches PQ codes.
+//! - [`decode`]: a batch of chunks of one or several streams decoded by one chain of launches
+//!   into one output ([`decode::DecodePlan`]).
+//! - [`encode_plan`]: chunks encoded from K/V where they lie (f32, f16 or bf16 `[T, H, D]`),
+//!   byte for byte codec-core's chunks ([`encode_plan::EncodePlan`]).
 //! - [`pq`]: the PQ search kernel's batches ([`pq::PqBatch`]): score tables, scores and top-k
 //!   for many queries over pq-core's packed codes, as `pq_core::search` selects.
-//! - [`encode`]: the encode kernels' batches: quantization ([`encode::QuantBatch`]) and the
-//!   32-lane rANS encoder ([`encode::LaneEncodeBatch`]), as codec-core's encoder computes them.
-//! - [`encode_plan`]: chunks encoded from K/V where they lie (f32, f16 or bf16 `[T, H, D]`)
-//!   by five launches, byte for byte codec-core's chunks ([`encode_plan::EncodePlan`]).
-//! - [`experiment`]: not part of any format: a 32-bit-state lane coder (16-bit words) and its
-//!   decode kernel, measured against format v2's 64-bit state (spec/FORMAT.md's appendix).
+//! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
+//! - With the feature `internals` (the crate's tests, benches and device bench; not a stable
+//!   API): the kernels' stepwise batches as modules, `rans` (lane decode), `quant`
+//!   (dequantization), `stream` (a stream's chunks as lane batches), `encode` (quantization
+//!   and lane encode) and `experiment` (a 32-bit-state lane coder, not part of any format,
+//!   measured against format v2's 64-bit state in spec/FORMAT.md's appendix), and `Gpu`'s
+//!   launches of each and its timings.
 //! - `fuzzing` (feature `fuzzing`): the bodies of the cargo-fuzz targets `decode_chain` and
 //!   `encode_chain`, the host-run kernels against codec-core on any stream and small caches.
-//! - [`nvrtc`]: compiles every kernel with NVRTC and reports registers and spills.
-//! - [`Gpu`]: a device (or the error saying why there is none), the kernels compiled for it
-//!   once per process and loaded once, and every batch above uploaded, launched and downloaded
-//!   on it.
 //!
 //! All `unsafe` code is in one private module, `ffi`, with its invariants written down.
 #![warn(missing_docs)]
+// Without `internals` the stepwise batches are the chain's private parts: what only their
+// public launches used is not built into anything.
+#![cfg_attr(
+    not(feature = "internals"),
+    allow(dead_code, private_interfaces, unused_imports)
+)]
+
+/// The modules public with the `internals` feature, private without.
+macro_rules! internal_mods {
+    ($($name:ident),*) => {$(
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
 
 pub mod decode;
-pub mod encode;
 pub mod encode_plan;
 mod error;
-pub mod experiment;
 mod ffi;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
@@ -47,17 +59,19 @@ mod gpu;
 mod levels;
 pub mod nvrtc;
 pub mod pq;
-pub mod quant;
-pub mod rans;
-pub mod stream;
+internal_mods!(encode, experiment, quant, rans, stream);
 
 pub use error::CudaError;
+#[cfg(feature = "internals")]
+pub use gpu::{EncodeTimes, PieceTimes};
 pub use gpu::{
-    EncodeTimes, Gpu, HostBuffer, PieceTimes, UploadedEncodePlan, UploadedPlan, UploadedPq,
-    DEFAULT_ENCODE_PIECE_BLOCKS, DEFAULT_LANE_SHARED_TABLES, DEFAULT_PIECE_BLOCKS,
+    Gpu, HostBuffer, UploadedEncodePlan, UploadedPlan, UploadedPq, DEFAULT_ENCODE_PIECE_BLOCKS,
+    DEFAULT_LANE_SHARED_TABLES, DEFAULT_PIECE_BLOCKS,
 };
 pub use nvrtc::{compile_report, KernelResources};
+pub use quant::{OutDtype, OutLayout, Output};
 pub use rans::LaneShape;
+pub use stream::Destination;
 
 /// Most host threads a call takes by default: threads that check a plan's chunks
 /// ([`decode::DecodePlan::add_streams`]) or write a packed upload ([`Gpu::set_upload_threads`]).

@@ -265,12 +265,8 @@ impl LaneBatch {
         self.words.len() * 4
     }
 
-    /// Tables the kernel stages in shared memory for the `shared_tables` of a launch: blocks
-    /// with at most that many tables read them from shared memory, others from global memory.
-    pub const MAX_SHARED_TABLES: u32 = 14;
-
     /// Decodes every block with the kernel compiled for the host, `shared_tables` (at most
-    /// [`Self::MAX_SHARED_TABLES`]) tables per block staged in shared memory, one block per
+    /// [`LaneShape::MAX_SHARED_TABLES`]) tables per block staged in shared memory, one block per
     /// CUDA block.
     pub fn decode_host(&self, shared_tables: u32) -> Result<LaneDecoded, CudaError> {
         self.decode_host_shaped(LaneShape::new(1, shared_tables)?)
@@ -293,15 +289,14 @@ impl LaneBatch {
 /// are the same in every shape; it only changes how a device schedules the work.
 ///
 /// ```
-/// use codec_cuda::rans::{LaneBatch, LaneShape};
+/// use codec_cuda::LaneShape;
 ///
 /// let shape = LaneShape::new(4, 2)?;
 /// assert_eq!((shape.warps(), shape.shared_tables()), (4, 2));
-/// // At most LaneBatch::MAX_SHARED_TABLES tables per CUDA block, at most 32 warps.
+/// // At most LaneShape::MAX_SHARED_TABLES tables per CUDA block, at most 32 warps.
 /// assert!(LaneShape::new(8, 2).is_err());
 /// assert!(LaneShape::new(33, 0).is_err());
 /// assert!(LaneShape::new(0, 0).is_err());
-/// assert!(LaneBatch::new().decode_host_shaped(shape)?.status(0).is_empty());
 /// # Ok::<(), codec_cuda::CudaError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,6 +308,11 @@ pub struct LaneShape {
 impl LaneShape {
     /// Most warps (coded blocks) per CUDA block: 1024 threads.
     pub const MAX_WARPS: u32 = 32;
+
+    /// Most tables a CUDA block stages in shared memory (16 KiB each), over all its warps:
+    /// blocks with at most their share of tables read them from shared memory, others from
+    /// global memory.
+    pub const MAX_SHARED_TABLES: u32 = 14;
 
     /// A device's lane decodes by default ([`crate::Gpu`]): one coded block per CUDA block and
     /// no table in shared memory, every table read through the L1/L2 cache. Measured on an
@@ -326,13 +326,13 @@ impl LaneShape {
 
     /// `warps` coded blocks per CUDA block (1 to [`Self::MAX_WARPS`]), each staging
     /// `shared_tables` tables (16 KiB each) in shared memory: at most
-    /// [`LaneBatch::MAX_SHARED_TABLES`] tables per CUDA block in all.
+    /// [`LaneShape::MAX_SHARED_TABLES`] tables per CUDA block in all.
     pub fn new(warps: u32, shared_tables: u32) -> Result<Self, CudaError> {
         let input = |what| Err(CudaError::Input { what });
         if warps == 0 || warps > Self::MAX_WARPS {
             return input("lane-decode warps per block outside 1..=32");
         }
-        if u64::from(warps) * u64::from(shared_tables) > u64::from(LaneBatch::MAX_SHARED_TABLES) {
+        if u64::from(warps) * u64::from(shared_tables) > u64::from(LaneShape::MAX_SHARED_TABLES) {
             return input("more shared tables than a device's shared memory holds");
         }
         Ok(LaneShape {

@@ -330,8 +330,8 @@ impl<'s> ChunkLanes<'s> {
     }
 }
 
-/// Where a sequence's decoded tensors go in a [`DequantBatch`]'s output: tensor `(layer, kv)`
-/// starts at element `base + (2 * layer + kv) * tensor_stride`.
+/// Where a sequence's decoded tensors go in a decode's output: tensor `(layer, kv)` starts at
+/// element `base + (2 * layer + kv) * tensor_stride`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Destination {
     /// Element of layer 0's K tensor.
@@ -339,7 +339,8 @@ pub struct Destination {
     /// Elements from one tensor to the next: `T * C` for dense `[T, H, D]` tensors,
     /// `num_pages * page_size * C` for paged ones.
     pub tensor_stride: u64,
-    /// The sequence's page table in the batch ([`DequantBatch::add_page_table`]; paged only).
+    /// Where the sequence's page table starts in the plan
+    /// ([`DecodePlan::add_page_table`](crate::decode::DecodePlan::add_page_table); paged only).
     pub page_start: u64,
 }
 

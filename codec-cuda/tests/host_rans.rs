@@ -51,7 +51,7 @@ fn block(tables: Vec<FreqTable>) -> impl Strategy<Value = BlockCase> {
 /// part empty), as many shared tables as fit.
 fn shape() -> impl Strategy<Value = LaneShape> {
     (1u32..=4)
-        .prop_flat_map(|w| (Just(w), 0..=LaneBatch::MAX_SHARED_TABLES / w))
+        .prop_flat_map(|w| (Just(w), 0..=LaneShape::MAX_SHARED_TABLES / w))
         .prop_map(|(w, t)| LaneShape::new(w, t).unwrap())
 }
 
@@ -264,8 +264,8 @@ fn every_lane_shape_decodes_the_same() {
     for warps in [1, 2, 3, 4, 7, 8, 32] {
         for tables in [
             0,
-            1.min(LaneBatch::MAX_SHARED_TABLES / warps),
-            LaneBatch::MAX_SHARED_TABLES / warps,
+            1.min(LaneShape::MAX_SHARED_TABLES / warps),
+            LaneShape::MAX_SHARED_TABLES / warps,
         ] {
             let shape = LaneShape::new(warps, tables).unwrap();
             let got = batch.decode_host_shaped(shape).unwrap();
@@ -277,7 +277,7 @@ fn every_lane_shape_decodes_the_same() {
     }
     assert!(LaneShape::new(0, 0).is_err());
     assert!(LaneShape::new(LaneShape::MAX_WARPS + 1, 0).is_err());
-    assert!(LaneShape::new(2, LaneBatch::MAX_SHARED_TABLES / 2 + 1).is_err());
+    assert!(LaneShape::new(2, LaneShape::MAX_SHARED_TABLES / 2 + 1).is_err());
 }
 
 #[test]
@@ -287,7 +287,7 @@ fn table_lists_and_indices_out_of_range_are_bad_table() {
     batch.blocks_mut()[2].table_start = 7;
     // Symbol 5 of block 3 (lane 5) names table 1 of a one-table block.
     batch.symbol_tables_mut()[3 * 300 + 5] = 1;
-    for shared in [0, 1, LaneBatch::MAX_SHARED_TABLES] {
+    for shared in [0, 1, LaneShape::MAX_SHARED_TABLES] {
         let got = batch.decode_host(shared).unwrap();
         assert_eq!(outcome(&got, 0), Ok(()));
         for b in 1..3 {
@@ -339,7 +339,7 @@ fn empty_and_degenerate_batches() {
     batch.add_block(&[], [0; LANES], &[]).unwrap();
     let got = batch.decode_host(0).unwrap();
     assert!(got.status(0).iter().all(|s| *s == LaneStatus::Ok));
-    assert!(batch.decode_host(LaneBatch::MAX_SHARED_TABLES + 1).is_err());
+    assert!(batch.decode_host(LaneShape::MAX_SHARED_TABLES + 1).is_err());
     // A block whose lane lengths do not add up, or naming a table not added, is refused.
     assert!(batch.add_block(&[1], [0; LANES], &[]).is_err());
     let t = FreqTable::new(&[2048, 2048]).unwrap();

@@ -18,7 +18,7 @@ use codec_cuda::encode::{LaneEncodeBatch, QuantBatch};
 use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::{HeadId, PqBatch};
 use codec_cuda::quant::{OutDtype, OutLayout, Output};
-use codec_cuda::stream::Destination;
+use codec_cuda::Destination;
 use codec_cuda::Gpu;
 use pq_core::{pack, Codebook, Method};
 

@@ -157,6 +157,7 @@ impl Gpu {
         finish((&up.ch, &up.dev), &mut readback)
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds over `reps` runs of [`encode`](Self::encode) and
     /// of each of its steps alone.
     pub fn time_encode<T>(

@@ -19,7 +19,7 @@ use crate::UploadedPlan;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use codec_core::{Limits, Stream};
 /// use codec_cuda::decode::DecodePlan;
-/// use codec_cuda::quant::OutDtype;
+/// use codec_cuda::OutDtype;
 /// use codec_cuda::Gpu;
 ///
 /// let gpu = Gpu::new(0)?;

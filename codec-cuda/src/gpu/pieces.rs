@@ -103,6 +103,7 @@ impl Gpu {
         }
     }
 
+    #[cfg(feature = "internals")]
     /// For benches: [`decode_from`](Self::decode_from) (with `host`) or
     /// [`decode_into`](Self::decode_into) of `plan` in at least two pieces, and when each
     /// piece's steps happened.

@@ -11,7 +11,7 @@ use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::Source;
 use codec_cuda::quant::{OutDtype, OutLayout, Output};
 use codec_cuda::rans::{LaneDecoded, LaneStatus};
-use codec_cuda::stream::Destination;
+use codec_cuda::Destination;
 
 /// codec-core's decode of one block: its symbols (as far as it got) and its outcome.
 pub fn reference(
