@@ -284,7 +284,7 @@ fn rounding_examples_of_section_7_5() {
 }
 
 #[test]
-fn appendix_b_profile_and_stream() {
+fn appendix_b_profile() {
     // Profile: the bytes of the table, its CRC and hash, and the library's writer agree.
     let pbytes = profile_bytes();
     assert_eq!(pbytes.len(), 220);
@@ -328,15 +328,11 @@ fn appendix_b_profile_and_stream() {
         }
         assert_eq!(profile.table_at(0, t as u8, 15), row[3]);
     }
+}
 
-    // Stream header: the bytes of the table, and the library's writer agree.
-    let chunk = chunk_bytes();
-    assert_eq!(chunk.len(), 360);
-    assert_eq!(crc32c(&chunk[..356]), 0x33F7CBB9);
-    let hbytes = header_bytes();
-    assert_eq!(hbytes.len(), 133);
-    assert_eq!(crc32c(&hbytes[..129]), 0x792B15CC);
-    let header = Header {
+/// Appendix B's stream header, naming the profile `profile_hash`.
+fn appendix_header(profile_hash: [u8; 32]) -> Header {
+    Header {
         version: STREAM_VERSION,
         shape: KvShape {
             layers: 1,
@@ -358,7 +354,7 @@ fn appendix_b_profile_and_stream() {
         chunk_tokens: 1536,
         group: 2,
         n_sink: 1,
-        profile_hash: profile.hash(),
+        profile_hash,
         profile_len: 0,
         chunks: vec![ChunkEntry {
             offset: 133,
@@ -367,9 +363,31 @@ fn appendix_b_profile_and_stream() {
             tokens: 3,
             level: 0,
         }],
-    };
-    assert_eq!(header.to_bytes(), hbytes);
+    }
+}
 
+#[test]
+fn appendix_b_header() {
+    // Stream header: the bytes of the table, and the library's writer agree.
+    let pbytes = profile_bytes();
+    let profile = Profile::from_bytes(&pbytes, &Limits::DEFAULT).unwrap();
+    let chunk = chunk_bytes();
+    assert_eq!(chunk.len(), 360);
+    assert_eq!(crc32c(&chunk[..356]), 0x33F7CBB9);
+    let hbytes = header_bytes();
+    assert_eq!(hbytes.len(), 133);
+    assert_eq!(crc32c(&hbytes[..129]), 0x792B15CC);
+    assert_eq!(appendix_header(profile.hash()).to_bytes(), hbytes);
+}
+
+#[test]
+fn appendix_b_stream_decodes_referenced_and_embedded() {
+    let pbytes = profile_bytes();
+    let profile = Profile::from_bytes(&pbytes, &Limits::DEFAULT).unwrap();
+    let (v3, v3_bytes) = (profile_from_parts(), profile_bytes_v3());
+    let chunk = chunk_bytes();
+    let header = appendix_header(profile.hash());
+    let hbytes = header.to_bytes();
     let mut stream = hbytes;
     stream.extend(&chunk);
     assert_eq!(stream.len(), 493);
