@@ -16,9 +16,8 @@ fn licence(name: &str) -> String {
     llm::test_text(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."), name)
 }
 
-#[test]
-fn baselines_and_cacheblend_on_short_chunks() {
-    let Some(m) = model() else { return };
+/// Three licences' chunks, a question from a fourth, and the parameters both tests start from.
+fn inputs() -> ([String; 3], String, BlendParams) {
     let chunks = [licence("GPL-2"), licence("Apache-2.0"), licence("MPL-2.0")];
     let question: String = licence("GFDL-1.3").chars().take(300).collect();
     let params = BlendParams {
@@ -29,6 +28,13 @@ fn baselines_and_cacheblend_on_short_chunks() {
         seed: 1,
         ..BlendParams::default()
     };
+    (chunks, question, params)
+}
+
+#[test]
+fn baselines_and_cacheblend_on_short_chunks() {
+    let Some(m) = model() else { return };
+    let (chunks, question, params) = inputs();
     let r = blend_eval(
         m,
         &chunks,
@@ -87,6 +93,12 @@ fn baselines_and_cacheblend_on_short_chunks() {
     );
     let l9 = &r.storages[1];
     assert!(l9.codec_kl > 0.0 && l9.bits_per_elem.is_some_and(|b| b > 0.5 && b < 16.0));
+}
+
+#[test]
+fn methods_are_picked_and_bad_requests_refused() {
+    let Some(m) = model() else { return };
+    let (chunks, question, params) = inputs();
     // Methods can be picked; unknown ones and zero repeats are refused by name.
     let only = BlendParams {
         methods: vec!["full-reuse".into()],
