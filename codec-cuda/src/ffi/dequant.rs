@@ -299,15 +299,15 @@ pub(crate) struct MappedValuesDev<'a> {
     pub radius: &'a DevBuf<u8>,
 }
 
-impl<'a> MappedValuesDev<'a> {
-    /// The arrays' device addresses and lengths, each borrowed on `stream` into `a`.
-    fn addrs(self, a: &mut Addrs<'a>, stream: &'a CudaStream) -> DequantValues<OnDevice> {
-        let (values, n_values) = a.of(self.values, stream);
-        let (resolve, _) = a.of(self.resolve, stream);
-        let (indices, n_indices) = a.of(self.indices, stream);
-        let (map, n_map) = a.of(self.map, stream);
-        let (table_list, n_table_list) = a.of(self.table_list, stream);
-        let (radius, n_radius) = a.of(self.radius, stream);
+impl DequantValues<OnDevice> {
+    /// `m` as a launch reads it, its buffers' guards added to `a` (as `TableMapArgs::device` does a table map).
+    fn device<'a>(m: MappedValuesDev<'a>, a: &mut Addrs<'a>, stream: &'a CudaStream) -> Self {
+        let (values, n_values) = a.of(m.values, stream);
+        let (resolve, _) = a.of(m.resolve, stream);
+        let (indices, n_indices) = a.of(m.indices, stream);
+        let (map, n_map) = a.of(m.map, stream);
+        let (table_list, n_table_list) = a.of(m.table_list, stream);
+        let (radius, n_radius) = a.of(m.radius, stream);
         DequantValues {
             values,
             resolve,
@@ -353,7 +353,7 @@ pub(super) fn launch_dequant_with(
         Some(m) if m.values.len() != b.blocks.len() || m.resolve.len() != b.blocks.len() => {
             return Err(input("value blocks are not one per dequantization block"))
         }
-        Some(m) => m.addrs(&mut a, stream),
+        Some(m) => DequantValues::device(m, &mut a, stream),
     };
     let (sink, n_sink) = a.of(&b.sink, stream);
     let (consts, n_consts) = a.of(&b.consts, stream);
