@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use codec_core::profile::hex;
 use codec_core::{EncodeParams, Limits, Stream};
+use kvc_io::gpu::GpuCodec;
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::{write_dump, Dump, Output};
 
-use crate::gpu::GpuCodec;
 use crate::progress::Bars;
 use crate::{load, output_file, read, Result};
 use clap::Args;
@@ -194,7 +194,7 @@ pub(crate) fn cmd_decode(
     let gpu = match gpu {
         true => {
             let codec = GpuCodec::open().map_err(|e| e.to_string())?;
-            let host = codec.read_file(input)?;
+            let host = codec.read_file(input).map_err(|e| e.to_string())?;
             Some((codec, host))
         }
         false => None,

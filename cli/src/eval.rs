@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use kvc_io::eval::{evaluate_with, Row, SecondDecoder};
+use kvc_io::gpu::GpuCodec;
 use kvc_io::policy::{self, ProfileUse};
 use kvc_io::Output;
 
-use crate::gpu::GpuCodec;
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::Result;

@@ -6,7 +6,6 @@
 mod blend;
 mod codec;
 mod eval;
-mod gpu;
 mod judge;
 mod net;
 mod plot;

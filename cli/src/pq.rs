@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
+use kvc_io::gpu::GpuCodec;
 use kvc_io::pq::{self, Figures, Report, Rerank, SecondSearch, Selector, Windows};
 use kvc_io::{Dump, Output};
 
-use crate::gpu::GpuCodec;
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
 use crate::{load_with_queries, output_file, plot_file, Result};

@@ -57,7 +57,7 @@ impl<'b> LaneWords<'b> {
     }
 
     /// The words in a vector.
-    pub fn to_vec(&self) -> Vec<u32> {
+    pub fn to_vec(self) -> Vec<u32> {
         self.iter().collect()
     }
 }

@@ -51,6 +51,8 @@ pub mod dump;
 mod error;
 pub mod eval;
 pub mod fixtures;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 #[cfg(feature = "model")]
 pub mod judge;
 pub mod metrics;

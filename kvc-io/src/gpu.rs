@@ -1,18 +1,18 @@
-//! `--gpu`: GPU 0 through codec-cuda's kernels, for `kvc encode`, `kvc decode`, `kvc eval` and
-//! `kvc pq eval`.
+//! GPU 0 through codec-cuda's kernels (feature `gpu`): `kvc encode`, `kvc decode`, `kvc eval`
+//! and `kvc pq eval` with `--gpu`.
 //!
 //! [`GpuCodec::open`] opens the device and loads the kernels once (the typed [`GpuError`] says
 //! why not, e.g. on a machine without a CUDA driver); it then encodes caches and decodes streams
 //! as codec-core does ([`GpuCodec::encode_stream`], [`GpuCodec::decode`], and
 //! [`GpuCodec::decode_from`] for a file [read](GpuCodec::read_file) into page-locked memory)
 //! and selects tokens as pq-core does ([`GpuCodec::select`]). The eval hooks
-//! ([`kvc_io::eval::SecondDecoder`], [`kvc_io::pq::SecondSearch`]) compare every output with the
+//! ([`crate::eval::SecondDecoder`], [`crate::pq::SecondSearch`]) compare every output with the
 //! CPU's and fail loudly on any difference.
 
 use std::fmt;
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use codec_core::{Dtype, EncodeParams, KvCache, KvView, ProfileMode, Stream, Tensor};
@@ -21,8 +21,9 @@ use codec_cuda::encode_plan::{EncodePlan, Source};
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::{CudaError, Gpu, HostBuffer, OutDtype};
 use half::vec::HalfBitsVecExt;
-use kvc_io::pq::{SearchQuery, Searched};
 use pq_core::Codebook;
+
+use crate::pq::{SearchQuery, Searched};
 
 /// Why a `--gpu` run failed.
 #[derive(Debug)]
@@ -41,6 +42,13 @@ pub enum GpuError {
         /// What differs, where first.
         what: String,
     },
+    /// A file could not be read into page-locked memory.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        reason: String,
+    },
 }
 
 impl fmt::Display for GpuError {
@@ -55,12 +63,15 @@ impl fmt::Display for GpuError {
             GpuError::Mismatch { what } => {
                 write!(f, "--gpu: the GPU's output differs from the CPU's: {what}")
             }
+            GpuError::Read { path, reason } => {
+                write!(f, "cannot read {}: {reason}", path.display())
+            }
         }
     }
 }
 
-impl From<kvc_io::Error> for GpuError {
-    fn from(e: kvc_io::Error) -> Self {
+impl From<crate::Error> for GpuError {
+    fn from(e: crate::Error) -> Self {
         GpuError::Encode(e.to_string())
     }
 }
@@ -75,6 +86,7 @@ impl std::error::Error for GpuError {
 }
 
 /// GPU 0 with the kernels loaded.
+#[derive(Debug)]
 pub struct GpuCodec {
     gpu: Gpu,
 }
@@ -133,8 +145,11 @@ impl GpuCodec {
 
     /// The file at `path` read into page-locked memory of the device, for
     /// [`decode_from`](Self::decode_from).
-    pub fn read_file(&self, path: &Path) -> crate::Result<HostBuffer> {
-        let why = |e: &dyn fmt::Display| format!("cannot read {}: {e}", path.display());
+    pub fn read_file(&self, path: &Path) -> Result<HostBuffer, GpuError> {
+        let why = |e: &dyn fmt::Display| GpuError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
         let mut file = File::open(path).map_err(|e| why(&e))?;
         let len = file.metadata().map_err(|e| why(&e))?.len();
         let len = usize::try_from(len).map_err(|e| why(&e))?;
@@ -279,7 +294,7 @@ fn first_difference(gpu: &KvCache, cpu: &KvCache) -> Option<String> {
     None
 }
 
-impl kvc_io::eval::SecondDecoder for GpuCodec {
+impl crate::eval::SecondDecoder for GpuCodec {
     /// The best of two decodes (the first also loads the kernels' code onto the device), each
     /// compared with the CPU's bit for bit.
     fn decode_and_compare(
@@ -300,7 +315,7 @@ impl kvc_io::eval::SecondDecoder for GpuCodec {
     }
 }
 
-impl kvc_io::pq::SecondSearch for GpuCodec {
+impl crate::pq::SecondSearch for GpuCodec {
     fn search(
         &mut self,
         heads: &[(Codebook, Vec<u16>)],
