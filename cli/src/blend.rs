@@ -390,14 +390,10 @@ fn stored_size(a: &PlanArgs) -> Result<(u32, f64)> {
     }
 }
 
-/// Seconds the reference runner takes to prefill `tokens` tokens (of GPL-3, repeated; the copy
-/// in `testdata/texts/`, built in).
+/// Seconds the reference runner takes to prefill `tokens` tokens.
 fn measure_prefill(model: &std::path::Path, tokens: u64) -> Result<f64> {
-    let m = load_model(model)?;
-    let text = include_str!("../../testdata/texts/GPL-3");
-    let once = m.tokenizer().encode(text).map_err(|e| e.to_string())?;
-    let ids: Vec<u32> = once.iter().copied().cycle().take(tokens as usize).collect();
-    let t0 = std::time::Instant::now();
-    m.prefill(&ids).map_err(|e| e.to_string())?;
-    Ok(t0.elapsed().as_secs_f64())
+    let tokens = usize::try_from(tokens).map_err(|e| e.to_string())?;
+    load_model(model)?
+        .time_prefill(tokens)
+        .map_err(|e| e.to_string())
 }

@@ -230,14 +230,14 @@ fn fetch_options(a: &FetchArgs) -> Result<FetchOptions> {
 }
 
 /// Tokens of the prefill that measures the model's recompute time.
-const TEXT_PROBE_TOKENS: u32 = 256;
+const TEXT_PROBE_TOKENS: usize = 256;
 
 /// Seconds per token of a [`TEXT_PROBE_TOKENS`]-token prefill.
 fn measure_text_cost(model: &Model) -> Result<f64> {
-    let tokens: Vec<u32> = (0..TEXT_PROBE_TOKENS).map(|i| 1000 + i).collect();
-    let t = Instant::now();
-    model.prefill(&tokens).map_err(|e| e.to_string())?;
-    let s = t.elapsed().as_secs_f64() / f64::from(TEXT_PROBE_TOKENS);
+    let s = model
+        .time_prefill(TEXT_PROBE_TOKENS)
+        .map_err(|e| e.to_string())?
+        / TEXT_PROBE_TOKENS as f64;
     eprintln!(
         "kvc fetch: text recompute measured at {:.2} ms per token",
         s * 1e3

@@ -39,6 +39,19 @@ impl Model {
         self.prefill_with(tokens, PrefillOptions::default())
     }
 
+    /// Seconds this runner takes to prefill `tokens` tokens from position 0 (ids counted up
+    /// from 1000, wrapping within the vocabulary: a prefill's time does not depend on which
+    /// tokens it reads). For the controllers that weigh recompute against loading.
+    pub fn time_prefill(&self, tokens: usize) -> Result<f64, LlmError> {
+        let vocab = self.config().vocab.max(1) as u64;
+        let ids: Vec<u32> = (0..tokens as u64)
+            .map(|i| ((1000 + i) % vocab) as u32)
+            .collect();
+        let t0 = std::time::Instant::now();
+        self.prefill(&ids)?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
     /// [`prefill`](Self::prefill) with options.
     pub fn prefill_with(&self, tokens: &[u32], opt: PrefillOptions) -> Result<Prefill, LlmError> {
         self.prefill_progress(tokens, opt, &mut |_| {})

@@ -333,3 +333,13 @@ fn the_fusor_spans_full_reuse_to_full_prefill() {
     let refused = m.blend(&reused, Some(&short), &tokens, &suffix, &how);
     assert!(refused.is_err_and(|e| e.to_string().contains("127 tokens")));
 }
+
+#[test]
+fn time_prefill_times_a_prefill_and_refuses_what_prefill_refuses() {
+    let Some(m) = model() else { return };
+    let s = m.time_prefill(32).unwrap();
+    assert!(s.is_finite() && s > 0.0, "{s}");
+    // Checked before any layer runs, as prefill checks its tokens.
+    assert!(m.time_prefill(0).is_err());
+    assert!(m.time_prefill(m.config().context + 1).is_err());
+}
