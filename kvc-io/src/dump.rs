@@ -258,6 +258,24 @@ pub(crate) fn io_err(path: &Path, op: &'static str, source: io::Error) -> DumpEr
     }
 }
 
+/// The tensor `name` and its dtype, which must be one the codec takes
+/// ([`DumpError::WrongDtype`] otherwise).
+fn float_tensor<'a>(
+    entries: &'a HashMap<String, Entry>,
+    name: &str,
+) -> Result<(&'a Entry, Dtype), DumpError> {
+    let t = tensor(entries, name)?;
+    let dtype = codec_dtype(t.dtype()).ok_or_else(|| DumpError::WrongDtype {
+        name: name.into(),
+        dtype: t.dtype().to_string(),
+        expected: FLOAT_DTYPES.into(),
+    })?;
+    Ok((t, dtype))
+}
+
+/// The dtypes a tensor of K, V or queries may have, as errors name them.
+const FLOAT_DTYPES: &str = "F16, BF16 or F32";
+
 fn codec_dtype(d: StDtype) -> Option<Dtype> {
     match d {
         StDtype::F16 => Some(Dtype::F16),
@@ -497,12 +515,7 @@ fn read_kv(
     layers: usize,
 ) -> Result<(KvShape, Vec<Tensor>, Vec<Tensor>), DumpError> {
     let (views, metadata) = (&tf.entries, &tf.metadata);
-    let k0 = tensor(views, "k.0")?;
-    let dtype = codec_dtype(k0.dtype()).ok_or_else(|| DumpError::WrongDtype {
-        name: "k.0".into(),
-        dtype: k0.dtype().to_string(),
-        expected: "F16, BF16 or F32".into(),
-    })?;
+    let (k0, _) = float_tensor(views, "k.0")?;
     let shape = k0.shape().to_vec();
     if shape.len() != 3 {
         return Err(DumpError::WrongShape {
@@ -535,31 +548,30 @@ fn read_kv(
     let mut v = Vec::with_capacity(layers);
     for i in 0..layers {
         for (kind, out) in [("k", &mut k), ("v", &mut v)] {
-            let name = format!("{kind}.{i}");
-            let t = tensor(views, &name)?;
-            if t.dtype() != k0.dtype() {
-                let expected = if codec_dtype(t.dtype()).is_some() {
-                    format!("{} (the dtype of k.0)", k0.dtype())
-                } else {
-                    "F16, BF16 or F32".to_string()
-                };
-                return Err(DumpError::WrongDtype {
-                    name,
-                    dtype: t.dtype().to_string(),
-                    expected,
-                });
-            }
-            if t.shape() != shape.as_slice() {
-                return Err(DumpError::WrongShape {
-                    name,
-                    got: t.shape().to_vec(),
-                    expected: shape.clone(),
-                });
-            }
-            out.push(read_tensor(tf, dtype, t)?);
+            out.push(read_like_k0(tf, &format!("{kind}.{i}"), k0)?);
         }
     }
     Ok((kv_shape, k, v))
+}
+
+/// Reads the K or V tensor `name`, which must have `k0`'s dtype and shape.
+fn read_like_k0(tf: &TensorFile<'_>, name: &str, k0: &Entry) -> Result<Tensor, DumpError> {
+    let (t, dtype) = float_tensor(&tf.entries, name)?;
+    if t.dtype() != k0.dtype() {
+        return Err(DumpError::WrongDtype {
+            name: name.into(),
+            dtype: t.dtype().to_string(),
+            expected: format!("{} (the dtype of k.0)", k0.dtype()),
+        });
+    }
+    if t.shape() != k0.shape() {
+        return Err(DumpError::WrongShape {
+            name: name.into(),
+            got: t.shape().to_vec(),
+            expected: k0.shape().to_vec(),
+        });
+    }
+    read_tensor(tf, dtype, t)
 }
 
 /// The queries (all layers or none) widened to f32, the query heads and the first query's
@@ -586,35 +598,7 @@ fn read_queries(
         let q_heads = md_q_heads.unwrap_or(kv_heads);
         return Ok((None, q_heads, md_q_start.unwrap_or(0)));
     }
-    let mut qs = Vec::with_capacity(layers);
-    let mut q_shape: Vec<usize> = Vec::new();
-    for i in 0..layers {
-        let name = format!("q.{i}");
-        let t = tensor(views, &name)?;
-        let qd = codec_dtype(t.dtype()).ok_or_else(|| DumpError::WrongDtype {
-            name: name.clone(),
-            dtype: t.dtype().to_string(),
-            expected: "F16, BF16 or F32".into(),
-        })?;
-        let s = t.shape();
-        if i == 0 {
-            if s.len() != 3 || s[2] != head_dim || s[0] == 0 || s[1] == 0 {
-                return Err(DumpError::WrongShape {
-                    name,
-                    got: s.to_vec(),
-                    expected: vec![0, 0, head_dim],
-                });
-            }
-            q_shape = s.to_vec();
-        } else if s != q_shape.as_slice() {
-            return Err(DumpError::WrongShape {
-                name,
-                got: s.to_vec(),
-                expected: q_shape.clone(),
-            });
-        }
-        qs.push(read_tensor(tf, qd, t)?.to_f32_vec());
-    }
+    let (qs, q_shape) = read_query_layers(tf, layers, head_dim)?;
     let (n_q, q_heads) = (q_shape[0], q_shape[1]);
     check_meta_usize(metadata, "q_heads", q_heads, "query heads in q.0")?;
     if q_heads % kv_heads != 0 {
@@ -637,6 +621,40 @@ fn read_queries(
         });
     }
     Ok((Some(qs), q_heads, q_start))
+}
+
+/// The `layers` query tensors widened to f32, and their one shape `[n_q, q_heads, head_dim]`
+/// (`q.0`'s: no dimension zero).
+fn read_query_layers(
+    tf: &TensorFile<'_>,
+    layers: usize,
+    head_dim: usize,
+) -> Result<(Vec<Vec<f32>>, Vec<usize>), DumpError> {
+    let mut qs = Vec::with_capacity(layers);
+    let mut q_shape: Vec<usize> = Vec::new();
+    for i in 0..layers {
+        let name = format!("q.{i}");
+        let (t, dtype) = float_tensor(&tf.entries, &name)?;
+        let s = t.shape();
+        if i == 0 {
+            if s.len() != 3 || s[2] != head_dim || s[0] == 0 || s[1] == 0 {
+                return Err(DumpError::WrongShape {
+                    name,
+                    got: s.to_vec(),
+                    expected: vec![0, 0, head_dim],
+                });
+            }
+            q_shape = s.to_vec();
+        } else if s != q_shape.as_slice() {
+            return Err(DumpError::WrongShape {
+                name,
+                got: s.to_vec(),
+                expected: q_shape,
+            });
+        }
+        qs.push(read_tensor(tf, dtype, t)?.to_f32_vec());
+    }
+    Ok((qs, q_shape))
 }
 
 /// Validates a cache before writing it.

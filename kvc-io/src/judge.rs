@@ -244,12 +244,7 @@ pub fn judge(
     profile: JudgeProfile<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Judgement, Error> {
-    let context = model.config().context;
-    let why = format!("scoring needs 2; ctx + cont must fit the model's {context} tokens");
-    check_range("cont (scored tokens)", params.cont, 2, context - 1, why)?;
-    let max_ctx = context - params.cont;
-    let why = format!("{} with cont = {}", context_note(context), params.cont);
-    check_range("ctx (context tokens)", params.ctx, 1, max_ctx, why)?;
+    check_params(model, params)?;
     let ids = first_tokens(model, text, params.ctx + params.cont)?;
     let (context, cont) = ids.split_at(params.ctx);
     let pre = prefill(model, context, queries_for(params.ctx), false, progress)?;
@@ -268,13 +263,12 @@ pub fn judge(
         Some(l) => l.clone(),
         None => (0..prof.levels()).collect(),
     };
-    let n_methods = 1
-        + levels.len()
-        + if params.baselines {
-            BASELINE_BITS.len()
-        } else {
-            0
-        };
+    let baselines = if params.baselines {
+        BASELINE_BITS.len()
+    } else {
+        0
+    };
+    let n_methods = 1 + levels.len() + baselines;
     progress.start("judging", n_methods as u64);
     let reference = Scorer::new(model, &original, cont)?;
     let mut rows = vec![reference.row("uncompressed", None, 32.0, &reference.logits)];
@@ -290,17 +284,8 @@ pub fn judge(
         progress.step();
     }
     if params.baselines {
-        let d = original.shape.head_dim as usize;
         for bits in BASELINE_BITS {
-            let q = |t: &Tensor| Tensor::F32(minmax_quantize(&t.to_f32_vec(), d, bits));
-            let cache = KvCache {
-                k: original.k.iter().map(q).collect(),
-                v: original.v.iter().map(q).collect(),
-                ..original.clone()
-            };
-            let logits = model.forward_with_cache(&cache, cont)?;
-            let bpe = f64::from(bits) + 32.0 / d as f64;
-            rows.push(reference.row(&format!("minmax-int{bits}"), None, bpe, &logits));
+            rows.push(baseline_row(model, &reference, &original, bits)?);
             progress.step();
         }
     }
@@ -310,6 +295,37 @@ pub fn judge(
         cont: params.cont,
         rows,
     })
+}
+
+/// Checks `params.ctx` and `params.cont` against the model's context.
+fn check_params(model: &Model, params: &JudgeParams) -> Result<(), Error> {
+    let context = model.config().context;
+    let why = format!("scoring needs 2; ctx + cont must fit the model's {context} tokens");
+    check_range("cont (scored tokens)", params.cont, 2, context - 1, why)?;
+    let max_ctx = context - params.cont;
+    let why = format!("{} with cont = {}", context_note(context), params.cont);
+    check_range("ctx (context tokens)", params.ctx, 1, max_ctx, why)?;
+    Ok(())
+}
+
+/// The row of a `bits`-bit minmax quantization of `original`, a minimum and a scale per head's
+/// `head_dim` values of a token ([`minmax_quantize`]), counted in its bits per element.
+fn baseline_row(
+    model: &Model,
+    reference: &Scorer,
+    original: &KvCache,
+    bits: u32,
+) -> Result<JudgeRow, Error> {
+    let d = original.shape.head_dim as usize;
+    let q = |t: &Tensor| Tensor::F32(minmax_quantize(&t.to_f32_vec(), d, bits));
+    let cache = KvCache {
+        k: original.k.iter().map(q).collect(),
+        v: original.v.iter().map(q).collect(),
+        ..original.clone()
+    };
+    let logits = model.forward_with_cache(&cache, reference.cont)?;
+    let bpe = f64::from(bits) + 32.0 / d as f64;
+    Ok(reference.row(&format!("minmax-int{bits}"), None, bpe, &logits))
 }
 
 /// A cache after a round trip through a kvc stream.

@@ -250,9 +250,14 @@ fn wrong_dtype() {
         vec![0; 512 * 3 * 64 * 2],
     );
     match raw.load() {
-        Err(DumpError::WrongDtype { name, dtype, .. }) => {
+        Err(DumpError::WrongDtype {
+            name,
+            dtype,
+            expected,
+        }) => {
             assert_eq!(name, "k.2");
             assert_eq!(dtype, "I16");
+            assert_eq!(expected, "F16, BF16 or F32");
         }
         other => panic!("expected WrongDtype, got {other:?}"),
     }
@@ -265,9 +270,14 @@ fn wrong_dtype() {
         vec![0; 512 * 3 * 64 * 4],
     );
     match raw.load() {
-        Err(DumpError::WrongDtype { name, dtype, .. }) => {
+        Err(DumpError::WrongDtype {
+            name,
+            dtype,
+            expected,
+        }) => {
             assert_eq!(name, "v.5");
             assert_eq!(dtype, "F32");
+            assert_eq!(expected, "F16 (the dtype of k.0)");
         }
         other => panic!("expected WrongDtype, got {other:?}"),
     }
