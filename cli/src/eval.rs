@@ -59,37 +59,43 @@ pub fn cmd_eval(
         ),
         None => mode,
     };
-    print(input, &d, &mode, full.as_bytes().len(), &rows, out.json)?;
+    if out.json {
+        print_json(input, &d, &mode, full.as_bytes().len(), &rows)?;
+    } else {
+        print_table(input, &d, &mode, &rows);
+    }
     match out.plot {
         Some(p) => plot::write(p, &chart(input, &rows)),
         None => Ok(()),
     }
 }
 
-/// The table, or the JSON with `json`.
-fn print(
+/// The JSON object `--json` prints.
+fn print_json(
     input: &Path,
     d: &kvc_io::Dump,
     mode: &str,
     profile_bytes: usize,
     rows: &[Row],
-    json: bool,
 ) -> Result<()> {
     let shape = d.kv.shape;
-    if json {
-        let j = serde_json::json!({
-            "input": input.display().to_string(),
-            "mode": mode,
-            "shape": {"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "tokens": shape.tokens},
-            "profile_bytes": profile_bytes,
-            "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
-        );
-        return Ok(());
-    }
+    let j = serde_json::json!({
+        "input": input.display().to_string(),
+        "mode": mode,
+        "shape": {"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "tokens": shape.tokens},
+        "profile_bytes": profile_bytes,
+        "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+    });
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+/// The table, a row per method, and what its columns mean.
+fn print_table(input: &Path, d: &kvc_io::Dump, mode: &str, rows: &[Row]) {
+    let shape = d.kv.shape;
     println!(
         "{} ({} layers x {} tokens x {} channels, {}), {mode}",
         input.display(),
@@ -139,7 +145,6 @@ fn print(
     if gpu {
         println!("(GPU dec: codec-cuda's whole decode call, plan to output downloaded, best of two, each bit for bit the CPU decode)");
     }
-    Ok(())
 }
 
 /// The level number of a row named like `kvc level 2 (x0.145)` (`None` for the baselines).
