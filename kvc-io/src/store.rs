@@ -79,27 +79,7 @@ impl Store {
         replace: bool,
         threads: usize,
     ) -> Result<Store, Error> {
-        let mut levels = levels.to_vec();
-        levels.sort_unstable();
-        levels.dedup();
-        if levels.is_empty() {
-            return Err(store_err(dir, "no level to keep (give --levels)"));
-        }
-        if let Some(&l) = levels.iter().find(|&&l| l >= profile.levels()) {
-            let n = profile.levels();
-            return Err(store_err(
-                dir,
-                &format!("level {l}: the profile has levels 0..={}", n - 1),
-            ));
-        }
-        if let Some(t) = dump
-            .tokens
-            .as_ref()
-            .filter(|t| t.len() != dump.kv.shape.tokens as usize)
-        {
-            let why = format!("{} token ids for {} tokens", t.len(), dump.kv.shape.tokens);
-            return Err(store_err(dir, &why));
-        }
+        let levels = checked_levels(dir, dump, profile, levels)?;
         let manifest = Output::checked(&dir.join(MANIFEST), &[], replace)?;
         fs::create_dir_all(dir).map_err(|e| store_err(dir, &format!("cannot create it: {e}")))?;
         let view = dump.kv.view();
@@ -426,6 +406,33 @@ fn remove_if_there(path: &Path) -> Result<(), Error> {
         )),
         _ => Ok(()),
     }
+}
+
+/// `levels` sorted without repeats, each one the profile has, for a dump whose token ids (if
+/// any) are one a token.
+fn checked_levels(
+    dir: &Path,
+    dump: &Dump,
+    profile: &Profile,
+    levels: &[u8],
+) -> Result<Vec<u8>, Error> {
+    let mut levels = levels.to_vec();
+    levels.sort_unstable();
+    levels.dedup();
+    if levels.is_empty() {
+        return Err(store_err(dir, "no level to keep (give --levels)"));
+    }
+    if let Some(&l) = levels.iter().find(|&&l| l >= profile.levels()) {
+        let n = profile.levels();
+        let why = format!("level {l}: the profile has levels 0..={}", n - 1);
+        return Err(store_err(dir, &why));
+    }
+    let tokens = dump.kv.shape.tokens;
+    if let Some(t) = dump.tokens.as_ref().filter(|t| t.len() != tokens as usize) {
+        let why = format!("{} token ids for {tokens} tokens", t.len());
+        return Err(store_err(dir, &why));
+    }
+    Ok(levels)
 }
 
 fn store_err(dir: &Path, reason: &str) -> Error {

@@ -78,6 +78,28 @@ fn an_existing_store_is_kept_unless_replacing_and_stale_levels_go() {
 }
 
 #[test]
+fn a_store_that_cannot_be_written_is_refused_before_any_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dump = load_dump(&kvc_io::fixtures::sample()).unwrap();
+    let profile = kvc_io::policy::learn(&[&dump], &mut kvc_io::Silent).unwrap();
+    let params = EncodeParams::default();
+    let top = profile.levels() - 1;
+    let write = |dump: &Dump, levels: &[u8], name: &str| {
+        let dir = tmp.path().join(name);
+        let e = Store::write(&dir, dump, &profile, &params, levels, false, 0).unwrap_err();
+        assert!(!dir.exists(), "{name}: nothing written");
+        e.to_string()
+    };
+    assert!(write(&dump, &[], "none").contains("no level to keep"));
+    let e = write(&dump, &[1, top + 1], "past");
+    let expected = format!("level {}: the profile has levels 0..={top}", top + 1);
+    assert!(e.contains(&expected), "{e}");
+    dump.tokens = Some(vec![7; 511]);
+    let e = write(&dump, &[1], "ids");
+    assert!(e.contains("511 token ids for 512 tokens"), "{e}");
+}
+
+#[test]
 fn inconsistent_stores_are_refused_by_file() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ctx");
