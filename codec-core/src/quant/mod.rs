@@ -173,47 +173,77 @@ pub fn quantize_block(
             continue;
         }
         let i = row - sink_rows;
+        let row_syms = &mut syms[i * c..(i + 1) * c];
+        let mults = |j: usize| exps.seg_mult(i, heads, j);
         if row % group == 0 {
             let out = &mut recon[row * c..(row + 1) * c];
-            for j in 0..c / seg {
-                let m = exps.seg_mult(i, heads, j);
-                let r = j * seg..(j + 1) * seg;
-                for ((((o, q), &x), &mean), &st) in out[r.clone()]
-                    .iter_mut()
-                    .zip(&mut syms[i * c + r.start..i * c + r.end])
-                    .zip(&xr[r.clone()])
-                    .zip(&consts.mean[r.clone()])
-                    .zip(&consts.anchor_step[r])
-                {
-                    let step = st * m;
-                    let s = quantize(x - mean, step);
-                    *q = s;
-                    *o = mean + s as f32 * step;
-                }
-            }
+            quantize_anchor_row(xr, consts, seg, mults, row_syms, out);
         } else {
             let a0 = (row - row % group) * c;
             let (head, tail) = recon.split_at_mut(row * c);
             let anchor = &head[a0..a0 + c];
-            let out = &mut tail[..c];
-            for j in 0..c / seg {
-                let m = exps.seg_mult(i, heads, j);
-                let r = j * seg..(j + 1) * seg;
-                for (((((o, q), &x), &a), &mean), (&w, &st)) in out[r.clone()]
-                    .iter_mut()
-                    .zip(&mut syms[i * c + r.start..i * c + r.end])
-                    .zip(&xr[r.clone()])
-                    .zip(&anchor[r.clone()])
-                    .zip(&consts.mean[r.clone()])
-                    .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
-                {
-                    let step = st * m;
-                    let pred = predict(mean, w, a);
-                    let s = quantize(x - pred, step);
-                    *q = s;
-                    *o = pred + s as f32 * step;
-                }
-            }
+            quantize_delta_row(xr, anchor, consts, seg, mults, row_syms, &mut tail[..c]);
+        }
+    }
+}
+
+/// An anchor row: each value quantized against its channel's mean, with the anchor step times
+/// `mult(j)` in segment `j` (`seg` channels each).
+#[inline(always)]
+fn quantize_anchor_row(
+    xr: &[f32],
+    consts: &BlockConsts,
+    seg: usize,
+    mult: impl Fn(usize) -> f32,
+    syms: &mut [i32],
+    out: &mut [f32],
+) {
+    for j in 0..xr.len() / seg {
+        let m = mult(j);
+        let r = j * seg..(j + 1) * seg;
+        for ((((o, q), &x), &mean), &st) in out[r.clone()]
+            .iter_mut()
+            .zip(&mut syms[r.clone()])
+            .zip(&xr[r.clone()])
+            .zip(&consts.mean[r.clone()])
+            .zip(&consts.anchor_step[r])
+        {
+            let step = st * m;
+            let s = quantize(x - mean, step);
+            *q = s;
+            *o = mean + s as f32 * step;
+        }
+    }
+}
+
+/// A delta row: each value quantized against its prediction from the group's reconstructed
+/// `anchor` row, with the delta step times `mult(j)` in segment `j`.
+#[inline(always)]
+fn quantize_delta_row(
+    xr: &[f32],
+    anchor: &[f32],
+    consts: &BlockConsts,
+    seg: usize,
+    mult: impl Fn(usize) -> f32,
+    syms: &mut [i32],
+    out: &mut [f32],
+) {
+    for j in 0..xr.len() / seg {
+        let m = mult(j);
+        let r = j * seg..(j + 1) * seg;
+        for (((((o, q), &x), &a), &mean), (&w, &st)) in out[r.clone()]
+            .iter_mut()
+            .zip(&mut syms[r.clone()])
+            .zip(&xr[r.clone()])
+            .zip(&anchor[r.clone()])
+            .zip(&consts.mean[r.clone()])
+            .zip(consts.weight[r.clone()].iter().zip(&consts.delta_step[r]))
+        {
+            let step = st * m;
+            let pred = predict(mean, w, a);
+            let s = quantize(x - pred, step);
+            *q = s;
+            *o = pred + s as f32 * step;
         }
     }
 }
