@@ -3,7 +3,8 @@
 
 The golden vectors pin streams written once; this checks the streams the `kvc` command writes
 now. It encodes a safetensors dump several ways (embedded and referenced profiles, one level
-and a level per chunk, remainder chunks and groups, sinks, uniform steps), decodes each stream
+and a level per chunk, remainder chunks and groups, sinks, uniform steps; the dump widened to
+F32, narrowed to BF16, and moved to position 1000 by `kvc shift`), decodes each stream
 with `kvc decode` and with `kvc_ref.decode`, and requires the same output bytes (K then V per
 layer, as `kvc_ref.output_bytes` lays them out). One line per case, exit status 1 on any
 difference or error.
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import kvc_ref
 
-# (name, `kvc encode` options); "{profile}" is a profile learned from the dump by `kvc profile`.
+# (name, `kvc encode` options[, the dump's variant]); "{profile}" is a profile learned from the
+# dump by `kvc profile`.
 CASES = [
     ("default: embedded profile, level 7, one chunk", []),
     ("referenced profile, 128-token chunks at levels 0, 3, 7, 11",
@@ -30,7 +32,51 @@ CASES = [
      ["--level", "11", "--chunk-tokens", "100", "--group", "1", "--sink", "0", "--uniform-steps"]),
     ("referenced, level 0, groups of 24 (a remainder group), 4 sinks",
      ["--profile", "{profile}", "--level", "0", "--group", "24", "--sink", "4"]),
+    ("the dump widened to F32, referenced, 200-token chunks at levels 2, 9, 5",
+     ["--profile", "{profile}", "--chunk-tokens", "200", "--levels", "2,9,5"], "F32"),
+    ("the dump narrowed to BF16, embedded, level 4, groups of 7, 3 sinks",
+     ["--level", "4", "--group", "7", "--sink", "3"], "BF16"),
+    ("the dump moved to position 1000 (kvc shift, no queries), embedded, level 9",
+     ["--level", "9"], "shifted"),
 ]
+
+
+def variant(kvc, dump, kind, tmp):
+    """The dump as the case wants it: itself, its K/V in another float dtype, or moved to
+    position 1000 by `kvc shift`."""
+    if kind is None:
+        return dump
+    out = tmp / ("%s.safetensors" % kind)
+    if kind == "shifted":
+        run(kvc, "shift", dump, out, "--from", "0", "--to", "1000")
+        return out
+    import numpy as np
+
+    raw = dump.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    base, data, offset = 8 + n, [], 0
+    for name, entry in sorted(header.items(), key=lambda e: e[1].get("data_offsets", [0])[0]):
+        if name == "__metadata__":
+            continue
+        a, b = entry["data_offsets"]
+        part = raw[base + a:base + b]
+        if entry["dtype"] == "F16" and name.split(".")[0] in ("k", "v"):
+            wide = np.frombuffer(part, dtype="<f2").astype("<f4")
+            if kind == "F32":
+                part = wide.tobytes()
+            else:  # BF16, rounded to nearest even (no NaN in a real cache)
+                u = wide.view("<u4").astype(np.uint64)
+                part = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2").tobytes()
+            entry["dtype"] = kind
+        entry["data_offsets"] = [offset, offset + len(part)]
+        offset += len(part)
+        data.append(part)
+    header.get("__metadata__", {}).pop("dtype", None)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    out.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(data))
+    return out
 
 
 def run(*args):
@@ -67,11 +113,12 @@ def main(argv):
         tmp = Path(tmp)
         profile = tmp / "profile.kvcp"
         run(kvc, "profile", "-o", profile, dump)
-        for i, (name, options) in enumerate(CASES):
+        for i, (name, options, *kind) in enumerate(CASES):
             stream, out = tmp / ("%d.kvc" % i), tmp / ("%d.safetensors" % i)
             options = [o.replace("{profile}", str(profile)) for o in options]
             try:
-                run(kvc, "encode", *options, dump, stream)
+                source = variant(kvc, dump, kind[0] if kind else None, tmp)
+                run(kvc, "encode", *options, source, stream)
                 run(kvc, "decode", *(["--profile", profile] if "--profile" in options else []), stream, out)
                 want, dtypes = safetensors_kv_bytes(out)
                 pb = profile.read_bytes() if "--profile" in options else None
