@@ -2,7 +2,8 @@
 //! slowloris, an oversized length, a frame cut short, a wrong version): every well-formed fetch
 //! gets the whole context, bit for bit; every hostile client gets its `Error` frame (or is
 //! dropped) and the server counts it as refused. And a client facing a hostile or broken server
-//! (garbage, an oversized length, a dropped connection, a stall) reports it as a typed error.
+//! (garbage, an oversized length, a dropped connection, a stall) reports it as a typed error. A
+//! client that asks and never reads is dropped at the write timeout, its slot freed.
 
 mod common;
 
@@ -152,6 +153,59 @@ async fn connections_over_the_cap_are_told_busy() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let opts = FetchOptions::new(Duration::from_secs(30));
     assert!(fetch(&addr, "sample", &opts).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_dropped_and_its_slot_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_store(dir.path(), "sample", None);
+    let mut config = ServerConfig::new(dir.path().to_path_buf());
+    config.max_connections = 1;
+    config.write_timeout = Duration::from_millis(500);
+    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
+    let addr = addr.to_string();
+    // Hello, Open, then 200 Gets of a 1 MB chunk (far more than the sockets' buffers hold),
+    // and never a read: the server's writes stall.
+    let mut frames = Message::Hello {
+        max_payload: 1 << 24,
+    }
+    .encode();
+    frames.extend(
+        Message::Open {
+            context: "sample".into(),
+        }
+        .encode(),
+    );
+    let get = Message::Get {
+        chunk: 0,
+        choice: Choice::Level(1),
+    }
+    .encode();
+    for _ in 0..200 {
+        frames.extend_from_slice(&get);
+    }
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(&frames).await.unwrap();
+    for _ in 0..250 {
+        if Stats::get(&stats.refused) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        Stats::get(&stats.refused),
+        1,
+        "dropped at the write timeout"
+    );
+    assert!(
+        Stats::get(&stats.bytes_sent) < 200 << 20,
+        "not every reply went out"
+    );
+    // The one slot is free again, while the idle client still holds its socket.
+    let opts = FetchOptions::new(Duration::from_secs(30));
+    assert!(fetch(&addr, "sample", &opts).await.is_ok());
+    assert_eq!(Stats::get(&stats.busy), 0);
+    drop(idle);
 }
 
 /// A fake server that reads the client's first frames and answers `reply` (then holds the
