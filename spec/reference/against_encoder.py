@@ -52,13 +52,10 @@ def variant(kvc, dump, kind, tmp):
         return out
     import numpy as np
 
-    raw = dump.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    base, data, offset = 8 + n, [], 0
-    for name, entry in sorted(header.items(), key=lambda e: e[1].get("data_offsets", [0])[0]):
-        if name == "__metadata__":
-            continue
+    raw, header, base = read_safetensors(dump)
+    metadata = header.pop("__metadata__", {})
+    data, offset = [], 0
+    for name, entry in sorted(header.items(), key=lambda e: e[1]["data_offsets"][0]):
         a, b = entry["data_offsets"]
         part = raw[base + a:base + b]
         if entry["dtype"] == "F16" and name.split(".")[0] in ("k", "v"):
@@ -72,8 +69,8 @@ def variant(kvc, dump, kind, tmp):
         entry["data_offsets"] = [offset, offset + len(part)]
         offset += len(part)
         data.append(part)
-    header.get("__metadata__", {}).pop("dtype", None)
-    text = json.dumps(header).encode()
+    metadata.pop("dtype", None)
+    text = json.dumps(dict(header, __metadata__=metadata)).encode()
     text += b" " * (-len(text) % 8)
     out.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(data))
     return out
@@ -85,14 +82,18 @@ def run(*args):
         raise RuntimeError("%s failed (%d): %s" % (" ".join(map(str, args)), r.returncode, r.stderr.strip()))
 
 
+def read_safetensors(path):
+    """A safetensors file's bytes, its header (a dict) and where its data begins."""
+    raw = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return raw, json.loads(raw[8:8 + n]), 8 + n
+
+
 def safetensors_kv_bytes(path):
     """K then V of every layer of a `kvc decode` dump, little-endian, as output_bytes lays
     them out; and the dtype's name."""
-    raw = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    raw, header, base = read_safetensors(path)
     header.pop("__metadata__", None)
-    base = 8 + n
     layers = sum(1 for k in header if k.startswith("k."))
     parts, dtypes = [], set()
     for i in range(layers):
