@@ -202,6 +202,15 @@ pub fn encode(
     source: ProfileSource<'_>,
     params: &EncodeParams,
 ) -> Result<Vec<u8>, Error> {
+    if params.levels.is_empty() {
+        // codec_core::encode's error, before a profile is learned for nothing.
+        return Err(EncodeError::ChunkLevels {
+            given: 0,
+            tokens: kv.shape.tokens,
+            chunk_tokens: params.chunk_tokens,
+        }
+        .into());
+    }
     let learned;
     let full = match source {
         ProfileSource::Referenced(p) => {
@@ -236,6 +245,9 @@ pub fn learn(samples: &[Sample<'_>]) -> Result<Profile, Error> {
 /// `full` cut down to the levels in `levels` (ascending), and `levels` renumbered into it: the
 /// profile a self-contained stream embeds (the policy of `kvc_io::policy::self_contained`).
 pub fn self_contained(full: &Profile, levels: &[u8]) -> Result<(Profile, Vec<u8>), Error> {
+    if levels.is_empty() {
+        return Err(Error::new(ErrorKind::Encode, "no level given"));
+    }
     let mut used = levels.to_vec();
     used.sort_unstable();
     used.dedup();
@@ -339,6 +351,41 @@ mod tests {
         assert_eq!(levels, [1, 0, 1]);
         assert_eq!(chunk_tokens(&s, 2).unwrap(), 32..40);
         assert_eq!(chunk_tokens(&s, 3).unwrap_err().kind, ErrorKind::OutOfRange);
+    }
+
+    #[test]
+    fn no_level_is_an_encode_error_from_every_source() {
+        let shape = KvShape {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            tokens: 8,
+        };
+        let (k, v) = cache(shape);
+        let kv = view(shape, &k, &v);
+        let profile = learn(&[Sample {
+            kv: kv.clone(),
+            queries: None,
+        }])
+        .unwrap();
+        let params = EncodeParams {
+            levels: vec![],
+            ..EncodeParams::default()
+        };
+        for source in [
+            ProfileSource::Learn(None),
+            ProfileSource::Referenced(&profile),
+            ProfileSource::Embedded(&profile),
+        ] {
+            let e = encode(&kv, source, &params).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Encode, "{e}");
+            assert!(e.message.contains("0 chunk levels"), "{e}");
+        }
+        let e = self_contained(&profile, &[]).unwrap_err();
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (ErrorKind::Encode, "no level given")
+        );
     }
 
     #[test]

@@ -122,7 +122,8 @@ pub enum EncodeError {
         /// K or V.
         kv: Kv,
     },
-    /// No sample data was given to learn a profile.
+    /// No sample data was given to learn a profile: no sample, or samples of no tokens (a
+    /// profile's size follows the shape, which empty samples would not bound).
     NoSamples,
     /// The number of chunk levels is neither 1 nor the number of chunks.
     ChunkLevels {
@@ -163,7 +164,7 @@ impl fmt::Display for EncodeError {
                 levels.saturating_sub(1)
             ),
             NonFinite { layer, kv } => write!(f, "layer {layer} {kv} holds NaN or infinity"),
-            NoSamples => f.write_str("no sample caches given to learn a profile from"),
+            NoSamples => f.write_str("no sample tokens given to learn a profile from"),
             ChunkLevels {
                 given,
                 tokens,

@@ -373,7 +373,15 @@ impl KvView<'_> {
         if shape.layers == 0 || shape.kv_heads == 0 || shape.head_dim == 0 {
             return mismatch("zero dimension");
         }
-        let n = shape.tensor_len();
+        // In u64 first: the product of three u32 overflows a usize (and `tensor_len`) for
+        // hostile shapes, which empty tensors would otherwise match.
+        let n = u64::from(shape.kv_heads)
+            .checked_mul(u64::from(shape.head_dim))
+            .and_then(|c| c.checked_mul(u64::from(shape.tokens)))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or(EncodeError::ShapeMismatch {
+                what: "tokens * kv_heads * head_dim overflows",
+            })?;
         let dtype = self.k[0].dtype();
         for (layer, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
             if k.len() != n || v.len() != n {

@@ -13,12 +13,19 @@
 //!
 //! for an input of `n` bytes, whatever those bytes are. Headers that claim more elements than
 //! `max_elements` must be rejected before anything of that size is allocated (peak under 1 MiB).
+//!
+//! The encoder and the profile learner allocate in proportion to their input: caches that claim
+//! huge shapes over empty tensors (no tokens, or a `tokens * channels` that overflows) are
+//! refused with an error, not an allocation of the claimed size (peak under 1 MiB).
 
 mod common;
 
 use common::crc32c;
 
-use codec_core::{decode, Limits, Profile};
+use codec_core::{
+    decode, encode, learn_profile, EncodeError, EncodeParams, KvMeta, KvShape, KvView, LearnParams,
+    Limits, Profile, ProfileMode, Sample, TensorRef,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -93,6 +100,11 @@ impl Rng {
 
 /// Everything in one test: the counters are global to the process.
 #[test]
+fn allocations_stay_within_bounds() {
+    decoding_allocates_within_the_limits();
+    encoding_hostile_shapes_allocates_nothing_of_their_size();
+}
+
 fn decoding_allocates_within_the_limits() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors");
     let limits = Limits {
@@ -177,4 +189,68 @@ fn decoding_allocates_within_the_limits() {
         "{checked} decodes; worst peak / bound = {worst:.3} (bound for 1 MiB elements: {} bytes)",
         bound(&limits, 0)
     );
+}
+
+fn encoding_hostile_shapes_allocates_nothing_of_their_size() {
+    let empty: &[f32] = &[];
+    let view = |shape: KvShape| KvView {
+        shape,
+        k: vec![TensorRef::F32(empty); shape.layers as usize],
+        v: vec![TensorRef::F32(empty); shape.layers as usize],
+        meta: KvMeta::default(),
+    };
+    // A profile learned from no tokens would hold 2 * 2^40 channels' parameters.
+    let no_tokens = view(KvShape {
+        layers: 1,
+        tokens: 0,
+        kv_heads: 1 << 20,
+        head_dim: 1 << 20,
+    });
+    // 2^16 * 2^24 * 2^24 = 2^64 elements a tensor: 0 after wrapping, as many as given.
+    let overflowing = view(KvShape {
+        layers: 1,
+        tokens: 1 << 16,
+        kv_heads: 1 << 24,
+        head_dim: 1 << 24,
+    });
+    let learn = |kv: &KvView<'_>| {
+        let samples = [Sample {
+            kv: kv.clone(),
+            queries: None,
+        }];
+        peak_of(|| learn_profile(&samples, &LearnParams::default()).map(|_| ()))
+    };
+    let (r, peak) = learn(&no_tokens);
+    assert_eq!(r, Err(EncodeError::NoSamples));
+    assert!(peak < 1 << 20, "learning from no tokens: peak {peak}");
+    let (r, peak) = learn(&overflowing);
+    let overflow = EncodeError::ShapeMismatch {
+        what: "tokens * kv_heads * head_dim overflows",
+    };
+    assert_eq!(r, Err(overflow.clone()));
+    assert!(
+        peak < 1 << 20,
+        "learning from an overflowing shape: peak {peak}"
+    );
+    // The encoder checks the view before it reads the profile, whichever profile it is given.
+    let small = KvShape {
+        layers: 1,
+        tokens: 4,
+        kv_heads: 1,
+        head_dim: 2,
+    };
+    let values = [0.5f32, -0.25, 1.0, 0.0, 0.75, -1.0, 0.125, 0.5];
+    let mut small_view = view(small);
+    small_view.k = vec![TensorRef::F32(&values)];
+    small_view.v = vec![TensorRef::F32(&values)];
+    let samples = [Sample {
+        kv: small_view,
+        queries: None,
+    }];
+    let profile = learn_profile(&samples, &LearnParams::default()).unwrap();
+    let params = EncodeParams::default();
+    let (r, peak) =
+        peak_of(|| encode(&overflowing, ProfileMode::Referenced(&profile), &params).map(|_| ()));
+    assert_eq!(r, Err(overflow));
+    assert!(peak < 1 << 20, "encoding an overflowing shape: peak {peak}");
 }

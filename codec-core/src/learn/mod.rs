@@ -110,6 +110,9 @@ pub const DEFAULT_LEVELS: [f32; 12] = [
 /// bytes on every platform.
 pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Profile, EncodeError> {
     let first = samples.first().ok_or(EncodeError::NoSamples)?;
+    if samples.iter().all(|s| s.kv.shape.tokens == 0) {
+        return Err(EncodeError::NoSamples);
+    }
     let shape = first.kv.shape;
     check_params(params)?;
     check_samples(samples)?;
