@@ -129,6 +129,15 @@ int main(void) {
            KVC_ERR_PROFILE_MISMATCH);
     expect("load junk as a profile", kvc_profile_load(junk, sizeof junk, &loaded_bad),
            KVC_ERR_PROFILE);
+    expect("open into a null out-pointer", kvc_stream_open(stream.data, stream.len, profile, NULL),
+           KVC_ERR_ARGUMENT);
+    expect("load into a null out-pointer", kvc_profile_load(saved.data, saved.len, NULL),
+           KVC_ERR_ARGUMENT);
+    kvc_cache no_tokens = cache; /* 2^40 channels over no data: refused, nothing that size made */
+    no_tokens.tokens = 0;
+    no_tokens.kv_heads = no_tokens.head_dim = 1u << 20;
+    expect("learn from no tokens", kvc_profile_learn(&no_tokens, NULL, 1, NULL, &loaded_bad),
+           KVC_ERR_ENCODE);
     stream.data[stream.len - 1] ^= 1; /* the last chunk's CRC */
     expect("open a damaged stream", kvc_stream_open(stream.data, stream.len, profile, &bad), KVC_OK);
     expect("decode its last chunk", kvc_stream_decode_chunk(bad, 3, KVC_DTYPE_F32,

@@ -16,8 +16,10 @@
 //! - **I4** (out-params): a non-null out-pointer (`kvc_stream**`, `kvc_stream_info*`, ...)
 //!   points to writable storage of its type.
 //!
-//! Everything else is checked before a slice is made: null pointers, alignment to the element
-//! type, `len * size` overflow, capacities. Each `SAFETY:` comment names the invariant it
+//! Everything else is checked before a slice or reference is made: null pointers, alignment
+//! (of elements, pointer arrays, input structs and out-pointers), `len * size` overflow,
+//! capacities; out-pointers that receive a handle or bytes before the work, so that a bad one
+//! leaks nothing. Each `SAFETY:` comment names the invariant it
 //! relies on. No panic unwinds into C: every function runs inside `guard`, which turns a
 //! panic into [`KVC_ERR_INTERNAL`] with its message.
 
@@ -228,7 +230,9 @@ thread_local! {
 fn set_last_error(e: &Error) {
     let text = |s: &str| CString::new(s.replace('\0', " ")).unwrap_or_default();
     let check = e.check.unwrap_or("");
-    LAST_ERROR.with(|l| *l.borrow_mut() = (text(&e.message), text(check)));
+    // `try_with`: during the thread's teardown (a call from another thread-local's destructor)
+    // the message is lost rather than panicking in C's frame.
+    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = (text(&e.message), text(check)));
 }
 
 /// Runs `f`, records its error for `kvc_last_error_message`, and returns its status; a panic is
@@ -236,7 +240,7 @@ fn set_last_error(e: &Error) {
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> i32 {
     match api::catching_panics(f) {
         Ok(()) => {
-            LAST_ERROR.with(|l| *l.borrow_mut() = Default::default());
+            let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = Default::default());
             KVC_OK
         }
         Err(e) => {
@@ -344,10 +348,11 @@ fn outputs<'a>(
             format!("output buffers hold {capacity} bytes, the tokens need {bytes}"),
         ));
     }
-    let ks = pointers(k.cast::<*const c_void>(), layers, "k")?;
-    let vs = pointers(v.cast::<*const c_void>(), layers, "v")?;
+    // Copied: no view of the caller's pointer arrays stays alive while the output slices exist.
+    let ks = pointers(k.cast::<*const c_void>(), layers, "k")?.to_vec();
+    let vs = pointers(v.cast::<*const c_void>(), layers, "v")?.to_vec();
     let mut ranges = Vec::with_capacity(2 * layers);
-    for &p in ks.iter().chain(vs) {
+    for &p in ks.iter().chain(&vs) {
         if p.is_null() {
             return Err(null("an output buffer"));
         }
@@ -374,16 +379,30 @@ fn outputs<'a>(
     ))
 }
 
-/// Writes `value` to the caller's out-pointer.
-fn put<T>(out: *mut T, value: T, what: &str) -> Result<(), Error> {
+/// Checks the caller's out-pointer (not null, aligned): owned results (handles, bytes) check it
+/// before they are made, so that a bad one refuses the call instead of leaking them.
+fn check_out<T>(out: *mut T, what: &str) -> Result<(), Error> {
     if out.is_null() {
         return Err(null(what));
     }
-    check_aligned(out as usize, align_of::<T>(), what)?;
+    check_aligned(out as usize, align_of::<T>(), what)
+}
+
+/// Writes `value` to the caller's out-pointer.
+fn put<T>(out: *mut T, value: T, what: &str) -> Result<(), Error> {
+    check_out(out, what)?;
     // SAFETY: I4: `out` points to writable storage of `T`; aligned (checked). `write` does not
     // drop the old contents, which may be uninitialised.
     unsafe { out.write(value) };
     Ok(())
+}
+
+/// The caller's struct at `p` (a cache, queries, parameters), if not null.
+fn struct_in<'a, T>(p: *const T, what: &str) -> Result<Option<&'a T>, Error> {
+    check_aligned(p as usize, align_of::<T>(), what)?;
+    // SAFETY: I4 (read side): a non-null pointer to one of the library's input structs points
+    // to a readable value of it; aligned (checked).
+    Ok(unsafe { p.as_ref() })
 }
 
 /// The stream behind a handle.
@@ -414,8 +433,7 @@ fn bytes_out(v: Vec<u8>) -> kvc_bytes {
 
 /// The caller's cache as a view.
 fn cache_view<'a>(c: *const kvc_cache, meta: KvMeta) -> Result<KvView<'a>, Error> {
-    // SAFETY: I4 (read side): a non-null `kvc_cache*` points to a readable `kvc_cache`.
-    let c = unsafe { c.as_ref() }.ok_or_else(|| null("cache"))?;
+    let c = struct_in(c, "cache")?.ok_or_else(|| null("cache"))?;
     let dtype = dtype(c.dtype)?;
     let shape = KvShape {
         layers: c.layers,
@@ -444,8 +462,7 @@ fn cache_view<'a>(c: *const kvc_cache, meta: KvMeta) -> Result<KvView<'a>, Error
 
 /// The caller's queries for a cache of `shape`, if any.
 fn queries_in<'a>(q: *const kvc_queries, shape: KvShape) -> Result<Option<Queries<'a>>, Error> {
-    // SAFETY: I4 (read side): a non-null `kvc_queries*` points to a readable `kvc_queries`.
-    let Some(q) = (unsafe { q.as_ref() }) else {
+    let Some(q) = struct_in(q, "queries")? else {
         return Ok(None);
     };
     if q.q.is_null() {
@@ -512,14 +529,18 @@ fn encode_params(p: &kvc_encode_params) -> Result<(EncodeParams, KvMeta), Error>
 /// Valid until the thread's next `kvc_*` call.
 #[no_mangle]
 pub extern "C" fn kvc_last_error_message() -> *const c_char {
-    LAST_ERROR.with(|l| l.borrow().0.as_ptr())
+    LAST_ERROR
+        .try_with(|l| l.borrow().0.as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The spec check (`"H5"`, `"B7"`, ...) that rejected the input of this thread's last failed
 /// call, or an empty string. Valid until the thread's next `kvc_*` call.
 #[no_mangle]
 pub extern "C" fn kvc_last_error_check() -> *const c_char {
-    LAST_ERROR.with(|l| l.borrow().1.as_ptr())
+    LAST_ERROR
+        .try_with(|l| l.borrow().1.as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The name of a status code (`"ok"`, `"Header"`, ...), a static string.
@@ -556,6 +577,7 @@ pub unsafe extern "C" fn kvc_stream_open(
     out: *mut *mut kvc_stream,
 ) -> i32 {
     guard(|| {
+        check_out(out, "out")?;
         let bytes = bytes_in(data, len, "data")?.to_vec();
         let given = profile_opt(profile).cloned();
         let (header, levels) = {
@@ -775,11 +797,11 @@ pub unsafe extern "C" fn kvc_encode(
     out: *mut kvc_bytes,
 ) -> i32 {
     guard(|| {
+        check_out(out, "out")?;
         let mut defaults = core::mem::MaybeUninit::uninit();
         // SAFETY: `defaults` is writable storage of a `kvc_encode_params` (I4).
         unsafe { kvc_encode_params_default(defaults.as_mut_ptr()) };
-        // SAFETY: I4 (read side): a non-null `params` points to a readable `kvc_encode_params`.
-        let p = match unsafe { params.as_ref() } {
+        let p = match struct_in(params, "params")? {
             Some(p) => p,
             // SAFETY: `kvc_encode_params_default` wrote every field just above.
             None => unsafe { defaults.assume_init_ref() },
@@ -836,15 +858,16 @@ pub unsafe extern "C" fn kvc_profile_learn(
     out: *mut *mut kvc_profile,
 ) -> i32 {
     guard(|| {
-        // SAFETY: I4 (read side): a non-null `params` points to a readable `kvc_encode_params`.
-        let meta = match unsafe { params.as_ref() } {
+        check_out(out, "out")?;
+        let meta = match struct_in(params, "params")? {
             Some(p) => encode_params(p)?.1,
             None => KvMeta::default(),
         };
         if samples.is_null() && n > 0 {
             return Err(null("samples"));
         }
-        let mut list = Vec::with_capacity(n);
+        // Grown as the samples are read, not reserved from the caller's count.
+        let mut list = Vec::new();
         for i in 0..n {
             // SAFETY: I1: `samples` (and `queries`, if not null) hold `n` entries; `i < n`.
             let (c, q) = unsafe {
@@ -876,6 +899,7 @@ pub unsafe extern "C" fn kvc_profile_load(
     out: *mut *mut kvc_profile,
 ) -> i32 {
     guard(|| {
+        check_out(out, "out")?;
         let profile = api::load_profile(bytes_in(data, len, "data")?)?;
         put(out, Box::into_raw(Box::new(kvc_profile { profile })), "out")
     })
@@ -889,6 +913,7 @@ pub unsafe extern "C" fn kvc_profile_load(
 #[no_mangle]
 pub unsafe extern "C" fn kvc_profile_save(profile: *const kvc_profile, out: *mut kvc_bytes) -> i32 {
     guard(|| {
+        check_out(out, "out")?;
         let p = profile_opt(profile).ok_or_else(|| null("profile"))?;
         put(out, bytes_out(p.as_bytes().to_vec()), "out")
     })
@@ -1147,6 +1172,77 @@ mod tests {
             kvc_stream_free(s);
             kvc_bytes_free(&mut stream);
         }
+    }
+
+    /// A bad out-pointer, a misaligned struct, a cache of no tokens with huge dimensions and an
+    /// empty level list are statuses with messages, before anything is made (nothing to leak:
+    /// `examples/roundtrip.c` makes the same calls under LeakSanitizer).
+    #[test]
+    fn bad_arguments_are_refused_before_any_work() {
+        let test_cache = TestCache::new((1, 12, 1, 4), |i, t| ((i * 7 + t) % 11) as f32);
+        let cache = test_cache.view();
+        let (null, no_params) = (core::ptr::null(), core::ptr::null());
+        let status = |rc: i32| {
+            // SAFETY: this thread's NUL-terminated message, read before its next call.
+            let msg = unsafe { CStr::from_ptr(kvc_last_error_message()) };
+            (rc, msg.to_str().unwrap().to_owned())
+        };
+        let mut profile = core::ptr::null_mut();
+        let mut defaults = core::mem::MaybeUninit::uninit();
+        // SAFETY: live local storage of the right types and sizes (I1-I4).
+        let mut params = unsafe {
+            kvc_encode_params_default(defaults.as_mut_ptr());
+            assert_eq!(
+                kvc_profile_learn(&cache, null, 1, no_params, &mut profile),
+                KVC_OK
+            );
+            defaults.assume_init()
+        };
+        let argument = |what: &str| (KVC_ERR_ARGUMENT, what.to_owned());
+        // SAFETY: as above; the null out-pointers are what is being refused.
+        unsafe {
+            let rc = kvc_encode(&cache, null, profile, &params, core::ptr::null_mut());
+            assert_eq!(status(rc), argument("out is null"));
+            let rc = kvc_profile_learn(&cache, null, 1, no_params, core::ptr::null_mut());
+            assert_eq!(status(rc), argument("out is null"));
+            let rc = kvc_profile_save(profile, core::ptr::null_mut());
+            assert_eq!(status(rc), argument("out is null"));
+        }
+        // A cache struct one byte off its alignment: refused, never read.
+        let mut bytes = vec![0u8; size_of::<kvc_cache>() + align_of::<kvc_cache>()];
+        let at = bytes.as_mut_ptr().align_offset(align_of::<kvc_cache>()) + 1;
+        let misaligned = bytes.as_ptr().wrapping_add(at).cast::<kvc_cache>();
+        let mut out = kvc_bytes {
+            data: core::ptr::null_mut(),
+            len: 0,
+        };
+        // SAFETY: as above; the misaligned pointer is what is being refused.
+        let rc = unsafe { kvc_encode(misaligned, null, profile, &params, &mut out) };
+        let want = format!("cache is not aligned to {} bytes", align_of::<kvc_cache>());
+        assert_eq!(status(rc), argument(&want));
+        // No tokens, 2^40 channels: learning would size a profile of them.
+        let huge = kvc_cache {
+            tokens: 0,
+            kv_heads: 1 << 20,
+            head_dim: 1 << 20,
+            ..cache
+        };
+        let mut learned = core::ptr::null_mut();
+        // SAFETY: `huge` points to no element (0 tokens); the rest as above.
+        let rc = unsafe { kvc_profile_learn(&huge, null, 1, no_params, &mut learned) };
+        let no_tokens = "no sample tokens given to learn a profile from";
+        assert_eq!(status(rc), (KVC_ERR_ENCODE, no_tokens.to_owned()));
+        assert!(learned.is_null());
+        let levels = [1u8];
+        params.levels = levels.as_ptr();
+        params.n_levels = 0;
+        params.embed_profile = 1;
+        // SAFETY: as above (`levels` is read as 0 entries).
+        let rc = unsafe { kvc_encode(&cache, null, profile, &params, &mut out) };
+        assert_eq!(status(rc).0, KVC_ERR_ENCODE, "{}", status(rc).1);
+        assert!(out.data.is_null());
+        // SAFETY: the handle from this library, freed once.
+        unsafe { kvc_profile_free(profile) };
     }
 
     #[test]
