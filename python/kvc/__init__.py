@@ -106,17 +106,15 @@ def encode(
     parameters the codec refuses (NaN, a level the profile lacks, ...).
     """
     k, v, shape = _arrays.cache_args(keys, values)
-    q, q_heads, q_start = _arrays.query_args(queries, shape[0], q_start)
+    q, q_heads, q_start = _arrays.query_args(queries, shape, q_start)
     if rope_style not in _ROPE_STYLES:
         raise ArgumentError(f"rope_style must be one of {sorted(_ROPE_STYLES)}, got {rope_style!r}")
     if levels is None:
         levels = [level]
     try:
-        levels = [int(x) for x in levels]
-        if any(not 0 <= x < 256 for x in levels):
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ArgumentError(f"levels must be integers in 0..=255, got {levels!r}") from None
+        levels = [_arrays.uint("a level", x, 8) for x in levels]
+    except TypeError:
+        raise ArgumentError(f"levels must be a list of integers, got {levels!r}") from None
     if profile is not None and not isinstance(profile, Profile):
         raise ArgumentError(f"profile must be a kvc.Profile, got {type(profile).__name__}")
     return _encode(
@@ -129,16 +127,16 @@ def encode(
         q_heads=q_heads,
         q_start=q_start,
         levels=levels,
-        chunk_tokens=int(chunk_tokens),
-        group=int(group),
-        sink=int(sink),
+        chunk_tokens=_arrays.uint("chunk_tokens", chunk_tokens, 32),
+        group=_arrays.uint("group", group, 32),
+        sink=_arrays.uint("sink", sink, 16),
         uniform_steps=bool(uniform_steps),
         model_id=str(model_id),
         rope_style=_ROPE_STYLES[rope_style],
         rope_theta=float(rope_theta),
         rope_scaling=float(rope_scaling),
         k_pre_rope=bool(k_pre_rope),
-        first_position=int(first_position),
+        first_position=_arrays.uint("first_position", first_position, 64),
     )
 
 
@@ -203,7 +201,7 @@ class Stream:
             start, end = 0, s.tokens
         else:
             start, end = (tokens.start, tokens.stop) if isinstance(tokens, range) else tokens
-            start, end = int(start), int(end)
+            start, end = _arrays.integer("start", start), _arrays.integer("end", end)
             if not 0 <= start <= end <= s.tokens:
                 raise OutOfRangeError(f"tokens {start}..{end} are outside the stream's 0..{s.tokens}")
         shape = (end - start, s.kv_heads, s.head_dim)

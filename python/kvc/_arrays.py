@@ -1,6 +1,7 @@
 """Turning what callers pass (numpy arrays, per-layer lists, stacked arrays, DLPack tensors)
 into the contiguous per-layer numpy arrays the native module reads without copying."""
 
+import operator
 import sys
 
 import numpy as np
@@ -12,18 +13,39 @@ KV_DTYPES = {np.dtype(np.float16): "float16", np.dtype(np.float32): "float32", n
 _NUMPY_DTYPE = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
 
 
+def integer(name, value):
+    """``value`` as an int (an int or anything with ``__index__``, numpy integers included),
+    or :class:`ArgumentError` naming ``name``."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentError(f"{name} must be an integer, got {type(value).__name__}") from None
+
+
+def uint(name, value, bits):
+    """``value`` as an int in ``0 .. 2**bits - 1``, or :class:`ArgumentError` naming ``name``."""
+    n = integer(name, value)
+    if not 0 <= n < 1 << bits:
+        raise ArgumentError(f"{name} must be in 0..={(1 << bits) - 1}, got {n}")
+    return n
+
+
 def numpy_dtype(name):
     """The numpy dtype a decoded tensor of ``name`` ("float16", "bfloat16", "float32") has."""
     if isinstance(name, str) and name in _NUMPY_DTYPE:
         return np.dtype(_NUMPY_DTYPE[name])
-    d = np.dtype(name)
+    try:
+        d = np.dtype(name)
+    except TypeError:
+        raise ArgumentError(f"dtype {name!r} is not a numpy dtype") from None
     if d not in KV_DTYPES:
         raise ArgumentError(f"dtype {d} is not float16, float32 or uint16 (bfloat16 bits)")
     return d
 
 
 def as_array(obj):
-    """A numpy array sharing ``obj``'s memory where possible: numpy arrays as they are, torch
+    """A ``numpy.ndarray`` (the type itself, which the native module requires) sharing ``obj``'s
+    memory where possible: numpy arrays as they are (a subclass viewed as an ndarray), torch
     CPU tensors through ``.numpy()`` (bfloat16 as its uint16 bits), other objects with
     ``__dlpack__`` through ``numpy.from_dlpack``, anything else through ``numpy.asarray``."""
     if isinstance(obj, np.ndarray):
@@ -40,7 +62,7 @@ def as_array(obj):
         a = np.asarray(obj)
     if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16
         a = a.view(np.uint16)
-    return a
+    return np.asarray(a)
 
 
 def kv_layers(x, what):
@@ -79,15 +101,17 @@ def cache_args(keys, values):
     return k, v, (len(k), t, h, d)
 
 
-def query_args(queries, layers, q_start):
-    """``(q, q_heads, q_start)``: per-layer float32 ``[n_q, q_heads, D]`` queries."""
+def query_args(queries, shape, q_start):
+    """``(q, q_heads, q_start)``: per-layer float32 ``[n_q, q_heads, D]`` queries for a cache
+    of ``shape`` ``(L, T, H, D)``."""
     if queries is None:
         return None, 0, 0
     q = kv_layers(queries, "queries") if not isinstance(queries, (list, tuple)) else [as_array(x) for x in queries]
     q = [np.require(x, dtype=np.float32, requirements="CA") for x in q]
-    if len(q) != layers or any(x.ndim != 3 or x.shape != q[0].shape for x in q):
-        raise ArgumentError(f"queries: need {layers} layers of [n_q, q_heads, head_dim]")
-    return q, q[0].shape[1], int(q_start)
+    layers, _, _, head_dim = shape
+    if len(q) != layers or any(x.ndim != 3 or x.shape != q[0].shape for x in q) or q[0].shape[2] != head_dim:
+        raise ArgumentError(f"queries: need {layers} layers of [n_q, q_heads, {head_dim}]")
+    return q, q[0].shape[1], uint("q_start", q_start, 64)
 
 
 def sample_args(samples):
@@ -95,11 +119,13 @@ def sample_args(samples):
     ``(keys, values, queries, q_start)``, or a :class:`kvc.Sample`."""
     out = []
     for s in samples:
+        if not isinstance(s, (list, tuple)) or not 2 <= len(s) <= 4:
+            raise ArgumentError("a sample is (keys, values) or (keys, values, queries, q_start)")
         keys, values, *rest = s
         queries = rest[0] if rest else None
         q_start = rest[1] if len(rest) > 1 else 0
         k, v, shape = cache_args(keys, values)
-        q, q_heads, q_start = query_args(queries, shape[0], q_start)
+        q, q_heads, q_start = query_args(queries, shape, q_start)
         out.append((k, v, shape, q, q_heads, q_start))
     return out
 

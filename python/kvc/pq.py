@@ -9,7 +9,7 @@ and pick the tokens a query should attend to from the codes alone.
 import numpy as np
 
 from . import _native
-from ._arrays import as_array
+from ._arrays import as_array, uint
 from ._errors import ArgumentError
 
 __all__ = ["Codebook", "select"]
@@ -33,7 +33,9 @@ class Codebook:
     def train(cls, keys, *, method="rq", m=2, bits=6, max_iters=None, seed=0):
         """Train on keys ``[tokens, dim]`` (converted to float32)."""
         a = _keys(keys)
-        return cls(_native.Codebook.train(a, a.shape[1], method, m, bits, max_iters, seed))
+        m, bits, seed = uint("m", m, 32), uint("bits", bits, 8), uint("seed", seed, 64)
+        max_iters = None if max_iters is None else uint("max_iters", max_iters, 32)
+        return cls(_native.Codebook.train(a, a.shape[1], str(method), m, bits, max_iters, seed))
 
     @property
     def dim(self):
@@ -61,4 +63,5 @@ def select(codebook, codes, query, k, *, n_init=4, n_local=64):
     ``n_init``, the last ``n_local``, and the ``k`` others whose codes score highest."""
     c = np.require(as_array(codes), dtype=np.uint16, requirements="CA")
     q = np.require(as_array(query), dtype=np.float32, requirements="CA").reshape(-1)
-    return np.asarray(codebook._c.select(c, q, int(k), int(n_init), int(n_local)), dtype=np.uint32)
+    k, n_init, n_local = uint("k", k, 32), uint("n_init", n_init, 32), uint("n_local", n_local, 32)
+    return np.asarray(codebook._c.select(c, q, k, n_init, n_local), dtype=np.uint32)

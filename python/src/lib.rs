@@ -64,17 +64,20 @@ fn view<'a>(
     meta: KvMeta,
 ) -> Result<KvView<'a>, Error> {
     let shape = kv_shape(shape);
+    let len = (shape.tokens as usize)
+        .checked_mul(shape.kv_heads as usize)
+        .and_then(|n| n.checked_mul(shape.head_dim as usize))
+        .ok_or_else(|| Error::argument("[tokens, kv_heads, head_dim] overflows"))?;
     let tensors = |arrays: &[Bound<'_, PyAny>], what: &str| {
         arrays
             .iter()
             .enumerate()
             .map(|(i, a)| {
                 let a = Array::of(a, &format!("{what}[{i}]"), true)?;
-                if a.len != shape.tensor_len() {
+                if a.len != len {
                     return Err(Error::argument(format!(
-                        "{what}[{i}] holds {} values, [tokens, kv_heads, head_dim] is {}",
-                        a.len,
-                        shape.tensor_len()
+                        "{what}[{i}] holds {} values, [tokens, kv_heads, head_dim] is {len}",
+                        a.len
                     )));
                 }
                 Ok(a.tensor())

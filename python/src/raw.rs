@@ -2,15 +2,16 @@
 //!
 //! # Invariants
 //!
-//! An [`Array`] is made only by [`Array::of`] from an object exposing numpy's
-//! `__array_interface__`, and only used while the caller holds a reference to that object
+//! An [`Array`] is made only by [`Array::of`] from a `numpy.ndarray` (that type exactly: a
+//! subclass, or any other object, may describe memory it does not own in its
+//! `__array_interface__`), and only used while the caller holds a reference to that object
 //! (every function of the module takes the array objects as arguments and keeps them for the
 //! call):
 //!
 //! - **A1**: the interface's `data` address points to the array's elements, `len` of them of
-//!   `dtype` (the product of `shape`), contiguous (`strides` is `None`), as numpy promises for a
-//!   live array; a reference held keeps the memory from being freed or resized (numpy refuses
-//!   to resize an array that others reference).
+//!   `dtype` (the product of `shape`), contiguous (`strides` is `None`), as numpy computes it
+//!   for its own live array; a reference held keeps the memory from being freed or resized
+//!   (numpy refuses to resize an array that others reference).
 //! - **A2**: outputs are arrays whose interface says writable (`data[1]` false); no other
 //!   thread writes the arrays during a call (the same contract numpy's own GIL-releasing
 //!   functions have). Overlap between one call's outputs is checked ([`disjoint`]).
@@ -21,6 +22,8 @@ use codec_core::{Dtype, TensorMut, TensorRef};
 use half::{bf16, f16};
 use kvc_bind::Error;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 
 /// An array's memory as described by its `__array_interface__`, checked (A1).
 #[derive(Clone, Copy, Debug)]
@@ -44,10 +47,24 @@ pub enum ElemType {
 }
 
 impl Array {
-    /// Reads `obj.__array_interface__`: a contiguous, aligned little-endian array of f16, f32
-    /// or u16 (`u16` means bf16 when `u16_is_bf16`).
+    /// Reads `obj.__array_interface__`: a `numpy.ndarray` (not a subclass: `numpy.asarray`
+    /// views one as an ndarray without copying), contiguous, aligned, little-endian, of f16,
+    /// f32 or u16 (`u16` means bf16 when `u16_is_bf16`).
     pub fn of(obj: &Bound<'_, PyAny>, what: &str, u16_is_bf16: bool) -> Result<Array, Error> {
         let bad = |why: &str| Error::argument(format!("{what}: {why}"));
+        static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let ndarray = NDARRAY
+            .import(obj.py(), "numpy", "ndarray")
+            .map_err(|_| bad("numpy cannot be imported"))?;
+        if !obj.is_exact_instance(ndarray) {
+            let ty = obj
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string());
+            return Err(bad(&format!(
+                "a {ty}, not a numpy.ndarray (numpy.asarray makes one)"
+            )));
+        }
         let ai = obj
             .getattr("__array_interface__")
             .map_err(|_| bad("not an array (no __array_interface__)"))?;

@@ -205,6 +205,68 @@ def test_every_error_kind_from_real_input(small):
         kvc.encode(k, v, levels=[1, 2], chunk_tokens=32)
 
 
+def test_hostile_arguments_raise_kvc_errors(small):
+    """Arguments no caller should pass: each is a KvcError naming the problem, never another
+    exception, an abort or a crash."""
+    k, v = small
+    for kwargs in [dict(chunk_tokens=-1), dict(chunk_tokens=2**32), dict(sink=2**16), dict(group=1.5),
+                   dict(first_position=-1), dict(levels=[256]), dict(levels=["a"]), dict(levels=3)]:
+        with pytest.raises(kvc.ArgumentError):
+            kvc.encode(k, v, **kwargs)
+    with pytest.raises(kvc.EncodeError, match="0 chunk levels"):
+        kvc.encode(k, v, levels=[])
+    q = np.zeros((k.shape[0], 2, 4, k.shape[3] // 2), np.float32)  # head_dim halved
+    with pytest.raises(kvc.ArgumentError, match="queries"):
+        kvc.encode(k, v, queries=q)
+    with pytest.raises(kvc.ArgumentError, match="q_start"):
+        kvc.encode(k, v, queries=np.zeros(q.shape[:3] + (k.shape[3],), np.float32), q_start=-1)
+    # No tokens, 2^40 channels: nothing of that size is allocated.
+    empty = np.zeros((1, 0, 1 << 20, 1 << 20), np.float32)
+    with pytest.raises(kvc.EncodeError, match="no sample tokens"):
+        kvc.encode(empty, empty)
+    with pytest.raises(kvc.ArgumentError):
+        kvc.Profile.learn([(k,)])
+    with pytest.raises(kvc.ArgumentError):
+        kvc.decode(kvc.encode(k, v), dtype=object())
+    with pytest.raises(kvc.ArgumentError):
+        kvc.Stream(kvc.encode(k, v)).decode(tokens=(0.5, 3))
+    keys = k[0, :, 0, :].astype(np.float32)
+    for kwargs in [dict(bits=300), dict(m=-1), dict(seed=-1), dict(max_iters=-2)]:
+        with pytest.raises(kvc.ArgumentError):
+            kvc.pq.Codebook.train(keys, **kwargs)
+    cb = kvc.pq.Codebook.train(keys)
+    with pytest.raises(kvc.ArgumentError):
+        kvc.pq.select(cb, cb.encode(keys), keys[0], k=-1)
+
+
+def test_only_numpy_arrays_reach_native_memory(small):
+    """The native module reads memory only through a numpy.ndarray's own interface: an object
+    that merely claims one (an address it does not own) is refused, and ndarray subclasses are
+    viewed as ndarrays, the same bytes encoded."""
+
+    class Claims:
+        __array_interface__ = {"data": (8, False), "typestr": "<f4", "shape": (4,), "version": 3}
+
+    class Lies(np.ndarray):
+        @property
+        def __array_interface__(self):
+            return {"data": (8, False), "typestr": "<f4", "shape": (4,), "version": 3}
+
+    lies = np.zeros(4, np.float32).view(Lies)
+    for fake in [Claims(), lies]:
+        with pytest.raises(kvc.ArgumentError, match="not a numpy.ndarray"):
+            _native.encode([fake], [fake], (1, 1, 1, 4), profile=None, embed=False, queries=None,
+                           q_heads=0, q_start=0, levels=[7], chunk_tokens=16, group=10, sink=1,
+                           uniform_steps=False, model_id="", rope_style=0, rope_theta=1e4,
+                           rope_scaling=1.0, k_pre_rope=False, first_position=0)
+
+    class Sub(np.ndarray):
+        pass
+
+    k, v = small
+    assert kvc.encode(k.view(Sub), v.view(Sub)) == kvc.encode(k, v)
+
+
 def _damaged(data, rng):
     """`data` with one seeded kind of damage: bits flipped, cut short, or bytes inserted."""
     bad = bytearray(data)
