@@ -154,7 +154,8 @@ fn scale_of(b: u8) -> f32 {
 ///    raw f32 bits); values that do not fit the dtype become 0;
 /// 6. queries (bit 2): heads multiplier (`1 + b % 2`), count (`1 + b % 4`), `q_start`, values.
 ///
-/// Asserts: [`learn_profile`] and [`encode`](crate::encode) succeed (encoding may refuse only a
+/// Asserts: [`learn_profile`] (from one zero token for a cache of none) and
+/// [`encode`](crate::encode) succeed (encoding may refuse only a
 /// non-finite rope theta or scaling); the stream decodes to exactly [`expected_reconstruction`]
 /// (bit for bit), with the input's shape and metadata; its length is at most
 /// [`max_encoded_len`]; a token range decodes to the same bits as the full decode.
@@ -212,9 +213,24 @@ impl RoundtripCase {
             q_heads: *q_heads,
             q_start: *q_start,
         });
-        let sample = Sample {
-            kv: cache.view(),
-            queries,
+        // A profile is not learned from no tokens (`EncodeError::NoSamples`): an empty cache is
+        // coded with the profile of one zero token of its shape.
+        let one_token = (cache.shape.tokens == 0).then(|| {
+            let shape = KvShape {
+                tokens: 1,
+                ..cache.shape
+            };
+            KvCache::zeros(shape, cache.dtype(), cache.meta.clone())
+        });
+        let sample = match &one_token {
+            Some(zeros) => Sample {
+                kv: zeros.view(),
+                queries: None,
+            },
+            None => Sample {
+                kv: cache.view(),
+                queries,
+            },
         };
         let profile = match learn_profile(&[sample], &case.learn) {
             Ok(p) => p,
