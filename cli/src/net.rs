@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Seconds a client has to send each request, and each write to it may take.
     #[arg(long, default_value_t = 10.0)]
     pub timeout_s: f64,
+    /// Seconds a connection may hold its slot: past them its next request is refused (or a
+    /// reply being written cut off), so slow clients cannot keep every slot.
+    #[arg(long, default_value_t = 600.0)]
+    pub max_session_s: f64,
     /// No line per connection on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -55,6 +59,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     config.max_connections = a.max_connections as usize;
     config.read_timeout = timeout;
     config.write_timeout = timeout;
+    config.max_session = positive_duration(a.max_session_s, "--max-session-s")?;
     config.report = !a.quiet;
     runtime()?.block_on(async move {
         let server = Server::bind(&a.addr, config, limiter)
@@ -178,6 +183,10 @@ pub struct FetchArgs {
     /// Seconds to connect and to wait for each reply.
     #[arg(long, default_value_t = 10.0)]
     pub timeout_s: f64,
+    /// Seconds a connection may hold its slot: past them its next request is refused (or a
+    /// reply being written cut off), so slow clients cannot keep every slot.
+    #[arg(long, default_value_t = 600.0)]
+    pub max_session_s: f64,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -4,8 +4,9 @@
 //! Hostile clients cost bounded resources: a cap on connections (the one over it gets `Error`
 //! `Busy`), a cap on client frames (checked from the head, before the payload is read), a time
 //! limit on each client frame from when the server starts waiting for it (a client that
-//! stalls or trickles bytes is dropped) and on each write (a client that stops reading is
-//! dropped). A bad frame, a message out of order or an unknown context gets an `Error` frame
+//! stalls or trickles bytes is dropped), on each write (a client that stops reading is
+//! dropped) and on the whole session (a client that keeps its slot with slow but timely
+//! requests, or reads just fast enough, is let go at the limit). A bad frame, a message out of order or an unknown context gets an `Error` frame
 //! and the connection closes; the others go on.
 
 use std::collections::HashMap;
@@ -41,6 +42,9 @@ pub struct ServerConfig {
     pub read_timeout: Duration,
     /// Time one write of up to [`WRITE_PIECE`] bytes may take (after the rate limiter's wait).
     pub write_timeout: Duration,
+    /// Time a connection may hold its slot, from its accept: past it the next request is
+    /// answered `Error Timeout`, and a reply still being written is cut off.
+    pub max_session: Duration,
     /// What the server accepts from clients ([`Limits::CLIENT_FRAMES`]).
     pub limits: Limits,
     /// Print a line per connection on stderr when it ends (bytes, time, throughput).
@@ -48,14 +52,15 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// The defaults: 64 connections, 10 s per client frame and per write, client frames of at
-    /// most 4 KiB, no report.
+    /// The defaults: 64 connections, 10 s per client frame and per write, 600 s per session,
+    /// client frames of at most 4 KiB, no report.
     pub fn new(root: PathBuf) -> ServerConfig {
         ServerConfig {
             root,
             max_connections: 64,
             read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
+            max_session: Duration::from_secs(600),
             limits: Limits::CLIENT_FRAMES,
             report: false,
         }
@@ -69,7 +74,7 @@ pub struct Stats {
     pub connections: AtomicU64,
     /// Connections refused at the cap.
     pub busy: AtomicU64,
-    /// Sessions that ended with the client's `Bye`.
+    /// Sessions that ended cleanly: the client's `Bye`, or its close between frames.
     pub completed: AtomicU64,
     /// Sessions the server ended: an `Error` sent, a timeout, a failed write.
     pub refused: AtomicU64,
@@ -292,9 +297,27 @@ impl Connection {
         }
     }
 
-    /// The client's next frame, within the read timeout (`None`: closed between frames).
+    /// The time left to the session's limit.
+    fn session_left(&self) -> Duration {
+        let limit = self.shared.config.max_session;
+        limit.saturating_sub(self.started.elapsed())
+    }
+
+    /// Why the session ends at its limit.
+    fn session_over(&self) -> String {
+        let limit = self.shared.config.max_session;
+        format!("the session's limit of {} ms passed", limit.as_millis())
+    }
+
+    /// The client's next frame, within the read timeout and the session's limit (`None`:
+    /// closed between frames).
     async fn request(&mut self) -> Result<Option<Message>, End> {
-        let (t, limits) = (self.shared.config.read_timeout, self.shared.config.limits);
+        let (read_timeout, limits) = (self.shared.config.read_timeout, self.shared.config.limits);
+        let left = self.session_left();
+        if left.is_zero() {
+            return Err(self.refuse(ErrorCode::Timeout, self.session_over()).await);
+        }
+        let t = read_timeout.min(left);
         match tokio::time::timeout(t, read_frame(&mut self.stream, &limits)).await {
             Ok(Ok(m)) => Ok(m.map(|(msg, _)| msg)),
             Ok(Err(ReadError::Frame(e))) => {
@@ -305,6 +328,9 @@ impl Connection {
                 Err(self.refuse(code, e.to_string()).await)
             }
             Ok(Err(e)) => Err(End::Dropped(e.to_string())),
+            Err(_) if t < read_timeout => {
+                Err(self.refuse(ErrorCode::Timeout, self.session_over()).await)
+            }
             Err(_) => {
                 let why = format!("no whole frame within {} ms", t.as_millis());
                 Err(self.refuse(ErrorCode::Timeout, why).await)
@@ -323,7 +349,7 @@ impl Connection {
             Ok(ready) => {
                 let info = ready.info.clone();
                 self.context = Some((name, ready));
-                self.send(&info).await
+                self.send_bounded(&info).await
             }
             Err((code, why)) => Err(self.refuse(code, why).await),
         }
@@ -337,7 +363,7 @@ impl Connection {
         };
         let ready = ready.clone();
         match reply(&ready.store, chunk, choice) {
-            Ok(frame) => self.send(&frame).await,
+            Ok(frame) => self.send_bounded(&frame).await,
             Err(why) => Err(self.refuse(ErrorCode::BadRequest, why).await),
         }
     }
@@ -350,6 +376,16 @@ impl Connection {
         match self.send(&frame).await {
             Ok(()) => End::Refused(code, why),
             Err(end) => end,
+        }
+    }
+
+    /// [`send`](Self::send), cut off (the connection dropped) if the session's limit passes
+    /// while it writes.
+    async fn send_bounded(&mut self, frame: &[u8]) -> Result<(), End> {
+        let left = self.session_left();
+        match tokio::time::timeout(left, self.send(frame)).await {
+            Ok(r) => r,
+            Err(_) => Err(End::Dropped(format!("{} mid-reply", self.session_over()))),
         }
     }
 

@@ -2,8 +2,9 @@
 //! slowloris, an oversized length, a frame cut short, a wrong version): every well-formed fetch
 //! gets the whole context, bit for bit; every hostile client gets its `Error` frame (or is
 //! dropped) and the server counts it as refused. And a client facing a hostile or broken server
-//! (garbage, an oversized length, a dropped connection, a stall) reports it as a typed error. A
-//! client that asks and never reads is dropped at the write timeout, its slot freed.
+//! (garbage, an oversized length, a dropped connection, a stall, a context over the client's
+//! limits) reports it as a typed error. A client that asks and never reads is dropped at the
+//! write timeout, one that keeps asking is ended at the session's limit, each slot freed.
 
 mod common;
 
@@ -206,6 +207,99 @@ async fn a_client_that_never_reads_is_dropped_and_its_slot_freed() {
     assert!(fetch(&addr, "sample", &opts).await.is_ok());
     assert_eq!(Stats::get(&stats.busy), 0);
     drop(idle);
+}
+
+/// The next whole frame from `s`.
+async fn next_frame(s: &mut TcpStream) -> Message {
+    let mut head = [0u8; frame::HEAD_LEN];
+    s.read_exact(&mut head).await.unwrap();
+    let len = frame::Head::parse(&head, &Limits::DEFAULT).unwrap().len as usize;
+    let mut whole = head.to_vec();
+    whole.resize(frame::HEAD_LEN + len + frame::CRC_LEN, 0);
+    s.read_exact(&mut whole[frame::HEAD_LEN..]).await.unwrap();
+    frame::decode(&whole, &Limits::DEFAULT).unwrap().0
+}
+
+/// A client that keeps its slot with timely requests (a `Get` every 200 ms, each within the
+/// read timeout) is answered until the session's limit, then sent `Error Timeout` and closed;
+/// its slot serves the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_past_its_limit_is_ended_and_its_slot_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_store(dir.path(), "sample", None);
+    let mut config = ServerConfig::new(dir.path().to_path_buf());
+    config.max_connections = 1;
+    config.max_session = Duration::from_millis(1500);
+    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
+    let addr = addr.to_string();
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let hello = Message::Hello {
+        max_payload: Limits::DEFAULT.max_payload,
+    };
+    let open = Message::Open {
+        context: "sample".into(),
+    };
+    s.write_all(&[hello.encode(), open.encode()].concat())
+        .await
+        .unwrap();
+    assert!(matches!(next_frame(&mut s).await, Message::Info(_)));
+    let get = Message::Get {
+        chunk: 0,
+        choice: Choice::Level(11),
+    }
+    .encode();
+    let start = std::time::Instant::now();
+    let mut answered = 0;
+    let end = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        s.write_all(&get).await.unwrap();
+        match next_frame(&mut s).await {
+            Message::Chunk { .. } => answered += 1,
+            other => break other,
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never ended");
+    };
+    let Message::Error { code, message } = end else {
+        panic!("expected Error, got {end:?}")
+    };
+    assert_eq!(code, ErrorCode::Timeout);
+    assert!(message.contains("session's limit of 1500 ms"), "{message}");
+    assert!(answered >= 2, "{answered} answered before the limit");
+    for _ in 0..100 {
+        if Stats::get(&stats.refused) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(Stats::get(&stats.refused), 1);
+    let opts = FetchOptions::new(Duration::from_secs(30));
+    assert!(fetch(&addr, "sample", &opts).await.is_ok());
+    assert_eq!(Stats::get(&stats.busy), 0);
+}
+
+/// A context larger than the client accepts (`FetchOptions::codec_limits`) is refused from the
+/// server's `Info`, before the cache its header sizes is allocated; within the limits it is
+/// fetched whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_over_the_clients_limits_is_refused_from_its_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::write_store(dir.path(), "sample", None);
+    let (addr, _) = common::start(
+        ServerConfig::new(dir.path().to_path_buf()),
+        Limiter::unlimited(),
+    )
+    .await;
+    let addr = addr.to_string();
+    let elements = store.header().shape.total_elements();
+    let mut opts = FetchOptions::new(Duration::from_secs(30));
+    opts.codec_limits.max_elements = elements - 1;
+    let e = fetch(&addr, "sample", &opts).await.unwrap_err();
+    assert!(matches!(e, kvc_net::client::FetchError::Stream(_)), "{e}");
+    assert!(e.to_string().contains("the server's Info"), "{e}");
+    assert!(e.to_string().contains(&elements.to_string()), "{e}");
+    opts.codec_limits.max_elements = elements;
+    let f = fetch(&addr, "sample", &opts).await.unwrap();
+    assert!(f.cache.shape.total_elements() == elements);
 }
 
 /// A fake server that reads the client's first frames and answers `reply` (then holds the

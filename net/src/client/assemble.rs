@@ -33,7 +33,8 @@ impl Assembler {
     /// the work (the fetch loop sees the channel closed and collects this error).
     pub fn run(self, mut parts: UnboundedReceiver<Part>) -> Result<KvCache, FetchError> {
         let h = &self.header;
-        let mut cache = KvCache::zeros(h.shape, h.dtype, h.meta.clone());
+        // The context first: it checks the profile against the header's shape, before the
+        // cache that shape sizes is allocated.
         let ctx = ChunkContext::new(
             h.shape,
             h.dtype,
@@ -44,6 +45,7 @@ impl Assembler {
             h.meta.rope,
         )
         .map_err(|e| FetchError::Stream(e.to_string()))?;
+        let mut cache = KvCache::zeros(h.shape, h.dtype, h.meta.clone());
         while let Some(part) = parts.blocking_recv() {
             match part {
                 Part::Coded {

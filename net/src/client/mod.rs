@@ -44,6 +44,10 @@ pub struct FetchOptions {
     pub io_timeout: Duration,
     /// What the client accepts from the server.
     pub limits: Limits,
+    /// What the client accepts of the context: its header and profile are checked against
+    /// these before the cache is allocated (at most `max_elements` values, in the stream's
+    /// dtype), so a server's few bytes cannot make the client allocate more.
+    pub codec_limits: CodecLimits,
 }
 
 impl FetchOptions {
@@ -56,6 +60,7 @@ impl FetchOptions {
             prior_bytes_per_s: None,
             io_timeout: Duration::from_secs(10),
             limits: Limits::DEFAULT,
+            codec_limits: CodecLimits::DEFAULT,
         }
     }
 }
@@ -69,6 +74,7 @@ impl fmt::Debug for FetchOptions {
             .field("prior_bytes_per_s", &self.prior_bytes_per_s)
             .field("io_timeout", &self.io_timeout)
             .field("limits", &self.limits)
+            .field("codec_limits", &self.codec_limits)
             .finish()
     }
 }
@@ -223,7 +229,7 @@ pub async fn fetch(addr: &str, context: &str, opts: &FetchOptions) -> Result<Fet
     })
     .await?;
     let ctx = match conn.receive("Info").await? {
-        (Message::Info(info), _) => checked_context(info)?,
+        (Message::Info(info), _) => checked_context(info, &opts.codec_limits)?,
         (m, _) => return Err(unexpected(&m, "Info")),
     };
     let mut adapter = adapter(&ctx, opts)?;
@@ -290,19 +296,18 @@ fn adapter(ctx: &Context, opts: &FetchOptions) -> Result<Adapter, FetchError> {
     Adapter::new(sizes, tokens, params).map_err(FetchError::Adapt)
 }
 
-/// Checks the `Info`: the header template is a valid header of a stream of placeholder chunks,
-/// referencing the profile sent, with one chunk per row of sizes.
-fn checked_context(info: Info) -> Result<Context, FetchError> {
+/// Checks the `Info` within `limits`: the header template is a valid header of a stream of
+/// placeholder chunks, referencing the profile sent, with one chunk per row of sizes.
+fn checked_context(info: Info, limits: &CodecLimits) -> Result<Context, FetchError> {
     let bad = |why: String| FetchError::Stream(format!("the server's Info: {why}"));
-    let limits = CodecLimits::DEFAULT;
-    let profile = Profile::from_bytes(&info.profile, &limits).map_err(|e| bad(e.to_string()))?;
+    let profile = Profile::from_bytes(&info.profile, limits).map_err(|e| bad(e.to_string()))?;
     // The template's chunk entries say PLACEHOLDER_CHUNK_LEN bytes each: the bytes it would
     // be the header of are that many per chunk after it (bounded: Info holds a size per chunk).
     let n = info.chunks();
     let mut stream = info.header.clone();
     stream.resize(info.header.len() + n * PLACEHOLDER_CHUNK_LEN as usize, 0);
     let header =
-        Header::parse(&stream, &limits).map_err(|e| bad(DecodeError::from(e).to_string()))?;
+        Header::parse(&stream, limits).map_err(|e| bad(DecodeError::from(e).to_string()))?;
     if header.profile_len != 0 || header.profile_hash != profile.hash() {
         return Err(bad("the header does not reference the profile sent".into()));
     }
