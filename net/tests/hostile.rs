@@ -327,6 +327,11 @@ async fn a_client_reports_a_hostile_or_broken_server() {
     let e = fetch(&addr, "x", &opts).await.unwrap_err();
     assert!(matches!(e, FetchError::Frame(_)), "{e}");
     assert!(e.to_string().contains("not a kvc frame"), "{e}");
+    let source = std::error::Error::source(&e).map(ToString::to_string);
+    assert!(
+        source.is_some_and(|s| s.contains("not a kvc frame")),
+        "{e:?}"
+    );
     // A head announcing more than the client accepts: refused from the head alone.
     let mut head = Message::Bye.encode()[..frame::HEAD_LEN].to_vec();
     head[5] = 0x81;

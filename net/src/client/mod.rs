@@ -207,7 +207,17 @@ impl fmt::Display for FetchError {
     }
 }
 
-impl std::error::Error for FetchError {}
+impl std::error::Error for FetchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FetchError::Connect { source, .. } => Some(source),
+            FetchError::Io(e) => Some(e),
+            FetchError::Frame(e) => Some(e),
+            FetchError::Adapt(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// The context as the `Info` describes it, checked.
 struct Context {
