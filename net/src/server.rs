@@ -31,6 +31,11 @@ use crate::rate::Limiter;
 /// Bytes written at a time: the rate limiter's and the write timeout's unit.
 pub const WRITE_PIECE: usize = 64 << 10;
 
+/// How long a context that failed to open is refused from memory before it is opened again:
+/// opening reads the whole store, which clients asking for a broken one in a loop would
+/// otherwise make the server do (and log) on every `Open`.
+pub const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
 /// How a server behaves; [`ServerConfig::new`] gives the defaults of `spec/STREAM.md` §4.5.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -80,6 +85,8 @@ pub struct Stats {
     pub refused: AtomicU64,
     /// Bytes sent, all connections.
     pub bytes_sent: AtomicU64,
+    /// Attempts to open a context that failed (at most one per context per [`REOPEN_AFTER`]).
+    pub open_failures: AtomicU64,
 }
 
 impl Stats {
@@ -104,8 +111,11 @@ struct Ready {
 struct Shared {
     config: ServerConfig,
     limiter: Limiter,
-    /// Contexts opened so far (a failed open is not kept, so it is tried again).
+    /// Contexts opened so far (a failed open is not kept: it is tried again after
+    /// [`REOPEN_AFTER`]).
     contexts: Mutex<HashMap<String, Arc<OnceCell<Arc<Ready>>>>>,
+    /// When each context that failed to open last failed.
+    failed: Mutex<HashMap<String, Instant>>,
     stats: Arc<Stats>,
     slots: Arc<Semaphore>,
 }
@@ -130,6 +140,7 @@ impl Server {
             config,
             limiter,
             contexts: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
             stats: Arc::new(Stats::default()),
             slots,
         });
@@ -460,20 +471,38 @@ async fn context(shared: &Shared, name: &str) -> Result<Arc<Ready>, (ErrorCode, 
         let why = format!("no context \"{name}\" on this server");
         return Err((ErrorCode::UnknownContext, why));
     }
-    let cell = {
-        let mut map = shared.contexts.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(name.to_string()).or_default().clone()
+    let refused = || {
+        let why = format!("context \"{name}\" cannot be opened (see the server's log)");
+        (ErrorCode::Internal, why)
     };
+    let failed_lately = lock(&shared.failed)
+        .get(name)
+        .is_some_and(|at| at.elapsed() < REOPEN_AFTER);
+    if failed_lately {
+        return Err(refused());
+    }
+    let cell = lock(&shared.contexts)
+        .entry(name.to_string())
+        .or_default()
+        .clone();
     let open = || async move {
         tokio::task::spawn_blocking(move || open_ready(dir))
             .await
             .map_err(|e| e.to_string())?
     };
-    cell.get_or_try_init(open).await.cloned().map_err(|e| {
+    let ready = cell.get_or_try_init(open).await.cloned();
+    if let Err(e) = &ready {
         eprintln!("kvc serve: context \"{name}\": {e}");
-        let why = format!("context \"{name}\" cannot be opened (see the server's log)");
-        (ErrorCode::Internal, why)
-    })
+        Stats::add(&shared.stats.open_failures, 1);
+        lock(&shared.failed).insert(name.to_string(), Instant::now());
+    }
+    ready.map_err(|_| refused())
+}
+
+/// The map behind `m`, also after a panic elsewhere poisoned it (its data stays consistent:
+/// every holder only inserts or reads).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn open_ready(dir: PathBuf) -> Result<Arc<Ready>, String> {

@@ -4,7 +4,8 @@
 //! dropped) and the server counts it as refused. And a client facing a hostile or broken server
 //! (garbage, an oversized length, a dropped connection, a stall, a context over the client's
 //! limits) reports it as a typed error. A client that asks and never reads is dropped at the
-//! write timeout, one that keeps asking is ended at the session's limit, each slot freed.
+//! write timeout, one that keeps asking is ended at the session's limit, each slot freed; a
+//! broken store asked for again and again is opened once.
 
 mod common;
 
@@ -275,6 +276,40 @@ async fn a_session_past_its_limit_is_ended_and_its_slot_freed() {
     let opts = FetchOptions::new(Duration::from_secs(30));
     assert!(fetch(&addr, "sample", &opts).await.is_ok());
     assert_eq!(Stats::get(&stats.busy), 0);
+}
+
+/// A store that does not open is refused (`Error Internal`) to every client, and opened (read
+/// and logged) once, not once per `Open`: clients asking for it in a loop cost no disk reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_store_is_opened_once_for_many_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_store(dir.path(), "sample", None);
+    std::fs::write(dir.path().join("sample/store.json"), "{}").unwrap();
+    let (addr, stats) = common::start(
+        ServerConfig::new(dir.path().to_path_buf()),
+        Limiter::unlimited(),
+    )
+    .await;
+    let addr = addr.to_string();
+    let ask = [
+        Message::Hello {
+            max_payload: Limits::DEFAULT.max_payload,
+        }
+        .encode(),
+        Message::Open {
+            context: "sample".into(),
+        }
+        .encode(),
+    ]
+    .concat();
+    for _ in 0..20 {
+        let Some(Message::Error { code, message }) = answer_to(&addr, &ask).await else {
+            panic!("expected an Error frame");
+        };
+        assert_eq!(code, ErrorCode::Internal);
+        assert!(message.contains("cannot be opened"), "{message}");
+    }
+    assert_eq!(Stats::get(&stats.open_failures), 1);
 }
 
 /// A context larger than the client accepts (`FetchOptions::codec_limits`) is refused from the
