@@ -999,7 +999,7 @@ mod tests {
     /// tensor `t` being `fill(i, t) / 10 - 1`, and the pointers a `kvc_cache` passes.
     struct TestCache {
         shape: (u32, u32, u32, u32),
-        _data: Vec<Vec<f32>>,
+        data: Vec<Vec<f32>>,
         ptrs: Vec<*const c_void>,
     }
 
@@ -1011,11 +1011,7 @@ mod tests {
                 .map(|t| (0..n).map(|i| fill(i, t) / 10.0 - 1.0).collect())
                 .collect();
             let ptrs = data.iter().map(|d| d.as_ptr().cast()).collect();
-            TestCache {
-                shape,
-                _data: data,
-                ptrs,
-            }
+            TestCache { shape, data, ptrs }
         }
 
         /// Elements per tensor.
@@ -1241,6 +1237,129 @@ mod tests {
         let rc = unsafe { kvc_encode(&cache, null, profile, &params, &mut out) };
         assert_eq!(status(rc).0, KVC_ERR_ENCODE, "{}", status(rc).1);
         assert!(out.data.is_null());
+        // SAFETY: the handle from this library, freed once.
+        unsafe { kvc_profile_free(profile) };
+    }
+
+    /// Each encode path through the C structs gives the stream `kvc_bind::encode` gives for the
+    /// same cache and parameters built in Rust: every field of `kvc_encode_params` and
+    /// `kvc_queries` reaches the encoder as meant.
+    #[test]
+    fn c_streams_are_the_rust_api_streams() {
+        let test_cache = TestCache::new((2, 40, 2, 8), |i, t| ((i * 17 + t * 3) % 37) as f32);
+        let cache = test_cache.view();
+        let n_q = 3usize;
+        let q_data: Vec<Vec<f32>> = (0..2)
+            .map(|l| {
+                (0..n_q * 4 * 8)
+                    .map(|i| ((i * 7 + l) % 13) as f32 / 6.5 - 1.0)
+                    .collect()
+            })
+            .collect();
+        let q_ptrs: Vec<*const f32> = q_data.iter().map(|q| q.as_ptr()).collect();
+        let queries = kvc_queries {
+            q: q_ptrs.as_ptr(),
+            n_q: n_q as u32,
+            q_heads: 4,
+            q_start: 37,
+        };
+        let levels = [3u8, 9, 5];
+        let mut defaults = core::mem::MaybeUninit::uninit();
+        // SAFETY: writable storage of a `kvc_encode_params` (I4).
+        let mut params = unsafe {
+            kvc_encode_params_default(defaults.as_mut_ptr());
+            defaults.assume_init()
+        };
+        params.levels = levels.as_ptr();
+        params.n_levels = levels.len();
+        params.chunk_tokens = 16;
+        params.group = 4;
+        params.sink = 2;
+        params.model_id = c"model-x".as_ptr();
+        params.rope_style = KVC_ROPE_GPTJ;
+        params.rope_theta = 5e5;
+        params.rope_scaling = 2.0;
+        params.k_pre_rope = 1;
+        params.first_position = 1000;
+        let rust_params = EncodeParams {
+            chunk_tokens: 16,
+            group: 4,
+            n_sink: 2,
+            levels: levels.to_vec(),
+            token_importance: true,
+        };
+        let meta = KvMeta {
+            model_id: "model-x".into(),
+            rope: Rope {
+                theta: 5e5,
+                style: RopeStyle::GptJ,
+                scaling: 2.0,
+                k_pre_rope: true,
+            },
+            first_position: 1000,
+        };
+        let (kd, vd) = test_cache.data.split_at(2);
+        let view = KvView {
+            shape: KvShape {
+                layers: 2,
+                tokens: 40,
+                kv_heads: 2,
+                head_dim: 8,
+            },
+            k: kd.iter().map(|t| TensorRef::F32(t)).collect(),
+            v: vd.iter().map(|t| TensorRef::F32(t)).collect(),
+            meta,
+        };
+        let rust_queries = Queries {
+            q: q_data.iter().map(Vec::as_slice).collect(),
+            q_heads: 4,
+            q_start: 37,
+        };
+        let c_encode = |queries: *const kvc_queries, profile: *const kvc_profile, embed: u8| {
+            let mut out = kvc_bytes {
+                data: core::ptr::null_mut(),
+                len: 0,
+            };
+            let params = kvc_encode_params {
+                embed_profile: embed,
+                ..params
+            };
+            // SAFETY: live local storage of the right types and sizes (I1-I4).
+            unsafe {
+                assert_eq!(
+                    kvc_encode(&cache, queries, profile, &params, &mut out),
+                    KVC_OK
+                );
+                let bytes = core::slice::from_raw_parts(out.data, out.len).to_vec();
+                kvc_bytes_free(&mut out);
+                bytes
+            }
+        };
+        let learned = api::encode(
+            &view,
+            ProfileSource::Learn(Some(rust_queries.clone())),
+            &rust_params,
+        );
+        assert_eq!(c_encode(&queries, core::ptr::null(), 0), learned.unwrap());
+        let mut profile = core::ptr::null_mut();
+        // SAFETY: as above.
+        let rc = unsafe { kvc_profile_learn(&cache, &queries, 1, &params, &mut profile) };
+        assert_eq!(rc, KVC_OK);
+        let samples = [Sample {
+            kv: view.clone(),
+            queries: Some(rust_queries),
+        }];
+        let rust_profile = api::learn(&samples).unwrap();
+        // SAFETY: a live handle from this library.
+        assert_eq!(unsafe { &(*profile).profile }.hash(), rust_profile.hash());
+        let referenced = api::encode(
+            &view,
+            ProfileSource::Referenced(&rust_profile),
+            &rust_params,
+        );
+        assert_eq!(c_encode(core::ptr::null(), profile, 0), referenced.unwrap());
+        let embedded = api::encode(&view, ProfileSource::Embedded(&rust_profile), &rust_params);
+        assert_eq!(c_encode(core::ptr::null(), profile, 1), embedded.unwrap());
         // SAFETY: the handle from this library, freed once.
         unsafe { kvc_profile_free(profile) };
     }
