@@ -383,6 +383,15 @@ def test_self_contained_stream_is_the_cli_stream(dump, kvc_cli, tmp_path):
     subprocess.run([str(kvc_cli), "encode", str(dump_path()), str(out), "--level", "9", "--chunk-tokens", "200"], check=True, capture_output=True)
     ours = kvc.encode(dump.keys, dump.values, level=9, chunk_tokens=200, queries=dump.queries, q_start=dump.q_start, **dump.encode_kwargs())
     assert ours == out.read_bytes()
+    # `kvc decode` of it gives the bits we decode (its embedded profile, none given).
+    dec = tmp_path / "a.safetensors"
+    subprocess.run([str(kvc_cli), "decode", str(out), str(dec)], check=True, capture_output=True)
+    from conftest import read_safetensors
+
+    tensors, _ = read_safetensors(dec)
+    k, v = kvc.decode(ours)
+    for i in range(dump.layers):
+        assert np.array_equal(tensors[f"k.{i}"], k[i]) and np.array_equal(tensors[f"v.{i}"], v[i])
 
 
 def test_referenced_stream_and_profile_are_the_cli_ones(dump, kvc_cli, tmp_path):
@@ -395,6 +404,10 @@ def test_referenced_stream_and_profile_are_the_cli_ones(dump, kvc_cli, tmp_path)
     assert p.save() == prof.read_bytes()
     ours = kvc.encode(dump.keys, dump.values, profile=p, levels=[2, 7], chunk_tokens=300, sink=4, uniform_steps=True, **dump.encode_kwargs())
     assert ours == out.read_bytes()
+    # Embedding the profile learned from this cache is what a self-contained stream does.
+    args = dict(levels=[2, 7], chunk_tokens=300, sink=4, uniform_steps=True, **dump.encode_kwargs())
+    embedded = kvc.encode(dump.keys, dump.values, profile=p, embed_profile=True, **args)
+    assert embedded == kvc.encode(dump.keys, dump.values, queries=dump.queries, q_start=dump.q_start, **args)
     # And `kvc decode` gives the bits we decode.
     dec = tmp_path / "d.safetensors"
     run("decode", out, dec, "--profile", prof)
