@@ -9,9 +9,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use codec_core::adapt::Choice;
+use kvc_io::store::Store;
 use kvc_net::client::{fetch, FetchOptions};
 use kvc_net::frame::{self, ErrorCode, Limits, Message};
 use kvc_net::rate::Limiter;
@@ -37,6 +39,28 @@ fn code(m: Option<Message>) -> ErrorCode {
         Some(Message::Error { code, .. }) => code,
         other => panic!("expected an Error frame, got {other:?}"),
     }
+}
+
+/// The sample written as the store "sample" of a fresh root, served with the defaults that
+/// `configure` changes: the root (removed when dropped), the store, the address, the counters.
+async fn serve_sample(
+    configure: impl FnOnce(&mut ServerConfig),
+) -> (tempfile::TempDir, Store, String, Arc<Stats>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::write_store(dir.path(), "sample", None);
+    let mut config = ServerConfig::new(dir.path().to_path_buf());
+    configure(&mut config);
+    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
+    (dir, store, addr.to_string(), stats)
+}
+
+/// A client's `Hello` (announcing `max_payload`) and `Open` of the sample, as sent.
+fn hello_open(max_payload: u32) -> Vec<u8> {
+    let hello = Message::Hello { max_payload };
+    let open = Message::Open {
+        context: "sample".into(),
+    };
+    [hello.encode(), open.encode()].concat()
 }
 
 /// The hostile clients, each with the code its answer must carry.
@@ -91,12 +115,8 @@ async fn hostile(addr: String) -> Vec<(&'static str, ErrorCode)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_fetches_and_hostile_clients_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = common::write_store(dir.path(), "sample", None);
-    let mut config = ServerConfig::new(dir.path().to_path_buf());
-    config.read_timeout = Duration::from_secs(2);
-    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
-    let addr = addr.to_string();
+    let (_dir, store, addr, stats) =
+        serve_sample(|c| c.read_timeout = Duration::from_secs(2)).await;
     let bad = tokio::spawn(hostile(addr.clone()));
     let levels = [1u8, 7, 11];
     let fetches: Vec<_> = (0..32)
@@ -134,12 +154,7 @@ async fn thirty_two_fetches_and_hostile_clients_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_are_told_busy() {
-    let dir = tempfile::tempdir().unwrap();
-    common::write_store(dir.path(), "sample", None);
-    let mut config = ServerConfig::new(dir.path().to_path_buf());
-    config.max_connections = 2;
-    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
-    let addr = addr.to_string();
+    let (_dir, _, addr, stats) = serve_sample(|c| c.max_connections = 2).await;
     // Two idle connections hold both slots (the server waits for their Hello).
     let _a = TcpStream::connect(&addr).await.unwrap();
     let _b = TcpStream::connect(&addr).await.unwrap();
@@ -159,25 +174,14 @@ async fn connections_over_the_cap_are_told_busy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_dropped_and_its_slot_freed() {
-    let dir = tempfile::tempdir().unwrap();
-    common::write_store(dir.path(), "sample", None);
-    let mut config = ServerConfig::new(dir.path().to_path_buf());
-    config.max_connections = 1;
-    config.write_timeout = Duration::from_millis(500);
-    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
-    let addr = addr.to_string();
+    let (_dir, _, addr, stats) = serve_sample(|c| {
+        c.max_connections = 1;
+        c.write_timeout = Duration::from_millis(500);
+    })
+    .await;
     // Hello, Open, then 200 Gets of a 1 MB chunk (far more than the sockets' buffers hold),
     // and never a read: the server's writes stall.
-    let mut frames = Message::Hello {
-        max_payload: 1 << 24,
-    }
-    .encode();
-    frames.extend(
-        Message::Open {
-            context: "sample".into(),
-        }
-        .encode(),
-    );
+    let mut frames = hello_open(1 << 24);
     let get = Message::Get {
         chunk: 0,
         choice: Choice::Level(1),
@@ -226,23 +230,14 @@ async fn next_frame(s: &mut TcpStream) -> Message {
 /// its slot serves the next client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_past_its_limit_is_ended_and_its_slot_freed() {
-    let dir = tempfile::tempdir().unwrap();
-    common::write_store(dir.path(), "sample", None);
-    let mut config = ServerConfig::new(dir.path().to_path_buf());
-    config.max_connections = 1;
-    config.max_session = Duration::from_millis(1500);
-    let (addr, stats) = common::start(config, Limiter::unlimited()).await;
-    let addr = addr.to_string();
+    let (_dir, _, addr, stats) = serve_sample(|c| {
+        c.max_connections = 1;
+        c.max_session = Duration::from_millis(1500);
+    })
+    .await;
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let hello = Message::Hello {
-        max_payload: Limits::DEFAULT.max_payload,
-    };
-    let open = Message::Open {
-        context: "sample".into(),
-    };
-    s.write_all(&[hello.encode(), open.encode()].concat())
-        .await
-        .unwrap();
+    let ask = hello_open(Limits::DEFAULT.max_payload);
+    s.write_all(&ask).await.unwrap();
     assert!(matches!(next_frame(&mut s).await, Message::Info(_)));
     let get = Message::Get {
         chunk: 0,
@@ -282,26 +277,10 @@ async fn a_session_past_its_limit_is_ended_and_its_slot_freed() {
 /// and logged) once, not once per `Open`: clients asking for it in a loop cost no disk reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_store_is_opened_once_for_many_requests() {
-    let dir = tempfile::tempdir().unwrap();
-    common::write_store(dir.path(), "sample", None);
+    let (dir, _, addr, stats) = serve_sample(|_| {}).await;
+    // Broken before its first Open (the server opens a context when it is first asked for).
     std::fs::write(dir.path().join("sample/store.json"), "{}").unwrap();
-    let (addr, stats) = common::start(
-        ServerConfig::new(dir.path().to_path_buf()),
-        Limiter::unlimited(),
-    )
-    .await;
-    let addr = addr.to_string();
-    let ask = [
-        Message::Hello {
-            max_payload: Limits::DEFAULT.max_payload,
-        }
-        .encode(),
-        Message::Open {
-            context: "sample".into(),
-        }
-        .encode(),
-    ]
-    .concat();
+    let ask = hello_open(Limits::DEFAULT.max_payload);
     for _ in 0..20 {
         let Some(Message::Error { code, message }) = answer_to(&addr, &ask).await else {
             panic!("expected an Error frame");
@@ -317,14 +296,7 @@ async fn a_broken_store_is_opened_once_for_many_requests() {
 /// fetched whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_over_the_clients_limits_is_refused_from_its_info() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = common::write_store(dir.path(), "sample", None);
-    let (addr, _) = common::start(
-        ServerConfig::new(dir.path().to_path_buf()),
-        Limiter::unlimited(),
-    )
-    .await;
-    let addr = addr.to_string();
+    let (_dir, store, addr, _) = serve_sample(|_| {}).await;
     let elements = store.header().shape.total_elements();
     let mut opts = FetchOptions::new(Duration::from_secs(30));
     opts.codec_limits.max_elements = elements - 1;
