@@ -441,9 +441,8 @@ fn cache_view<'a>(c: *const kvc_cache, meta: KvMeta) -> Result<KvView<'a>, Error
         head_dim: c.head_dim,
         tokens: c.tokens,
     };
-    let len = (shape.tokens as usize)
-        .checked_mul(shape.kv_heads as usize)
-        .and_then(|n| n.checked_mul(shape.head_dim as usize))
+    let len = shape
+        .checked_tensor_len()
         .ok_or_else(|| Error::argument("cache shape overflows"))?;
     let layers = shape.layers as usize;
     let tensors = |p, what| -> Result<Vec<TensorRef<'a>>, Error> {

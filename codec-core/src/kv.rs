@@ -76,6 +76,15 @@ impl KvShape {
     pub fn tensor_len(&self) -> usize {
         self.tokens as usize * self.channels()
     }
+    /// [`tensor_len`](Self::tensor_len), or `None` where it overflows a `usize`: the form for
+    /// a shape nobody has checked yet (a caller's), which empty tensors would otherwise match
+    /// after wrapping.
+    pub fn checked_tensor_len(&self) -> Option<usize> {
+        u64::from(self.kv_heads)
+            .checked_mul(u64::from(self.head_dim))
+            .and_then(|c| c.checked_mul(u64::from(self.tokens)))
+            .and_then(|n| usize::try_from(n).ok())
+    }
     /// Values in the whole cache (`layers * 2 * tokens * channels`).
     pub fn total_elements(&self) -> u64 {
         self.layers as u64 * 2 * self.tokens as u64 * self.kv_heads as u64 * self.head_dim as u64
@@ -373,12 +382,8 @@ impl KvView<'_> {
         if shape.layers == 0 || shape.kv_heads == 0 || shape.head_dim == 0 {
             return mismatch("zero dimension");
         }
-        // In u64 first: the product of three u32 overflows a usize (and `tensor_len`) for
-        // hostile shapes, which empty tensors would otherwise match.
-        let n = u64::from(shape.kv_heads)
-            .checked_mul(u64::from(shape.head_dim))
-            .and_then(|c| c.checked_mul(u64::from(shape.tokens)))
-            .and_then(|n| usize::try_from(n).ok())
+        let n = shape
+            .checked_tensor_len()
             .ok_or(EncodeError::ShapeMismatch {
                 what: "tokens * kv_heads * head_dim overflows",
             })?;

@@ -6,8 +6,9 @@
 //! limit on each client frame from when the server starts waiting for it (a client that
 //! stalls or trickles bytes is dropped), on each write (a client that stops reading is
 //! dropped) and on the whole session (a client that keeps its slot with slow but timely
-//! requests, or reads just fast enough, is let go at the limit). A bad frame, a message out of order or an unknown context gets an `Error` frame
-//! and the connection closes; the others go on.
+//! requests, or reads just fast enough, is let go at the limit). A bad frame, a message out
+//! of order or an unknown context gets an `Error` frame and the connection closes; the others
+//! go on.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -64,9 +64,8 @@ fn view<'a>(
     meta: KvMeta,
 ) -> Result<KvView<'a>, Error> {
     let shape = kv_shape(shape);
-    let len = (shape.tokens as usize)
-        .checked_mul(shape.kv_heads as usize)
-        .and_then(|n| n.checked_mul(shape.head_dim as usize))
+    let len = shape
+        .checked_tensor_len()
         .ok_or_else(|| Error::argument("[tokens, kv_heads, head_dim] overflows"))?;
     let tensors = |arrays: &[Bound<'_, PyAny>], what: &str| {
         arrays
