@@ -7,8 +7,9 @@
 //! stalls or trickles bytes is dropped), on each write (a client that stops reading is
 //! dropped) and on the whole session (a client that keeps its slot with slow but timely
 //! requests, or reads just fast enough, is let go at the limit). A bad frame, a message out
-//! of order or an unknown context gets an `Error` frame and the connection closes; the others
-//! go on.
+//! of order or an unknown context gets an `Error` frame and the connection closes (after
+//! reading what the client still sends, within [`LINGER`], so the `Error` is not lost to a
+//! reset); the others go on.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use codec_core::adapt::Choice;
 use kvc_io::store::Store;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{OnceCell, Semaphore};
 
@@ -36,6 +37,11 @@ pub const WRITE_PIECE: usize = 64 << 10;
 /// opening reads the whole store, which clients asking for a broken one in a loop would
 /// otherwise make the server do (and log) on every `Open`.
 pub const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
+/// How long, and how many bytes, the server keeps reading (and discarding) a client's input
+/// after its `Error`: a socket closed with unread input is reset, and a reset can discard the
+/// `Error` still on its way to a client that had pipelined more requests.
+pub const LINGER: (Duration, usize) = (Duration::from_secs(1), 1 << 20);
 
 /// How a server behaves; [`ServerConfig::new`] gives the defaults of `spec/STREAM.md` §4.5.
 #[derive(Clone, Debug)]
@@ -205,7 +211,29 @@ async fn refuse_busy(shared: Arc<Shared>, mut stream: TcpStream) {
         message: format!("the server is at its cap of {max} connections; try again later"),
     };
     let t = shared.config.write_timeout;
-    let _ = tokio::time::timeout(t, stream.write_all(&msg.encode())).await;
+    if let Ok(Ok(())) = tokio::time::timeout(t, stream.write_all(&msg.encode())).await {
+        linger(&mut stream).await;
+    }
+}
+
+/// Ends the server's side after an `Error` (a FIN after it), then reads what the client still
+/// sends until it closes, within [`LINGER`], so that the close is not a reset.
+async fn linger(stream: &mut TcpStream) {
+    let (time, max) = LINGER;
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut scratch = [0u8; 4096];
+        let mut read = 0;
+        while read < max {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(time, drain).await;
 }
 
 /// How a session ended.
@@ -386,7 +414,10 @@ impl Connection {
         truncate_utf8(&mut message, Limits::DEFAULT.max_message);
         let frame = Message::Error { code, message }.encode();
         match self.send(&frame).await {
-            Ok(()) => End::Refused(code, why),
+            Ok(()) => {
+                linger(&mut self.stream).await;
+                End::Refused(code, why)
+            }
             Err(end) => end,
         }
     }
