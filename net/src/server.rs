@@ -402,9 +402,9 @@ impl Connection {
             return Err(self.refuse(ErrorCode::Unexpected, why).await);
         };
         let ready = ready.clone();
-        match reply(&ready.store, chunk, choice) {
+        match reply(&ready.store, chunk, choice, self.max_reply) {
             Ok(frame) => self.send_bounded(&frame).await,
-            Err(why) => Err(self.refuse(ErrorCode::BadRequest, why).await),
+            Err((code, why)) => Err(self.refuse(code, why).await),
         }
     }
 
@@ -436,12 +436,8 @@ impl Connection {
     /// timeout. A frame over the client's `max_payload` is replaced by `TooLarge`.
     async fn send(&mut self, frame: &[u8]) -> Result<(), End> {
         let payload = frame.len().saturating_sub(HEAD_LEN + frame::CRC_LEN);
-        if payload > self.max_reply as usize {
-            let why = format!(
-                "the reply's payload of {payload} bytes is over the client's max_payload of {}",
-                self.max_reply
-            );
-            return Err(Box::pin(self.refuse(ErrorCode::TooLarge, why)).await);
+        if let Err((code, why)) = within(payload, self.max_reply) {
+            return Err(Box::pin(self.refuse(code, why)).await);
         }
         let t = self.shared.config.write_timeout;
         for piece in frame.chunks(WRITE_PIECE) {
@@ -465,29 +461,45 @@ impl Connection {
     }
 }
 
-/// The frame answering `Get { chunk, choice }`, or why the request is not on offer.
-fn reply(store: &Store, chunk: u32, choice: Choice) -> Result<Vec<u8>, String> {
+/// `TooLarge` if a reply's payload of `payload` bytes is over the client's `max_payload`.
+fn within(payload: usize, max_payload: u32) -> Result<(), (ErrorCode, String)> {
+    if payload <= max_payload as usize {
+        return Ok(());
+    }
+    let why = format!(
+        "the reply's payload of {payload} bytes is over the client's max_payload of {max_payload}"
+    );
+    Err((ErrorCode::TooLarge, why))
+}
+
+/// The frame answering `Get { chunk, choice }`: `BadRequest` if it is not on offer,
+/// `TooLarge` (before the frame is built) if it is over the client's `max_payload`.
+fn reply(
+    store: &Store,
+    chunk: u32,
+    choice: Choice,
+    max_payload: u32,
+) -> Result<Vec<u8>, (ErrorCode, String)> {
+    let bad = |why: String| (ErrorCode::BadRequest, why);
     let i = chunk as usize;
     if i >= store.chunks() {
-        return Err(format!(
-            "no chunk {chunk} (the context has {})",
-            store.chunks()
-        ));
+        let n = store.chunks();
+        return Err(bad(format!("no chunk {chunk} (the context has {n})")));
     }
     match choice {
         Choice::Level(level) => {
             let bytes = store.chunk(i, level).map_err(|_| {
-                format!(
-                    "level {level} is not on offer (levels {:?})",
-                    store.levels()
-                )
+                let levels = store.levels();
+                bad(format!("level {level} is not on offer (levels {levels:?})"))
             })?;
+            within(frame::CHUNK_PREFIX + bytes.len(), max_payload)?;
             Ok(frame::encode_chunk(chunk, level, bytes))
         }
         Choice::Text => {
-            let tokens = store
-                .chunk_token_ids(i)
-                .ok_or("the context has no token ids (no text fallback)")?;
+            let tokens = store.chunk_token_ids(i).ok_or_else(|| {
+                bad("the context has no token ids (no text fallback)".to_string())
+            })?;
+            within(frame::TEXT_PREFIX + 4 * tokens.len(), max_payload)?;
             let tokens = tokens.to_vec();
             Ok(Message::Text { chunk, tokens }.encode())
         }

@@ -410,3 +410,37 @@ async fn a_refusal_reaches_a_client_that_pipelined_more() {
         );
     }
 }
+
+/// A reply over the `max_payload` the client announced is not sent: the client gets
+/// `Error TooLarge` instead, which names both sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_over_the_clients_max_payload_is_refused_as_too_large() {
+    let (_dir, store, addr, stats) = serve_sample(|_| {}).await;
+    let info = Message::Info(kvc_net::server::info(&store).unwrap()).encode();
+    let info_payload = info.len() - frame::HEAD_LEN - frame::CRC_LEN;
+    let chunk_payload = frame::CHUNK_PREFIX + store.chunk_bytes(0, 1).unwrap();
+    assert!(
+        chunk_payload > info_payload,
+        "the premise: level 1 is larger than the Info"
+    );
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&hello_open(info_payload as u32)).await.unwrap();
+    assert!(matches!(next_frame(&mut s).await, Message::Info(_)));
+    let get = Message::Get {
+        chunk: 0,
+        choice: Choice::Level(1),
+    };
+    s.write_all(&get.encode()).await.unwrap();
+    let Message::Error { code, message } = next_frame(&mut s).await else {
+        panic!("expected Error");
+    };
+    assert_eq!(code, ErrorCode::TooLarge);
+    let want = format!(
+        "payload of {chunk_payload} bytes is over the client's max_payload of {info_payload}"
+    );
+    assert!(message.contains(&want), "{message}");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "nothing after the Error");
+    assert!(Stats::get(&stats.bytes_sent) < (info.len() + chunk_payload) as u64);
+}

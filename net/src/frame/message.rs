@@ -224,10 +224,15 @@ impl Message {
     }
 }
 
+/// Bytes of a `Chunk` payload before its chunk's bytes: the chunk's index and its level.
+pub const CHUNK_PREFIX: usize = 5;
+/// Bytes of a `Text` payload before its token ids (4 bytes each): the chunk's index.
+pub const TEXT_PREFIX: usize = 4;
+
 /// The frame of `Message::Chunk { chunk, level, bytes }` from borrowed bytes (what a server
 /// sends out of its store without copying the chunk twice).
 pub fn encode_chunk(chunk: u32, level: u8, bytes: &[u8]) -> Vec<u8> {
-    frame_with(Kind::Chunk, 5 + bytes.len(), |b| {
+    frame_with(Kind::Chunk, CHUNK_PREFIX + bytes.len(), |b| {
         b.extend_from_slice(&chunk.to_le_bytes());
         b.push(level);
         b.extend_from_slice(bytes);

@@ -27,7 +27,7 @@ mod error;
 mod message;
 
 pub use error::FrameError;
-pub use message::{encode_chunk, ErrorCode, Info, Message};
+pub use message::{encode_chunk, ErrorCode, Info, Message, CHUNK_PREFIX, TEXT_PREFIX};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"KVCN";
