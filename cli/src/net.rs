@@ -183,10 +183,10 @@ pub struct FetchArgs {
     /// Seconds to connect and to wait for each reply.
     #[arg(long, default_value_t = 10.0)]
     pub timeout_s: f64,
-    /// Seconds a connection may hold its slot: past them its next request is refused (or a
-    /// reply being written cut off), so slow clients cannot keep every slot.
+    /// Seconds the whole fetch may take (a server that answers each request in time but
+    /// slowly cannot hold the client longer): past them it fails with a timeout.
     #[arg(long, default_value_t = 600.0)]
-    pub max_session_s: f64,
+    pub max_time_s: f64,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -216,6 +216,7 @@ pub fn cmd_fetch(a: FetchArgs, force: bool) -> Result<()> {
 fn fetch_options(a: &FetchArgs) -> Result<FetchOptions> {
     let mut opts = FetchOptions::new(Duration::from_millis(a.deadline_ms));
     opts.io_timeout = positive_duration(a.timeout_s, "--timeout-s")?;
+    opts.max_time = positive_duration(a.max_time_s, "--max-time-s")?;
     opts.force = match (a.level, a.text) {
         (Some(l), _) => Some(Choice::Level(l)),
         (None, true) => Some(Choice::Text),

@@ -3,7 +3,8 @@
 //! gets the whole context, bit for bit; every hostile client gets its `Error` frame (or is
 //! dropped) and the server counts it as refused. And a client facing a hostile or broken server
 //! (garbage, an oversized length, a dropped connection, a stall, a context over the client's
-//! limits) reports it as a typed error. A client that asks and never reads is dropped at the
+//! limits, a server too slow for the client's time limit) reports it as a typed error. Every
+//! `Error` is followed by an orderly close, also when the client pipelined more requests. A client that asks and never reads is dropped at the
 //! write timeout, one that keeps asking is ended at the session's limit, each slot freed; a
 //! broken store asked for again and again is opened once.
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use codec_core::adapt::Choice;
+use kvc_io::sim::Trace;
 use kvc_io::store::Store;
 use kvc_net::client::{fetch, FetchOptions};
 use kvc_net::frame::{self, ErrorCode, Limits, Message};
@@ -443,4 +445,35 @@ async fn a_reply_over_the_clients_max_payload_is_refused_as_too_large() {
     s.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty(), "nothing after the Error");
     assert!(Stats::get(&stats.bytes_sent) < (info.len() + chunk_payload) as u64);
+}
+
+/// A server answering every request within the client's reply timeout, but slowly, holds the
+/// client no longer than its `max_time`: the fetch fails with a timeout that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_server_is_given_up_at_the_fetchs_time_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::write_store(dir.path(), "sample", None);
+    // Each level-1 chunk takes 0.5 s on this link; the four take 2 s.
+    let rate = store.chunk_bytes(0, 1).unwrap() as f64 / 0.5;
+    let config = ServerConfig::new(dir.path().to_path_buf());
+    let (addr, _) = common::start(config, Limiter::new(Trace::constant(rate * 8e-9))).await;
+    let mut opts = FetchOptions::new(Duration::from_secs(30));
+    opts.force = Some(Choice::Level(1));
+    opts.max_time = Duration::from_millis(1000);
+    let start = std::time::Instant::now();
+    let e = fetch(&addr.to_string(), "sample", &opts).await.unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(e, kvc_net::client::FetchError::Timeout { .. }),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "no complete context from the server within 1000 ms"
+    );
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    // Within a time limit that fits, the same fetch is whole.
+    opts.max_time = Duration::from_secs(20);
+    let f = fetch(&addr.to_string(), "sample", &opts).await.unwrap();
+    assert!(f.cache == common::local_decode(&store, &[1; 4]));
 }

@@ -42,6 +42,9 @@ pub struct FetchOptions {
     pub prior_bytes_per_s: Option<f64>,
     /// Time allowed to connect, and to receive each reply.
     pub io_timeout: Duration,
+    /// Time allowed for the whole fetch, decoding included: a server answering every request
+    /// within `io_timeout`, but slowly, cannot hold the client past it.
+    pub max_time: Duration,
     /// What the client accepts from the server.
     pub limits: Limits,
     /// What the client accepts of the context: its header and profile are checked against
@@ -51,7 +54,7 @@ pub struct FetchOptions {
 }
 
 impl FetchOptions {
-    /// Adaptive, no text, 10 s per reply, the default limits.
+    /// Adaptive, no text, 10 s per reply, 600 s in all, the default limits.
     pub fn new(deadline: Duration) -> FetchOptions {
         FetchOptions {
             deadline,
@@ -59,6 +62,7 @@ impl FetchOptions {
             recompute: None,
             prior_bytes_per_s: None,
             io_timeout: Duration::from_secs(10),
+            max_time: Duration::from_secs(600),
             limits: Limits::DEFAULT,
             codec_limits: CodecLimits::DEFAULT,
         }
@@ -73,6 +77,7 @@ impl fmt::Debug for FetchOptions {
             .field("recompute", &self.recompute.is_some())
             .field("prior_bytes_per_s", &self.prior_bytes_per_s)
             .field("io_timeout", &self.io_timeout)
+            .field("max_time", &self.max_time)
             .field("limits", &self.limits)
             .field("codec_limits", &self.codec_limits)
             .finish()
@@ -226,8 +231,18 @@ struct Context {
     profile: Profile,
 }
 
-/// Fetches `context` from the server at `addr`.
+/// Fetches `context` from the server at `addr`, within `opts.max_time`.
 pub async fn fetch(addr: &str, context: &str, opts: &FetchOptions) -> Result<Fetched, FetchError> {
+    match tokio::time::timeout(opts.max_time, fetch_all(addr, context, opts)).await {
+        Ok(r) => r,
+        Err(_) => Err(FetchError::Timeout {
+            waiting_for: "complete context",
+            after: opts.max_time,
+        }),
+    }
+}
+
+async fn fetch_all(addr: &str, context: &str, opts: &FetchOptions) -> Result<Fetched, FetchError> {
     let start = Instant::now();
     let mut conn = Conn::connect(addr, opts).await?;
     conn.send(&Message::Hello {
