@@ -477,3 +477,33 @@ async fn a_slow_server_is_given_up_at_the_fetchs_time_limit() {
     let f = fetch(&addr.to_string(), "sample", &opts).await.unwrap();
     assert!(f.cache == common::local_decode(&store, &[1; 4]));
 }
+
+/// A server that sends a corrupted chunk, then drops the connection: the client reports the
+/// chunk that does not decode (the first failure), not the close that followed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_chunk_is_reported_before_the_close_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::write_store(dir.path(), "sample", None);
+    let info = Message::Info(kvc_net::server::info(&store).unwrap()).encode();
+    let mut bytes = store.chunk(0, 7).unwrap().to_vec();
+    bytes[40] ^= 0x10;
+    let chunk = frame::encode_chunk(0, 7, &bytes);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        for _ in 0..2 {
+            next_frame(&mut s).await; // Hello, Open
+        }
+        s.write_all(&info).await.unwrap();
+        next_frame(&mut s).await; // Get 0
+        s.write_all(&chunk).await.unwrap();
+        next_frame(&mut s).await; // Get 1: the client's decoder has the bad chunk by now
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    });
+    let mut opts = FetchOptions::new(Duration::from_secs(5));
+    opts.force = Some(Choice::Level(7));
+    let e = fetch(&addr, "sample", &opts).await.unwrap_err();
+    assert!(matches!(e, kvc_net::client::FetchError::Stream(_)), "{e}");
+    assert!(e.to_string().contains("chunk 0"), "{e}");
+}

@@ -270,7 +270,12 @@ async fn fetch_all(addr: &str, context: &str, opts: &FetchOptions) -> Result<Fet
         let choice = opts
             .force
             .unwrap_or_else(|| adapter.choose(i, start.elapsed().as_secs_f64()));
-        let (part, row) = conn.get(&ctx, i, choice).await?;
+        let (part, row) = match conn.get(&ctx, i, choice).await {
+            Ok(got) => got,
+            // A decoder that has already failed failed first (on a chunk before this one).
+            Err(e) if worker.is_finished() => return Err(decoded(worker.await).err().unwrap_or(e)),
+            Err(e) => return Err(e),
+        };
         adapter.observe(row.bytes, row.seconds);
         rows.push(row);
         if tx.send(part).is_err() {
@@ -281,9 +286,7 @@ async fn fetch_all(addr: &str, context: &str, opts: &FetchOptions) -> Result<Fet
     // The session is over either way; the server closes on its side.
     let _ = conn.send(&Message::Bye).await;
     drop(tx);
-    let cache = worker
-        .await
-        .map_err(|e| FetchError::Stream(format!("the decoder stopped: {e}")))??;
+    let cache = decoded(worker.await)?;
     Ok(Fetched {
         cache,
         levels: ctx.info.levels,
@@ -291,6 +294,13 @@ async fn fetch_all(addr: &str, context: &str, opts: &FetchOptions) -> Result<Fet
         transfer_s,
         total_s: start.elapsed().as_secs_f64(),
     })
+}
+
+/// The cache the decoder thread assembled, or why it did not.
+fn decoded(
+    joined: Result<Result<KvCache, FetchError>, tokio::task::JoinError>,
+) -> Result<KvCache, FetchError> {
+    joined.map_err(|e| FetchError::Stream(format!("the decoder stopped: {e}")))?
 }
 
 /// The adapter for the context and options (text on offer only with a model and token ids),
