@@ -74,8 +74,8 @@
 // A profile. Opaque to C.
 typedef struct kvc_profile kvc_profile;
 
-// A parsed stream: the caller's bytes (copied at open), its header, and the profile given to
-// open it, if any. Opaque to C.
+// A parsed stream: the caller's bytes (copied at open), its header, and the profile it was
+// opened with. Opaque to C.
 typedef struct kvc_stream kvc_stream;
 
 // What a stream's header says.

@@ -71,14 +71,14 @@ pub const KVC_ROPE_NEOX: u32 = 1;
 /// Rotary pairing: GPT-J (interleaved).
 pub const KVC_ROPE_GPTJ: u32 = 2;
 
-/// A parsed stream: the caller's bytes (copied at open), its header, and the profile given to
-/// open it, if any. Opaque to C.
+/// A parsed stream: the caller's bytes (copied at open), its header, and the profile it was
+/// opened with. Opaque to C.
 #[derive(Debug)]
 pub struct kvc_stream {
     bytes: Vec<u8>,
-    profile: Option<Profile>,
+    /// The given or the embedded profile.
+    profile: Profile,
     header: Header,
-    levels: u8,
 }
 
 /// A profile. Opaque to C.
@@ -578,16 +578,16 @@ pub unsafe extern "C" fn kvc_stream_open(
     guard(|| {
         check_out(out, "out")?;
         let bytes = bytes_in(data, len, "data")?.to_vec();
-        let given = profile_opt(profile).cloned();
-        let (header, levels) = {
-            let s = api::open(&bytes, given.as_ref())?;
-            (s.header().clone(), s.profile().levels())
+        // The profile in use (given or embedded), kept: decoding opens the stream again with
+        // it, neither parsing it again nor rebuilding its decode tables.
+        let (header, profile) = {
+            let s = api::open(&bytes, profile_opt(profile))?;
+            (s.header().clone(), s.profile().clone())
         };
         let handle = Box::new(kvc_stream {
             bytes,
-            profile: given,
+            profile,
             header,
-            levels,
         });
         put(out, Box::into_raw(handle), "out")
     })
@@ -627,7 +627,7 @@ pub unsafe extern "C" fn kvc_stream_inspect(
             dtype: u32::from(h.dtype.code()),
             chunks: h.chunks.len() as u32,
             chunk_tokens: h.chunk_tokens,
-            levels: u32::from(s.levels),
+            levels: u32::from(s.profile.levels()),
             group: u32::from(h.group),
             n_sink: u32::from(h.n_sink),
             first_position: h.meta.first_position,
@@ -680,7 +680,7 @@ fn decode_range(
     capacity: usize,
 ) -> Result<(), Error> {
     let dtype = dtype(out_dtype)?;
-    let stream = api::open(&s.bytes, s.profile.as_ref())?;
+    let stream = api::open(&s.bytes, Some(&s.profile))?;
     let shape = s.header.shape;
     if range.start > range.end || range.end > shape.tokens {
         return Err(Error::new(

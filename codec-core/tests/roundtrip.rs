@@ -137,6 +137,46 @@ fn self_contained_streams_embed_the_profile_without_hints() {
     ));
 }
 
+/// A profile given for a stream that embeds one is used as it is only when its bytes are the
+/// embedded ones (a binding reopening its stream, chunk by chunk); any other profile is
+/// ignored, and embedded bytes that are corrupt fail whatever is given.
+#[test]
+fn an_embedding_stream_takes_a_given_profile_only_if_it_is_the_embedded_one() {
+    let (cache, _, _, _) = common::load(common::SAMPLE, 2);
+    let profile = learn_plain(&cache, &LearnParams::default());
+    let params = EncodeParams::default();
+    let bytes = encode(&cache.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+    let parsed = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+    let same = parsed.profile().clone();
+    let want = parsed.decode().unwrap();
+    let again = Stream::open(&bytes, Some(&same), &Limits::DEFAULT).unwrap();
+    assert!(
+        core::ptr::eq(again.profile(), &same),
+        "the given profile, not a new parse"
+    );
+    assert_eq!(again.decode().unwrap(), want);
+    let other = learn_plain(
+        &cache,
+        &LearnParams {
+            target_error: 0.2,
+            ..LearnParams::default()
+        },
+    );
+    let ignored = Stream::open(&bytes, Some(&other), &Limits::DEFAULT).unwrap();
+    assert!(!core::ptr::eq(ignored.profile(), &other));
+    assert_eq!(ignored.profile().hash(), same.hash());
+    assert_eq!(ignored.decode().unwrap(), want);
+    // A byte of the embedded profile flipped (its last, inside its CRC): refused, also when
+    // the profile it was is given.
+    let h = parsed.header();
+    let mut bad = bytes.clone();
+    bad[h.header_len() + h.profile_len as usize - 1] ^= 1;
+    for given in [None, Some(&same)] {
+        let e = Stream::open(&bad, given, &Limits::DEFAULT).unwrap_err();
+        assert!(matches!(e, DecodeError::Profile(_)), "{e}");
+    }
+}
+
 #[test]
 fn profile_version_2_is_read_and_kept() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors/v2");

@@ -333,15 +333,10 @@ fn encode<'py>(
 #[pyclass(frozen, name = "_Stream", module = "kvc")]
 struct PyStream {
     data: Py<PyBytes>,
-    profile: Option<Py<PyProfile>>,
+    /// The given or the embedded profile: decoding opens the stream again with it, neither
+    /// parsing it again nor rebuilding its decode tables.
+    profile: Py<PyProfile>,
     header: Header,
-    levels: u8,
-}
-
-impl PyStream {
-    fn profile(&self) -> Option<&Profile> {
-        self.profile.as_ref().map(|p| &p.get().inner)
-    }
 }
 
 fn dtype_name(d: Dtype) -> &'static str {
@@ -362,16 +357,21 @@ impl PyStream {
         profile: Option<Py<PyProfile>>,
     ) -> PyResult<Self> {
         let bytes = data.as_bytes();
-        let prof = profile.as_ref().map(|p| &p.get().inner);
-        let (header, levels) = released(py, || {
-            let s = api::open(bytes, prof)?;
-            Ok((s.header().clone(), s.profile().levels()))
+        let given = profile.as_ref().map(|p| &p.get().inner);
+        let (header, embedded) = released(py, || {
+            let s = api::open(bytes, given)?;
+            let embedded = (s.header().profile_len > 0).then(|| s.profile().clone());
+            Ok((s.header().clone(), embedded))
         })?;
+        // A stream that references its profile opened only with one given.
+        let profile = match embedded {
+            Some(inner) => Py::new(py, PyProfile { inner })?,
+            None => profile.ok_or_else(|| to_py(py, Error::argument("no profile")))?,
+        };
         Ok(PyStream {
             data: data.unbind(),
             profile,
             header,
-            levels,
         })
     }
 
@@ -409,7 +409,7 @@ impl PyStream {
     }
     #[getter]
     fn levels(&self) -> u8 {
-        self.levels
+        self.profile.get().inner.levels()
     }
     #[getter]
     fn first_position(&self) -> u64 {
@@ -481,9 +481,9 @@ impl PyStream {
         let mut ks = outs;
         let mut vs = vs;
         let bytes = self.data.bind(py).as_bytes();
-        let profile = self.profile();
+        let profile = &self.profile.get().inner;
         released(py, || {
-            let s = api::open(bytes, profile)?;
+            let s = api::open(bytes, Some(profile))?;
             api::decode_into(&s, start..end, &mut ks, &mut vs)
         })
     }

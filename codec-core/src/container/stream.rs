@@ -52,6 +52,11 @@ pub struct Stream<'a> {
 impl<'a> Stream<'a> {
     /// Parses a stream's header and index and resolves its profile: the embedded one, or
     /// `profile`, which must then have the hash the stream names.
+    ///
+    /// A `profile` given for a stream that embeds one is used only if its bytes are the
+    /// embedded bytes: it is then what parsing them would give, and is used as it is, so that
+    /// a caller opening the same stream again (a binding's handle, decoding chunk by chunk)
+    /// neither parses the profile again nor rebuilds its decode tables.
     pub fn open(
         bytes: &'a [u8],
         profile: Option<&'a Profile>,
@@ -60,9 +65,11 @@ impl<'a> Stream<'a> {
         let header = Header::parse(bytes, limits)?;
         let profile = if header.profile_len > 0 {
             let start = header.header_len();
-            let end = start + header.profile_len as usize;
-            let p = Profile::from_bytes(&bytes[start..end], limits)?;
-            Cow::Owned(p)
+            let embedded = &bytes[start..start + header.profile_len as usize];
+            match profile {
+                Some(p) if p.as_bytes() == embedded => Cow::Borrowed(p),
+                _ => Cow::Owned(Profile::from_bytes(embedded, limits)?),
+            }
         } else {
             let hash = header.profile_hash;
             Cow::Borrowed(profile.ok_or(OpenError::ProfileRequired { hash })?)
