@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 
 /// Any bytes as a whole stream, with no separate profile (`fuzz_targets/decode_stream.rs`).
 ///
-/// Input: the stream. Asserts nothing beyond "no panic" unless the stream decodes; then
+/// Input: the stream. Asserts nothing beyond "no panic" unless the stream opens: opened again
+/// with the profile it resolved, it decodes the same. If it decodes,
 /// [`Stream::decode_with_error`] gives the same cache and an error per (token, KV head), a
 /// token range chosen from the input length decodes ([`Stream::decode_tokens`]) to exactly the
 /// same bits as those tokens of the full decode, and decoding into buffers of another dtype
@@ -25,7 +26,18 @@ use sha2::{Digest, Sha256};
 pub fn decode_stream(data: &[u8]) {
     if let Ok(stream) = Stream::open(data, None, &LIMITS) {
         check_stream(&stream, data.len());
+        check_reopened(&stream, data);
     }
+}
+
+/// Opened again with the profile it resolved (as the bindings' stream handles do), the stream
+/// takes that profile as it is and decodes exactly as before, or fails the same way.
+fn check_reopened(stream: &Stream<'_>, data: &[u8]) {
+    let again = Stream::open(data, Some(stream.profile()), &LIMITS)
+        .expect("a stream that opens opens again with the profile it resolved");
+    assert!(core::ptr::eq(again.profile(), stream.profile()));
+    assert_eq!(again.header(), stream.header());
+    assert_eq!(again.decode(), stream.decode());
 }
 
 /// Flag bit of [`decode_stream_profile`]: set the stream's profile hash to the SHA-256 of the
@@ -43,6 +55,7 @@ pub fn decode_stream_profile(data: &[u8]) {
     let case = StreamProfileCase::read(data);
     if let Ok(s) = Stream::open(&case.stream, case.profile.as_ref(), &LIMITS) {
         check_stream(&s, data.len());
+        check_reopened(&s, &case.stream);
     }
 }
 
