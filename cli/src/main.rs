@@ -168,12 +168,15 @@ type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // On Ctrl-C (or SIGTERM) no half-written temporary file stays behind.
-    let _ = ctrlc::set_handler(|| {
-        kvc_io::output::remove_temporaries();
-        eprintln!("kvc: interrupted");
-        std::process::exit(130);
-    });
+    // On Ctrl-C (or SIGTERM) no half-written temporary file stays behind. The server writes
+    // no file and stops on these signals itself, letting its sessions end.
+    if !matches!(cli.cmd, Cmd::Serve(_)) {
+        let _ = ctrlc::set_handler(|| {
+            kvc_io::output::remove_temporaries();
+            eprintln!("kvc: interrupted");
+            std::process::exit(130);
+        });
+    }
     match run(cli.cmd, cli.force, cli.threads) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

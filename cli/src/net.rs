@@ -41,13 +41,19 @@ pub struct ServeArgs {
     /// reply being written cut off), so slow clients cannot keep every slot.
     #[arg(long, default_value_t = 600.0)]
     pub max_session_s: f64,
+    /// Seconds the sessions in progress get to end after SIGTERM or Ctrl-C (no new
+    /// connection is accepted meanwhile); those still going are then cut.
+    #[arg(long, default_value_t = 20.0)]
+    pub grace_s: f64,
     /// No line per connection on stderr.
     #[arg(long)]
     pub quiet: bool,
 }
 
-/// Serves until interrupted: a line per connection (unless `--quiet`) and, every
-/// [`SUMMARY_EVERY`] in which something happened, the totals and the throughput.
+/// Serves until SIGTERM or Ctrl-C, then lets the sessions in progress end (within
+/// `--grace-s`) and exits: a line per connection (unless `--quiet`), every
+/// [`SUMMARY_EVERY`] in which something happened the totals and the throughput, and the totals
+/// at the end.
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let limiter = limiter(&a)?;
     if !a.root.is_dir() {
@@ -61,6 +67,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     config.write_timeout = timeout;
     config.max_session = positive_duration(a.max_session_s, "--max-session-s")?;
     config.report = !a.quiet;
+    let grace = positive_duration(a.grace_s, "--grace-s")?;
     runtime()?.block_on(async move {
         let server = Server::bind(&a.addr, config, limiter)
             .await
@@ -77,9 +84,64 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             a.root.display(),
             contexts.join(", ")
         );
-        tokio::spawn(summaries(server.stats()));
-        server.run().await.map_err(|e| e.to_string())
+        let stats = server.stats();
+        tokio::spawn(summaries(stats.clone()));
+        let stopping = async {
+            stop_signal().await;
+            eprintln!(
+                "kvc serve: stopping: no new connections; {} in progress get up to {} s",
+                in_progress(&stats),
+                grace.as_secs_f64()
+            );
+        };
+        let cut = server
+            .run_until(stopping, grace)
+            .await
+            .map_err(|e| e.to_string())?;
+        eprintln!("kvc serve: stopped, {cut} sessions cut; {}", totals(&stats));
+        Ok(())
     })
+}
+
+/// SIGTERM or Ctrl-C (SIGINT); never, where neither can be listened for.
+async fn stop_signal() {
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => s.recv().await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<Option<()>>();
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        () = interrupt => {}
+    }
+}
+
+/// Sessions accepted and not yet ended.
+fn in_progress(stats: &Stats) -> u64 {
+    let ended = Stats::get(&stats.completed) + Stats::get(&stats.refused);
+    Stats::get(&stats.connections).saturating_sub(ended)
+}
+
+/// The server's counts so far, as its summary lines give them.
+fn totals(stats: &Stats) -> String {
+    format!(
+        "{} connections ({} done, {} refused, {} busy), {:.1} MB sent",
+        Stats::get(&stats.connections),
+        Stats::get(&stats.completed),
+        Stats::get(&stats.refused),
+        Stats::get(&stats.busy),
+        Stats::get(&stats.bytes_sent) as f64 / 1e6,
+    )
 }
 
 /// Seconds between the server's summary lines.
@@ -98,13 +160,8 @@ async fn summaries(stats: Arc<Stats>) {
         }
         let rate = (sent - last) as f64 / SUMMARY_EVERY.as_secs_f64() / 1e6;
         eprintln!(
-            "kvc serve: {} connections ({} done, {} refused, {} busy), {:.1} MB sent; \
-             {rate:.1} MB/s over the last {} s",
-            Stats::get(&stats.connections),
-            Stats::get(&stats.completed),
-            Stats::get(&stats.refused),
-            Stats::get(&stats.busy),
-            sent as f64 / 1e6,
+            "kvc serve: {}; {rate:.1} MB/s over the last {} s",
+            totals(&stats),
             SUMMARY_EVERY.as_secs()
         );
         last = sent;

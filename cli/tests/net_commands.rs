@@ -5,11 +5,13 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
 
 use common::{kvc, SAMPLE};
 
-/// `kvc serve ROOT` on a free loopback port: the child and the address it printed.
-fn serve(root: &str, extra: &[&str]) -> (Child, String) {
+/// `kvc serve ROOT` on a free loopback port: the child, the address it printed, and the
+/// thread that collects the rest of its stderr (until it exits).
+fn serve(root: &str, extra: &[&str]) -> (Child, String, JoinHandle<Vec<String>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvc"))
         .args(["serve", root, "--addr", "127.0.0.1:0"])
         .args(extra)
@@ -27,9 +29,9 @@ fn serve(root: &str, extra: &[&str]) -> (Child, String) {
         first.ends_with(&format!("1 contexts in {root}: ctx")),
         "{first}"
     );
-    // The rest of the server's lines are drained so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, addr)
+    // The rest of the server's lines are read as they come, so it never blocks on a full pipe.
+    let rest = std::thread::spawn(move || lines.map_while(|l| l.ok()).collect());
+    (child, addr, rest)
 }
 
 #[test]
@@ -49,7 +51,7 @@ fn a_fetched_dump_is_the_decode_of_the_level_fetched() {
         "128",
     ]);
     assert!(ok, "{err}");
-    let (mut server, addr) = serve(&p(&root), &["--gbps", "100"]);
+    let (mut server, addr, log) = serve(&p(&root), &["--gbps", "100"]);
     for level in ["1", "7", "11"] {
         let fetched = dir.path().join(format!("fetched-{level}.safetensors"));
         let (ok, out, err) = kvc(&[
@@ -135,6 +137,28 @@ fn a_fetched_dump_is_the_decode_of_the_level_fetched() {
         "{err}"
     );
     assert!(!nowhere.exists());
+    stop(&mut server);
+    let log = log.join().unwrap();
+    let last = log.last().map_or("", String::as_str);
+    assert!(
+        last.starts_with("kvc serve: stopped, 0 sessions cut; "),
+        "{log:?}"
+    );
+    assert!(last.contains("refused"), "{last}");
+}
+
+/// Stops the server as a service manager does (SIGTERM): it exits with success.
+#[cfg(unix)]
+fn stop(server: &mut Child) {
+    let pid = server.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let status = server.wait().unwrap();
+    assert!(status.success(), "a stopped server exits 0: {status:?}");
+}
+
+#[cfg(not(unix))]
+fn stop(server: &mut Child) {
     server.kill().unwrap();
     server.wait().unwrap();
 }
@@ -155,6 +179,8 @@ fn serve_refuses_what_it_cannot_serve() {
         !ok && err.contains("t.trace") && err.contains("line 2"),
         "{err}"
     );
+    let (ok, _, err) = kvc(&["serve", d, "--addr", "127.0.0.1:0", "--grace-s", "0"]);
+    assert!(!ok && err.contains("--grace-s 0"), "{err}");
     let (ok, _, err) = kvc(&["serve", d, "--addr", "256.0.0.1:1"]);
     assert!(!ok && err.contains("cannot listen on 256.0.0.1:1"), "{err}");
 }

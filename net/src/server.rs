@@ -9,7 +9,8 @@
 //! requests, or reads just fast enough, is let go at the limit). A bad frame, a message out
 //! of order or an unknown context gets an `Error` frame and the connection closes (after
 //! reading what the client still sends, within [`LINGER`], so the `Error` is not lost to a
-//! reset); the others go on.
+//! reset); the others go on. [`Server::run_until`] stops accepting when told to and lets the
+//! sessions in progress end within a grace period.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -175,6 +176,36 @@ impl Server {
 
     /// Accepts and serves connections until the task is dropped.
     pub async fn run(self) -> io::Result<()> {
+        self.accept().await
+    }
+
+    /// Accepts and serves connections until `shutdown` completes; then stops accepting and
+    /// gives the sessions in progress up to `grace` to end. Returns how many were still going
+    /// at the end of it (they end when the runtime does).
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+        grace: Duration,
+    ) -> io::Result<usize> {
+        tokio::select! {
+            r = self.accept() => r?,
+            () = shutdown => {}
+        }
+        let Server { listener, shared } = self;
+        drop(listener);
+        // Every slot free is every session ended.
+        let all = shared.config.max_connections;
+        let drained = shared
+            .slots
+            .acquire_many(u32::try_from(all).unwrap_or(u32::MAX));
+        let going = match tokio::time::timeout(grace, drained).await {
+            Ok(_) => 0,
+            Err(_) => all.saturating_sub(shared.slots.available_permits()),
+        };
+        Ok(going)
+    }
+
+    async fn accept(&self) -> io::Result<()> {
         loop {
             let (stream, peer) = match self.listener.accept().await {
                 Ok(c) => c,

@@ -12,7 +12,7 @@ use kvc_io::sim::Trace;
 use kvc_net::client::{fetch, FetchError, FetchOptions, Recompute};
 use kvc_net::frame::ErrorCode;
 use kvc_net::rate::Limiter;
-use kvc_net::server::{ServerConfig, Stats};
+use kvc_net::server::{Server, ServerConfig, Stats};
 
 fn levels_of(f: &kvc_net::client::Fetched) -> Vec<u8> {
     f.rows
@@ -223,4 +223,68 @@ fn empty_like(like: &KvCache) -> KvCache {
     let mut shape = like.shape;
     shape.tokens = 0;
     KvCache::zeros(shape, codec_core::Dtype::F32, like.meta.clone())
+}
+
+/// A server told to stop (`Server::run_until`) stops accepting at once and lets a fetch in
+/// progress finish: the fetch gets the whole context and no session is left going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_finishes_the_fetches_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::write_store(dir.path(), "sample", None);
+    // Each level-1 chunk takes 0.25 s on this link: the fetch takes about 1 s.
+    let rate = store.chunk_bytes(0, 1).unwrap() as f64 / 0.25;
+    let config = ServerConfig::new(dir.path().to_path_buf());
+    let server = Server::bind(
+        "127.0.0.1:0",
+        config,
+        Limiter::new(Trace::constant(rate * 8e-9)),
+    )
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let grace = Duration::from_secs(20);
+    let run = tokio::spawn(server.run_until(async { stopped.await.unwrap() }, grace));
+    let mut opts = FetchOptions::new(Duration::from_secs(30));
+    opts.force = Some(Choice::Level(1));
+    let fetching = tokio::spawn({
+        let addr = addr.clone();
+        async move { fetch(&addr, "sample", &opts).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = tokio::net::TcpStream::connect(&addr).await;
+    assert!(refused.is_err(), "no longer accepting");
+    let f = fetching.await.unwrap().unwrap();
+    assert!(f.cache == common::local_decode(&store, &[1; 4]));
+    assert_eq!(run.await.unwrap().unwrap(), 0, "no session left going");
+}
+
+/// Past its grace period a stopping server reports the sessions still going (here an idle
+/// client that said `Hello` and nothing more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_reports_the_sessions_past_its_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_store(dir.path(), "sample", None);
+    let config = ServerConfig::new(dir.path().to_path_buf());
+    let server = Server::bind("127.0.0.1:0", config, Limiter::unlimited())
+        .await
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let grace = Duration::from_millis(300);
+    let run = tokio::spawn(server.run_until(async { stopped.await.unwrap() }, grace));
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let hello = kvc_net::frame::Message::Hello {
+        max_payload: 1 << 20,
+    };
+    tokio::io::AsyncWriteExt::write_all(&mut idle, &hello.encode())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = std::time::Instant::now();
+    stop.send(()).unwrap();
+    assert_eq!(run.await.unwrap().unwrap(), 1);
+    assert!(t0.elapsed() >= grace);
 }
