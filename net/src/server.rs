@@ -39,10 +39,12 @@ pub const WRITE_PIECE: usize = 64 << 10;
 /// otherwise make the server do (and log) on every `Open`.
 pub const REOPEN_AFTER: Duration = Duration::from_secs(5);
 
-/// How long, and how many bytes, the server keeps reading (and discarding) a client's input
-/// after its `Error`: a socket closed with unread input is reset, and a reset can discard the
-/// `Error` still on its way to a client that had pipelined more requests.
-pub const LINGER: (Duration, usize) = (Duration::from_secs(1), 1 << 20);
+/// How long the server keeps reading (and discarding) a client's input after its `Error`, at
+/// most [`LINGER_BYTES`] of it: a socket closed with unread input is reset, and a reset can
+/// discard the `Error` still on its way to a client that had pipelined more requests.
+pub const LINGER: Duration = Duration::from_secs(1);
+/// The most bytes read after an `Error` (see [`LINGER`]).
+pub const LINGER_BYTES: usize = 1 << 20;
 
 /// How a server behaves; [`ServerConfig::new`] gives the defaults of `spec/STREAM.md` §4.5.
 #[derive(Clone, Debug)]
@@ -250,21 +252,20 @@ async fn refuse_busy(shared: Arc<Shared>, mut stream: TcpStream) {
 /// Ends the server's side after an `Error` (a FIN after it), then reads what the client still
 /// sends until it closes, within [`LINGER`], so that the close is not a reset.
 async fn linger(stream: &mut TcpStream) {
-    let (time, max) = LINGER;
     if stream.shutdown().await.is_err() {
         return;
     }
     let drain = async {
         let mut scratch = [0u8; 4096];
         let mut read = 0;
-        while read < max {
+        while read < LINGER_BYTES {
             match stream.read(&mut scratch).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => read += n,
             }
         }
     };
-    let _ = tokio::time::timeout(time, drain).await;
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// How a session ended.
