@@ -5,6 +5,7 @@
 //!
 //! - [`dump`]: KV dumps as safetensors files in and out ([`load_dump`], [`write_dump`]);
 //!   [`fixtures`] says where the workspace's test dumps are.
+//! - [`input`]: files read whole within a limit, regular files only.
 //! - [`output`]: files written whole or not at all, never over an input, over an existing file
 //!   only when allowed, with no temporary file left behind on error or Ctrl-C.
 //! - [`metrics`]: relative error, attention-output error (the one attention oracle,
@@ -53,6 +54,7 @@ pub mod eval;
 pub mod fixtures;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod input;
 #[cfg(feature = "model")]
 pub mod judge;
 pub mod metrics;

@@ -32,9 +32,11 @@ pub struct Encoded {
     pub embedded: Option<Profile>,
 }
 
-/// Reads a profile file (`.kvcp`) within the default limits.
+/// Reads a profile file (`.kvcp`) within the default limits (a file over their
+/// `max_profile_bytes` is refused before it is read).
 pub fn load_profile(path: &Path) -> Result<Profile, Error> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Read {
+    let limit = Limits::DEFAULT.max_profile_bytes;
+    let bytes = crate::input::read_limited(path, limit).map_err(|source| Error::Read {
         path: path.to_path_buf(),
         source,
     })?;

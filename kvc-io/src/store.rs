@@ -45,6 +45,9 @@ pub const STORE_FORMAT: &str = "kvc-store/1";
 /// Largest manifest read, in bytes (a 1M-token context at 1536 tokens per chunk and 12 levels
 /// takes about 80 KB).
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+/// Largest level stream read, in bytes: 16 GiB, twice the f16 bytes of the largest cache one
+/// decode call takes within `Limits::DEFAULT` (its `max_elements`).
+pub const MAX_LEVEL_BYTES: u64 = 4 * Limits::DEFAULT.max_elements;
 
 const MANIFEST: &str = "store.json";
 const PROFILE: &str = "profile.kvcp";
@@ -122,7 +125,7 @@ impl Store {
     /// profile and with its manifest.
     pub fn open(dir: &Path) -> Result<Store, Error> {
         let m = read_manifest(dir)?;
-        let profile_bytes = read_file(dir, PROFILE)?;
+        let profile_bytes = read_file(dir, PROFILE, Limits::DEFAULT.max_profile_bytes)?;
         let profile = Profile::from_bytes(&profile_bytes, &Limits::DEFAULT)
             .map_err(|e| store_err(dir, &format!("{PROFILE}: {e}")))?;
         if profile.hash_hex() != m.profile_sha256 {
@@ -135,7 +138,7 @@ impl Store {
         let mut header: Option<Header> = None;
         for &level in &m.levels {
             let name = level_file(level);
-            let bytes = read_file(dir, &name)?;
+            let bytes = read_file(dir, &name, MAX_LEVEL_BYTES)?;
             let h = Header::parse(&bytes, &Limits::DEFAULT)
                 .map_err(|e| store_err(dir, &format!("{name}: {e}")))?;
             check_level_stream(&h, level, &profile, header.as_ref())
@@ -292,7 +295,7 @@ struct Manifest {
 }
 
 fn read_manifest(dir: &Path) -> Result<Manifest, Error> {
-    let bytes = read_file(dir, MANIFEST)?;
+    let bytes = read_file(dir, MANIFEST, MAX_MANIFEST_BYTES)?;
     let bad = |why: &str| store_err(dir, &format!("{MANIFEST}: {why}"));
     let v: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| bad(&format!("not JSON ({e})")))?;
@@ -304,10 +307,10 @@ fn read_manifest(dir: &Path) -> Result<Manifest, Error> {
     }
     let levels: Vec<u8> = v["levels"]
         .as_array()
-        .map(|a| {
+        .and_then(|a| {
             a.iter()
-                .filter_map(|x| x.as_u64()?.try_into().ok())
-                .collect()
+                .map(|x| x.as_u64()?.try_into().ok())
+                .collect::<Option<_>>()
         })
         .filter(|l: &Vec<u8>| !l.is_empty() && l.windows(2).all(|w| w[0] < w[1]))
         .ok_or_else(|| bad("\"levels\" is not an ascending list of levels 0..=255"))?;
@@ -367,7 +370,7 @@ fn check_level_stream(
 }
 
 fn read_tokens(dir: &Path, tokens: u32) -> Result<Vec<u32>, Error> {
-    let bytes = read_file(dir, TOKENS)?;
+    let bytes = read_file(dir, TOKENS, 4 * u64::from(tokens))?;
     if bytes.len() as u64 != 4 * u64::from(tokens) {
         let why = format!(
             "{TOKENS} holds {} bytes, not 4 per token ({tokens} tokens)",
@@ -381,21 +384,10 @@ fn read_tokens(dir: &Path, tokens: u32) -> Result<Vec<u32>, Error> {
         .collect())
 }
 
-fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>, Error> {
-    let path = dir.join(name);
-    let limit = if name == MANIFEST {
-        MAX_MANIFEST_BYTES
-    } else {
-        u64::MAX
-    };
-    match fs::metadata(&path) {
-        Ok(m) if m.len() > limit => {
-            return Err(store_err(dir, &format!("{name} is over {limit} bytes")))
-        }
-        Err(e) => return Err(store_err(dir, &format!("cannot read {name}: {e}"))),
-        Ok(_) => {}
-    }
-    fs::read(&path).map_err(|e| store_err(dir, &format!("cannot read {name}: {e}")))
+/// The file `name` of the store, a regular file of at most `limit` bytes.
+fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>, Error> {
+    crate::input::read_limited(&dir.join(name), limit)
+        .map_err(|e| store_err(dir, &format!("cannot read {name}: {e}")))
 }
 
 fn remove_if_there(path: &Path) -> Result<(), Error> {

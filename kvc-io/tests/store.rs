@@ -158,3 +158,68 @@ fn inconsistent_stores_are_refused_by_file() {
     put("store.json", &m);
     assert!(Store::open(&dir).is_ok());
 }
+
+/// A store's files are read only if they are regular files within their limits: a level
+/// stream far over its limit (sparse, never read), a manifest that is a device or a FIFO, token
+/// ids longer than the tokens, a manifest level out of range; each refused by name.
+#[test]
+fn store_files_are_read_within_their_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ctx");
+    setup(&dir);
+    let fails = |says: &str| {
+        let e = Store::open(&dir).unwrap_err().to_string();
+        assert!(e.contains(says), "{e} (expected {says:?})");
+    };
+    let keep = |name: &str| fs::read(dir.join(name)).unwrap();
+    let l4 = keep("level-04.kvc");
+    let huge = fs::File::create(dir.join("level-04.kvc")).unwrap();
+    huge.set_len(kvc_io::store::MAX_LEVEL_BYTES + 1).unwrap();
+    drop(huge);
+    fails(&format!(
+        "cannot read level-04.kvc: over {} bytes",
+        kvc_io::store::MAX_LEVEL_BYTES
+    ));
+    fs::write(dir.join("level-04.kvc"), &l4).unwrap();
+    let t = keep("tokens.bin");
+    fs::write(dir.join("tokens.bin"), [&t[..], &[0; 4]].concat()).unwrap();
+    fails(&format!("cannot read tokens.bin: over {} bytes", t.len()));
+    fs::write(dir.join("tokens.bin"), &t).unwrap();
+    let m = keep("store.json");
+    let text = String::from_utf8(m.clone()).unwrap();
+    let levels = text.find("\"levels\"").unwrap();
+    let list_end = levels + text[levels..].find(']').unwrap();
+    let mut bad = text.clone();
+    bad.insert_str(list_end, ", 300");
+    fs::write(dir.join("store.json"), &bad).unwrap();
+    fails("\"levels\" is not an ascending list of levels 0..=255");
+    #[cfg(unix)]
+    {
+        fs::remove_file(dir.join("store.json")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.join("store.json")).unwrap();
+        fails("cannot read store.json: not a regular file");
+        fs::remove_file(dir.join("store.json")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(dir.join("store.json"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
+        fails("cannot read store.json: not a regular file");
+        fs::remove_file(dir.join("store.json")).unwrap();
+    }
+    fs::write(dir.join("store.json"), &m).unwrap();
+    assert!(Store::open(&dir).is_ok());
+}
+
+/// A profile file over the decoder's profile limit is refused before it is read.
+#[test]
+fn a_profile_file_over_the_limit_is_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("huge.kvcp");
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(Limits::DEFAULT.max_profile_bytes + 1).unwrap();
+    drop(f);
+    let e = kvc_io::policy::load_profile(&path).unwrap_err();
+    assert!(matches!(e, Error::Read { .. }), "{e}");
+    assert!(e.to_string().contains("over 268435456 bytes"), "{e}");
+}
