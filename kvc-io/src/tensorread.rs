@@ -11,13 +11,15 @@ use std::ops::Range;
 use std::path::Path;
 
 use bytemuck::Pod;
-use safetensors::tensor::{Metadata, SafeTensorError, SafeTensors};
+use safetensors::tensor::{Metadata, SafeTensorError};
 use safetensors::Dtype as StDtype;
 
 use crate::dump::{io_err, DumpError};
 
-/// Largest header read from a file, as the `safetensors` crate allows.
-const MAX_HEADER: u64 = 100_000_000;
+/// Largest header read, in bytes: 8 MiB, far above what a dump needs (the fixtures' are 7-16
+/// KB; a tensor's entry takes about 100 bytes) and far below the `safetensors` crate's 100 MB,
+/// since parsing a header takes several times its size in memory.
+const MAX_HEADER: u64 = 8 << 20;
 
 /// One tensor of the file: its dtype, shape and bytes (offsets from the file's start).
 pub(crate) struct Entry {
@@ -54,7 +56,12 @@ pub(crate) struct TensorFile<'a> {
 impl<'a> TensorFile<'a> {
     /// The header of the safetensors file held in `bytes` (`path` labels errors).
     pub fn from_bytes(path: &'a Path, bytes: &'a [u8]) -> Result<Self, DumpError> {
-        let (n, header) = SafeTensors::read_metadata(bytes).map_err(|e| not_st(path, e))?;
+        let len: [u8; 8] = bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| not_st(path, SafeTensorError::HeaderTooSmall))?;
+        let n = header_len(path, len, bytes.len() as u64)?;
+        let header = parse_header(path, &bytes[8..8 + n], bytes.len() as u64)?;
         Ok(Self::new(path, Src::Bytes(bytes), 8 + n, &header))
     }
 
@@ -68,23 +75,11 @@ impl<'a> TensorFile<'a> {
             return Err(not_st(path, SafeTensorError::HeaderTooSmall));
         }
         r.read_exact(&mut len).map_err(io("read"))?;
-        let n = u64::from_le_bytes(len);
-        if n > MAX_HEADER {
-            return Err(not_st(path, SafeTensorError::HeaderTooLarge));
-        }
-        if n > file_len - 8 {
-            return Err(not_st(path, SafeTensorError::InvalidHeaderLength));
-        }
-        let mut text = vec![0u8; n as usize];
+        let n = header_len(path, len, file_len)?;
+        let mut text = vec![0u8; n];
         r.read_exact(&mut text).map_err(io("read"))?;
-        let text = std::str::from_utf8(&text)
-            .map_err(|e| not_st(path, SafeTensorError::InvalidHeader(e)))?;
-        let header: Metadata = serde_json::from_str(text)
-            .map_err(|e| not_st(path, SafeTensorError::InvalidHeaderDeserialization(e)))?;
-        if (8 + n).checked_add(header.data_len() as u64) != Some(file_len) {
-            return Err(not_st(path, SafeTensorError::MetadataIncompleteBuffer));
-        }
-        Ok(Self::new(path, Src::File(file), 8 + n as usize, &header))
+        let header = parse_header(path, &text, file_len)?;
+        Ok(Self::new(path, Src::File(file), 8 + n, &header))
     }
 
     fn new(path: &'a Path, src: Src<'a>, data_start: usize, header: &Metadata) -> Self {
@@ -137,6 +132,34 @@ impl<'a> TensorFile<'a> {
         }
         Ok(out)
     }
+}
+
+/// The header's length from the file's first 8 bytes, checked against [`MAX_HEADER`] and the
+/// file's length (`file_len`, at least 8).
+fn header_len(path: &Path, len: [u8; 8], file_len: u64) -> Result<usize, DumpError> {
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER {
+        return Err(not_st(path, SafeTensorError::HeaderTooLarge));
+    }
+    if n > file_len - 8 {
+        return Err(not_st(path, SafeTensorError::InvalidHeaderLength));
+    }
+    Ok(n as usize)
+}
+
+/// The header `text` (the `n` bytes after the length), checked as the `safetensors` crate
+/// checks a file (offsets contiguous, sizes matching shapes), and its data ending where the
+/// file (`file_len` bytes) ends, with no sum that can overflow.
+fn parse_header(path: &Path, text: &[u8], file_len: u64) -> Result<Metadata, DumpError> {
+    let text =
+        std::str::from_utf8(text).map_err(|e| not_st(path, SafeTensorError::InvalidHeader(e)))?;
+    let header: Metadata = serde_json::from_str(text)
+        .map_err(|e| not_st(path, SafeTensorError::InvalidHeaderDeserialization(e)))?;
+    let end = (8 + text.len() as u64).checked_add(header.data_len() as u64);
+    if end != Some(file_len) {
+        return Err(not_st(path, SafeTensorError::MetadataIncompleteBuffer));
+    }
+    Ok(header)
 }
 
 fn not_st(path: &Path, e: SafeTensorError) -> DumpError {

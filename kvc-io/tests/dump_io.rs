@@ -587,3 +587,50 @@ fn reading_from_the_file_agrees_with_parsing_its_bytes() {
     // Both outcomes were exercised.
     assert!(oks > 20 && errs > 300, "{oks} read, {errs} refused");
 }
+
+/// A header whose tensors' data would end near 2^64 bytes (each tensor valid, their sum
+/// overflowing a sum of the header's length with it) is refused from bytes as from a file,
+/// not added up into an overflow.
+#[test]
+fn a_header_whose_data_ends_near_u64_max_is_refused() {
+    let s: u64 = (1 << 61) - 1;
+    let tensors: Vec<String> = (0..8)
+        .map(|k| {
+            let (a, b) = (k * s, (k + 1) * s);
+            format!("\"t{k}\":{{\"dtype\":\"U8\",\"shape\":[{s}],\"data_offsets\":[{a},{b}]}}")
+        })
+        .collect();
+    let header = format!("{{{}}}", tensors.join(","));
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("huge.safetensors");
+    fs::write(&p, &b).unwrap();
+    assert!(matches!(
+        parse_dump(&p, &b),
+        Err(DumpError::NotSafetensors { .. })
+    ));
+    assert!(matches!(
+        load_dump(&p),
+        Err(DumpError::NotSafetensors { .. })
+    ));
+}
+
+/// A header over 8 MiB is refused from its length, before it is read or parsed.
+#[test]
+fn a_header_over_eight_mib_is_refused_from_its_length() {
+    let n: u64 = (8 << 20) + 1;
+    let mut b = n.to_le_bytes().to_vec();
+    b.resize(8 + n as usize, b' ');
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("big-header.safetensors");
+    fs::write(&p, &b).unwrap();
+    for got in [load_dump(&p), parse_dump(&p, &b)] {
+        let e = got.unwrap_err();
+        assert!(matches!(e, DumpError::NotSafetensors { .. }), "{e}");
+        assert!(
+            e.to_string().to_lowercase().contains("header too large"),
+            "{e}"
+        );
+    }
+}
