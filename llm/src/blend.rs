@@ -107,7 +107,7 @@ impl Model {
         let t0 = Instant::now();
         let s = suffix.len();
         let last = x.narrow(0, x.dim(0)? - s, s)?;
-        let eps = self.config().rms_eps as f32;
+        let eps = self.config().rms_eps;
         let last = candle_nn::ops::rms_norm(&last, &self.weights().norm, eps)?;
         walk.out.logits = self.logits(&last)?.flatten_all()?.to_vec1::<f32>()?;
         walk.out.scoring_s = t0.elapsed().as_secs_f64();
@@ -125,7 +125,7 @@ impl Model {
         block: &Block,
         x: &Tensor,
     ) -> Result<Tensor, LlmError> {
-        let eps = self.config().rms_eps as f32;
+        let eps = self.config().rms_eps;
         let h = candle_nn::ops::rms_norm(x, &block.attn_norm, eps)?;
         let rows = &walk.rows;
         let positions: Vec<u64> = rows.index.iter().map(|&i| walk.p0 + u64::from(i)).collect();

@@ -1,6 +1,6 @@
 //! The model's hyper-parameters, read from the GGUF metadata (`llama.*` keys).
 
-use crate::error::LlmError;
+use crate::error::{candle_reason, LlmError};
 use candle_core::quantized::gguf_file::{Content, Value};
 
 /// Hyper-parameters of a llama-architecture model.
@@ -22,7 +22,7 @@ pub struct Config {
     /// Rotary base.
     pub rope_theta: f32,
     /// RMSNorm epsilon.
-    pub rms_eps: f64,
+    pub rms_eps: f32,
     /// Positions the model was trained for.
     pub context: usize,
     /// Vocabulary size.
@@ -48,7 +48,7 @@ fn count(c: &Content, key: &'static str) -> Result<usize, LlmError> {
     let v = get(c, key)?;
     let n = match v {
         Value::U64(n) => *n,
-        _ => u64::from(v.to_u32().map_err(|e| bad(key, e))?),
+        _ => u64::from(v.to_u32().map_err(|e| bad(key, candle_reason(e)))?),
     };
     match usize::try_from(n) {
         Ok(n) if n > 0 && n <= 1 << 24 => Ok(n),
@@ -56,16 +56,18 @@ fn count(c: &Content, key: &'static str) -> Result<usize, LlmError> {
     }
 }
 
-fn float(c: &Content, key: &'static str) -> Result<f64, LlmError> {
+/// A positive float metadata value, as the f32 the runner computes with (checked after rounding,
+/// so that an f64 out of f32's range is refused, not made infinite or zero).
+fn float(c: &Content, key: &'static str) -> Result<f32, LlmError> {
     let v = get(c, key)?;
     let x = match v {
-        Value::F64(x) => *x,
-        _ => f64::from(v.to_f32().map_err(|e| bad(key, e))?),
+        Value::F64(x) => *x as f32,
+        _ => v.to_f32().map_err(|e| bad(key, candle_reason(e)))?,
     };
     if x.is_finite() && x > 0.0 {
         Ok(x)
     } else {
-        Err(bad(key, format!("{x} is not a positive number")))
+        Err(bad(key, format!("{v:?} is not a positive f32")))
     }
 }
 
@@ -73,7 +75,9 @@ impl Config {
     /// Reads the hyper-parameters of a `llama` GGUF; `vocab` is the tokenizer's token count.
     pub(crate) fn from_gguf(c: &Content, vocab: usize) -> Result<Self, LlmError> {
         const ARCH: &str = "general.architecture";
-        let arch = get(c, ARCH)?.to_string().map_err(|e| bad(ARCH, e))?;
+        let arch = get(c, ARCH)?
+            .to_string()
+            .map_err(|e| bad(ARCH, candle_reason(e)))?;
         if arch != "llama" {
             return Err(bad(ARCH, format!("{arch:?}: only \"llama\" is supported")));
         }
@@ -97,7 +101,7 @@ impl Config {
             heads,
             kv_heads,
             head_dim,
-            rope_theta: float(c, "llama.rope.freq_base")? as f32,
+            rope_theta: float(c, "llama.rope.freq_base")?,
             rms_eps: float(c, "llama.attention.layer_norm_rms_epsilon")?,
             context: count(c, "llama.context_length")?,
             vocab,

@@ -83,8 +83,16 @@ impl std::error::Error for LlmError {
 impl From<candle_core::Error> for LlmError {
     fn from(e: candle_core::Error) -> Self {
         LlmError::Compute {
-            reason: e.to_string(),
+            reason: candle_reason(e),
         }
+    }
+}
+
+/// candle's message, without the backtrace candle appends when `RUST_BACKTRACE` is set.
+pub(crate) fn candle_reason(e: candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => inner.to_string(),
+        e => e.to_string(),
     }
 }
 

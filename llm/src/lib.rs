@@ -30,6 +30,7 @@ mod blend;
 mod cache;
 mod config;
 mod error;
+mod gguf;
 mod model;
 mod ops;
 mod rope;

@@ -3,13 +3,12 @@
 
 use crate::config::Config;
 use crate::error::{bad_input, LlmError};
+use crate::gguf::{self, Gguf};
 use crate::ops::{Attention, SwiGlu};
 use crate::rope::Rotary;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Block, Weights};
-use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor};
-use std::fs::File;
 use std::path::Path;
 
 /// Tokens per forward step of a long input: attention is computed block by block against the
@@ -65,23 +64,7 @@ impl Model {
     /// Fails with [`LlmError::ModelMissing`] (whose message names `tools/fetch-model`) if the
     /// file does not exist.
     pub fn load(path: &Path) -> Result<Self, LlmError> {
-        let io = |source| LlmError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(LlmError::ModelMissing {
-                    path: path.to_path_buf(),
-                })
-            }
-            Err(e) => return Err(io(e)),
-        };
-        let content = Content::read(&mut file).map_err(|e| LlmError::Gguf {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        let Gguf { mut file, content } = gguf::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&content)?;
         let config = Config::from_gguf(&content, tokenizer.vocab_size())?;
         let device = Device::Cpu;
@@ -178,14 +161,14 @@ impl Model {
         };
         let first = state.first_position.saturating_add(state.tokens as u64);
         for (l, block) in self.weights.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_eps as f32)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_eps)?;
             let attn = self.attention(block, &h, l, state, first, keep, &mut out)?;
             x = (x + attn)?;
-            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, self.config.rms_eps as f32)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, self.config.rms_eps)?;
             x = (x + self.mlp(block, &h)?)?;
         }
         state.tokens += tokens.len();
-        out.hidden = candle_nn::ops::rms_norm(&x, &self.weights.norm, self.config.rms_eps as f32)?;
+        out.hidden = candle_nn::ops::rms_norm(&x, &self.weights.norm, self.config.rms_eps)?;
         Ok(out)
     }
 

@@ -1,7 +1,7 @@
 //! The model's own tokenizer, built from the GGUF's `tokenizer.ggml.*` metadata (GPT-2 byte-level
 //! BPE) with the `tokenizers` crate.
 
-use crate::error::LlmError;
+use crate::error::{candle_reason, LlmError};
 use candle_core::quantized::gguf_file::{Content, Value};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -26,6 +26,22 @@ fn tok_err(e: impl ToString) -> LlmError {
     }
 }
 
+/// Most tokens a vocabulary may have (ids are u32; the runner's config allows 2^24).
+const MAX_VOCAB: usize = 1 << 24;
+
+/// The pair of merge rule `m` ("a b"), checked to join two tokens into a token (the `tokenizers`
+/// crate panics on a merge whose result is longer than every token).
+fn merge(m: &str, vocab: &Vocab) -> Result<(String, String), LlmError> {
+    let Some((a, b)) = m.split_once(' ') else {
+        return Err(tok_err(format!("merge {m:?} is not two tokens")));
+    };
+    let joined = format!("{a}{b}");
+    if let Some(t) = [a, b, &joined].iter().find(|t| !vocab.contains_key(**t)) {
+        return Err(tok_err(format!("merge {m:?}: {t:?} is not a token")));
+    }
+    Ok((a.to_string(), b.to_string()))
+}
+
 fn meta<'a>(c: &'a Content, key: &'static str) -> Result<&'a Vec<Value>, LlmError> {
     let v = c.metadata.get(key).ok_or(LlmError::Metadata {
         key,
@@ -33,7 +49,7 @@ fn meta<'a>(c: &'a Content, key: &'static str) -> Result<&'a Vec<Value>, LlmErro
     })?;
     v.to_vec().map_err(|e| LlmError::Metadata {
         key,
-        reason: e.to_string(),
+        reason: candle_reason(e),
     })
 }
 
@@ -43,7 +59,7 @@ fn strings(c: &Content, key: &'static str) -> Result<Vec<String>, LlmError> {
         .map(|v| {
             v.to_string().cloned().map_err(|e| LlmError::Metadata {
                 key,
-                reason: e.to_string(),
+                reason: candle_reason(e),
             })
         })
         .collect()
@@ -63,6 +79,12 @@ impl Tokenizer {
             });
         }
         let tokens = strings(c, "tokenizer.ggml.tokens")?;
+        if tokens.is_empty() || tokens.len() > MAX_VOCAB {
+            return Err(tok_err(format!(
+                "{} tokens is not in 1..=2^24",
+                tokens.len()
+            )));
+        }
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
@@ -72,11 +94,8 @@ impl Tokenizer {
             return Err(tok_err("tokenizer.ggml.tokens has duplicate tokens"));
         }
         let merges = strings(c, "tokenizer.ggml.merges")?
-            .into_iter()
-            .map(|m| match m.split_once(' ') {
-                Some((a, b)) => Ok((a.to_string(), b.to_string())),
-                None => Err(tok_err(format!("merge {m:?} is not two tokens"))),
-            })
+            .iter()
+            .map(|m| merge(m, &vocab))
             .collect::<Result<Vec<_>, _>>()?;
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)

@@ -1,7 +1,7 @@
 //! Loading a GGUF's weights, dequantized to f32, laid out for the layer loop.
 
 use crate::config::Config;
-use crate::error::LlmError;
+use crate::error::{candle_reason, LlmError};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor};
 use std::fs::File;
@@ -45,23 +45,25 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     /// Tensor `name` dequantized to f32, checked to have shape `dims` (candle's order: the GGUF's
-    /// dimensions reversed, so a matrix is `[out, in]`).
+    /// dimensions reversed, so a matrix is `[out, in]`) before it is read.
     fn get(&mut self, name: &str, dims: &[usize]) -> Result<Tensor, LlmError> {
-        let gguf_err = |e: candle_core::Error| LlmError::Gguf {
-            path: self.path.to_path_buf(),
-            reason: format!("tensor {name}: {e}"),
+        let reason = match self.content.tensor_infos.get(name) {
+            None => format!("tensor {name} is missing"),
+            Some(t) if t.shape.dims() != dims => {
+                format!("tensor {name} has shape {:?}, expected {dims:?}", t.shape)
+            }
+            Some(_) => {
+                let q = self.content.tensor(self.file, name, self.device);
+                match q.and_then(|q| q.dequantize(self.device)) {
+                    Ok(t) => return Ok(t),
+                    Err(e) => format!("tensor {name}: {}", candle_reason(e)),
+                }
+            }
         };
-        let q = self
-            .content
-            .tensor(self.file, name, self.device)
-            .map_err(gguf_err)?;
-        if q.shape().dims() != dims {
-            return Err(LlmError::Gguf {
-                path: self.path.to_path_buf(),
-                reason: format!("tensor {name} has shape {:?}, expected {dims:?}", q.shape()),
-            });
-        }
-        q.dequantize(self.device).map_err(gguf_err)
+        Err(LlmError::Gguf {
+            path: self.path.to_path_buf(),
+            reason,
+        })
     }
 
     /// Matrices `names` (each `[out_i, in]`) stacked along `out` and transposed: `[in, sum out]`.
@@ -90,7 +92,8 @@ impl Weights {
         };
         let (h, d) = (c.hidden, c.head_dim);
         let embed = r.get("token_embd.weight", &[c.vocab, h])?;
-        let mut blocks = Vec::with_capacity(c.layers);
+        // Not presized: `layers` is the file's word until its tensors are found.
+        let mut blocks = Vec::new();
         for i in 0..c.layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             let qkv = [
