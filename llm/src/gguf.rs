@@ -3,14 +3,14 @@
 //! candle bounds every string and array of the header by the file's length, but it divides by
 //! `general.alignment` unchecked (a zero panics), and it trusts tensor shapes and offsets: a zero
 //! or overflowing dimension, bytes past the end of the file, or tensors sharing bytes (a small
-//! file whose every tensor starts at offset 0 would dequantize to terabytes). [`open`] refuses
-//! all of these before a tensor is read, so that what the weights take in memory is bounded by
-//! the file's length (at most about 12 f32 bytes per file byte, for 2.6-bit Q2_K data).
+//! file whose every tensor starts at offset 0 would dequantize to terabytes). [`read`] refuses
+//! all of these before a tensor is read, so that what the weights take in memory is a small
+//! multiple of the file's length (f32 from 2.6-bit Q2_K data: about 12 bytes per file byte).
 
 use crate::error::{candle_reason, LlmError};
 use candle_core::quantized::gguf_file::{Content, TensorInfo};
 use std::fs::File;
-use std::io::{BufReader, Read, Seek};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// GGUF's magic, `"GGUF"` read as a little-endian u32.
@@ -24,40 +24,43 @@ const ARRAY: u32 = 9;
 /// Arrays nested deeper than this are refused (candle allows 64; no model file nests at all).
 const MAX_DEPTH: usize = 8;
 
-/// An open GGUF: the file and its parsed header.
-pub(crate) struct Gguf {
-    pub file: File,
+/// An open GGUF: its reader and its parsed header.
+pub(crate) struct Gguf<R> {
+    pub reader: R,
     pub content: Content,
 }
 
-/// Opens the GGUF at `path` and parses its header, refusing what candle would panic on or
-/// would read past the file's bytes (see the module's description).
-pub(crate) fn open(path: &Path) -> Result<Gguf, LlmError> {
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(LlmError::ModelMissing {
-                path: path.to_path_buf(),
-            })
-        }
-        Err(e) => return Err(io_err(path, e)),
-    };
+/// Opens the GGUF at `path` ([`read`]).
+pub(crate) fn open(path: &Path) -> Result<Gguf<File>, LlmError> {
+    match File::open(path) {
+        Ok(f) => read(f, path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(LlmError::ModelMissing {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(io_err(path, e)),
+    }
+}
+
+/// Parses the header of the GGUF `r` (named `path` in errors), refusing what candle would panic
+/// on or would read past the file's bytes (see the module's description).
+pub(crate) fn read<R: Read + Seek>(mut r: R, path: &Path) -> Result<Gguf<R>, LlmError> {
     let gguf_err = |reason: String| LlmError::Gguf {
         path: path.to_path_buf(),
         reason,
     };
-    let len = file.metadata().map_err(|e| io_err(path, e))?.len();
-    check_alignment(BufReader::new(&file), len).map_err(|e| match e {
+    let len = r.seek(SeekFrom::End(0)).map_err(|e| io_err(path, e))?;
+    r.rewind().map_err(|e| io_err(path, e))?;
+    check_alignment(BufReader::new(&mut r), len).map_err(|e| match e {
         Walk::Io(e) if e.kind() != std::io::ErrorKind::UnexpectedEof => io_err(path, e),
         Walk::Io(_) => gguf_err(format!(
             "the header runs past the end of the file ({len} bytes)"
         )),
         Walk::Bad(reason) => gguf_err(reason),
     })?;
-    file.rewind().map_err(|e| io_err(path, e))?;
-    let content = Content::read(&mut file).map_err(|e| gguf_err(candle_reason(e)))?;
+    r.rewind().map_err(|e| io_err(path, e))?;
+    let content = Content::read(&mut r).map_err(|e| gguf_err(candle_reason(e)))?;
     check_tensors(&content, len).map_err(gguf_err)?;
-    Ok(Gguf { file, content })
+    Ok(Gguf { reader: r, content })
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> LlmError {

@@ -30,6 +30,9 @@ mod blend;
 mod cache;
 mod config;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod gguf;
 mod model;
 mod ops;

@@ -9,6 +9,7 @@ use crate::rope::Rotary;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Block, Weights};
 use candle_core::{Device, Tensor};
+use std::io::{Read, Seek};
 use std::path::Path;
 
 /// Tokens per forward step of a long input: attention is computed block by block against the
@@ -64,11 +65,24 @@ impl Model {
     /// Fails with [`LlmError::ModelMissing`] (whose message names `tools/fetch-model`) if the
     /// file does not exist.
     pub fn load(path: &Path) -> Result<Self, LlmError> {
-        let Gguf { mut file, content } = gguf::open(path)?;
+        Self::from_gguf(gguf::open(path)?, path)
+    }
+
+    /// Loads the GGUF read by `r`, named `path` in errors.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn read<R: Read + Seek>(r: R, path: &Path) -> Result<Self, LlmError> {
+        Self::from_gguf(gguf::read(r, path)?, path)
+    }
+
+    fn from_gguf<R: Read + Seek>(g: Gguf<R>, path: &Path) -> Result<Self, LlmError> {
+        let Gguf {
+            mut reader,
+            content,
+        } = g;
         let tokenizer = Tokenizer::from_gguf(&content)?;
         let config = Config::from_gguf(&content, tokenizer.vocab_size())?;
         let device = Device::Cpu;
-        let weights = Weights::load(&content, &mut file, path, &config, &device)?;
+        let weights = Weights::load(&content, &mut reader, path, &config, &device)?;
         let model_id = content
             .metadata
             .get("general.name")

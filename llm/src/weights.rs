@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::error::{candle_reason, LlmError};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor};
-use std::fs::File;
+use std::io::{Read, Seek};
 use std::path::Path;
 
 /// One transformer block's weights. Matrices are stored transposed (`[in, out]`) so that a
@@ -36,14 +36,14 @@ pub(crate) struct Weights {
 }
 
 /// Reads tensors of one open GGUF.
-struct Reader<'a> {
+struct Reader<'a, R> {
     content: &'a Content,
-    file: &'a mut File,
+    file: &'a mut R,
     path: &'a Path,
     device: &'a Device,
 }
 
-impl Reader<'_> {
+impl<R: Read + Seek> Reader<'_, R> {
     /// Tensor `name` dequantized to f32, checked to have shape `dims` (candle's order: the GGUF's
     /// dimensions reversed, so a matrix is `[out, in]`) before it is read.
     fn get(&mut self, name: &str, dims: &[usize]) -> Result<Tensor, LlmError> {
@@ -77,9 +77,9 @@ impl Reader<'_> {
 }
 
 impl Weights {
-    pub(crate) fn load(
+    pub(crate) fn load<R: Read + Seek>(
         content: &Content,
-        file: &mut File,
+        file: &mut R,
         path: &Path,
         c: &Config,
         device: &Device,

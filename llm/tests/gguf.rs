@@ -1,8 +1,15 @@
 //! Loading hostile GGUF files: a tiny valid llama model written here, then one defect at a time.
 //! Each defect must be an error naming it, never a panic, an abort or an unbounded allocation.
-//! These tests need no fetched model.
+//! These tests need no fetched model. Also replays the committed inputs of the cargo-fuzz target
+//! `load_gguf` through its body `kvc_llm::fuzzing::load_gguf`; `write_seeds` (ignored) rewrites
+//! its seeds: `cargo test -p kvc-llm --test gguf -- --ignored write_seeds`.
 
+#[path = "../../fuzz/replay.rs"]
+mod replay;
+
+use kvc_llm::fuzzing::load_gguf;
 use kvc_llm::{LlmError, Model};
+use replay::{fuzz_dir, replay};
 
 /// A GGUF metadata value.
 #[derive(Clone)]
@@ -376,4 +383,100 @@ fn floats_out_of_f32_range_are_refused() {
         .set("llama.rope.freq_base", Val::F64(10000.0))
         .load("theta_f64");
     assert_eq!(r.unwrap().config().rope_theta, 10000.0);
+}
+
+const TARGET: &str = "load_gguf";
+
+/// Small GGUF files for the fuzzer to start from: the valid model in both alignments, and each
+/// defect the tests above refuse.
+fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let valid = File::valid();
+    let mut aligned = File::valid();
+    aligned.alignment = 64;
+    aligned.set("general.alignment", Val::U32(64));
+    aligned.tensors.clear();
+    for t in &valid.tensors {
+        aligned.add_tensor(&t.name, t.dims.clone());
+    }
+    let mut overlap = File::valid();
+    overlap.tensors.iter_mut().for_each(|t| t.offset = 0);
+    let mut zero = File::valid();
+    zero.add_tensor("unused.weight", vec![4, 0]);
+    let mut shape = File::valid();
+    shape.tensor("blk.0.attn_k").dims = vec![H, 1];
+    let edit = |key: &str, v: Val| {
+        let mut f = File::valid();
+        f.set(key, v);
+        f.bytes()
+    };
+    vec![
+        ("valid", valid.bytes()),
+        ("aligned64", aligned.bytes()),
+        ("alignment0", edit("general.alignment", Val::U32(0))),
+        ("overlap", overlap.bytes()),
+        ("zero-dim", zero.bytes()),
+        ("shape", shape.bytes()),
+        (
+            "merge-long",
+            edit(
+                "tokenizer.ggml.merges",
+                strs(&["a b", "<|endoftext|> <|endoftext|>"]),
+            ),
+        ),
+        ("no-vocab", edit("tokenizer.ggml.tokens", strs(&[]))),
+        ("theta-f64", edit("llama.rope.freq_base", Val::F64(1e300))),
+        ("blocks", edit("llama.block_count", Val::U32(1 << 24))),
+    ]
+}
+
+/// Inputs that once panicked (`alignment0`, `merge-long`) or asked for terabytes (`overlap`).
+const REGRESSIONS: [&str; 3] = ["alignment0", "merge-long", "overlap"];
+
+#[test]
+fn fuzz_inputs_replay_clean() {
+    for (corpus, at_least) in [("regressions", REGRESSIONS.len()), ("seeds", 10)] {
+        let (ran, failures) = replay(corpus, TARGET, load_gguf);
+        assert!(
+            failures.is_empty(),
+            "{corpus} fail:\n{}",
+            failures.join("\n")
+        );
+        assert!(
+            ran >= at_least,
+            "only {ran} inputs in fuzz/{corpus}/{TARGET}"
+        );
+    }
+}
+
+#[test]
+fn the_seeds_are_current_and_registered() {
+    let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();
+    assert!(manifest.contains(&format!(
+        "name = \"{TARGET}\"\npath = \"fuzz_targets/{TARGET}.rs\""
+    )));
+    for (name, bytes) in seeds() {
+        let path = fuzz_dir().join(format!("seeds/{TARGET}/gen-{name}.gguf"));
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            committed == bytes,
+            "{} is stale: run write_seeds",
+            path.display()
+        );
+    }
+}
+
+#[test]
+#[ignore = "rewrites fuzz/seeds/load_gguf and fuzz/regressions/load_gguf"]
+fn write_seeds() {
+    for corpus in ["seeds", "regressions"] {
+        std::fs::create_dir_all(fuzz_dir().join(corpus).join(TARGET)).unwrap();
+    }
+    for (name, bytes) in seeds() {
+        let seed = fuzz_dir().join(format!("seeds/{TARGET}/gen-{name}.gguf"));
+        std::fs::write(seed, &bytes).unwrap();
+        if REGRESSIONS.contains(&name) {
+            let kept = fuzz_dir().join(format!("regressions/{TARGET}/{name}.gguf"));
+            std::fs::write(kept, &bytes).unwrap();
+        }
+    }
 }
