@@ -7,9 +7,9 @@ use codec_core::blend::{Norm, SelectParams, Tensors};
 use kvc_io::blend::{blend_eval, BlendParams, BlendReport, BlendRow, METHODS};
 use kvc_io::judge::JudgeProfile;
 
-use crate::judge::{load_model, load_optional_profile, read_text};
+use crate::judge::{load_model, load_optional_profile};
 use crate::progress::Bars;
-use crate::Result;
+use crate::{read_text, Result};
 
 /// Options of `kvc blend-eval`.
 #[derive(clap::Args)]
@@ -377,8 +377,7 @@ fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) {
 /// Layers and stored bytes per token (all layers): from a stream's actual size, or given.
 fn stored_size(a: &PlanArgs) -> Result<(u32, f64)> {
     if let Some(path) = &a.stream {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let bytes = crate::read(path, kvc_io::store::MAX_LEVEL_BYTES)?;
         let h = codec_core::Header::parse(&bytes, &codec_core::Limits::DEFAULT)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let tokens = f64::from(h.shape.tokens.max(1));

@@ -12,6 +12,7 @@ use kvc_io::{write_dump, Dump, Output};
 use crate::progress::Bars;
 use crate::{load, output_file, read, Result};
 use clap::Args;
+use kvc_io::store::MAX_LEVEL_BYTES as MAX_STREAM_BYTES;
 
 /// `kvc encode`'s arguments.
 #[derive(Args)]
@@ -201,7 +202,7 @@ pub(crate) fn cmd_decode(
     };
     let owned = match gpu {
         Some(_) => Vec::new(),
-        None => read(input)?,
+        None => read(input, MAX_STREAM_BYTES)?,
     };
     let bytes = match &gpu {
         Some((_, host)) => host.as_slice().map_err(|e| e.to_string())?,
@@ -307,7 +308,7 @@ pub(crate) fn cmd_shift(
 }
 
 pub(crate) fn cmd_inspect(input: &Path, profile: Option<&Path>) -> Result<()> {
-    let bytes = read(input)?;
+    let bytes = read(input, MAX_STREAM_BYTES)?;
     let h = codec_core::Header::parse(&bytes, &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
     print_header(input, &bytes, &h);

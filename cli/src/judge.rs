@@ -8,7 +8,7 @@ use llm::Model;
 
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
-use crate::Result;
+use crate::{read_text, Result};
 
 pub fn load_model(path: &Path) -> Result<Model> {
     Model::load(path).map_err(|e| e.to_string())
@@ -19,10 +19,6 @@ pub fn load_optional_profile(path: Option<&Path>) -> Result<Option<codec_core::P
     path.map(policy::load_profile)
         .transpose()
         .map_err(|e| e.to_string())
-}
-
-pub fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// The error's message, naming the text file where the text is the problem.

@@ -266,8 +266,20 @@ fn run(cmd: Cmd, force: bool, threads: usize) -> Result<()> {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+/// Largest text file a command reads (texts, tiers files, traces): 64 MiB.
+const MAX_TEXT_BYTES: u64 = 64 << 20;
+
+/// The bytes of the input file `path`: a regular file (not a device or a FIFO) of at most
+/// `limit` bytes.
+fn read(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    kvc_io::input::read_limited(path, limit)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// The UTF-8 text file `path`, of at most [`MAX_TEXT_BYTES`].
+fn read_text(path: &Path) -> Result<String> {
+    String::from_utf8(read(path, MAX_TEXT_BYTES)?)
+        .map_err(|_| format!("cannot read {}: not UTF-8 text", path.display()))
 }
 
 /// An output file of the command: refused if it is one of `inputs`, or exists without --force.

@@ -12,8 +12,8 @@ use kvc_net::rate::Limiter;
 use kvc_net::server::{Server, ServerConfig, Stats};
 use llm::Model;
 
-use crate::judge::{load_model, read_text};
-use crate::{output_file, Result};
+use crate::judge::load_model;
+use crate::{output_file, read_text, Result};
 
 /// Options of `kvc serve`.
 #[derive(clap::Args)]

@@ -269,11 +269,11 @@ pub(crate) struct PqOpts {
     /// Bits per code.
     #[arg(long, default_value_t = 6)]
     b: u8,
-    /// Lloyd iterations per k-means.
-    #[arg(long)]
+    /// Lloyd iterations per k-means (at most 1000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1000))]
     iters: Option<u32>,
-    /// Refinement rounds (rq only).
-    #[arg(long, default_value_t = 1)]
+    /// Refinement rounds (rq only; at most 16).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=16))]
     refine: u32,
     /// Seed of the k-means++ draws.
     #[arg(long, default_value_t = 0)]

@@ -7,8 +7,8 @@ use codec_core::adapt::Sizes;
 use kvc_io::sim::{simulate, SimContext, SimParams, SimRow, Trace};
 use kvc_io::store::Store;
 
-use crate::judge::read_text;
 use crate::plot::{self, Chart, Series};
+use crate::read_text;
 use crate::{output_file, Result};
 
 /// Options of `kvc stream-sim`.

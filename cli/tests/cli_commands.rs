@@ -423,3 +423,50 @@ fn thread_counts_change_no_byte() {
     assert!(one == read("d2.safetensors") && one == read("d0.safetensors"));
     assert!(one == read("owned.safetensors"));
 }
+
+#[test]
+fn inputs_that_are_not_regular_files_are_refused_before_they_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = p(dir.path(), "fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = p(dir.path(), "out.st");
+    let out = out.to_str().unwrap();
+    // Before: /dev/zero was read until memory ran out, and a FIFO blocked forever.
+    for special in ["/dev/zero", fifo.to_str().unwrap()] {
+        let cases: [&[&str]; 3] = [
+            &["inspect", special],
+            &["decode", special, out],
+            &[
+                "blend-plan",
+                "--tiers",
+                special,
+                "--tokens",
+                "64",
+                "--prefill-s",
+                "1",
+            ],
+        ];
+        for args in cases {
+            let (ok, _, err) = kvc(args);
+            assert!(!ok, "{args:?}");
+            assert!(
+                err.contains(&format!("cannot read {special}: ")),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn pq_refinement_rounds_and_iterations_are_bounded() {
+    // Before: u32::MAX rounds ran for years.
+    for (flag, value) in [("--refine", "17"), ("--iters", "1001")] {
+        let (ok, _, err) = kvc(&["pq", "eval", SAMPLE, flag, value]);
+        assert!(!ok);
+        assert!(err.contains("is not in 0.."), "{flag}: {err}");
+    }
+}

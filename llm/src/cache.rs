@@ -43,6 +43,11 @@ impl Model {
     /// from 1000, wrapping within the vocabulary: a prefill's time does not depend on which
     /// tokens it reads). For the controllers that weigh recompute against loading.
     pub fn time_prefill(&self, tokens: usize) -> Result<f64, LlmError> {
+        // Checked before the ids are made: `tokens` may be any count.
+        let context = self.config().context;
+        if tokens == 0 || tokens > context {
+            bad_input!("{tokens} tokens is not in 1..={context}, the model's context");
+        }
         let vocab = self.config().vocab.max(1) as u64;
         let ids: Vec<u32> = (0..tokens as u64)
             .map(|i| ((1000 + i) % vocab) as u32)

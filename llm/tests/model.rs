@@ -342,4 +342,7 @@ fn time_prefill_times_a_prefill_and_refuses_what_prefill_refuses() {
     // Checked before any layer runs, as prefill checks its tokens.
     assert!(m.time_prefill(0).is_err());
     assert!(m.time_prefill(m.config().context + 1).is_err());
+    // Refused before any id is made (this count's ids would not fit in memory).
+    let e = m.time_prefill(usize::MAX).unwrap_err().to_string();
+    assert!(e.contains("is not in 1..=8192"), "{e}");
 }
