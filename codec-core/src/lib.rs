@@ -119,4 +119,4 @@ pub use limits::Limits;
 pub use profile::{Profile, ProfileError};
 pub use rans::{RansError, TableError};
 pub use rope::{rotate_to_positions, shift_cache, RopeError, Shift};
-pub use threads::thread_count;
+pub use threads::{thread_count, MAX_THREADS};
