@@ -20,8 +20,8 @@ pub fn thread_count(threads: usize) -> usize {
 }
 
 /// Runs `f(state, job)` for every job on up to `threads` threads ([`thread_count`]; fewer if the
-/// OS refuses more), the caller's among them, each thread with its own `state` from `init`, taking the jobs in order from a shared queue; returns the
-/// results in job order. A panic in a job is resumed on the caller's thread.
+/// OS refuses more), the caller's among them, each thread with its own `state` from `init`,
+/// taking the jobs in order from a shared queue; returns the results in job order. A panic in a job is resumed on the caller's thread.
 pub(crate) fn run<J: Send, S, R: Send>(
     jobs: alloc::vec::Vec<J>,
     threads: usize,
@@ -82,8 +82,8 @@ fn run_on_threads<J: Send, S, R: Send>(
 #[cfg(all(test, feature = "std"))]
 mod tests {
     /// More threads than the OS gives a process: 40 000 jobs, each once on a thread of its own,
-    /// aborted the process (its stacks' memory maps past the OS's limit on the development
-    /// machine). The jobs all run, in order.
+    /// failed (a thread's stack guard page refused past the OS's memory-map limit on the
+    /// development machine). The jobs all run, in order.
     #[test]
     fn a_thread_count_past_the_os_limit_still_runs_every_job() {
         let jobs: Vec<u32> = (0..40_000).collect();
