@@ -9,6 +9,7 @@ use kvc_io::judge::JudgeProfile;
 
 use crate::judge::{load_model, load_optional_profile};
 use crate::progress::Bars;
+use crate::say::out;
 use crate::{read_text, Result};
 
 /// Options of `kvc blend-eval`.
@@ -191,18 +192,18 @@ pub fn cmd_blend_eval(a: EvalArgs) -> Result<()> {
             })).collect::<Vec<_>>(),
             "rows": r.rows.iter().map(row_json).collect::<Vec<_>>(),
         });
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
-    print_table(&m, &a, &params, &r);
+    print_table(&m, &a, &params, &r)?;
     Ok(())
 }
 
-fn print_table(m: &llm::Model, a: &EvalArgs, params: &BlendParams, r: &BlendReport) {
-    println!(
+fn print_table(m: &llm::Model, a: &EvalArgs, params: &BlendParams, r: &BlendReport) -> Result<()> {
+    out!(
         "{}: {} chunks, {} reused tokens, {} question tokens ({} scored); full prefill {:.0} ms",
         m.model_id(),
         a.chunks.len(),
@@ -212,7 +213,7 @@ fn print_table(m: &llm::Model, a: &EvalArgs, params: &BlendParams, r: &BlendRepo
         r.full_prefill_ms
     );
     for s in r.storages.iter().filter(|s| s.bits_per_elem.is_some()) {
-        println!(
+        out!(
             "{} ({}): {:.3} bits per element; the codec's own KL on this context {:.6}",
             s.storage,
             a.profile.as_ref().map_or_else(
@@ -223,12 +224,19 @@ fn print_table(m: &llm::Model, a: &EvalArgs, params: &BlendParams, r: &BlendRepo
             s.codec_kl
         );
     }
-    println!(
+    out!(
         "{:<16} {:<12} {:>6} {:>10} {:>6} {:>9} {:>6} {:>7}",
-        "method", "storage", "ratio", "KL nats", "top-1", "ms", "FLOPs", "recall"
+        "method",
+        "storage",
+        "ratio",
+        "KL nats",
+        "top-1",
+        "ms",
+        "FLOPs",
+        "recall"
     );
     for row in &r.rows {
-        println!(
+        out!(
             "{:<16} {:<12} {:>5.0}% {:>10.6} {:>6.3} {:>9.0} {:>5.0}% {:>7}",
             row.method,
             row.storage,
@@ -240,7 +248,8 @@ fn print_table(m: &llm::Model, a: &EvalArgs, params: &BlendParams, r: &BlendRepo
             row.recall.map_or_else(|| "-".into(), |x| format!("{x:.3}"))
         );
     }
-    println!("(KL(full prefill || method) per scored token; FLOPs: share of a full prefill's; recall: recomputed tokens among as many most deviating from the full prefill, mean over layers)");
+    out!("(KL(full prefill || method) per scored token; FLOPs: share of a full prefill's; recall: recomputed tokens among as many most deviating from the full prefill, mean over layers)");
+    Ok(())
 }
 
 fn row_json(r: &BlendRow) -> serde_json::Value {
@@ -312,12 +321,12 @@ pub fn cmd_blend_plan(a: PlanArgs) -> Result<()> {
     let p = plan(&req, &tiers).map_err(|e| e.to_string())?;
     if a.json {
         let v = plan_json(&req, &tiers, &p);
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
     } else {
-        print_plan(a.tokens, &req, &tiers, &p);
+        print_plan(a.tokens, &req, &tiers, &p)?;
     }
     Ok(())
 }
@@ -336,8 +345,8 @@ fn plan_json(req: &Request, tiers: &[Tier<'_>], p: &Plan) -> serde_json::Value {
 }
 
 /// `kvc blend-plan`'s table: the request of `tokens` tokens, every tier, the decision `p`.
-fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) {
-    println!(
+fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) -> Result<()> {
+    out!(
         "context {tokens} tokens, {} layers, {:.2} MB per layer stored, prefill {:.3} s \
          ({:.2} ms per layer), minimal ratio {:.0}%",
         req.layers,
@@ -346,12 +355,16 @@ fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) {
         req.recompute_s(1.0) * 1e3,
         req.min_ratio * 100.0
     );
-    println!(
+    out!(
         "{:<16} {:>8} {:>10} {:>14} {:>9}",
-        "tier", "GB/s", "cost/GB", "load ms/layer", "ratio"
+        "tier",
+        "GB/s",
+        "cost/GB",
+        "load ms/layer",
+        "ratio"
     );
     for t in tiers {
-        println!(
+        out!(
             "{:<16} {:>8.2} {:>10.3} {:>14.3} {:>8.0}%",
             t.name,
             t.gb_per_s,
@@ -360,7 +373,7 @@ fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) {
             req.ratio(t) * 100.0
         );
     }
-    println!(
+    out!(
         "plan: {} at ratio {:.0}% (recompute {:.3} ms, load {:.3} ms per layer){}",
         tiers[p.tier].name,
         p.ratio * 100.0,
@@ -372,6 +385,7 @@ fn print_plan(tokens: u64, req: &Request, tiers: &[Tier<'_>], p: &Plan) {
             "; no tier hides its load behind the minimal recompute, so the fastest is taken"
         }
     );
+    Ok(())
 }
 
 /// Layers and stored bytes per token (all layers): from a stream's actual size, or given.

@@ -10,6 +10,7 @@ use kvc_io::policy::{self, ProfileUse};
 use kvc_io::{write_dump, Dump, Output};
 
 use crate::progress::Bars;
+use crate::say::{note, out};
 use crate::{load, output_file, read, Result};
 use clap::Args;
 use kvc_io::store::MAX_LEVEL_BYTES as MAX_STREAM_BYTES;
@@ -112,7 +113,7 @@ fn cmd_encode(
     out.write(&bytes).map_err(|e| e.to_string())?;
     let bpe = bytes.len() as f64 * 8.0 / d.kv.shape.total_elements() as f64;
     let on = codec.map_or(String::new(), |c| format!(", chunks coded on {}", c.name()));
-    eprintln!(
+    note!(
         "{}: {} bytes, {bpe:.3} bits/element, {mode}{on}",
         output.display(),
         bytes.len()
@@ -141,12 +142,12 @@ fn cmd_encode_store(
             .map(|i| store.chunk_bytes(i, l))
             .sum::<std::result::Result<usize, _>>()
             .map_err(|e| e.to_string())?;
-        eprintln!(
+        note!(
             "level {l:>2}: {bytes} bytes, {:.3} bits/element",
             bytes as f64 * 8.0 / elements
         );
     }
-    eprintln!(
+    note!(
         "{}: {} chunks at {} levels, profile {}, {}",
         dir.display(),
         store.chunks(),
@@ -221,9 +222,10 @@ pub(crate) fn cmd_decode(
     let done = |shape: codec_core::KvShape| {
         let dtype = h.dtype.name();
         let name = output.display();
-        eprintln!(
+        note!(
             "{name}: {} layers x {} tokens, {dtype}",
-            shape.layers, shape.tokens
+            shape.layers,
+            shape.tokens
         );
     };
     let in_err = |e: &dyn std::fmt::Display| format!("{}: {e}", input.display());
@@ -292,7 +294,7 @@ pub(crate) fn cmd_shift(
     let from = meta.first_position;
     codec_core::shift_cache(&mut d.kv, to).map_err(|e| format!("{}: {e}", input.display()))?;
     write_dump(out, &d.kv, &d.metadata).map_err(|e| e.to_string())?;
-    eprintln!(
+    note!(
         "{}: {} tokens moved from position {from} to {to} ({:?} pairing, theta {}){}",
         out.path().display(),
         d.kv.shape.tokens,
@@ -311,10 +313,10 @@ pub(crate) fn cmd_inspect(input: &Path, profile: Option<&Path>) -> Result<()> {
     let bytes = read(input, MAX_STREAM_BYTES)?;
     let h = codec_core::Header::parse(&bytes, &Limits::DEFAULT)
         .map_err(|e| format!("{}: {e}", input.display()))?;
-    print_header(input, &bytes, &h);
+    print_header(input, &bytes, &h)?;
     let levels = stream_profile(&bytes, &h, profile)?;
     let s = h.shape;
-    println!("chunk  tokens          level  multiplier  bytes       bits/element");
+    out!("chunk  tokens          level  multiplier  bytes       bits/element");
     for (i, e) in h.chunks.iter().enumerate() {
         let el = s.layers as f64 * 2.0 * e.tokens as f64 * s.channels() as f64;
         let (level, mult) = match &levels {
@@ -329,7 +331,7 @@ pub(crate) fn cmd_inspect(input: &Path, profile: Option<&Path>) -> Result<()> {
             }
             None => (e.level.to_string(), "-".into()),
         };
-        println!(
+        out!(
             "{i:<6} {:>6}..{:<7} {level:>5}  {mult:<10}  {:<10}  {:.4}",
             e.token_start,
             e.token_start + e.tokens,
@@ -338,7 +340,7 @@ pub(crate) fn cmd_inspect(input: &Path, profile: Option<&Path>) -> Result<()> {
         );
     }
     if levels.is_none() {
-        println!("(levels of the referenced profile; --profile FILE shows their multipliers)");
+        out!("(levels of the referenced profile; --profile FILE shows their multipliers)");
     }
     Ok(())
 }
@@ -373,15 +375,15 @@ fn stream_profile(
 }
 
 /// The stream's header, one field per line.
-fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) {
+fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) -> Result<()> {
     let s = h.shape;
-    println!(
+    out!(
         "file            {} ({} bytes)",
         input.display(),
         bytes.len()
     );
-    println!("format          kvc stream v{}", h.version);
-    println!(
+    out!("format          kvc stream v{}", h.version);
+    out!(
         "model           {}",
         if h.meta.model_id.is_empty() {
             "(none)"
@@ -389,7 +391,7 @@ fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) {
             &h.meta.model_id
         }
     );
-    println!(
+    out!(
         "shape           {} layers x {} kv heads x {} head dim, {} tokens, {}",
         s.layers,
         s.kv_heads,
@@ -397,7 +399,7 @@ fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) {
         s.tokens,
         h.dtype.name()
     );
-    println!(
+    out!(
         "rope            {:?}, theta {}, scaling {}, K {}-RoPE",
         h.meta.rope.style,
         h.meta.rope.theta,
@@ -408,12 +410,14 @@ fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) {
             "post"
         }
     );
-    println!("first position  {}", h.meta.first_position);
-    println!(
+    out!("first position  {}", h.meta.first_position);
+    out!(
         "chunking        {} tokens/chunk, groups of {}, {} sink token(s)",
-        h.chunk_tokens, h.group, h.n_sink
+        h.chunk_tokens,
+        h.group,
+        h.n_sink
     );
-    println!(
+    out!(
         "profile         {} ({})",
         hex(&h.profile_hash),
         if h.profile_len > 0 {
@@ -432,11 +436,12 @@ fn print_header(input: &Path, bytes: &[u8], h: &codec_core::Header) {
         }
     );
     let total = s.total_elements().max(1) as f64;
-    println!("header          {} bytes", h.header_len());
-    println!(
+    out!("header          {} bytes", h.header_len());
+    out!(
         "total           {:.4} bits/element",
         bytes.len() as f64 * 8.0 / total
     );
+    Ok(())
 }
 
 pub(crate) fn cmd_profile(output: &Path, samples: &[PathBuf], force: bool) -> Result<()> {
@@ -449,7 +454,7 @@ pub(crate) fn cmd_profile(output: &Path, samples: &[PathBuf], force: bool) -> Re
     let refs: Vec<&Dump> = dumps.iter().collect();
     let p = policy::learn(&refs, &mut Bars::on_stderr()).map_err(|e| e.to_string())?;
     out.write(p.as_bytes()).map_err(|e| e.to_string())?;
-    eprintln!(
+    note!(
         "{}: profile {} ({} bytes, {} levels)",
         output.display(),
         p.hash_hex(),

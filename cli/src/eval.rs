@@ -9,6 +9,7 @@ use kvc_io::Output;
 
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
+use crate::say::out;
 use crate::Result;
 
 /// Where `kvc eval` prints: JSON instead of a table, and a chart into an SVG file.
@@ -62,7 +63,7 @@ pub fn cmd_eval(
     if out.json {
         print_json(input, &d, &mode, full.as_bytes().len(), &rows)?;
     } else {
-        print_table(input, &d, &mode, &rows);
+        print_table(input, &d, &mode, &rows)?;
     }
     match out.plot {
         Some(p) => plot::write(p, &chart(input, &rows)),
@@ -86,7 +87,7 @@ fn print_json(
         "profile_bytes": profile_bytes,
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
     });
-    println!(
+    out!(
         "{}",
         serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
     );
@@ -94,9 +95,9 @@ fn print_json(
 }
 
 /// The table, a row per method, and what its columns mean.
-fn print_table(input: &Path, d: &kvc_io::Dump, mode: &str, rows: &[Row]) {
+fn print_table(input: &Path, d: &kvc_io::Dump, mode: &str, rows: &[Row]) -> Result<()> {
     let shape = d.kv.shape;
-    println!(
+    out!(
         "{} ({} layers x {} tokens x {} channels, {}), {mode}",
         input.display(),
         shape.layers,
@@ -110,9 +111,15 @@ fn print_table(input: &Path, d: &kvc_io::Dump, mode: &str, rows: &[Row]) {
     } else {
         String::new()
     };
-    println!(
+    out!(
         "{:<28} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10}{gpu_head}",
-        "method", "bits/el", "attn err", "K rel", "V rel", "enc MB/s", "dec MB/s"
+        "method",
+        "bits/el",
+        "attn err",
+        "K rel",
+        "V rel",
+        "enc MB/s",
+        "dec MB/s"
     );
     for r in rows {
         let f = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
@@ -126,7 +133,7 @@ fn print_table(input: &Path, d: &kvc_io::Dump, mode: &str, rows: &[Row]) {
         } else {
             String::new()
         };
-        println!(
+        out!(
             "{:<28} {:>8.3} {attn:>9} {:>8.4} {:>8.4} {:>10} {:>10}{gpu_col}",
             r.name,
             r.bits_per_element,
@@ -137,14 +144,13 @@ fn print_table(input: &Path, d: &kvc_io::Dump, mode: &str, rows: &[Row]) {
         );
     }
     if d.q.is_none() {
-        println!(
-            "(the dump has no queries q.{{i}}, so no attention error: `kvc dump` writes them)"
-        );
+        out!("(the dump has no queries q.{{i}}, so no attention error: `kvc dump` writes them)");
     }
-    println!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
+    out!("(bits/element count every byte of the stream; attention error: ||out'-out||/||out|| on the dump's queries, mean over layers; MB/s of f16)");
     if gpu {
-        println!("(GPU dec: codec-cuda's whole decode call, plan to output downloaded, best of two, each bit for bit the CPU decode)");
+        out!("(GPU dec: codec-cuda's whole decode call, plan to output downloaded, best of two, each bit for bit the CPU decode)");
     }
+    Ok(())
 }
 
 /// The level number of a row named like `kvc level 2 (x0.145)` (`None` for the baselines).

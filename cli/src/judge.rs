@@ -8,6 +8,7 @@ use llm::Model;
 
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
+use crate::say::{note, out};
 use crate::{read_text, Result};
 
 pub fn load_model(path: &Path) -> Result<Model> {
@@ -45,7 +46,7 @@ pub fn cmd_dump(
     let d = judge::dump_text(&m, &t, &source, tokens, queries, pre_rope, &mut bars)
         .map_err(|e| in_text(text, e))?;
     kvc_io::write_full_dump(out, &d).map_err(|e| e.to_string())?;
-    eprintln!(
+    note!(
         "{}: {} layers x {} tokens x {} channels (f16, GPT-J pairing K{}), {} queries",
         out.path().display(),
         d.kv.shape.layers,
@@ -150,26 +151,33 @@ fn print(a: &JudgeArgs<'_>, m: &Model, j: &judge::Judgement, mode: &str) -> Resu
             "mode": mode,
             "rows": j.rows.iter().map(row_json).collect::<Vec<_>>(),
         });
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
-    println!(
+    out!(
         "{} on {}: {} context tokens, {} scored, {mode}",
         m.model_id(),
         a.text.display(),
         j.ctx,
         j.cont
     );
-    println!(
+    out!(
         "{:<14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>8} {:>8}",
-        "method", "level", "bits/el", "ppl", "KL nats", "top-1", "enc s", "dec s"
+        "method",
+        "level",
+        "bits/el",
+        "ppl",
+        "KL nats",
+        "top-1",
+        "enc s",
+        "dec s"
     );
     for r in &j.rows {
         let s = |x: Option<f64>| x.map_or_else(|| "-".into(), |v| format!("{v:.2}"));
-        println!(
+        out!(
             "{:<14} {:>5} {:>8.3} {:>9.4} {:>10.6} {:>7.4} {:>8} {:>8}",
             r.method,
             r.level.map_or_else(|| "-".into(), |l| l.to_string()),
@@ -181,7 +189,7 @@ fn print(a: &JudgeArgs<'_>, m: &Model, j: &judge::Judgement, mode: &str) -> Resu
             s(r.decode_s)
         );
     }
-    println!("(KL(original || decoded) per scored token; top-1: argmax agreement with the original cache)");
+    out!("(KL(original || decoded) per scored token; top-1: argmax agreement with the original cache)");
     Ok(())
 }
 

@@ -11,6 +11,7 @@ mod net;
 mod plot;
 mod pq;
 mod progress;
+mod say;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -173,14 +174,16 @@ fn main() -> ExitCode {
     if !matches!(cli.cmd, Cmd::Serve(_)) {
         let _ = ctrlc::set_handler(|| {
             kvc_io::output::remove_temporaries();
-            eprintln!("kvc: interrupted");
+            say::write_note(format_args!("kvc: interrupted"));
             std::process::exit(130);
         });
     }
     match run(cli.cmd, cli.force, cli.threads) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of the results stopped reading: not a failure of the command.
+        Err(_) if say::reader_gone() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kvc: error: {e}");
+            say::write_note(format_args!("kvc: error: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -13,6 +13,7 @@ use kvc_net::server::{Server, ServerConfig, Stats};
 use llm::Model;
 
 use crate::judge::load_model;
+use crate::say::{note, out};
 use crate::{output_file, read_text, Result};
 
 /// Options of `kvc serve`.
@@ -78,7 +79,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             // clients asking for it are told it cannot be opened.
             let _ = server.preload(name).await;
         }
-        eprintln!(
+        note!(
             "kvc serve: listening on {addr}, {} contexts in {}: {}",
             contexts.len(),
             a.root.display(),
@@ -88,7 +89,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         tokio::spawn(summaries(stats.clone()));
         let stopping = async {
             stop_signal().await;
-            eprintln!(
+            note!(
                 "kvc serve: stopping: no new connections; {} in progress get up to {} s",
                 in_progress(&stats),
                 grace.as_secs_f64()
@@ -98,7 +99,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             .run_until(stopping, grace)
             .await
             .map_err(|e| e.to_string())?;
-        eprintln!("kvc serve: stopped, {cut} sessions cut; {}", totals(&stats));
+        note!("kvc serve: stopped, {cut} sessions cut; {}", totals(&stats));
         Ok(())
     })
 }
@@ -159,7 +160,7 @@ async fn summaries(stats: Arc<Stats>) {
             continue;
         }
         let rate = (sent - last) as f64 / SUMMARY_EVERY.as_secs_f64() / 1e6;
-        eprintln!(
+        note!(
             "kvc serve: {}; {rate:.1} MB/s over the last {} s",
             totals(&stats),
             SUMMARY_EVERY.as_secs()
@@ -265,7 +266,7 @@ pub fn cmd_fetch(a: FetchArgs, force: bool) -> Result<()> {
     if a.json {
         print_json(&a, &f, write_s)
     } else {
-        print_table(&a, &f, write_s);
+        print_table(&a, &f, write_s)?;
         Ok(())
     }
 }
@@ -305,7 +306,7 @@ fn measure_text_cost(model: &Model) -> Result<f64> {
         .time_prefill(TEXT_PROBE_TOKENS)
         .map_err(|e| e.to_string())?
         / TEXT_PROBE_TOKENS as f64;
-    eprintln!(
+    note!(
         "kvc fetch: text recompute measured at {:.2} ms per token",
         s * 1e3
     );
@@ -339,13 +340,17 @@ fn met(a: &FetchArgs, f: &Fetched) -> bool {
     f.ready_s() * 1e3 <= a.deadline_ms as f64
 }
 
-fn print_table(a: &FetchArgs, f: &Fetched, write_s: f64) {
-    println!(
+fn print_table(a: &FetchArgs, f: &Fetched, write_s: f64) -> Result<()> {
+    out!(
         "{:>5}  {:>8}  {:>10}  {:>8}  {:>9}",
-        "chunk", "sent as", "bytes", "ms", "MB/s"
+        "chunk",
+        "sent as",
+        "bytes",
+        "ms",
+        "MB/s"
     );
     for (i, r) in f.rows.iter().enumerate() {
-        println!(
+        out!(
             "{i:>5}  {:>8}  {:>10}  {:>8.1}  {:>9.1}",
             choice_name(r.choice),
             r.bytes,
@@ -359,7 +364,7 @@ fn print_table(a: &FetchArgs, f: &Fetched, write_s: f64) {
     } else {
         "MISSED"
     };
-    println!(
+    out!(
         "{bytes} bytes in {:.1} ms ({:.1} MB/s): deadline {} ms {met}; cache whole at {:.1} ms; \
          {} written in {:.1} ms",
         f.transfer_s * 1e3,
@@ -369,6 +374,7 @@ fn print_table(a: &FetchArgs, f: &Fetched, write_s: f64) {
         a.output.display(),
         write_s * 1e3
     );
+    Ok(())
 }
 
 fn print_json(a: &FetchArgs, f: &Fetched, write_s: f64) -> Result<()> {
@@ -394,7 +400,7 @@ fn print_json(a: &FetchArgs, f: &Fetched, write_s: f64) -> Result<()> {
         "write_s": write_s,
         "chunks": rows,
     });
-    println!(
+    out!(
         "{}",
         serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
     );

@@ -15,6 +15,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use kvc_io::Output;
 
+use crate::say::note;
 use crate::Result;
 
 /// Width and height of the chart in pixels.
@@ -239,7 +240,7 @@ pub fn file_name(p: &Path) -> String {
 pub fn write(out: &Output, chart: &Chart) -> Result<()> {
     let svg = render_svg(chart)?;
     out.write(svg.as_bytes()).map_err(|e| e.to_string())?;
-    eprintln!("wrote {}", out.path().display());
+    note!("wrote {}", out.path().display());
     Ok(())
 }
 

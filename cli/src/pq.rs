@@ -10,6 +10,7 @@ use kvc_io::{Dump, Output};
 
 use crate::plot::{self, Chart, Series};
 use crate::progress::Bars;
+use crate::say::{note, out};
 use crate::{load_with_queries, output_file, plot_file, Result};
 
 /// Where `kvc pq eval` prints: JSON instead of a table, and a chart into an SVG file.
@@ -40,7 +41,7 @@ pub fn cmd_eval(
         .map_err(|e| e.to_string())?;
     print(input, dump, &report, w, out.json)?;
     if let (Some(g), false) = (&gpu, out.json) {
-        println!(
+        out!(
             "{}: every selector's PQ selections (top-T/5 with the windows, no re-ranking) of \
              every stored query head, one launch: the same tokens as pq-core's",
             g.name()
@@ -64,22 +65,22 @@ fn print(input: &Path, dump: &Dump, report: &Report, w: Windows, json: bool) -> 
             "k_t5": report.k_t5, "k_t10": report.k_t10, "n_init": w.n_init, "n_local": w.n_local,
             "rows": report.figures.iter().map(|f| figures_json(f, t as usize)).collect::<Vec<_>>(),
         });
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
-    print_table(input, dump, report, w);
-    print_cache_and_gpu(&report.figures);
+    print_table(input, dump, report, w)?;
+    print_cache_and_gpu(&report.figures)?;
     Ok(())
 }
 
 /// The dump's shape and every selector's recall, mass and speed, a row each.
-fn print_table(input: &Path, dump: &Dump, report: &Report, w: Windows) {
+fn print_table(input: &Path, dump: &Dump, report: &Report, w: Windows) -> Result<()> {
     let s = dump.kv.shape;
     let k5 = report.k_t5;
-    println!(
+    out!(
         "{}: {} layers x {} KV heads ({} query heads), {} tokens, {} queries from position {}",
         input.display(),
         s.layers,
@@ -89,17 +90,23 @@ fn print_table(input: &Path, dump: &Dump, report: &Report, w: Windows) {
         dump.n_q(),
         dump.q_start
     );
-    println!(
+    out!(
         "recall of the exact top-k by q.k (k = T/5 = {k5}, T/10 = {}); mass: softmax mass of the top-{k5} \
          chosen among the rest plus the first {} and last {} tokens (README's union form in brackets)",
         report.k_t10, w.n_init, w.n_local
     );
-    println!(
+    out!(
         "{:<44} {:>5} {:>9} {:>9} {:>15} {:>9} {:>10}",
-        "method", "bits", "rec@T/5", "rec@T/10", "mass (union)", "train ms", "search ns"
+        "method",
+        "bits",
+        "rec@T/5",
+        "rec@T/10",
+        "mass (union)",
+        "train ms",
+        "search ns"
     );
     for f in &report.figures {
-        println!(
+        out!(
             "{:<44} {:>5} {:>9.4} {:>9.4} {:>7.4} ({:.4}) {:>9.2} {:>10.0}",
             f.name,
             f.bits_per_key,
@@ -111,11 +118,12 @@ fn print_table(input: &Path, dump: &Dump, report: &Report, w: Windows) {
             f.search_ns_per_query_head
         );
     }
+    Ok(())
 }
 
 /// Every selector's block-cache hit rates, then its GPU speeds where it ran on one.
-fn print_cache_and_gpu(figures: &[Figures]) {
-    println!(
+fn print_cache_and_gpu(figures: &[Figures]) -> Result<()> {
+    out!(
         "block cache: token hit rate of the chosen tokens outside the windows (128-token blocks, \
          one cache per layer and KV head of 1/4 and 1/2 of the blocks, the GQA group's selections \
          of each stored query in order):"
@@ -131,18 +139,19 @@ fn print_cache_and_gpu(figures: &[Figures]) {
                 )
             })
             .collect();
-        println!("  {:<44} {}", f.name, parts.join(", "));
+        out!("  {:<44} {}", f.name, parts.join(", "));
     }
     for f in figures {
         if let Some((whole, kernel)) = f.second_scores_per_s {
             let kernel = kernel.map_or_else(|| "-".into(), |k| format!("{:.2}", k / 1e9));
-            println!(
+            out!(
                 "  {:<44} GPU: {:.2} G token-scores/s (uploads included), kernel alone {kernel} G/s",
                 f.name,
                 whole / 1e9
             );
         }
     }
+    Ok(())
 }
 
 /// Code bits per key against the miss rate 1 - recall@T/5 (log): one point per selector, named
@@ -207,7 +216,7 @@ pub fn cmd_select(
         Err(e) => return Err(e.to_string()),
     };
     pq::write_selection(output, &s).map_err(|e| e.to_string())?;
-    eprintln!(
+    note!(
         "{}: {} layers x {} queries x {} query heads, {} slots ({} first, {} last, {} chosen by {})",
         output.path().display(),
         s.layers.len(),

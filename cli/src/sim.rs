@@ -9,6 +9,7 @@ use kvc_io::store::Store;
 
 use crate::plot::{self, Chart, Series};
 use crate::read_text;
+use crate::say::out;
 use crate::{output_file, Result};
 
 /// Options of `kvc stream-sim`.
@@ -81,7 +82,7 @@ pub fn cmd_stream_sim(a: SimArgs, force: bool) -> Result<()> {
     if a.json {
         print_json(&a, &store, traces.len(), error_kind, &rows)?;
     } else {
-        print_table(&a, &store, traces.len(), error_kind, &rows);
+        print_table(&a, &store, traces.len(), error_kind, &rows)?;
     }
     match plot_out {
         Some(out) => plot::write(&out, &chart(&rows, error_kind)),
@@ -141,20 +142,31 @@ fn level_errors(store: &Store, judge: Option<&PathBuf>) -> Result<(Vec<f64>, &'s
     Ok((errors, "KL (kvc judge)"))
 }
 
-fn print_table(a: &SimArgs, store: &Store, traces: usize, kind: &str, rows: &[SimRow]) {
-    println!(
+fn print_table(
+    a: &SimArgs,
+    store: &Store,
+    traces: usize,
+    kind: &str,
+    rows: &[SimRow],
+) -> Result<()> {
+    out!(
         "{}: {} chunks at levels {:?}, bytes x{}, {traces} trace(s); error: {kind}",
         a.store.display(),
         store.chunks(),
         store.levels(),
         a.bytes_scale
     );
-    println!(
+    out!(
         "{:<10} {:>7} {:>10} {:>11} {:>9} {:>9}",
-        "policy", "SLO s", "violation", "mean error", "TTFT p50", "TTFT p95"
+        "policy",
+        "SLO s",
+        "violation",
+        "mean error",
+        "TTFT p50",
+        "TTFT p95"
     );
     for r in rows {
-        println!(
+        out!(
             "{:<10} {:>7.3} {:>9.1}% {:>11.5} {:>8.3}s {:>8.3}s",
             r.policy,
             r.slo_s,
@@ -164,6 +176,7 @@ fn print_table(a: &SimArgs, store: &Store, traces: usize, kind: &str, rows: &[Si
             r.ttft_p95_s
         );
     }
+    Ok(())
 }
 
 fn print_json(
@@ -186,7 +199,7 @@ fn print_json(
             "mean_error": r.mean_error, "ttft_p50_s": r.ttft_p50_s, "ttft_p95_s": r.ttft_p95_s,
         })).collect::<Vec<_>>(),
     });
-    println!(
+    out!(
         "{}",
         serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
     );

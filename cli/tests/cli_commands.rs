@@ -4,6 +4,7 @@ mod common;
 use common::{kvc, svg_texts, SAMPLE};
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 fn p(d: &Path, name: &str) -> PathBuf {
     d.join(name)
@@ -469,4 +470,64 @@ fn pq_refinement_rounds_and_iterations_are_bounded() {
         assert!(!ok);
         assert!(err.contains("is not in 0.."), "{flag}: {err}");
     }
+}
+
+/// Runs `kvc args` with `stdout` and `stderr` as given: (exit code, stderr).
+fn kvc_to(args: &[&str], stdout: Stdio, stderr: Stdio) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvc"))
+        .args(args)
+        .stdout(stdout)
+        .stderr(stderr)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn results_that_cannot_be_written_fail_cleanly_and_a_reader_gone_is_no_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, tiers) = (p(dir.path(), "store"), p(dir.path(), "tiers.txt"));
+    std::fs::write(&tiers, "ram 64 3\n").unwrap();
+    let (st, t) = (store.to_str().unwrap(), tiers.to_str().unwrap());
+    let (ok, _, err) = kvc(&["encode", SAMPLE, "--store", st, "--levels", "1,7"]);
+    assert!(ok, "{err}");
+    let stream = store.join("level-01.kvc");
+    let stream = stream.to_str().unwrap();
+    let plan = [
+        "blend-plan",
+        "--tiers",
+        t,
+        "--tokens",
+        "64",
+        "--prefill-s",
+        "1",
+    ];
+    let commands: [&[&str]; 4] = [
+        &["inspect", stream],
+        &[&plan[..], &["--stream", stream]].concat(),
+        &["demo", "--json"],
+        &["stream-sim", st, "--traces", "2", "--slo", "0.05"],
+    ];
+    let full = || Stdio::from(std::fs::File::create("/dev/full").unwrap());
+    // Before: each panicked ("failed printing to stdout") with exit code 101.
+    for args in commands {
+        let (code, err) = kvc_to(args, full(), Stdio::piped());
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with("kvc: error: writing to stdout: No space left on device"),
+            "{args:?}: {err}"
+        );
+        // A reader that closed the pipe before the first line (`| head -0`) stopped on purpose.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let (code, err) = kvc_to(args, writer.into(), Stdio::piped());
+        assert_eq!((code, err.as_str()), (Some(0), ""), "{args:?}");
+    }
+    // A failure that cannot be told on stderr still fails, with its own exit code.
+    let (code, _) = kvc_to(&["inspect", t], Stdio::null(), full());
+    assert_eq!(code, Some(1));
 }

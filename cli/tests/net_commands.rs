@@ -3,8 +3,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Lines};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::thread::JoinHandle;
 
 use common::{kvc, SAMPLE};
@@ -12,6 +12,15 @@ use common::{kvc, SAMPLE};
 /// `kvc serve ROOT` on a free loopback port: the child, the address it printed, and the
 /// thread that collects the rest of its stderr (until it exits).
 fn serve(root: &str, extra: &[&str]) -> (Child, String, JoinHandle<Vec<String>>) {
+    let (child, addr, lines) = start_server(root, extra);
+    // The rest of the server's lines are read as they come, so it never blocks on a full pipe.
+    let rest = std::thread::spawn(move || lines.map_while(|l| l.ok()).collect());
+    (child, addr, rest)
+}
+
+/// `kvc serve ROOT` on a free loopback port: the child, the address it printed, and the
+/// rest of its stderr.
+fn start_server(root: &str, extra: &[&str]) -> (Child, String, Lines<BufReader<ChildStderr>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvc"))
         .args(["serve", root, "--addr", "127.0.0.1:0"])
         .args(extra)
@@ -29,9 +38,7 @@ fn serve(root: &str, extra: &[&str]) -> (Child, String, JoinHandle<Vec<String>>)
         first.ends_with(&format!("1 contexts in {root}: ctx")),
         "{first}"
     );
-    // The rest of the server's lines are read as they come, so it never blocks on a full pipe.
-    let rest = std::thread::spawn(move || lines.map_while(|l| l.ok()).collect());
-    (child, addr, rest)
+    (child, addr, lines)
 }
 
 #[test]
@@ -183,4 +190,31 @@ fn serve_refuses_what_it_cannot_serve() {
     assert!(!ok && err.contains("--grace-s 0"), "{err}");
     let (ok, _, err) = kvc(&["serve", d, "--addr", "256.0.0.1:1"]);
     assert!(!ok && err.contains("cannot listen on 256.0.0.1:1"), "{err}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_server_whose_log_cannot_be_written_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("stores");
+    let store = root.join("ctx").to_str().unwrap().to_string();
+    let (ok, _, err) = kvc(&["encode", SAMPLE, "--store", &store, "--levels", "7"]);
+    assert!(ok, "{err}");
+    let (mut server, addr, log) = start_server(root.to_str().unwrap(), &[]);
+    // Nobody reads the server's stderr any more: each line it logs now fails to be written.
+    drop(log);
+    for i in 0..2 {
+        let out = dir.path().join(format!("{i}.safetensors"));
+        let (ok, _, err) = kvc(&[
+            "fetch",
+            &addr,
+            "ctx",
+            out.to_str().unwrap(),
+            "--deadline-ms",
+            "60000",
+        ]);
+        assert!(ok, "fetch {i}: {err}");
+    }
+    // Before: the first session's report panicked its task, and the stop message the server.
+    stop(&mut server);
 }

@@ -214,7 +214,7 @@ impl Server {
                 // Out of file descriptors or a connection reset before accept: the listener
                 // is fine, try again shortly.
                 Err(e) => {
-                    eprintln!("kvc serve: accept failed: {e}");
+                    log(format_args!("kvc serve: accept failed: {e}"));
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
@@ -340,7 +340,7 @@ impl Connection {
     fn report(&self, end: &End) {
         let secs = self.started.elapsed().as_secs_f64();
         let name = self.context.as_ref().map_or("-", |(n, _)| n.as_str());
-        eprintln!(
+        log(format_args!(
             "kvc serve: {} {name}: {end}; {} frames, {} bytes in {secs:.3} s ({:.1} MB/s); \
              {} bytes sent in all",
             self.peer,
@@ -348,7 +348,7 @@ impl Connection {
             self.sent,
             self.sent as f64 / secs.max(1e-9) / 1e6,
             Stats::get(&self.shared.stats.bytes_sent),
-        );
+        ));
     }
 
     /// `Hello`, then requests until `Bye`. `Err` ends the session early.
@@ -568,11 +568,18 @@ async fn context(shared: &Shared, name: &str) -> Result<Arc<Ready>, (ErrorCode, 
     };
     let ready = cell.get_or_try_init(open).await.cloned();
     if let Err(e) = &ready {
-        eprintln!("kvc serve: context \"{name}\": {e}");
+        log(format_args!("kvc serve: context \"{name}\": {e}"));
         Stats::add(&shared.stats.open_failures, 1);
         lock(&shared.failed).insert(name.to_string(), Instant::now());
     }
     ready.map_err(|_| refused())
+}
+
+/// Writes one line to stderr, dropping it if stderr cannot take it: a server does not stop
+/// for its log (`eprintln!` panics there).
+fn log(args: fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(io::stderr().lock(), "{args}");
 }
 
 /// The map behind `m`, also after a panic elsewhere poisoned it (its data stays consistent:
