@@ -1,7 +1,7 @@
 //! The `kvc` binary end to end: encode, inspect, decode, profile, and clean failures.
 
 mod common;
-use common::{kvc, svg_texts, SAMPLE};
+use common::{kvc, svg_texts, write_sample_layers, SAMPLE};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -495,6 +495,8 @@ fn results_that_cannot_be_written_fail_cleanly_and_a_reader_gone_is_no_failure()
     let (st, t) = (store.to_str().unwrap(), tiers.to_str().unwrap());
     let (ok, _, err) = kvc(&["encode", SAMPLE, "--store", st, "--levels", "1,7"]);
     assert!(ok, "{err}");
+    let small = p(dir.path(), "small.safetensors");
+    write_sample_layers(&small, 2);
     let stream = store.join("level-01.kvc");
     let stream = stream.to_str().unwrap();
     let plan = [
@@ -509,7 +511,7 @@ fn results_that_cannot_be_written_fail_cleanly_and_a_reader_gone_is_no_failure()
     let commands: [&[&str]; 4] = [
         &["inspect", stream],
         &[&plan[..], &["--stream", stream]].concat(),
-        &["demo", "--json"],
+        &["eval", small.to_str().unwrap(), "--json"],
         &["stream-sim", st, "--traces", "2", "--slo", "0.05"],
     ];
     let full = || Stdio::from(std::fs::File::create("/dev/full").unwrap());
