@@ -79,10 +79,17 @@ pub fn cmd_stream_sim(a: SimArgs, force: bool) -> Result<()> {
         concurrent: a.concurrent,
     };
     let rows = simulate(&ctx, &traces, &params).map_err(|e| e.to_string())?;
+    let report = Report {
+        a: &a,
+        store: &store,
+        traces: traces.len(),
+        kind: error_kind,
+        rows: &rows,
+    };
     if a.json {
-        print_json(&a, &store, traces.len(), error_kind, &rows)?;
+        report.print_json()?;
     } else {
-        print_table(&a, &store, traces.len(), error_kind, &rows)?;
+        report.print_table()?;
     }
     match plot_out {
         Some(out) => plot::write(&out, &chart(&rows, error_kind)),
@@ -142,68 +149,82 @@ fn level_errors(store: &Store, judge: Option<&PathBuf>) -> Result<(Vec<f64>, &'s
     Ok((errors, "KL (kvc judge)"))
 }
 
-fn print_table(
-    a: &SimArgs,
-    store: &Store,
+/// What `kvc stream-sim` found, to print: on `store` over `traces` traces, `rows` (errors of
+/// the `kind` named).
+struct Report<'a> {
+    a: &'a SimArgs,
+    store: &'a Store,
     traces: usize,
-    kind: &str,
-    rows: &[SimRow],
-) -> Result<()> {
-    out!(
-        "{}: {} chunks at levels {:?}, bytes x{}, {traces} trace(s); error: {kind}",
-        a.store.display(),
-        store.chunks(),
-        store.levels(),
-        a.bytes_scale
-    );
-    out!(
-        "{:<10} {:>7} {:>10} {:>11} {:>9} {:>9}",
-        "policy",
-        "SLO s",
-        "violation",
-        "mean error",
-        "TTFT p50",
-        "TTFT p95"
-    );
-    for r in rows {
-        out!(
-            "{:<10} {:>7.3} {:>9.1}% {:>11.5} {:>8.3}s {:>8.3}s",
-            r.policy,
-            r.slo_s,
-            r.violation_rate * 100.0,
-            r.mean_error,
-            r.ttft_p50_s,
-            r.ttft_p95_s
-        );
-    }
-    Ok(())
+    kind: &'a str,
+    rows: &'a [SimRow],
 }
 
-fn print_json(
-    a: &SimArgs,
-    store: &Store,
-    traces: usize,
-    kind: &str,
-    rows: &[SimRow],
-) -> Result<()> {
-    let v = serde_json::json!({
-        "store": a.store.display().to_string(),
-        "chunks": store.chunks(),
-        "levels": store.levels(),
-        "bytes_scale": a.bytes_scale,
-        "traces": traces,
-        "seed": a.trace.is_none().then_some(a.seed),
-        "error": kind,
-        "rows": rows.iter().map(|r| serde_json::json!({
-            "policy": r.policy, "slo_s": r.slo_s, "violation_rate": r.violation_rate,
-            "mean_error": r.mean_error, "ttft_p50_s": r.ttft_p50_s, "ttft_p95_s": r.ttft_p95_s,
-        })).collect::<Vec<_>>(),
-    });
-    out!(
-        "{}",
-        serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
-    );
-    Ok(())
+impl Report<'_> {
+    fn print_table(&self) -> Result<()> {
+        let Self {
+            a,
+            store,
+            traces,
+            kind,
+            rows,
+        } = *self;
+        out!(
+            "{}: {} chunks at levels {:?}, bytes x{}, {traces} trace(s); error: {kind}",
+            a.store.display(),
+            store.chunks(),
+            store.levels(),
+            a.bytes_scale
+        );
+        out!(
+            "{:<10} {:>7} {:>10} {:>11} {:>9} {:>9}",
+            "policy",
+            "SLO s",
+            "violation",
+            "mean error",
+            "TTFT p50",
+            "TTFT p95"
+        );
+        for r in rows {
+            out!(
+                "{:<10} {:>7.3} {:>9.1}% {:>11.5} {:>8.3}s {:>8.3}s",
+                r.policy,
+                r.slo_s,
+                r.violation_rate * 100.0,
+                r.mean_error,
+                r.ttft_p50_s,
+                r.ttft_p95_s
+            );
+        }
+        Ok(())
+    }
+
+    fn print_json(&self) -> Result<()> {
+        let Self {
+            a,
+            store,
+            traces,
+            kind,
+            rows,
+        } = *self;
+        let v = serde_json::json!({
+            "store": a.store.display().to_string(),
+            "chunks": store.chunks(),
+            "levels": store.levels(),
+            "bytes_scale": a.bytes_scale,
+            "traces": traces,
+            "seed": a.trace.is_none().then_some(a.seed),
+            "error": kind,
+            "rows": rows.iter().map(|r| serde_json::json!({
+                "policy": r.policy, "slo_s": r.slo_s, "violation_rate": r.violation_rate,
+                "mean_error": r.mean_error, "ttft_p50_s": r.ttft_p50_s, "ttft_p95_s": r.ttft_p95_s,
+            })).collect::<Vec<_>>(),
+        });
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
+        Ok(())
+    }
 }
 
 /// Per deadline: the fixed levels as a curve (labelled with their levels), the adaptive policy
