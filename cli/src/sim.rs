@@ -161,19 +161,15 @@ struct Report<'a> {
 
 impl Report<'_> {
     fn print_table(&self) -> Result<()> {
-        let Self {
-            a,
-            store,
-            traces,
-            kind,
-            rows,
-        } = *self;
+        let (a, store) = (self.a, self.store);
         out!(
-            "{}: {} chunks at levels {:?}, bytes x{}, {traces} trace(s); error: {kind}",
+            "{}: {} chunks at levels {:?}, bytes x{}, {} trace(s); error: {}",
             a.store.display(),
             store.chunks(),
             store.levels(),
-            a.bytes_scale
+            a.bytes_scale,
+            self.traces,
+            self.kind
         );
         out!(
             "{:<10} {:>7} {:>10} {:>11} {:>9} {:>9}",
@@ -184,7 +180,7 @@ impl Report<'_> {
             "TTFT p50",
             "TTFT p95"
         );
-        for r in rows {
+        for r in self.rows {
             out!(
                 "{:<10} {:>7.3} {:>9.1}% {:>11.5} {:>8.3}s {:>8.3}s",
                 r.policy,
@@ -199,22 +195,16 @@ impl Report<'_> {
     }
 
     fn print_json(&self) -> Result<()> {
-        let Self {
-            a,
-            store,
-            traces,
-            kind,
-            rows,
-        } = *self;
+        let (a, store) = (self.a, self.store);
         let v = serde_json::json!({
             "store": a.store.display().to_string(),
             "chunks": store.chunks(),
             "levels": store.levels(),
             "bytes_scale": a.bytes_scale,
-            "traces": traces,
+            "traces": self.traces,
             "seed": a.trace.is_none().then_some(a.seed),
-            "error": kind,
-            "rows": rows.iter().map(|r| serde_json::json!({
+            "error": self.kind,
+            "rows": self.rows.iter().map(|r| serde_json::json!({
                 "policy": r.policy, "slo_s": r.slo_s, "violation_rate": r.violation_rate,
                 "mean_error": r.mean_error, "ttft_p50_s": r.ttft_p50_s, "ttft_p95_s": r.ttft_p95_s,
             })).collect::<Vec<_>>(),
