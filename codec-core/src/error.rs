@@ -134,6 +134,17 @@ pub enum EncodeError {
         /// Tokens per chunk.
         chunk_tokens: u32,
     },
+    /// The profile to learn would be refused by a decoder with the default limits
+    /// ([`Limits::DEFAULT`](crate::Limits::DEFAULT)): too many layers or channels, or too
+    /// many bytes.
+    OverLimit {
+        /// `"layers"`, `"channels"` or `"profile bytes"`.
+        what: &'static str,
+        /// Its size.
+        got: u64,
+        /// The default limit.
+        max: u64,
+    },
 }
 
 impl fmt::Display for EncodeError {
@@ -174,6 +185,10 @@ impl fmt::Display for EncodeError {
                 "{given} chunk levels given, but {tokens} tokens at {chunk_tokens} tokens per \
                  chunk make {} chunks: give one level per chunk, or one level for all",
                 tokens.div_ceil(*chunk_tokens)
+            ),
+            OverLimit { what, got, max } => write!(
+                f,
+                "a profile of {got} {what} would be refused by decoders (at most {max})"
             ),
         }
     }

@@ -13,7 +13,8 @@ pub struct Limits {
     pub max_tokens: u32,
     /// Maximum number of chunks in a stream.
     pub max_chunks: u32,
-    /// Maximum number of decoded elements (`layers * 2 * tokens * channels`) of one decode call.
+    /// Maximum number of decoded elements (`layers * 2 * tokens * channels`) of a stream: all
+    /// its chunks, whether decoded whole or a chunk at a time.
     pub max_elements: u64,
     /// Maximum size of a profile in bytes (embedded or separate).
     pub max_profile_bytes: u64,

@@ -969,3 +969,60 @@ fn chunks_of_streams_at_different_levels_assemble_into_any_mix() {
     let short = [(7u8, &[0u8; 3][..]); 4];
     assert!(codec_core::assemble(&h, &short, &[]).is_err());
 }
+
+#[test]
+fn a_profile_decoders_would_refuse_is_not_learned() {
+    // Before: the learner wrote the profile, read it back under the default limits and
+    // panicked ("profile parts must be valid") past 1024 layers or 65 536 channels.
+    // One level: learning is quicker, the limits the same.
+    let params = LearnParams {
+        level_mult: vec![1.0],
+        ..LearnParams::default()
+    };
+    let over = |layers, heads, dim| {
+        let cache = synthetic(layers, heads, dim, 1, Dtype::F32, 7);
+        let r = learn_profile(
+            &[Sample {
+                kv: cache.view(),
+                queries: None,
+            }],
+            &params,
+        );
+        match r {
+            Err(EncodeError::OverLimit { what, got, max }) => (what, got, max),
+            other => panic!("{layers} x {heads} x {dim}: {other:?}"),
+        }
+    };
+    assert_eq!(over(1025, 1, 2), ("layers", 1025, 1024));
+    assert_eq!(over(1, 2, 32769), ("channels", 65538, 65536));
+    // Within both, but 7 bytes of channel parameters for each of 1024 x 2 x 18 725 channels
+    // are more than a profile's 256 MiB.
+    let (what, got, max) = over(1024, 1, 18_725);
+    assert_eq!((what, max), ("profile bytes", 1 << 28));
+    assert!(got > max);
+    let e = EncodeError::OverLimit { what, got, max };
+    assert!(e
+        .to_string()
+        .contains("would be refused by decoders (at most 268435456)"));
+    // The largest shape the limits take is learned.
+    let largest = learn_plain(&synthetic(1024, 1, 2, 1, Dtype::F32, 7), &params);
+    assert_eq!(largest.layers(), 1024);
+    // 2^62 query heads of 4 values: the row length wrapped to 0, and `% 0` panicked.
+    let cache = synthetic(1, 1, 4, 1, Dtype::F32, 7);
+    let q = [0.0f32; 4];
+    let r = learn_profile(
+        &[Sample {
+            kv: cache.view(),
+            queries: Some(Queries {
+                q: vec![&q],
+                q_heads: 1 << 62,
+                q_start: 0,
+            }),
+        }],
+        &params,
+    );
+    assert!(
+        matches!(r, Err(EncodeError::ShapeMismatch { what: "queries" })),
+        "{r:?}"
+    );
+}

@@ -224,6 +224,12 @@ def test_hostile_arguments_raise_kvc_errors(small):
     empty = np.zeros((1, 0, 1 << 20, 1 << 20), np.float32)
     with pytest.raises(kvc.EncodeError, match="no sample tokens"):
         kvc.encode(empty, empty)
+    # A profile decoders would refuse (1025 layers) was learned, then panicked (InternalError).
+    deep = np.zeros((1025, 2, 1, 2), np.float32)
+    with pytest.raises(kvc.EncodeError, match="1025 layers would be refused by decoders"):
+        kvc.encode(deep, deep)
+    with pytest.raises(kvc.EncodeError, match="1025 layers"):
+        kvc.Profile.learn([(deep, deep)])
     with pytest.raises(kvc.ArgumentError):
         kvc.Profile.learn([(k,)])
     with pytest.raises(kvc.ArgumentError):

@@ -23,13 +23,14 @@
 //! one a symbol uses when its token's step is one exponent (half an octave) coarser.
 
 use crate::consts::{group_is_valid, MAX_LEVELS, MAX_RADIUS, WEIGHT_ONE};
-use crate::error::EncodeError;
+use crate::error::{EncodeError, ShapeError};
 use crate::importance::{
     block_exponents, block_scores, reference_queries, ImportanceParams,
 };
-use crate::kv::{KvShape, KvView, RopeStyle, TensorRef};
+use crate::kv::{check_dims, KvShape, KvView, RopeStyle, TensorRef};
+use crate::limits::Limits;
 use crate::rope::rotate;
-use crate::profile::{Importance, LevelTables, Profile, SymbolTable};
+use crate::profile::{Importance, LevelTables, Parts, Profile, ProfileError, SymbolTable};
 use crate::quant::{predict, quantize_block, BlockConsts, ChannelParams, Exps};
 use crate::rans::FreqTable;
 use alloc::vec;
@@ -156,15 +157,23 @@ pub fn learn_profile(samples: &[Sample<'_>], params: &LearnParams) -> Result<Pro
         let stats = level_stats(samples, &exps, &all_params, mult, layers, c, d, params);
         levels.push(learn_tables(stats));
     }
-    Ok(Profile::from_parts(
-        shape.layers,
-        shape.kv_heads,
-        shape.head_dim,
-        params.level_mult.clone(),
-        all_params,
+    let parts = Parts {
+        layers: shape.layers,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+        level_mult: params.level_mult.clone(),
+        params: all_params,
         importance,
         levels,
-    ))
+    };
+    Profile::learned(&parts).map_err(|e| match e {
+        ProfileError::TooLarge { got, max } => EncodeError::OverLimit {
+            what: "profile bytes",
+            got,
+            max,
+        },
+        e => panic!("the learner's profile parts must be valid: {e}"),
+    })
 }
 
 /// Step exponents of every sample and layer, as the encoder would choose them (none without
@@ -265,13 +274,14 @@ fn check_samples(samples: &[Sample<'_>]) -> Result<(), EncodeError> {
         }
         s.kv.check()?;
         if let Some(q) = &s.queries {
-            let d = shape.head_dim as usize;
+            // One query's values; 0 (refused) if it overflows.
+            let row = (q.q_heads).checked_mul(shape.head_dim as usize).unwrap_or(0);
             if q.q.len() != shape.layers as usize
-                || q.q_heads == 0
+                || row == 0
                 || q.q_heads % shape.kv_heads as usize != 0
                 || q.q
                     .iter()
-                    .any(|l| l.len() % (q.q_heads * d) != 0 || l.len() != q.q[0].len())
+                    .any(|l| l.len() % row != 0 || l.len() != q.q[0].len())
             {
                 return Err(EncodeError::ShapeMismatch { what: "queries" });
             }
@@ -283,6 +293,20 @@ fn check_samples(samples: &[Sample<'_>]) -> Result<(), EncodeError> {
             }
         }
     }
+    // Beyond these, decoders would refuse the profile.
+    check_dims(shape.layers, shape.kv_heads, shape.head_dim, &Limits::DEFAULT).map_err(|e| match e {
+        ShapeError::Layers { got, max } => EncodeError::OverLimit {
+            what: "layers",
+            got: got.into(),
+            max: max.into(),
+        },
+        ShapeError::Channels { got, max } => EncodeError::OverLimit {
+            what: "channels",
+            got,
+            max,
+        },
+        ShapeError::ZeroDimension { field } => EncodeError::InvalidParam { what: field, got: 0 },
+    })?;
     Ok(())
 }
 

@@ -35,7 +35,7 @@ use alloc::vec::Vec;
 
 /// Everything a profile's bytes hold.
 #[derive(Clone, Debug)]
-pub(super) struct Parts {
+pub(crate) struct Parts {
     pub layers: u32,
     pub kv_heads: u32,
     pub head_dim: u32,

@@ -19,7 +19,7 @@ use crate::rans::{DecodeTable, FreqTable};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 pub use error::ProfileError;
-use format::Parts;
+pub(crate) use format::Parts;
 use once_cell::race::OnceBox;
 use sha2::{Digest, Sha256};
 
@@ -101,7 +101,8 @@ impl Profile {
     ///
     /// # Panics
     /// If the parts are inconsistent (wrong lengths, bad steps, out-of-range table ids, a step
-    /// that rounds to 0 or infinity); the learner never produces such parts.
+    /// that rounds to 0 or infinity), or a decoder with the default limits
+    /// ([`Limits::DEFAULT`]) would refuse the profile (too many layers, channels or bytes).
     pub fn from_parts(
         layers: u32,
         kv_heads: u32,
@@ -126,9 +127,19 @@ impl Profile {
     /// `parts` serialized in profile version `version` (2 or 3) and read back, so that the
     /// profile holds exactly what its bytes say.
     fn write(version: u16, parts: &Parts) -> Self {
-        let bytes = format::write(version, parts);
-        Profile::from_bytes(&bytes, &Limits::DEFAULT)
+        Self::try_write(version, parts)
             .expect("profile parts must be valid (see Profile::from_parts)")
+    }
+
+    /// A profile of `parts` in the current version, or why a decoder with the default limits
+    /// would refuse its bytes (the learner's parts are valid otherwise).
+    pub(crate) fn learned(parts: &Parts) -> Result<Self, ProfileError> {
+        Self::try_write(PROFILE_VERSION, parts)
+    }
+
+    /// [`Profile::write`], or why a decoder with the default limits would refuse the bytes.
+    fn try_write(version: u16, parts: &Parts) -> Result<Self, ProfileError> {
+        Profile::from_bytes(&format::write(version, parts), &Limits::DEFAULT)
     }
 
     /// Parses and validates a serialized profile (`spec/FORMAT.md` §4.6). Never panics;
