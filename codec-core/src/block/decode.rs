@@ -159,6 +159,9 @@ pub(crate) struct ChunkAt {
     pub level: u8,
 }
 
+/// Exponents decoded by one call of the lane decoder (a multiple of its 32 lanes).
+const EXPS_PER_PIECE: usize = 1024;
+
 /// The state of one chunk's decoding; buffers are reused from block to block.
 pub(crate) struct BlockDecoder<'c, 'p> {
     ctx: &'c ChunkContext<'p>,
@@ -269,9 +272,14 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
         let mut dec = LaneDecoder::from_concatenated(words, parts.lane_len).map_err(rans_err)?;
         let n_e = match &parts.exp_table {
             Some(et) => {
+                // Every exponent has the same table: a piece at a time, so that the table
+                // list stays small whatever the block's size (it was 8 bytes an exponent).
                 let et = DecodeTable::from(et);
-                let tabs = vec![&et; self.exps.len()];
-                dec.decode(0, &tabs, &mut self.exps).map_err(rans_err)?;
+                let tabs = [&et; EXPS_PER_PIECE];
+                for piece in self.exps.chunks_mut(EXPS_PER_PIECE) {
+                    dec.decode(dec.position(), &tabs, piece)
+                        .map_err(rans_err)?;
+                }
                 self.exps.len()
             }
             None => 0,

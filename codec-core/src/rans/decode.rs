@@ -261,7 +261,6 @@ impl<'a> LaneDecoder<'a> {
     }
 
     /// Global index of the next symbol [`decode`](Self::decode) expects (number decoded so far).
-#[cfg_attr(not(feature = "internals"), allow(dead_code))] // used by tests, benches and fuzzing
     pub fn position(&self) -> usize {
         self.next
     }
