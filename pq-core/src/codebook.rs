@@ -22,7 +22,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::PqError;
-use crate::kmeans::{kmeans, KMeansParams};
+use crate::kmeans::{check_centroid_values, kmeans, KMeansParams};
 use crate::sums::{columns, transpose, Op};
 
 /// How the books of a [`Codebook`] split the key (see the module docs).
@@ -114,9 +114,10 @@ impl PqParams {
 
     /// Checks the parameters for keys of `dim` dimensions, as [`Codebook::train`] does first:
     /// `dim > 0`, `m` within `1..=`[`MAX_BOOKS`] (and dividing `dim` for
-    /// [`Method::Product`]), `b` within `1..=`[`MAX_CODEBOOK_BITS`].
+    /// [`Method::Product`]), `b` within `1..=`[`MAX_CODEBOOK_BITS`], and a codebook of at most
+    /// [`MAX_CENTROID_VALUES`](crate::kmeans::MAX_CENTROID_VALUES) values.
     pub fn check(&self, dim: usize) -> Result<(), PqError> {
-        check_shape(self.method, dim, self.m, self.b)
+        check_shape(self.method, dim, self.m, self.b).map(|_| ())
     }
 }
 
@@ -153,7 +154,7 @@ fn transpose_books(centroids: &[f32], k: usize, bd: usize) -> Vec<f32> {
     out
 }
 
-fn check_shape(method: Method, dim: usize, m: usize, b: u8) -> Result<(), PqError> {
+fn check_shape(method: Method, dim: usize, m: usize, b: u8) -> Result<BookShape, PqError> {
     if dim == 0 {
         return Err(PqError::ZeroDim);
     }
@@ -172,7 +173,29 @@ fn check_shape(method: Method, dim: usize, m: usize, b: u8) -> Result<(), PqErro
             max: MAX_CODEBOOK_BITS,
         });
     }
-    Ok(())
+    let bd = book_dim(method, dim, m);
+    let values = m.checked_mul(1 << b).and_then(|x| x.checked_mul(bd));
+    Ok(BookShape {
+        book_dim: bd,
+        values: check_centroid_values(values)?,
+    })
+}
+
+/// The sizes of a codebook [`check_shape`] accepted.
+struct BookShape {
+    /// Dimensions of each book's codewords.
+    book_dim: usize,
+    /// Codeword values of all books.
+    values: usize,
+}
+
+/// Dimensions of each book's codewords: `dim / m` for [`Method::Product`], `dim` for
+/// [`Method::Residual`].
+fn book_dim(method: Method, dim: usize, m: usize) -> usize {
+    match method {
+        Method::Product => dim / m,
+        Method::Residual => dim,
+    }
 }
 
 /// Checks that `x` is a flat `[n, dim]` buffer and returns `n`.
@@ -238,21 +261,16 @@ impl Codebook {
     ///   the lower index); then each codeword with at least one key becomes the mean of its keys'
     ///   targets (summed in `f64` in key order, divided, rounded to `f32`).
     pub fn train(keys: &[f32], dim: usize, params: &PqParams) -> Result<Self, PqError> {
-        check_shape(params.method, dim, params.m, params.b)?;
+        let BookShape {
+            book_dim: bd,
+            values: total,
+        } = check_shape(params.method, dim, params.m, params.b)?;
         let t = rows(keys, dim)?;
         if t == 0 {
             return Err(PqError::Empty);
         }
         check_finite(keys)?;
         let (m, k) = (params.m, 1usize << params.b);
-        let bd = match params.method {
-            Method::Product => dim / m,
-            Method::Residual => dim,
-        };
-        let total = m
-            .checked_mul(k)
-            .and_then(|x| x.checked_mul(bd))
-            .ok_or(PqError::TooLarge)?;
         let mut centroids = Vec::with_capacity(total);
         match params.method {
             Method::Product => {
@@ -315,15 +333,10 @@ impl Codebook {
         refine_rounds: u32,
         centroids: Vec<f32>,
     ) -> Result<Self, PqError> {
-        check_shape(method, dim, m, b)?;
-        let bd = match method {
-            Method::Product => dim / m,
-            Method::Residual => dim,
-        };
-        let expected = (1usize << b)
-            .checked_mul(bd)
-            .and_then(|x| x.checked_mul(m))
-            .ok_or(PqError::TooLarge)?;
+        let BookShape {
+            book_dim: bd,
+            values: expected,
+        } = check_shape(method, dim, m, b)?;
         if centroids.len() != expected {
             return Err(PqError::LengthMismatch {
                 got: centroids.len(),

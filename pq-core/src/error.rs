@@ -78,6 +78,12 @@ pub enum PqError {
         /// The largest accepted value.
         max: usize,
     },
+    /// A k-means run or a codebook of more centroid values (clusters or codewords times their
+    /// dimensions) than [`crate::kmeans::MAX_CENTROID_VALUES`].
+    TooManyCentroidValues {
+        /// The largest accepted count.
+        max: usize,
+    },
     /// A re-ranking candidate index is not a token of the keys given.
     CandidateOutOfRange {
         /// The candidate token index.
@@ -118,6 +124,10 @@ impl fmt::Display for PqError {
             Self::TooLarge => write!(f, "size overflow or more than u32::MAX tokens"),
             Self::ZeroBlockTokens => write!(f, "block size of zero tokens"),
             Self::TooManyBooks { m, max } => write!(f, "{m} books per key, expected 1..={max}"),
+            Self::TooManyCentroidValues { max } => write!(
+                f,
+                "more than {max} centroid values (clusters or codewords times their dimensions)"
+            ),
             Self::CandidateOutOfRange { index, tokens } => {
                 write!(
                     f,

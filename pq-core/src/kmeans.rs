@@ -40,6 +40,21 @@ pub const MAX_K: usize = 1 << 16;
 // The error messages quote the same bound without importing this module.
 const _: () = assert!(MAX_K == crate::error::MAX_CLUSTERS);
 
+/// The most centroid values (`k * dim`) one k-means run, or a whole codebook, holds: 256 MiB
+/// of `f32`, 2^26 values (a residual codebook of 64 books of 4096 codewords of 256 dimensions).
+/// A caller's data need not be that large: one point may ask for 65 536 clusters.
+pub const MAX_CENTROID_VALUES: usize = 1 << 26;
+
+/// Checks a count of centroid values (`None`: it overflowed) against [`MAX_CENTROID_VALUES`].
+pub(crate) fn check_centroid_values(values: Option<usize>) -> Result<usize, PqError> {
+    match values {
+        Some(v) if v <= MAX_CENTROID_VALUES => Ok(v),
+        _ => Err(PqError::TooManyCentroidValues {
+            max: MAX_CENTROID_VALUES,
+        }),
+    }
+}
+
 /// Parameters of one k-means run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KMeansParams {
@@ -96,7 +111,7 @@ pub fn kmeans(data: &[f32], dim: usize, params: &KMeansParams) -> Result<KMeans,
     if k == 0 || k > MAX_K {
         return Err(PqError::ClustersOutOfRange { k });
     }
-    k.checked_mul(dim).ok_or(PqError::TooLarge)?;
+    check_centroid_values(k.checked_mul(dim))?;
     if let Some(index) = data.iter().position(|v| !v.is_finite()) {
         return Err(PqError::NonFinite { index });
     }

@@ -520,3 +520,36 @@ fn select_windows_and_errors() {
         .to_string()
         .is_empty());
 }
+
+#[test]
+fn codebooks_and_clusterings_past_the_centroid_limit_are_refused_before_allocating() {
+    use pq_core::kmeans::MAX_CENTROID_VALUES;
+    // Before: one key of 2^20 dimensions (4 MiB) asked for 64 books of 4096 codewords of 2^20
+    // values, 1 TiB, and the allocation's failure aborted the process. Here keys of 512
+    // dimensions ask for 512 MiB, and one point of 2048 for 65 536 clusters, 512 MiB too.
+    let key = vec![1.0f32; 2048];
+    let params = PqParams {
+        method: Method::Residual,
+        m: 64,
+        b: 12,
+        ..PqParams::default()
+    };
+    let refused = Err(PqError::TooManyCentroidValues {
+        max: MAX_CENTROID_VALUES,
+    });
+    assert_eq!(params.check(1 << 20), refused.clone());
+    assert_eq!(
+        Codebook::train(&key, 512, &params).map(|_| ()),
+        refused.clone()
+    );
+    let big = KMeansParams {
+        k: 1 << 16,
+        max_iters: 0,
+        seed: 0,
+    };
+    assert_eq!(kmeans(&key, 2048, &big).map(|_| ()), refused.clone());
+    // At the limit: 64 books of 4096 codewords of 256 dimensions.
+    assert_eq!(params.check(256), Ok(()));
+    assert_eq!(PqParams { m: 1, ..params }.check(1 << 14), Ok(()));
+    assert_eq!(PqParams { m: 1, ..params }.check((1 << 14) + 1), refused);
+}

@@ -240,6 +240,9 @@ def test_hostile_arguments_raise_kvc_errors(small):
     for kwargs in [dict(bits=300), dict(m=-1), dict(seed=-1), dict(max_iters=-2)]:
         with pytest.raises(kvc.ArgumentError):
             kvc.pq.Codebook.train(keys, **kwargs)
+    # 64 books of 4096 codewords of 2^20 values (1 TiB) for one key: refused, not an abort.
+    with pytest.raises(kvc.ArgumentError, match="centroid values"):
+        kvc.pq.Codebook.train(np.ones((1, 1 << 20), np.float32), m=64, bits=12)
     cb = kvc.pq.Codebook.train(keys)
     with pytest.raises(kvc.ArgumentError):
         kvc.pq.select(cb, cb.encode(keys), keys[0], k=-1)
