@@ -148,6 +148,20 @@ def _as_bytes(data):
     raise ArgumentError(f"a stream is bytes, bytearray or memoryview, got {type(data).__name__}")
 
 
+def _token_bounds(tokens):
+    """``(start, end)`` of ``tokens``, a pair of integers or a range of step 1."""
+    if isinstance(tokens, range):
+        if tokens.step != 1:
+            raise ArgumentError(f"tokens: a range of step 1, got step {tokens.step}")
+        start, end = tokens.start, tokens.stop
+    else:
+        try:
+            start, end = tokens
+        except (TypeError, ValueError):
+            raise ArgumentError(f"tokens: give (start, end) or a range, got {tokens!r}") from None
+    return _arrays.integer("start", start), _arrays.integer("end", end)
+
+
 class Stream:
     """A kvc stream, opened: its header checked and its profile resolved (the embedded one, or
     ``profile`` for a stream that references one). Chunks are checked as they are decoded.
@@ -176,6 +190,7 @@ class Stream:
     def token_range(self, chunk):
         """The tokens ``(start, end)`` of chunk ``chunk``."""
         chunks = self._s.chunks
+        chunk = _arrays.integer("chunk", chunk)
         if not 0 <= chunk < len(chunks):
             raise OutOfRangeError(f"chunk {chunk} is outside the stream ({len(chunks)} chunks)")
         start, n, _, _ = chunks[chunk]
@@ -200,8 +215,7 @@ class Stream:
         elif tokens is None:
             start, end = 0, s.tokens
         else:
-            start, end = (tokens.start, tokens.stop) if isinstance(tokens, range) else tokens
-            start, end = _arrays.integer("start", start), _arrays.integer("end", end)
+            start, end = _token_bounds(tokens)
             if not 0 <= start <= end <= s.tokens:
                 raise OutOfRangeError(f"tokens {start}..{end} are outside the stream's 0..{s.tokens}")
         shape = (end - start, s.kv_heads, s.head_dim)

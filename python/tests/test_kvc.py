@@ -234,8 +234,17 @@ def test_hostile_arguments_raise_kvc_errors(small):
         kvc.Profile.learn([(k,)])
     with pytest.raises(kvc.ArgumentError):
         kvc.decode(kvc.encode(k, v), dtype=object())
+    stream = kvc.Stream(kvc.encode(k, v))
     with pytest.raises(kvc.ArgumentError):
-        kvc.Stream(kvc.encode(k, v)).decode(tokens=(0.5, 3))
+        stream.decode(tokens=(0.5, 3))
+    # Before: a step was ignored (tokens 0..10 decoded), the others raised TypeError/ValueError.
+    for tokens in [range(0, 10, 2), 5, (1, 2, 3)]:
+        with pytest.raises(kvc.ArgumentError, match="tokens"):
+            stream.decode(tokens=tokens)
+    for chunk in [1.5, "a"]:
+        with pytest.raises(kvc.ArgumentError, match="chunk"):
+            stream.decode(chunk=chunk)
+    assert [a.shape[1] for a in stream.decode(tokens=range(2, 7))] == [5, 5]
     keys = k[0, :, 0, :].astype(np.float32)
     for kwargs in [dict(bits=300), dict(m=-1), dict(seed=-1), dict(max_iters=-2)]:
         with pytest.raises(kvc.ArgumentError):
