@@ -436,6 +436,14 @@ fn gqa_group_table_is_the_sum_of_head_tables() {
         group_score_table(&qs[..d], &cb).unwrap(),
         score_table(&qs[..d], &cb).unwrap()
     );
+    // A group is not one query: before, score_table summed it as group_score_table does.
+    assert_eq!(
+        score_table(&qs, &cb),
+        Err(PqError::LengthMismatch {
+            got: g * d,
+            expected: d
+        })
+    );
 }
 
 /// Recall of PQ top-k against the exact top-k (by `q · k`) on synthetic clustered keys.

@@ -22,6 +22,16 @@ def _keys(keys):
     return a
 
 
+def _codes(a):
+    """``a`` if its values are codes (integers in 0..=65535), which numpy's cast to uint16
+    would otherwise wrap; :class:`ArgumentError` if not."""
+    if a.dtype == np.uint16:
+        return a
+    if a.dtype.kind not in "iu" or (a.size and (a.min() < 0 or a.max() > 0xFFFF)):
+        raise ArgumentError(f"codes must be integers in 0..=65535 (uint16), got {a.dtype}")
+    return a
+
+
 class Codebook:
     """A trained codebook: residual quantization ("rq", kvc's default: 2 stages of 6 bits) or
     PQCache's product quantization ("pq")."""
@@ -61,7 +71,7 @@ class Codebook:
 def select(codebook, codes, query, k, *, n_init=4, n_local=64):
     """Indices (ascending, uint32) of the tokens ``query`` should attend to: the first
     ``n_init``, the last ``n_local``, and the ``k`` others whose codes score highest."""
-    c = np.require(as_array(codes), dtype=np.uint16, requirements="CA")
+    c = np.require(_codes(as_array(codes)), dtype=np.uint16, requirements="CA")
     q = np.require(as_array(query), dtype=np.float32, requirements="CA").reshape(-1)
     k, n_init, n_local = uint("k", k, 32), uint("n_init", n_init, 32), uint("n_local", n_local, 32)
     return np.asarray(codebook._c.select(c, q, k, n_init, n_local), dtype=np.uint32)

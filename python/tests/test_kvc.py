@@ -253,8 +253,17 @@ def test_hostile_arguments_raise_kvc_errors(small):
     with pytest.raises(kvc.ArgumentError, match="centroid values"):
         kvc.pq.Codebook.train(np.ones((1, 1 << 20), np.float32), m=64, bits=12)
     cb = kvc.pq.Codebook.train(keys)
+    codes = cb.encode(keys)
     with pytest.raises(kvc.ArgumentError):
-        kvc.pq.select(cb, cb.encode(keys), keys[0], k=-1)
+        kvc.pq.select(cb, codes, keys[0], k=-1)
+    # Before: two queries were summed as one, codes of 65 536 wrapped to 0 and -1 to 65 535.
+    with pytest.raises(kvc.ArgumentError, match="values, expected"):
+        kvc.pq.select(cb, codes, keys[:2], k=4)
+    for bad in [codes.astype(np.int64) + 65536, codes.astype(np.int64) - 1, codes + 0.5]:
+        with pytest.raises(kvc.ArgumentError, match="codes"):
+            kvc.pq.select(cb, bad, keys[0], k=4)
+    assert np.array_equal(kvc.pq.select(cb, codes.astype(np.int64), keys[0], k=4),
+                          kvc.pq.select(cb, codes, keys[0], k=4))
 
 
 def test_only_numpy_arrays_reach_native_memory(small):

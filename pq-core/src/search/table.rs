@@ -42,8 +42,17 @@ impl ScoreTable {
     }
 }
 
-/// The table of `query · centroid` per sub-space for one query of length `codebook.dim()`.
+/// The table of `query · centroid` per sub-space for one query of length `codebook.dim()`
+/// ([`PqError::LengthMismatch`] for a whole number of queries more: the queries of a GQA
+/// group go to [`group_score_table`]).
 pub fn score_table(query: &[f32], codebook: &Codebook) -> Result<ScoreTable, PqError> {
+    // Other lengths get group_score_table's errors.
+    if query.len() > codebook.dim() && query.len().is_multiple_of(codebook.dim()) {
+        return Err(PqError::LengthMismatch {
+            got: query.len(),
+            expected: codebook.dim(),
+        });
+    }
     group_score_table(query, codebook)
 }
 
