@@ -211,6 +211,7 @@ pub fn encode(
         }
         .into());
     }
+    check_decodable(kv, params.chunk_tokens)?;
     let learned;
     let full = match source {
         ProfileSource::Referenced(p) => {
@@ -235,6 +236,33 @@ pub fn encode(
         ProfileMode::Embedded(&cut),
         &params,
     )?)
+}
+
+/// Refuses a cache whose stream the decoders here, which keep to [`Limits::DEFAULT`], would
+/// refuse (the encoder has no limits of its own): before its encoding is spent.
+fn check_decodable(kv: &KvView<'_>, chunk_tokens: u32) -> Result<(), Error> {
+    let (s, l) = (kv.shape, Limits::DEFAULT);
+    let chunks = s.tokens.div_ceil(chunk_tokens.max(1));
+    let channels = u64::from(s.kv_heads) * u64::from(s.head_dim);
+    let elements = [2, u64::from(s.tokens), channels]
+        .iter()
+        .try_fold(u64::from(s.layers), |n, &f| n.checked_mul(f))
+        .unwrap_or(u64::MAX);
+    for (what, got, max) in [
+        ("layers", u64::from(s.layers), u64::from(l.max_layers)),
+        ("channels", channels, u64::from(l.max_channels)),
+        ("tokens", u64::from(s.tokens), u64::from(l.max_tokens)),
+        ("chunks", u64::from(chunks), u64::from(l.max_chunks)),
+        ("elements", elements, l.max_elements),
+    ] {
+        if got > max {
+            let message = format!(
+                "the stream would hold {got} {what}: decoders accept at most {max} by default"
+            );
+            return Err(Error::new(ErrorKind::Encode, message));
+        }
+    }
+    Ok(())
 }
 
 /// Learns a profile from samples with the default parameters (what `kvc profile` does).
@@ -386,6 +414,41 @@ mod tests {
             (e.kind, e.message.as_str()),
             (ErrorKind::Encode, "no level given")
         );
+    }
+
+    #[test]
+    fn streams_the_decoders_would_refuse_are_not_encoded() {
+        // Before: encoded, then refused at open (H20: more than 2^20 chunks).
+        let shape = KvShape {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 1,
+            tokens: (1 << 20) + 1,
+        };
+        let (k, v) = cache(shape);
+        let params = EncodeParams {
+            chunk_tokens: 1,
+            ..EncodeParams::default()
+        };
+        let e = encode(&view(shape, &k, &v), ProfileSource::Learn(None), &params).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Encode);
+        assert_eq!(
+            e.message,
+            "the stream would hold 1048577 chunks: decoders accept at most 1048576 by default"
+        );
+        // 2^51 elements, each dimension within its limit: refused before any tensor is read.
+        let huge = KvShape {
+            layers: 1024,
+            kv_heads: 256,
+            head_dim: 256,
+            tokens: 1 << 24,
+        };
+        let e = encode(
+            &view(huge, &[], &[]),
+            ProfileSource::Learn(None),
+            &EncodeParams::default(),
+        );
+        assert!(e.unwrap_err().message.contains("2251799813685248 elements"));
     }
 
     #[test]

@@ -222,14 +222,16 @@ def test_hostile_arguments_raise_kvc_errors(small):
         kvc.encode(k, v, queries=np.zeros(q.shape[:3] + (k.shape[3],), np.float32), q_start=-1)
     # No tokens, 2^40 channels: nothing of that size is allocated.
     empty = np.zeros((1, 0, 1 << 20, 1 << 20), np.float32)
-    with pytest.raises(kvc.EncodeError, match="no sample tokens"):
+    with pytest.raises(kvc.EncodeError, match="1099511627776 channels"):
         kvc.encode(empty, empty)
+    with pytest.raises(kvc.EncodeError, match="no sample tokens"):
+        kvc.Profile.learn([(empty, empty)])
     # A profile decoders would refuse (1025 layers) was learned, then panicked (InternalError).
     deep = np.zeros((1025, 2, 1, 2), np.float32)
     with pytest.raises(kvc.EncodeError, match="1025 layers would be refused by decoders"):
-        kvc.encode(deep, deep)
-    with pytest.raises(kvc.EncodeError, match="1025 layers"):
         kvc.Profile.learn([(deep, deep)])
+    with pytest.raises(kvc.EncodeError, match="1025 layers: decoders accept at most 1024"):
+        kvc.encode(deep, deep)
     with pytest.raises(kvc.ArgumentError):
         kvc.Profile.learn([(k,)])
     with pytest.raises(kvc.ArgumentError):
