@@ -102,6 +102,9 @@ def encode(
     ``--uniform-steps``; ``model_id``, ``rope_*``, ``k_pre_rope``, ``first_position`` travel in
     the header.
 
+    The arrays are read while the GIL is released: no thread may write them until the call
+    returns (as with numpy's own functions).
+
     Raises :class:`ArgumentError` for unusable arrays and :class:`EncodeError` for values or
     parameters the codec refuses (NaN, a level the profile lacks, ...).
     """
@@ -115,6 +118,8 @@ def encode(
         levels = [_arrays.uint("a level", x, 8) for x in levels]
     except TypeError:
         raise ArgumentError(f"levels must be a list of integers, got {levels!r}") from None
+    if not isinstance(model_id, str):
+        raise ArgumentError(f"model_id must be a str, got {type(model_id).__name__}")
     if profile is not None and not isinstance(profile, Profile):
         raise ArgumentError(f"profile must be a kvc.Profile, got {type(profile).__name__}")
     return _encode(
@@ -131,10 +136,10 @@ def encode(
         group=_arrays.uint("group", group, 32),
         sink=_arrays.uint("sink", sink, 16),
         uniform_steps=bool(uniform_steps),
-        model_id=str(model_id),
+        model_id=model_id,
         rope_style=_ROPE_STYLES[rope_style],
-        rope_theta=float(rope_theta),
-        rope_scaling=float(rope_scaling),
+        rope_theta=_arrays.real("rope_theta", rope_theta),
+        rope_scaling=_arrays.real("rope_scaling", rope_scaling),
         k_pre_rope=bool(k_pre_rope),
         first_position=_arrays.uint("first_position", first_position, 64),
     )

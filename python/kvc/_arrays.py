@@ -22,6 +22,14 @@ def integer(name, value):
         raise ArgumentError(f"{name} must be an integer, got {type(value).__name__}") from None
 
 
+def real(name, value):
+    """``value`` as a float, or :class:`ArgumentError` naming ``name``."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{name} must be a number, got {value!r}") from None
+
+
 def uint(name, value, bits):
     """``value`` as an int in ``0 .. 2**bits - 1``, or :class:`ArgumentError` naming ``name``."""
     n = integer(name, value)

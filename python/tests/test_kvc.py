@@ -209,8 +209,10 @@ def test_hostile_arguments_raise_kvc_errors(small):
     """Arguments no caller should pass: each is a KvcError naming the problem, never another
     exception, an abort or a crash."""
     k, v = small
+    # model_id=None was stored as "None"; rope_theta="x" raised ValueError.
     for kwargs in [dict(chunk_tokens=-1), dict(chunk_tokens=2**32), dict(sink=2**16), dict(group=1.5),
-                   dict(first_position=-1), dict(levels=[256]), dict(levels=["a"]), dict(levels=3)]:
+                   dict(first_position=-1), dict(levels=[256]), dict(levels=["a"]), dict(levels=3),
+                   dict(model_id=None), dict(rope_theta="x"), dict(rope_scaling=[1])]:
         with pytest.raises(kvc.ArgumentError):
             kvc.encode(k, v, **kwargs)
     with pytest.raises(kvc.EncodeError, match="0 chunk levels"):

@@ -244,7 +244,7 @@ fn chunk_entries(tokens: u32, params: &EncodeParams, n_chunks: u32) -> Vec<Chunk
     (0..n_chunks)
         .map(|i| {
             let start = i * params.chunk_tokens;
-            let end = (start + params.chunk_tokens).min(tokens);
+            let end = start.saturating_add(params.chunk_tokens).min(tokens);
             let level = if params.levels.len() == 1 {
                 params.levels[0]
             } else {
