@@ -181,6 +181,8 @@ class Stream:
         if profile is not None and not isinstance(profile, Profile):
             raise ArgumentError(f"profile must be a kvc.Profile, got {type(profile).__name__}")
         self._s = _Stream(_as_bytes(data), profile)
+        # Read once: the native getter builds the list anew (O(chunks)) at every access.
+        self._chunks = self._s.chunks
 
     def __getattr__(self, name):
         return getattr(self._s, name)
@@ -189,12 +191,12 @@ class Stream:
         s = self._s
         return (
             f"kvc.Stream({s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} dims, "
-            f"{s.tokens} tokens, {s.dtype}, {len(s.chunks)} chunks, {s.nbytes} bytes)"
+            f"{s.tokens} tokens, {s.dtype}, {len(self._chunks)} chunks, {s.nbytes} bytes)"
         )
 
     def token_range(self, chunk):
         """The tokens ``(start, end)`` of chunk ``chunk``."""
-        chunks = self._s.chunks
+        chunks = self._chunks
         chunk = _arrays.integer("chunk", chunk)
         if not 0 <= chunk < len(chunks):
             raise OutOfRangeError(f"chunk {chunk} is outside the stream ({len(chunks)} chunks)")
