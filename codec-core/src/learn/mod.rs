@@ -275,7 +275,7 @@ fn check_samples(samples: &[Sample<'_>]) -> Result<(), EncodeError> {
         s.kv.check()?;
         if let Some(q) = &s.queries {
             // One query's values; 0 (refused) if it overflows.
-            let row = (q.q_heads).checked_mul(shape.head_dim as usize).unwrap_or(0);
+            let row = q.q_heads.checked_mul(shape.head_dim as usize).unwrap_or(0);
             if q.q.len() != shape.layers as usize
                 || row == 0
                 || q.q_heads % shape.kv_heads as usize != 0
