@@ -105,8 +105,11 @@ def cache_args(keys, values):
             f"keys ({len(k)} x {k[0].dtype}{list(k[0].shape)}) and values "
             f"({len(v)} x {v[0].dtype}{list(v[0].shape)}) differ"
         )
-    t, h, d = k[0].shape
-    return k, v, (len(k), t, h, d)
+    shape = (len(k),) + k[0].shape
+    if max(shape) >= 1 << 32:
+        # The codec counts each dimension in 32 bits (an empty array can claim any size).
+        raise ArgumentError(f"keys: each dimension must be below 2**32, got {list(shape)}")
+    return k, v, shape
 
 
 def query_args(queries, shape, q_start):

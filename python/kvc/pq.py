@@ -62,6 +62,8 @@ class Codebook:
     def encode(self, keys):
         """Codes of keys ``[tokens, dim]``: uint16 ``[tokens, m]``."""
         a = _keys(keys)
+        if a.shape[1] != self.dim:
+            raise ArgumentError(f"keys must be [tokens, {self.dim}], got shape {a.shape}")
         return np.frombuffer(self._c.encode(a), dtype="<u2").reshape(a.shape[0], self.m)
 
     def __repr__(self):

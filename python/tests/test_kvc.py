@@ -258,6 +258,13 @@ def test_hostile_arguments_raise_kvc_errors(small):
         kvc.pq.Codebook.train(np.ones((1, 1 << 20), np.float32), m=64, bits=12)
     cb = kvc.pq.Codebook.train(keys)
     codes = cb.encode(keys)
+    # Keys two dims wide were coded as two keys each, then numpy's reshape raised ValueError.
+    with pytest.raises(kvc.ArgumentError, match="keys must be"):
+        cb.encode(np.concatenate([keys, keys], axis=1))
+    # An empty array of a dimension >= 2^32 raised OverflowError in the native call.
+    wide = np.zeros((1, 0, 1, 1 << 32), np.float32)
+    with pytest.raises(kvc.ArgumentError, match=r"below 2\*\*32"):
+        kvc.encode(wide, wide)
     with pytest.raises(kvc.ArgumentError):
         kvc.pq.select(cb, codes, keys[0], k=-1)
     # Before: two queries were summed as one, codes of 65 536 wrapped to 0 and -1 to 65 535.
