@@ -154,6 +154,7 @@ impl From<DecodeError> for Error {
             DecodeError::Block(_) => ErrorKind::Chunk,
             DecodeError::OutputMismatch { .. } => ErrorKind::Output,
             DecodeError::OutOfRange { .. } => ErrorKind::OutOfRange,
+            DecodeError::OtherBytes { .. } => ErrorKind::Argument,
             _ => ErrorKind::Internal,
         };
         Error {

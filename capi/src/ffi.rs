@@ -28,8 +28,8 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 
 use codec_core::{
-    Dtype, EncodeParams, Header, KvMeta, KvShape, KvView, Profile, Queries, Rope, RopeStyle,
-    Sample, TensorMut, TensorRef,
+    DetachedStream, Dtype, EncodeParams, Header, KvMeta, KvShape, KvView, Profile, Queries, Rope,
+    RopeStyle, Sample, TensorMut, TensorRef,
 };
 use half::{bf16, f16};
 
@@ -78,7 +78,14 @@ pub struct kvc_stream {
     bytes: Vec<u8>,
     /// The given or the embedded profile.
     profile: Profile,
-    header: Header,
+    /// What opening found: each decode attaches `bytes` and `profile` to it in constant time.
+    opened: DetachedStream,
+}
+
+impl kvc_stream {
+    fn header(&self) -> &Header {
+        self.opened.header()
+    }
 }
 
 /// A profile. Opaque to C.
@@ -580,14 +587,15 @@ pub unsafe extern "C" fn kvc_stream_open(
         let bytes = bytes_in(data, len, "data")?.to_vec();
         // The profile in use (given or embedded), kept: decoding opens the stream again with
         // it, neither parsing it again nor rebuilding its decode tables.
-        let (header, profile) = {
+        let (opened, profile) = {
             let s = api::open(&bytes, profile_opt(profile))?;
-            (s.header().clone(), s.profile().clone())
+            let profile = s.profile().clone();
+            (s.detach(), profile)
         };
         let handle = Box::new(kvc_stream {
             bytes,
             profile,
-            header,
+            opened,
         });
         put(out, Box::into_raw(handle), "out")
     })
@@ -618,7 +626,7 @@ pub unsafe extern "C" fn kvc_stream_inspect(
 ) -> i32 {
     guard(|| {
         let s = stream_ref(stream)?;
-        let h = &s.header;
+        let h = s.header();
         let info = kvc_stream_info {
             layers: h.shape.layers,
             kv_heads: h.shape.kv_heads,
@@ -655,7 +663,7 @@ pub unsafe extern "C" fn kvc_stream_chunk(
 ) -> i32 {
     guard(|| {
         let s = stream_ref(stream)?;
-        let e = s.header.chunks.get(chunk as usize).ok_or_else(|| {
+        let e = s.header().chunks.get(chunk as usize).ok_or_else(|| {
             Error::new(
                 ErrorKind::OutOfRange,
                 format!("chunk {chunk} is outside the stream"),
@@ -680,8 +688,8 @@ fn decode_range(
     capacity: usize,
 ) -> Result<(), Error> {
     let dtype = dtype(out_dtype)?;
-    let stream = api::open(&s.bytes, Some(&s.profile))?;
-    let shape = s.header.shape;
+    let stream = s.opened.attach(&s.bytes, &s.profile)?;
+    let shape = s.header().shape;
     if range.start > range.end || range.end > shape.tokens {
         return Err(Error::new(
             ErrorKind::OutOfRange,
@@ -738,7 +746,7 @@ pub unsafe extern "C" fn kvc_stream_decode_chunk(
 ) -> i32 {
     guard(|| {
         let s = stream_ref(stream)?;
-        let e = s.header.chunks.get(chunk as usize).ok_or_else(|| {
+        let e = s.header().chunks.get(chunk as usize).ok_or_else(|| {
             Error::new(
                 ErrorKind::OutOfRange,
                 format!("chunk {chunk} is outside the stream"),

@@ -106,7 +106,8 @@ layers! {
 pub use block::{BlockError, ChunkContext};
 pub use container::{
     assemble, decode, encode, encode_threads, max_encoded_len, stream_frame, ChunkEntry,
-    DecodeError, EncodeParams, Header, HeaderError, OpenError, ProfileMode, Stream, StreamFrame,
+    DecodeError, DetachedStream, EncodeParams, Header, HeaderError, OpenError, ProfileMode, Stream,
+    StreamFrame,
 };
 pub use error::{EncodeError, Kv, ShapeError};
 pub use importance::ImportanceParams;

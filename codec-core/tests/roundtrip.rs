@@ -249,6 +249,57 @@ fn token_ranges_decode_only_what_they_need_and_match() {
 }
 
 #[test]
+fn a_detached_stream_attaches_to_its_own_bytes_and_profile_only() {
+    let (bytes, embedded) = small_stream();
+    let opened = Stream::open(&bytes, None, &Limits::DEFAULT)
+        .unwrap()
+        .detach();
+    let again = opened.attach(&bytes, &embedded).unwrap();
+    assert_eq!(
+        again.decode().unwrap(),
+        decode(&bytes, None, &Limits::DEFAULT).unwrap()
+    );
+    assert_eq!(again.header(), opened.header());
+    let other_bytes =
+        |r: Result<Stream<'_>, DecodeError>| matches!(r, Err(DecodeError::OtherBytes { .. }));
+    // Shorter, longer, or another header of the same length.
+    assert!(other_bytes(
+        opened.attach(&bytes[..bytes.len() - 1], &embedded)
+    ));
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(other_bytes(opened.attach(&long, &embedded)));
+    let crc_at = opened.header().header_len() - 1;
+    let mut bad = bytes.clone();
+    bad[crc_at] ^= 1;
+    assert!(other_bytes(opened.attach(&bad, &embedded)));
+    // The same header over a corrupt chunk: attached, and the chunk is refused when read.
+    let e = opened.header().chunks[1];
+    let mut bad = bytes.clone();
+    bad[e.offset as usize + 3] ^= 1;
+    let s = opened.attach(&bad, &embedded).unwrap();
+    assert!(s.decode_tokens(0..e.token_start).is_ok());
+    assert!(matches!(
+        s.decode_tokens(0..e.token_start + 1),
+        Err(DecodeError::Block(BlockError::Crc { chunk: 1, .. }))
+    ));
+    // Another profile (the same cache learned otherwise) is refused as open refuses it.
+    let cache = decode(&bytes, None, &Limits::DEFAULT).unwrap();
+    let other = learn_plain(
+        &cache,
+        &LearnParams {
+            group: 3,
+            ..LearnParams::default()
+        },
+    );
+    assert_ne!(other.hash(), embedded.hash());
+    assert!(matches!(
+        opened.attach(&bytes, &other),
+        Err(DecodeError::Open(OpenError::ProfileMismatch { .. }))
+    ));
+}
+
+#[test]
 fn decode_into_caller_buffers_of_any_dtype() {
     let (cache, _, _, _) = common::load(common::SAMPLE, 2);
     let profile = learn_plain(&cache, &LearnParams::default());
@@ -523,6 +574,35 @@ proptest! {
                     let ulp = match dtype { Dtype::F16 => 1e-3, Dtype::Bf16 => 8e-3, Dtype::F32 => 1e-6 } * (a[i].abs() + bound + 1e-3);
                     prop_assert!((a[i] - b[i]).abs() <= bound * 1.0001 + ulp, "t {} ch {}: {} vs {} bound {} ulp {} p {:?} mult {}", t, ch, a[i], b[i], bound, ulp, p[ch], mult);
                 }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    // Range decodes find their chunks by a binary search over the index: every range, through
+    // a stream opened once or attached again, is the matching rows of the whole decode.
+    #[test]
+    fn every_token_range_decodes_as_the_rows_of_the_whole(
+        tokens in 1u32..80, chunk in 1u32..20, a in 0u32..80, b in 0u32..80, seed in any::<u64>(),
+    ) {
+        let cache = synthetic(2, 1, 3, tokens, Dtype::F16, seed);
+        let profile = learn_plain(&cache, &LearnParams { chunk_tokens: chunk, ..LearnParams::default() });
+        let params = EncodeParams { chunk_tokens: chunk, ..EncodeParams::default() };
+        let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params).unwrap();
+        let s = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+        let whole = s.decode().unwrap();
+        let opened = s.detach();
+        let c = whole.shape.channels();
+        let (lo, hi) = (a.min(b).min(tokens), a.max(b).min(tokens));
+        let chunks = opened.header().chunks.iter().map(|e| e.token_start..e.token_start + e.tokens);
+        for r in chunks.chain([lo..hi, 0..tokens, tokens..tokens]) {
+            let part = opened.attach(&bytes, &profile).unwrap().decode_tokens(r.clone()).unwrap();
+            for l in 0..2 {
+                let rows = r.start as usize * c..r.end as usize * c;
+                prop_assert_eq!(part.k[l].to_f32_vec(), whole.k[l].to_f32_vec()[rows.clone()].to_vec());
+                prop_assert_eq!(part.v[l].to_f32_vec(), whole.v[l].to_f32_vec()[rows].to_vec());
             }
         }
     }

@@ -9,8 +9,8 @@
 mod raw;
 
 use codec_core::{
-    Dtype, EncodeParams, Header, KvMeta, KvShape, KvView, Profile, Queries, Rope, RopeStyle,
-    Sample, TensorRef,
+    DetachedStream, Dtype, EncodeParams, Header, KvMeta, KvShape, KvView, Profile, Queries, Rope,
+    RopeStyle, Sample, TensorRef,
 };
 use kvc_bind::{self as api, Error, ErrorKind, ProfileSource};
 use pyo3::prelude::*;
@@ -333,10 +333,17 @@ fn encode<'py>(
 #[pyclass(frozen, name = "_Stream", module = "kvc")]
 struct PyStream {
     data: Py<PyBytes>,
-    /// The given or the embedded profile: decoding opens the stream again with it, neither
-    /// parsing it again nor rebuilding its decode tables.
+    /// The given or the embedded profile: decoding attaches it again, neither parsing it
+    /// again nor rebuilding its decode tables.
     profile: Py<PyProfile>,
-    header: Header,
+    /// What opening found: each decode attaches `data` and `profile` to it in constant time.
+    opened: DetachedStream,
+}
+
+impl PyStream {
+    fn header(&self) -> &Header {
+        self.opened.header()
+    }
 }
 
 fn dtype_name(d: Dtype) -> &'static str {
@@ -358,10 +365,10 @@ impl PyStream {
     ) -> PyResult<Self> {
         let bytes = data.as_bytes();
         let given = profile.as_ref().map(|p| &p.get().inner);
-        let (header, embedded) = released(py, || {
+        let (opened, embedded) = released(py, || {
             let s = api::open(bytes, given)?;
             let embedded = (s.header().profile_len > 0).then(|| s.profile().clone());
-            Ok((s.header().clone(), embedded))
+            Ok((s.detach(), embedded))
         })?;
         // A stream that references its profile opened only with one given.
         let profile = match embedded {
@@ -371,41 +378,41 @@ impl PyStream {
         Ok(PyStream {
             data: data.unbind(),
             profile,
-            header,
+            opened,
         })
     }
 
     #[getter]
     fn layers(&self) -> u32 {
-        self.header.shape.layers
+        self.header().shape.layers
     }
     #[getter]
     fn kv_heads(&self) -> u32 {
-        self.header.shape.kv_heads
+        self.header().shape.kv_heads
     }
     #[getter]
     fn head_dim(&self) -> u32 {
-        self.header.shape.head_dim
+        self.header().shape.head_dim
     }
     #[getter]
     fn tokens(&self) -> u32 {
-        self.header.shape.tokens
+        self.header().shape.tokens
     }
     #[getter]
     fn dtype(&self) -> &'static str {
-        dtype_name(self.header.dtype)
+        dtype_name(self.header().dtype)
     }
     #[getter]
     fn chunk_tokens(&self) -> u32 {
-        self.header.chunk_tokens
+        self.header().chunk_tokens
     }
     #[getter]
     fn group(&self) -> u16 {
-        self.header.group
+        self.header().group
     }
     #[getter]
     fn n_sink(&self) -> u16 {
-        self.header.n_sink
+        self.header().n_sink
     }
     #[getter]
     fn levels(&self) -> u8 {
@@ -413,15 +420,15 @@ impl PyStream {
     }
     #[getter]
     fn first_position(&self) -> u64 {
-        self.header.meta.first_position
+        self.header().meta.first_position
     }
     #[getter]
     fn model_id(&self) -> &str {
-        &self.header.meta.model_id
+        &self.header().meta.model_id
     }
     #[getter]
     fn rope(&self) -> (&'static str, f32, f32, bool) {
-        let r = self.header.meta.rope;
+        let r = self.header().meta.rope;
         let style = match r.style {
             RopeStyle::None => "none",
             RopeStyle::NeoX => "neox",
@@ -431,16 +438,16 @@ impl PyStream {
     }
     #[getter]
     fn profile_hash<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.header.profile_hash)
+        PyBytes::new(py, &self.header().profile_hash)
     }
     #[getter]
     fn profile_embedded(&self) -> bool {
-        self.header.profile_len > 0
+        self.header().profile_len > 0
     }
     /// `(token_start, tokens, level, len_bytes)` per chunk.
     #[getter]
     fn chunks(&self) -> Vec<(u32, u32, u8, u32)> {
-        let c = &self.header.chunks;
+        let c = &self.header().chunks;
         c.iter()
             .map(|e| (e.token_start, e.tokens, e.level, e.len_bytes))
             .collect()
@@ -483,7 +490,7 @@ impl PyStream {
         let bytes = self.data.bind(py).as_bytes();
         let profile = &self.profile.get().inner;
         released(py, || {
-            let s = api::open(bytes, Some(profile))?;
+            let s = self.opened.attach(bytes, profile)?;
             api::decode_into(&s, start..end, &mut ks, &mut vs)
         })
     }

@@ -478,6 +478,14 @@ pub enum DecodeError {
         /// What was requested.
         what: &'static str,
     },
+    /// A [`DetachedStream`](super::DetachedStream) was attached to bytes other than those it
+    /// was opened from.
+    OtherBytes {
+        /// The length of the bytes it was opened from.
+        opened: usize,
+        /// The length of the bytes given.
+        given: usize,
+    },
 }
 
 impl DecodeError {
@@ -491,6 +499,7 @@ impl DecodeError {
             DecodeError::Block(e) => e.kind(),
             DecodeError::OutputMismatch { .. } => "OutputMismatch",
             DecodeError::OutOfRange { .. } => "OutOfRange",
+            DecodeError::OtherBytes { .. } => "OtherBytes",
         }
     }
 
@@ -502,7 +511,9 @@ impl DecodeError {
             DecodeError::Profile(e) => Some(e.check()),
             DecodeError::Open(e) => Some(e.check()),
             DecodeError::Block(e) => Some(e.check()),
-            DecodeError::OutputMismatch { .. } | DecodeError::OutOfRange { .. } => None,
+            DecodeError::OutputMismatch { .. }
+            | DecodeError::OutOfRange { .. }
+            | DecodeError::OtherBytes { .. } => None,
         }
     }
 }
@@ -518,6 +529,11 @@ impl fmt::Display for DecodeError {
                 write!(f, "output buffer does not match the stream: {what}")
             }
             DecodeError::OutOfRange { what } => write!(f, "requested {what} is outside the stream"),
+            DecodeError::OtherBytes { opened, given } => write!(
+                f,
+                "these bytes are not the stream's that was opened ({given} bytes given, \
+                 {opened} opened, or another header)"
+            ),
         }
     }
 }

@@ -21,7 +21,7 @@ pub use bound::max_encoded_len;
 pub use bound::{max_block_words, max_lane_words, BLOCK_FIXED_MAX};
 pub use error::{DecodeError, HeaderError, OpenError};
 pub use header::{ChunkEntry, Header};
-pub use stream::{decode, Stream};
+pub use stream::{decode, DetachedStream, Stream};
 pub use write::{
     assemble, encode, encode_threads, stream_frame, EncodeParams, ProfileMode, StreamFrame,
 };

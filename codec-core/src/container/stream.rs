@@ -3,6 +3,7 @@
 
 use super::error::{DecodeError, OpenError};
 use super::header::Header;
+use crate::consts::CRC_LEN;
 use super::work::PieceWriter;
 use crate::block::{ChunkAt, ChunkContext, RowSink};
 use crate::error::Kv;
@@ -45,8 +46,40 @@ use core::ops::Range;
 #[derive(Debug)]
 pub struct Stream<'a> {
     bytes: &'a [u8],
-    header: Header,
+    header: Cow<'a, Header>,
     profile: Cow<'a, Profile>,
+}
+
+/// What [`Stream::open`] found, kept apart from the stream's bytes and profile
+/// ([`Stream::detach`]): a caller that holds the bytes and decodes from them many times (a
+/// binding's handle, decoding chunk by chunk) attaches it again for each decode in constant
+/// time, where opening again would parse and check the whole chunk index.
+///
+/// ```
+/// # use codec_core::*;
+/// # let shape = KvShape { layers: 1, tokens: 40, kv_heads: 1, head_dim: 8 };
+/// # let t = |s: usize| Tensor::F32((0..320).map(|i| ((i * 29 + s) % 97) as f32 / 40.0).collect());
+/// # let cache = KvCache { shape, k: vec![t(0)], v: vec![t(5)], meta: KvMeta::default() };
+/// # let profile = learn_profile(&[Sample { kv: cache.view(), queries: None }], &LearnParams::default())?;
+/// # let params = EncodeParams { chunk_tokens: 16, ..EncodeParams::default() };
+/// let bytes = encode(&cache.view(), ProfileMode::Referenced(&profile), &params)?;
+/// let opened = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT)?.detach();
+/// for chunk in &opened.header().chunks {
+///     let range = chunk.token_start..chunk.token_start + chunk.tokens;
+///     let part = opened.attach(&bytes, &profile)?.decode_tokens(range)?;
+///     assert_eq!(part.shape.tokens, chunk.tokens);
+/// }
+/// // Other bytes are refused, not decoded with this index.
+/// assert!(opened.attach(&bytes[1..], &profile).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct DetachedStream {
+    header: Header,
+    /// The length of the bytes it was opened from.
+    len: usize,
+    /// Their header CRC (the last [`CRC_LEN`] bytes of the header).
+    header_crc: [u8; CRC_LEN],
 }
 
 impl<'a> Stream<'a> {
@@ -77,9 +110,24 @@ impl<'a> Stream<'a> {
         check_profile(&header, &profile)?;
         Ok(Stream {
             bytes,
-            header,
+            header: Cow::Owned(header),
             profile,
         })
+    }
+
+    /// What opening found, without the bytes and the profile: attach them again with
+    /// [`DetachedStream::attach`].
+    pub fn detach(self) -> DetachedStream {
+        let header = self.header.into_owned();
+        let end = header.header_len();
+        // Open checked that the header lies within the bytes (H3).
+        let mut header_crc = [0; CRC_LEN];
+        header_crc.copy_from_slice(&self.bytes[end - CRC_LEN..end]);
+        DetachedStream {
+            header,
+            len: self.bytes.len(),
+            header_crc,
+        }
     }
 
     /// The header.
@@ -267,8 +315,61 @@ impl<'a> Stream<'a> {
     }
 }
 
+impl DetachedStream {
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The stream again, over `bytes` (those it was opened from) with `profile` (the one it
+    /// was opened with, or the one it embeds), in constant time.
+    ///
+    /// Bytes of another length or another header CRC are refused
+    /// ([`DecodeError::OtherBytes`]); so is another profile (check O2).
+    /// Other bytes that pass both (the same header over other chunk bytes) decode as those
+    /// chunks, each checked as it is read.
+    pub fn attach<'a>(
+        &'a self,
+        bytes: &'a [u8],
+        profile: &'a Profile,
+    ) -> Result<Stream<'a>, DecodeError> {
+        let end = self.header.header_len();
+        let crc = bytes.get(end - CRC_LEN..end);
+        if bytes.len() != self.len || crc != Some(&self.header_crc[..]) {
+            return Err(DecodeError::OtherBytes {
+                opened: self.len,
+                given: bytes.len(),
+            });
+        }
+        // The hash names the profile's bytes: the one that passed O4 at open, or its equal.
+        check_profile_fits(&self.header, profile)?;
+        Ok(Stream {
+            bytes,
+            header: Cow::Borrowed(&self.header),
+            profile: Cow::Borrowed(profile),
+        })
+    }
+}
+
 /// O2-O4: the profile is the one the header names and fits it.
 fn check_profile(header: &Header, profile: &Profile) -> Result<(), OpenError> {
+    check_profile_fits(header, profile)?;
+    let levels = profile.levels();
+    for (chunk, e) in header.chunks.iter().enumerate() {
+        if e.level >= levels {
+            let (chunk, level) = (chunk as u32, e.level);
+            return Err(OpenError::UnknownLevel {
+                chunk,
+                level,
+                levels,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// O2-O3: the profile is the one the header names and has its shape.
+fn check_profile_fits(header: &Header, profile: &Profile) -> Result<(), OpenError> {
     if profile.hash() != header.profile_hash {
         return Err(OpenError::ProfileMismatch {
             expected: header.profile_hash,
@@ -283,17 +384,6 @@ fn check_profile(header: &Header, profile: &Profile) -> Result<(), OpenError> {
             stream: ours,
             profile: theirs,
         });
-    }
-    let levels = profile.levels();
-    for (chunk, e) in header.chunks.iter().enumerate() {
-        if e.level >= levels {
-            let (chunk, level) = (chunk as u32, e.level);
-            return Err(OpenError::UnknownLevel {
-                chunk,
-                level,
-                levels,
-            });
-        }
     }
     Ok(())
 }

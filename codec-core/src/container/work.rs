@@ -44,9 +44,16 @@ pub(super) fn decode_range(
         .collect();
     let mut jobs = Vec::new();
     let mut stop = None;
-    for (i, e) in stream.header().chunks.iter().enumerate() {
+    // The chunks tile the tokens in order (check H28): those before the range are skipped by
+    // a binary search, so decoding one chunk of many does not walk the whole index.
+    let chunks = &stream.header().chunks;
+    let first = chunks.partition_point(|e| e.token_start + e.tokens <= range.start);
+    for (i, e) in chunks.iter().enumerate().skip(first) {
         let (s, t) = (e.token_start, e.token_start + e.tokens);
-        if t <= range.start || s >= range.end {
+        if s >= range.end {
+            break;
+        }
+        if t <= range.start {
             continue;
         }
         let (lo, hi) = (s.max(range.start) - s, t.min(range.end) - s);

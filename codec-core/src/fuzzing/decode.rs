@@ -30,14 +30,19 @@ pub fn decode_stream(data: &[u8]) {
     }
 }
 
-/// Opened again with the profile it resolved (as the bindings' stream handles do), the stream
-/// takes that profile as it is and decodes exactly as before, or fails the same way.
+/// Opened again with the profile it resolved, the stream takes that profile as it is;
+/// detached and attached again to its bytes and that profile (as the bindings' stream handles
+/// do for each decode), it decodes exactly as before, or fails the same way.
 fn check_reopened(stream: &Stream<'_>, data: &[u8]) {
     let again = Stream::open(data, Some(stream.profile()), &LIMITS)
         .expect("a stream that opens opens again with the profile it resolved");
     assert!(core::ptr::eq(again.profile(), stream.profile()));
     assert_eq!(again.header(), stream.header());
-    assert_eq!(again.decode(), stream.decode());
+    let opened = again.detach();
+    let attached = opened
+        .attach(data, stream.profile())
+        .expect("a detached stream attaches to its bytes and profile");
+    assert_eq!(attached.decode(), stream.decode());
 }
 
 /// Flag bit of [`decode_stream_profile`]: set the stream's profile hash to the SHA-256 of the
