@@ -73,6 +73,11 @@ impl Default for EncodeParams {
 }
 
 /// Encodes a cache into a stream.
+///
+/// The encoder keeps to the format's own bounds, not to a decoder's
+/// [`Limits`](crate::Limits): a stream past [`Limits::DEFAULT`](crate::Limits::DEFAULT) (more
+/// than 2^32 elements, say) is written, and decodes under limits raised to hold it. The
+/// bindings, whose decoders keep to the defaults, refuse such a cache before encoding it.
 pub fn encode(
     view: &KvView<'_>,
     profile: ProfileMode<'_>,
