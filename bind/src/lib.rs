@@ -15,8 +15,8 @@ use core::fmt;
 use core::ops::Range;
 
 use codec_core::{
-    DecodeError, EncodeError, EncodeParams, KvView, LearnParams, Limits, Profile, ProfileError,
-    ProfileMode, Queries, Sample, Stream, TensorMut,
+    ChunkEntry, DecodeError, EncodeError, EncodeParams, Header, KvView, LearnParams, Limits,
+    Profile, ProfileError, ProfileMode, Queries, Sample, Stream, TensorMut,
 };
 
 /// The class of an error; its number is the C ABI's status code (`KVC_ERR_*`) and its name the
@@ -301,16 +301,15 @@ pub fn open<'a>(bytes: &'a [u8], profile: Option<&'a Profile>) -> Result<Stream<
     Ok(Stream::open(bytes, profile, &Limits::DEFAULT)?)
 }
 
-/// The tokens of chunk `chunk`.
-pub fn chunk_tokens(stream: &Stream<'_>, chunk: usize) -> Result<Range<u32>, Error> {
-    let e = stream.header().chunks.get(chunk).ok_or_else(|| {
-        let n = stream.header().chunks.len();
+/// Chunk `chunk` of a stream's index.
+pub fn chunk_entry(header: &Header, chunk: u32) -> Result<&ChunkEntry, Error> {
+    header.chunks.get(chunk as usize).ok_or_else(|| {
+        let n = header.chunks.len();
         Error::new(
             ErrorKind::OutOfRange,
             format!("chunk {chunk} is outside the stream ({n} chunks)"),
         )
-    })?;
-    Ok(e.token_start..e.token_start + e.tokens)
+    })
 }
 
 /// Decodes tokens `range` into the caller's per-layer K and V buffers (`range.len() * channels`
@@ -378,8 +377,12 @@ mod tests {
         assert_eq!(s.profile().levels(), 2);
         let levels: Vec<u8> = s.header().chunks.iter().map(|c| c.level).collect();
         assert_eq!(levels, [1, 0, 1]);
-        assert_eq!(chunk_tokens(&s, 2).unwrap(), 32..40);
-        assert_eq!(chunk_tokens(&s, 3).unwrap_err().kind, ErrorKind::OutOfRange);
+        let e = chunk_entry(s.header(), 2).unwrap();
+        assert_eq!((e.token_start, e.tokens), (32, 8));
+        assert_eq!(
+            chunk_entry(s.header(), 3).unwrap_err().kind,
+            ErrorKind::OutOfRange
+        );
     }
 
     #[test]

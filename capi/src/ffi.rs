@@ -663,12 +663,7 @@ pub unsafe extern "C" fn kvc_stream_chunk(
 ) -> i32 {
     guard(|| {
         let s = stream_ref(stream)?;
-        let e = s.header().chunks.get(chunk as usize).ok_or_else(|| {
-            Error::new(
-                ErrorKind::OutOfRange,
-                format!("chunk {chunk} is outside the stream"),
-            )
-        })?;
+        let e = api::chunk_entry(s.header(), chunk)?;
         let info = kvc_chunk_info {
             token_start: e.token_start,
             tokens: e.tokens,
@@ -746,12 +741,7 @@ pub unsafe extern "C" fn kvc_stream_decode_chunk(
 ) -> i32 {
     guard(|| {
         let s = stream_ref(stream)?;
-        let e = s.header().chunks.get(chunk as usize).ok_or_else(|| {
-            Error::new(
-                ErrorKind::OutOfRange,
-                format!("chunk {chunk} is outside the stream"),
-            )
-        })?;
+        let e = api::chunk_entry(s.header(), chunk)?;
         let range = e.token_start..e.token_start + e.tokens;
         decode_range(s, range, dtype, k, v, capacity)
     })
