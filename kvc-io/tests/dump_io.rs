@@ -241,45 +241,26 @@ fn no_queries_is_fine() {
 
 #[test]
 fn wrong_dtype() {
-    // An integer K tensor.
-    let mut raw = Raw::sample();
-    raw.set(
-        "k.2",
-        StDtype::I16,
-        vec![512, 3, 64],
-        vec![0; 512 * 3 * 64 * 2],
-    );
-    match raw.load() {
-        Err(DumpError::WrongDtype {
-            name,
-            dtype,
-            expected,
-        }) => {
-            assert_eq!(name, "k.2");
-            assert_eq!(dtype, "I16");
-            assert_eq!(expected, "F16, BF16 or F32");
+    // An integer K tensor; a float dtype differing from k.0.
+    let cases = [
+        ("k.2", StDtype::I16, 2, "I16", "F16, BF16 or F32"),
+        ("v.5", StDtype::F32, 4, "F32", "F16 (the dtype of k.0)"),
+    ];
+    for (tensor, st, width, want_dtype, want_expected) in cases {
+        let mut raw = Raw::sample();
+        raw.set(tensor, st, vec![512, 3, 64], vec![0; 512 * 3 * 64 * width]);
+        match raw.load() {
+            Err(DumpError::WrongDtype {
+                name,
+                dtype,
+                expected,
+            }) => {
+                assert_eq!(name, tensor);
+                assert_eq!(dtype, want_dtype);
+                assert_eq!(expected, want_expected);
+            }
+            other => panic!("expected WrongDtype, got {other:?}"),
         }
-        other => panic!("expected WrongDtype, got {other:?}"),
-    }
-    // A float dtype differing from k.0.
-    let mut raw = Raw::sample();
-    raw.set(
-        "v.5",
-        StDtype::F32,
-        vec![512, 3, 64],
-        vec![0; 512 * 3 * 64 * 4],
-    );
-    match raw.load() {
-        Err(DumpError::WrongDtype {
-            name,
-            dtype,
-            expected,
-        }) => {
-            assert_eq!(name, "v.5");
-            assert_eq!(dtype, "F32");
-            assert_eq!(expected, "F16 (the dtype of k.0)");
-        }
-        other => panic!("expected WrongDtype, got {other:?}"),
     }
     // F64 everywhere: rejected at k.0.
     let mut raw = Raw::sample();
