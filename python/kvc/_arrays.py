@@ -68,7 +68,8 @@ def as_array(obj):
         a = np.from_dlpack(obj)
     else:
         a = np.asarray(obj)
-    if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16
+    # ml_dtypes.bfloat16 (the name is asked only of other dtypes: numpy builds it anew each time).
+    if a.dtype not in KV_DTYPES and a.dtype.name == "bfloat16":
         a = a.view(np.uint16)
     return np.asarray(a)
 
