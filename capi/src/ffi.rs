@@ -585,8 +585,8 @@ pub unsafe extern "C" fn kvc_stream_open(
     guard(|| {
         check_out(out, "out")?;
         let bytes = bytes_in(data, len, "data")?.to_vec();
-        // The profile in use (given or embedded), kept: decoding opens the stream again with
-        // it, neither parsing it again nor rebuilding its decode tables.
+        // The profile in use (given or embedded) and what opening found, kept: each decode
+        // attaches them to the bytes, parsing neither the index nor the profile again.
         let (opened, profile) = {
             let s = api::open(&bytes, profile_opt(profile))?;
             let profile = s.profile().clone();
