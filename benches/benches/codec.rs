@@ -8,11 +8,13 @@
 //! (`threads1`, `threads2`, `threads_all`; the last is left out where it is 2).
 //!
 //! `open/`: a self-contained stream's profile parsed, and the stream decoded from its bytes.
+//! `chunk_of_16384/`: one chunk of 16 384 decoded, the stream opened each time or attached.
 //!
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
 use codec_core::{
-    decode, encode_threads, thread_count, EncodeParams, Limits, Profile, ProfileMode, Stream,
+    decode, encode_threads, learn_profile, thread_count, Dtype, EncodeParams, KvShape, LearnParams,
+    Limits, Profile, ProfileMode, Sample, Stream, Tensor,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_benches::{big_fixture_path, load, sample_path, self_profile};
@@ -84,6 +86,65 @@ fn bench_open(c: &mut Criterion, name: &str, path: &Path) {
     g.finish();
 }
 
+/// One chunk of a stream of many decoded into a reused buffer, as a binding's handle decodes
+/// chunk by chunk: the stream opened for each decode (its whole index parsed and checked) or
+/// opened once and attached again ([`codec_core::DetachedStream`]). The fixture's first
+/// layer and KV head, repeated to 16 384 tokens, in one-token chunks.
+fn bench_chunk_of_many(c: &mut Criterion, path: &Path) {
+    let f = load(path);
+    let mut kv = f.kv.clone();
+    let (tokens, dim) = (16_384usize, kv.shape.head_dim as usize);
+    let row = kv.shape.channels();
+    let first_head = |t: &Tensor| -> Tensor {
+        let values = t.to_f32_vec();
+        let rows = values.chunks(row).flat_map(|r| r[..dim].iter().copied());
+        Tensor::F32(rows.cycle().take(tokens * dim).collect())
+    };
+    kv.k = vec![first_head(&kv.k[0])];
+    kv.v = vec![first_head(&kv.v[0])];
+    kv.shape = KvShape {
+        layers: 1,
+        kv_heads: 1,
+        head_dim: dim as u32,
+        tokens: tokens as u32,
+    };
+    let sample = Sample {
+        kv: kv.view(),
+        queries: None,
+    };
+    let profile = learn_profile(&[sample], &LearnParams::default()).unwrap();
+    let params = EncodeParams {
+        chunk_tokens: 1,
+        ..EncodeParams::default()
+    };
+    let bytes = encode_threads(&kv.view(), ProfileMode::Referenced(&profile), &params, 0).unwrap();
+    let opened = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT)
+        .unwrap()
+        .detach();
+    let mut out = [
+        Tensor::zeros(Dtype::F32, dim),
+        Tensor::zeros(Dtype::F32, dim),
+    ];
+    let mut g = c.benchmark_group("chunk_of_16384");
+    g.sample_size(20);
+    let mut next = 0u32;
+    let mut one_chunk = |s: Stream<'_>| {
+        next = (next + 7919) % tokens as u32;
+        let [k, v] = &mut out;
+        let (mut k, mut v) = ([k.as_mut()], [v.as_mut()]);
+        s.decode_range_into(next..next + 1, &mut k, &mut v).unwrap()
+    };
+    g.bench_function("open_each_time", |b| {
+        b.iter(|| {
+            one_chunk(Stream::open(black_box(&bytes), Some(&profile), &Limits::DEFAULT).unwrap())
+        })
+    });
+    g.bench_function("attached", |b| {
+        b.iter(|| one_chunk(opened.attach(black_box(&bytes), &profile).unwrap()))
+    });
+    g.finish();
+}
+
 /// 1 and 2 threads, and every core where that is more than 2.
 fn thread_counts() -> Vec<(usize, &'static str)> {
     let mut t = vec![(1, "threads1"), (2, "threads2")];
@@ -96,6 +157,7 @@ fn thread_counts() -> Vec<(usize, &'static str)> {
 fn codec(c: &mut Criterion) {
     bench_fixture(c, "smollm2-512", &sample_path());
     bench_open(c, "smollm2-512", &sample_path());
+    bench_chunk_of_many(c, &sample_path());
     if let Some(p) = big_fixture_path() {
         bench_fixture(c, "smollm2-2048", &p);
     }
