@@ -116,7 +116,8 @@ impl<'a> Stream<'a> {
     }
 
     /// What opening found, without the bytes and the profile: attach them again with
-    /// [`DetachedStream::attach`].
+    /// [`DetachedStream::attach`]. For a stream that embeds its profile, keep that profile
+    /// first (`stream.profile().clone()`): it is the one to attach.
     pub fn detach(self) -> DetachedStream {
         let header = self.header.into_owned();
         let end = header.header_len();
