@@ -336,15 +336,35 @@ impl PqOpts {
             },
         })
     }
-    /// The parameters checked against the dump's head dimension, in the options' terms.
-    fn checked_params(&self, head_dim: u32) -> Result<pq_core::PqParams> {
+    /// The parameters checked against the dump's head dimension, in the options' terms; a
+    /// note where the codebooks outgrow the keys they code (the work is then long).
+    fn checked_params(&self, shape: codec_core::KvShape) -> Result<pq_core::PqParams> {
         let p = self.params()?;
-        p.check(head_dim as usize).map_err(|e| {
+        let head_dim = shape.head_dim as usize;
+        p.check(head_dim).map_err(|e| {
             format!(
                 "--method {} --m {} --b {} on keys of {head_dim} dimensions: {e}",
                 self.method, self.m, self.b
             )
         })?;
+        let book_dim = match p.method {
+            pq_core::Method::Product => head_dim / p.m,
+            pq_core::Method::Residual => head_dim,
+        };
+        // Checked above: m * 2^b * book_dim is within pq-core's codebook bound.
+        let table = (p.m << p.b) * book_dim;
+        let exact = shape.tokens as usize * head_dim;
+        if table > exact {
+            let heads = shape.layers as usize * shape.kv_heads as usize;
+            note!(
+                "kvc pq: --m {} --b {}: a query's score table takes {table} multiply-adds, more \
+                 than scoring all {} keys exactly ({exact}); the {heads} codebooks hold {:.1} MB",
+                self.m,
+                self.b,
+                shape.tokens,
+                (heads * table * 4) as f64 / 1e6
+            );
+        }
         Ok(p)
     }
     fn selector(&self, with_rerank: bool) -> Result<Selector> {
@@ -381,7 +401,7 @@ pub(crate) fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
         } => {
             let plot = plot_file(plot.as_deref(), &[&input], force)?;
             let d = load_with_queries(&input)?;
-            opts.checked_params(d.kv.shape.head_dim)?;
+            opts.checked_params(d.kv.shape)?;
             let mut sels = Vec::new();
             let paper = Selector {
                 params: pq_core::PqParams {
@@ -414,7 +434,7 @@ pub(crate) fn cmd_pq(cmd: PqCmd, force: bool) -> Result<()> {
             inputs.extend(opts.rerank_profile.as_deref());
             let out = output_file(&output, &inputs, force)?;
             let d = load_with_queries(&input)?;
-            opts.checked_params(d.kv.shape.head_dim)?;
+            opts.checked_params(d.kv.shape)?;
             cmd_select(&d, &out, &opts.selector(true)?, opts.windows(), k)
         }
     }

@@ -158,6 +158,26 @@ fn select_writes_causal_padded_indices_deterministically() {
 }
 
 #[test]
+fn codebooks_that_outgrow_the_keys_are_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sel.safetensors");
+    let select = |m: &str, b: &str| {
+        let args = ["pq", "select", SAMPLE, out.to_str().unwrap(), "--k", "20"];
+        let (ok, _, err) = kvc(&[&args[..], &["--m", m, "--b", b, "--rerank", "0", "-f"]].concat());
+        assert!(ok, "{err}");
+        err
+    };
+    // One book of 1024 codewords of 64 dims: 65 536 multiply-adds a table, 512 keys of 64 dims.
+    let err = select("1", "10");
+    let want = "a query's score table takes 65536 multiply-adds, more than scoring all 512 keys \
+                exactly (32768); the 90 codebooks hold 23.6 MB";
+    assert!(err.contains(want), "{err}");
+    // The default's two books of 64 codewords: 8192.
+    let err = select("2", "6");
+    assert!(!err.contains("score table"), "{err}");
+}
+
+#[test]
 fn select_without_queries_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let s = |p: &Path| p.to_str().unwrap().to_string();
