@@ -3,9 +3,9 @@
 
 use super::error::{DecodeError, OpenError};
 use super::header::Header;
-use crate::consts::CRC_LEN;
 use super::work::PieceWriter;
 use crate::block::{ChunkAt, ChunkContext, RowSink};
+use crate::consts::CRC_LEN;
 use crate::error::Kv;
 use crate::kv::{CodingError, Dtype, KvCache, TensorMut};
 use crate::limits::Limits;
