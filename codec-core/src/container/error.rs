@@ -531,7 +531,7 @@ impl fmt::Display for DecodeError {
             DecodeError::OutOfRange { what } => write!(f, "requested {what} is outside the stream"),
             DecodeError::OtherBytes { opened, given } => write!(
                 f,
-                "these bytes are not the stream's that was opened ({given} bytes given, \
+                "bytes other than those the stream was opened from ({given} bytes given, \
                  {opened} opened, or another header)"
             ),
         }
