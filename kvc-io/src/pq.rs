@@ -1,10 +1,11 @@
 //! PQCache-style token selection on a dump's real queries: what `kvc pq eval` and `kvc pq
 //! select` compute.
 //!
-//! [`evaluate`] trains the codebooks of every (layer, KV head), scores the dump's stored queries
-//! and measures recall of the exact top-k, the softmax mass the selection captures, timings and
-//! the block-cache hit rate; [`select`] computes the selected token indices for an outside
-//! harness and [`write_selection`] stores them. The exact scores and softmax weights are the
+//! [`evaluate`] trains the codebooks of every (layer, KV head), a layer at a time (only one
+//! layer's codebooks are held), scores the dump's stored queries and measures recall of the
+//! exact top-k, the softmax mass the selection captures, timings and the block-cache hit rate;
+//! [`select`] computes the selected token indices for an outside harness and
+//! [`write_selection`] stores them. The exact scores and softmax weights are the
 //! attention oracle's ([`codec_core::attention`]); `k` for "a fraction of the tokens" is
 //! [`pq_core::k_for_fraction`]'s (the floor: T/5 of 2048 tokens is 409).
 
@@ -296,81 +297,85 @@ fn codec_keys(
     Ok((keys, bpe))
 }
 
-/// A trained selector over a whole dump.
-struct Trained {
-    /// Per (layer, KV head): codebook and codes `[T, m]`.
-    books: Vec<(Codebook, Vec<u16>)>,
-    /// Per (layer, KV head) re-ranking keys `[T, D]` (with re-ranking).
-    rerank_keys: Option<Vec<Vec<f32>>>,
-    /// Bits per element of the stream the re-ranking keys come from.
-    rerank_bpe: Option<f64>,
-    /// Training seconds per (layer, head).
-    train_s: Vec<f64>,
+/// The keys that re-rank a short list, per (layer, KV head) `[T, D]`, and the bits per element
+/// of the stream they were decoded from.
+struct Reranking {
+    keys: Vec<Vec<f32>>,
+    bpe: f64,
 }
 
-/// Trains `sel` on every (layer, KV head), one progress step per layer.
-fn train(
-    data: &Data,
-    dump: &Dump,
-    sel: &Selector,
-    progress: &mut dyn Progress,
-) -> Result<Trained, Error> {
-    let mut books = Vec::with_capacity(data.layers * data.kv_heads);
-    let mut train_s = Vec::new();
-    for l in 0..data.layers {
-        for h in 0..data.kv_heads {
-            let keys = data.head_keys(&data.k[l], h);
-            let params = PqParams {
-                seed: sel.params.seed ^ ((l * data.kv_heads + h) as u64),
-                ..sel.params
-            };
-            let t0 = Instant::now();
-            let cb = Codebook::train(&keys, data.d, &params).map_err(|source| Error::Pq {
-                at: format!("layer {l} head {h}"),
-                source,
-            })?;
-            let codes = cb.encode(&keys)?;
-            train_s.push(t0.elapsed().as_secs_f64());
-            books.push((cb, codes));
-        }
-        progress.step();
-    }
-    let (rerank_keys, rerank_bpe) = match &sel.rerank {
-        Some(r) => {
-            let (k, bpe) = codec_keys(dump, r.level, r.profile.as_deref())?;
-            let per_head = (0..data.layers * data.kv_heads)
-                .map(|i| data.head_keys(&k[i / data.kv_heads], i % data.kv_heads))
-                .collect();
-            (Some(per_head), Some(bpe))
-        }
-        None => (None, None),
+/// `sel`'s re-ranking keys, if it re-ranks.
+fn reranking(data: &Data, dump: &Dump, sel: &Selector) -> Result<Option<Reranking>, Error> {
+    let Some(r) = &sel.rerank else {
+        return Ok(None);
     };
+    let (k, bpe) = codec_keys(dump, r.level, r.profile.as_deref())?;
+    let keys = (0..data.layers * data.kv_heads)
+        .map(|i| data.head_keys(&k[i / data.kv_heads], i % data.kv_heads))
+        .collect();
+    Ok(Some(Reranking { keys, bpe }))
+}
+
+/// A selector trained on one layer: only that layer's codebooks are held at a time, however
+/// large the options make them.
+struct Trained<'r> {
+    layer: usize,
+    /// Per KV head: codebook and codes `[T, m]`.
+    books: Vec<(Codebook, Vec<u16>)>,
+    /// The re-ranking keys (of every layer), where `sel` re-ranks.
+    rerank: Option<&'r Reranking>,
+}
+
+/// Trains `sel` on every KV head of layer `l`, adding each head's training seconds to
+/// `train_s`.
+fn train_layer<'r>(
+    data: &Data,
+    sel: &Selector,
+    l: usize,
+    rerank: Option<&'r Reranking>,
+    train_s: &mut Vec<f64>,
+) -> Result<Trained<'r>, Error> {
+    let mut books = Vec::with_capacity(data.kv_heads);
+    for h in 0..data.kv_heads {
+        let keys = data.head_keys(&data.k[l], h);
+        let params = PqParams {
+            seed: sel.params.seed ^ ((l * data.kv_heads + h) as u64),
+            ..sel.params
+        };
+        let t0 = Instant::now();
+        let cb = Codebook::train(&keys, data.d, &params).map_err(|source| Error::Pq {
+            at: format!("layer {l} head {h}"),
+            source,
+        })?;
+        let codes = cb.encode(&keys)?;
+        train_s.push(t0.elapsed().as_secs_f64());
+        books.push((cb, codes));
+    }
     Ok(Trained {
+        layer: l,
         books,
-        rerank_keys,
-        rerank_bpe,
-        train_s,
+        rerank,
     })
 }
 
-/// The tokens chosen for query `i`'s head `qh` at layer `l`: the windows, and `k` more, by PQ
-/// score or re-ranked. Ascending.
+/// The tokens chosen for query `i`'s head `qh` at the trained layer: the windows, and `k` more,
+/// by PQ score or re-ranked. Ascending.
 fn choose(
     data: &Data,
-    tr: &Trained,
+    tr: &Trained<'_>,
     sel: &Selector,
-    (l, i, qh): (usize, usize, usize),
+    (i, qh): (usize, usize),
     k: usize,
     w: Windows,
 ) -> Result<Vec<u32>, PqError> {
-    let h = data.kv_head(qh);
+    let (l, h) = (tr.layer, data.kv_head(qh));
     let len = data.q_start + i + 1;
-    let (cb, codes) = &tr.books[l * data.kv_heads + h];
+    let (cb, codes) = &tr.books[h];
     let q = data.query(l, i, qh);
     let table = score_table(q, cb)?;
     let codes = &codes[..len * cb.m()];
-    match (&sel.rerank, &tr.rerank_keys) {
-        (Some(r), Some(keys)) => {
+    match (&sel.rerank, tr.rerank) {
+        (Some(r), Some(rr)) => {
             let short = ((k as f64) * r.factor).round() as usize;
             let cand = search(codes, &table, short, w.n_init, w.n_local)?;
             // The window tokens are kept as they are; only the rest is re-ranked.
@@ -379,7 +384,7 @@ fn choose(
             let (mut fixed, rest): (Vec<u32>, Vec<u32>) = cand.into_iter().partition(|&t| {
                 (t as usize) < init_end || (t as usize) >= local_start.max(init_end)
             });
-            let hk = &keys[l * data.kv_heads + h];
+            let hk = &rr.keys[l * data.kv_heads + h];
             fixed.extend(rerank(&rest, &hk[..len * data.d], q, k)?);
             fixed.sort_unstable();
             Ok(fixed)
@@ -467,18 +472,16 @@ struct Sums {
     n: usize,
 }
 
-/// Recall, mass and cache figures of `sel` on layer `l`, added to `sums` and `caches`.
-#[allow(clippy::too_many_arguments)]
+/// Recall, mass and cache figures of `sel` on the trained layer, added to `sums` and `caches`.
 fn score_layer(
     data: &Data,
-    tr: &Trained,
+    tr: &Trained<'_>,
     sel: &Selector,
-    l: usize,
-    (k5, k10): (usize, usize),
-    w: Windows,
+    ((k5, k10), w): ((usize, usize), Windows),
     sums: &mut Sums,
     caches: &mut Caches,
 ) -> Result<(), Error> {
+    let l = tr.layer;
     let mut layer_caches = caches.layer(data.kv_heads);
     let keys = TransposedKeys::new(&data.k[l], data.kv_heads, data.d);
     let mut exact = vec![0.0f32; data.t];
@@ -493,11 +496,11 @@ fn score_layer(
             attention::softmax_into(ex, data.d, &mut weights);
             let truth5 = pq_core::select(ex, k5, 0, 0)?;
             let truth10 = pq_core::select(ex, k10, 0, 0)?;
-            let got5 = choose(data, tr, sel, (l, i, qh), k5, Windows::NONE)?;
-            let got10 = choose(data, tr, sel, (l, i, qh), k10, Windows::NONE)?;
+            let got5 = choose(data, tr, sel, (i, qh), k5, Windows::NONE)?;
+            let got10 = choose(data, tr, sel, (i, qh), k10, Windows::NONE)?;
             sums.recall_t5 += overlap(&truth5, &got5) as f64 / truth5.len().max(1) as f64;
             sums.recall_t10 += overlap(&truth10, &got10) as f64 / truth10.len().max(1) as f64;
-            let with_win = choose(data, tr, sel, (l, i, qh), k5, w)?;
+            let with_win = choose(data, tr, sel, (i, qh), k5, w)?;
             sums.mass += with_win.iter().map(|&t| weights[t as usize]).sum::<f64>();
             // The fixtures README's definition: top-k over all tokens, united with the windows.
             let mut union = got5;
@@ -521,35 +524,34 @@ fn score_layer(
     Ok(())
 }
 
-/// Mean time of the score table and search (with windows) of every stored query head, alone.
-fn time_search(
+/// Times the score table and search (with windows) of every stored query head of the trained
+/// layer, alone: adds the seconds and the searches to `total`.
+fn time_searches(
     data: &Data,
-    tr: &Trained,
+    tr: &Trained<'_>,
     sel: &Selector,
-    k: usize,
-    w: Windows,
-) -> Result<f64, Error> {
+    (k, w): (usize, Windows),
+    total: &mut (f64, usize),
+) -> Result<(), Error> {
     let t0 = Instant::now();
-    let mut searches = 0usize;
     let mut sink = 0u64;
-    for l in 0..data.layers {
-        for i in 0..data.n_q {
-            for qh in 0..data.q_heads {
-                let s = choose(data, tr, sel, (l, i, qh), k, w)?;
-                sink = sink.wrapping_add(s.len() as u64);
-                searches += 1;
-            }
+    for i in 0..data.n_q {
+        for qh in 0..data.q_heads {
+            let s = choose(data, tr, sel, (i, qh), k, w)?;
+            sink = sink.wrapping_add(s.len() as u64);
         }
     }
     std::hint::black_box(sink);
-    Ok(t0.elapsed().as_secs_f64() * 1e9 / searches.max(1) as f64)
+    total.0 += t0.elapsed().as_secs_f64();
+    total.1 += data.n_q * data.q_heads;
+    Ok(())
 }
 
 /// Every stored query head's PQ selection (`k` tokens outside the windows `w`, no re-ranking)
 /// by `second`, checked against `pq_core::search`'s; token-scores per second, whole and kernel.
 fn second_search(
     data: &Data,
-    tr: &Trained,
+    books: &[(Codebook, Vec<u16>)],
     sel: &Selector,
     (k, w): (usize, Windows),
     second: &mut dyn SecondSearch,
@@ -570,7 +572,7 @@ fn second_search(
     }
     let companion = |at: String, source| Error::Companion { at, source };
     let got = second
-        .search(&tr.books, &queries)
+        .search(books, &queries)
         .map_err(|e| companion(sel.name(), e))?;
     if got.selections.len() != queries.len() {
         let why = format!(
@@ -581,7 +583,7 @@ fn second_search(
         return Err(companion(sel.name(), why.into()));
     }
     for (n, (q, sel_got)) in queries.iter().zip(&got.selections).enumerate() {
-        let (cb, codes) = &tr.books[q.head];
+        let (cb, codes) = &books[q.head];
         let table = score_table(q.query, cb)?;
         let want = search(&codes[..q.tokens * cb.m()], &table, k, w.n_init, w.n_local)?;
         if *sel_got != want {
@@ -612,32 +614,42 @@ fn evaluate_one(
     second: Option<&mut dyn SecondSearch>,
 ) -> Result<Figures, Error> {
     progress.start(&sel.name(), data.layers as u64 * 2);
-    let tr = train(data, dump, sel, progress)?;
-    let mut sums = Sums::default();
-    let mut caches = Caches::new(data.t);
+    let rr = reranking(data, dump, sel)?;
+    let (mut sums, mut caches) = (Sums::default(), Caches::new(data.t));
+    let (mut train_s, mut searched) = (Vec::new(), (0.0, 0));
+    // The second search takes every layer's codebooks at once; without it one layer's are held.
+    let mut kept = Vec::new();
+    let mut first = None;
     for l in 0..data.layers {
-        score_layer(data, &tr, sel, l, ks, w, &mut sums, &mut caches)?;
+        let tr = train_layer(data, sel, l, rr.as_ref(), &mut train_s)?;
         progress.step();
+        score_layer(data, &tr, sel, (ks, w), &mut sums, &mut caches)?;
+        time_searches(data, &tr, sel, (ks.0, w), &mut searched)?;
+        progress.step();
+        let cb = &tr.books[0].0;
+        first.get_or_insert((cb.m() * usize::from(cb.bits()), cb.centroids().len()));
+        if second.is_some() {
+            kept.extend(tr.books);
+        }
     }
     progress.finish();
-    let search_ns = time_search(data, &tr, sel, ks.0, w)?;
     let second_scores_per_s = match second {
-        Some(s) => Some(second_search(data, &tr, sel, (ks.0, w), s)?),
+        Some(s) => Some(second_search(data, &kept, sel, (ks.0, w), s)?),
         None => None,
     };
-    let cb = &tr.books[0].0;
+    let (bits_per_key, codebook_floats) = first.unwrap_or_default();
     let n = sums.n as f64;
     Ok(Figures {
         name: sel.name(),
-        bits_per_key: cb.m() * usize::from(cb.bits()),
-        codebook_floats: cb.centroids().len(),
+        bits_per_key,
+        codebook_floats,
         recall_t5: sums.recall_t5 / n,
         recall_t10: sums.recall_t10 / n,
         mass: sums.mass / n,
         mass_union: sums.mass_union / n,
-        train_ms_mean: tr.train_s.iter().sum::<f64>() * 1e3 / tr.train_s.len() as f64,
-        search_ns_per_query_head: search_ns,
-        rerank_bpe: tr.rerank_bpe,
+        train_ms_mean: train_s.iter().sum::<f64>() * 1e3 / train_s.len() as f64,
+        search_ns_per_query_head: searched.0 * 1e9 / searched.1.max(1) as f64,
+        rerank_bpe: rr.map(|r| r.bpe),
         cache: caches.figures(),
         second_scores_per_s,
     })
@@ -745,17 +757,19 @@ pub fn select(
         });
     }
     progress.start("select", data.layers as u64 * 2);
-    let tr = train(&data, dump, sel, progress)?;
+    let rr = reranking(&data, dump, sel)?;
     let n_init = w.n_init.min(slots);
     let n_local = w.n_local.min(slots - n_init);
     let windows = Windows { n_init, n_local };
     let k = slots - n_init - n_local;
     let mut layers = Vec::with_capacity(data.layers);
     for l in 0..data.layers {
+        let tr = train_layer(&data, sel, l, rr.as_ref(), &mut Vec::new())?;
+        progress.step();
         let mut sel_l = Vec::with_capacity(data.n_q * data.q_heads * slots);
         for i in 0..data.n_q {
             for qh in 0..data.q_heads {
-                let s = choose(&data, &tr, sel, (l, i, qh), k, windows)?;
+                let s = choose(&data, &tr, sel, (i, qh), k, windows)?;
                 sel_l.extend((0..slots).map(|slot| s.get(slot).map_or(-1, |&t| t as i32)));
             }
         }
