@@ -358,7 +358,7 @@ impl PqOpts {
             let heads = shape.layers as usize * shape.kv_heads as usize;
             note!(
                 "kvc pq: --m {} --b {}: a query's score table takes {table} multiply-adds, more \
-                 than scoring all {} keys exactly ({exact}); the {heads} codebooks hold {:.1} MB",
+                 than scoring all {} keys exactly ({exact}); the {heads} codebooks come to {:.1} MB",
                 self.m,
                 self.b,
                 shape.tokens,

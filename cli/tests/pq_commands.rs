@@ -170,7 +170,7 @@ fn codebooks_that_outgrow_the_keys_are_noted() {
     // One book of 1024 codewords of 64 dims: 65 536 multiply-adds a table, 512 keys of 64 dims.
     let err = select("1", "10");
     let want = "a query's score table takes 65536 multiply-adds, more than scoring all 512 keys \
-                exactly (32768); the 90 codebooks hold 23.6 MB";
+                exactly (32768); the 90 codebooks come to 23.6 MB";
     assert!(err.contains(want), "{err}");
     // The default's two books of 64 codewords: 8192.
     let err = select("2", "6");
