@@ -12,146 +12,30 @@
 //     e = table[x & 4095]; x = f * (x >> 12) + (x & 4095) - cdf;
 //     if x < 2^16 and words remain: x = x << 16 | next word (one read is always enough);
 //   and ends with every word read and x == 2^16.
-// Everything else (blocks, table lists, shared-memory staging, checks) is rans_decode.cu's, so
-// that the two kernels differ only in the state arithmetic and the word size.
+// Everything else (blocks, table lists, shared-memory staging, checks, the software-pipelined
+// loop) is kvc_lanes.cuh's, which rans_decode.cu's kvc_rans_lane_decode runs with v2's coder:
+// the two kernels differ only in the state arithmetic and the word size.
 
-#include "kvc_kernel.cuh"
+#include "kvc_lanes.cuh"
 
-// Per-lane outcome (codec_cuda::rans::LaneStatus's codes; ZERO_FINAL_WORD: fewer than 2 words).
-enum KvcLane32Status : kvc_u32 {
-    KVC_LANE32_OK = 0,
-    KVC_LANE32_SHORT = 1,
-    KVC_LANE32_TRAILING_DATA = 2,
-    KVC_LANE32_BAD_FINAL_STATE = 3,
-    KVC_LANE32_BAD_TABLE = 4,
-    KVC_LANE32_BAD_RANGE = 5,
+// The coder above for kvc_decode_lane: (x >> 12) < 2^20 times a frequency < 2^12 fits 32 bits.
+struct KvcLaneCoder32 {
+    typedef kvc_u32 State;
+    typedef kvc_u16 Word;
+    static __device__ __forceinline__ kvc_u32 word_bits() { return 16; }
+    static __device__ __forceinline__ State low() { return 1u << 16; }
+    static __device__ __forceinline__ State final_state() { return 1u << 16; }
+
+    // A lane starts with two words at least (its last two are the state).
+    static __device__ __forceinline__ bool starts(Word, kvc_u64 n) { return n >= 2; }
+    static __device__ __forceinline__ bool starts_empty() { return false; }
 };
 
-#define KVC_LANE32_L (1u << 16)
+// The v2 kernel's arguments with 16-bit words; block word counts are in 16-bit words.
+typedef KvcLaneArgsOf<kvc_u16> KvcLane32Args;
 
-// KvcLaneBlock's layout; word counts are in 16-bit words.
-struct KvcLane32Block {
-    kvc_u64 word_start;
-    kvc_u64 symbol_start;
-    kvc_u32 n_symbols;
-    kvc_u32 table_start;
-    kvc_u32 table_count;
-    kvc_u32 lane_len[KVC_LANES];
-};
-
-// KvcLaneDecodeArgs' layout with 16-bit words.
-struct KvcLane32Args {
-    const kvc_u16* words;
-    kvc_u64 n_words;
-    const kvc_u32* tables;
-    kvc_u64 n_tables;
-    const kvc_u32* table_list;
-    kvc_u64 n_table_list;
-    const kvc_u16* symbol_table;
-    kvc_u8* symbols;
-    kvc_u64 n_symbols;
-    const KvcLane32Block* blocks;
-    kvc_u32* status;
-    kvc_u64 n_blocks;
-    kvc_u64 shared_tables;
-};
-
-__device__ __forceinline__ bool kvc_lane32_tables_ok(const KvcLane32Args& a,
-                                                     const KvcLane32Block& blk) {
-    const kvc_u64 start = blk.table_start, count = blk.table_count;
-    if (start + count > a.n_table_list) return false;
-    for (kvc_u64 k = 0; k < count; k++) {
-        if (a.table_list[start + k] >= a.n_tables) return false;
-    }
-    return true;
-}
-
-__device__ __forceinline__ bool kvc_lane32_range_ok(const KvcLane32Args& a,
-                                                    const KvcLane32Block& blk) {
-    kvc_u64 words = 0;
-    for (kvc_u32 l = 0; l < KVC_LANES; l++) words += blk.lane_len[l];
-    return blk.word_start <= a.n_words && words <= a.n_words - blk.word_start &&
-           blk.symbol_start <= a.n_symbols && blk.n_symbols <= a.n_symbols - blk.symbol_start;
-}
-
-// The shared tables of the calling thread's warp (as rans_decode.cu).
-__device__ __forceinline__ kvc_u32* kvc_lane32_shared(const KvcLane32Args& a,
-                                                      unsigned char* shared) {
-    return (kvc_u32*)shared + (kvc_u64)kvc_warp() * a.shared_tables * KVC_SLOTS;
-}
-
-// Phase 1: each warp's block's tables into its region, if they fit (as rans_decode.cu).
-__device__ __forceinline__ void kvc_lane32_stage_tables(const KvcLane32Args& a,
-                                                        unsigned char* shared) {
-    const kvc_u64 b = kvc_warp_item();
-    if (b >= a.n_blocks) return;
-    const KvcLane32Block& blk = a.blocks[b];
-    if (blk.table_count > a.shared_tables || !kvc_lane32_tables_ok(a, blk)) return;
-    kvc_u32* dst = kvc_lane32_shared(a, shared);
-    for (kvc_u32 k = 0; k < blk.table_count; k++) {
-        const kvc_u32* src = a.tables + (kvc_u64)a.table_list[blk.table_start + k] * KVC_SLOTS;
-        for (kvc_u32 i = kvc_warp_lane(); i < KVC_SLOTS; i += KVC_LANES) {
-            dst[k * KVC_SLOTS + i] = src[i];
-        }
-    }
-}
-
-// Decodes lane `lane` of a checked block with the 32-bit coder above.
-__device__ __forceinline__ kvc_u32 kvc_lane32_decode_lane(const KvcLane32Args& a,
-                                                          const KvcLane32Block& blk,
-                                                          kvc_u32 lane, const kvc_u32* shared) {
-    kvc_u64 first = blk.word_start;
-    for (kvc_u32 l = 0; l < lane; l++) first += blk.lane_len[l];
-    const kvc_u16* w = a.words + first;
-    const kvc_u32 n = blk.lane_len[lane];
-    if (n < 2) return KVC_LANE32_SHORT;
-    kvc_u32 x = ((kvc_u32)w[n - 1] << 16) | w[n - 2];
-    kvc_u32 unread = n - 2;
-
-    const kvc_u16* table_of = a.symbol_table + blk.symbol_start;
-    kvc_u8* out = a.symbols + blk.symbol_start;
-    const kvc_u32* list = a.table_list + blk.table_start;
-    for (kvc_u32 p = lane; p < blk.n_symbols; p += KVC_LANES) {
-        const kvc_u32 k = table_of[p];
-        if (k >= blk.table_count) return KVC_LANE32_BAD_TABLE;
-        const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * KVC_SLOTS
-                                             : a.tables + (kvc_u64)list[k] * KVC_SLOTS;
-        const kvc_u32 e = t[x & (KVC_SLOTS - 1)];
-        // (x >> 12) < 2^20 and the frequency < 2^12: the product fits 32 bits.
-        x = (x >> KVC_PRECISION) * ((e >> 8) & 0xFFF) + (e >> 20);
-        if (x < KVC_LANE32_L && unread > 0) {
-            unread--;
-            x = (x << 16) | w[unread];
-        }
-        out[p] = (kvc_u8)e;
-    }
-    if (unread != 0) return KVC_LANE32_TRAILING_DATA;
-    if (x != KVC_LANE32_L) return KVC_LANE32_BAD_FINAL_STATE;
-    return KVC_LANE32_OK;
-}
-
-// Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane.
-__device__ __forceinline__ void kvc_lane32_decode_lanes(const KvcLane32Args& a,
-                                                        unsigned char* shared) {
-    const kvc_u64 b = kvc_warp_item();
-    const kvc_u32 lane = kvc_warp_lane();
-    if (b >= a.n_blocks) return;
-    const KvcLane32Block& blk = a.blocks[b];
-    kvc_u32 status;
-    if (!kvc_lane32_range_ok(a, blk)) {
-        status = KVC_LANE32_BAD_RANGE;
-    } else if (!kvc_lane32_tables_ok(a, blk)) {
-        status = KVC_LANE32_BAD_TABLE;
-    } else {
-        const bool in_shared = blk.table_count <= a.shared_tables;
-        status =
-            kvc_lane32_decode_lane(a, blk, lane, in_shared ? kvc_lane32_shared(a, shared) : nullptr);
-    }
-    a.status[b * KVC_LANES + lane] = status;
-}
-
-KVC_KERNEL(kvc_rans32_lane_decode_experiment, KvcLane32Args, kvc_lane32_stage_tables,
-           kvc_lane32_decode_lanes)
+KVC_KERNEL(kvc_rans32_lane_decode_experiment, KvcLane32Args, kvc_lane_stage_tables<kvc_u16>,
+           kvc_lane_decode_listed<KvcLaneCoder32>)
 
 #ifdef KVC_HOST
 // sizeof/offsetof as kvc_rans_lane_decode_layout reports them for the v2 kernel (the Rust side
@@ -159,13 +43,13 @@ KVC_KERNEL(kvc_rans32_lane_decode_experiment, KvcLane32Args, kvc_lane32_stage_ta
 #include <stddef.h>
 extern "C" kvc_u64 kvc_rans32_lane_decode_experiment_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
-        sizeof(KvcLane32Block),
-        offsetof(KvcLane32Block, word_start),
-        offsetof(KvcLane32Block, symbol_start),
-        offsetof(KvcLane32Block, n_symbols),
-        offsetof(KvcLane32Block, table_start),
-        offsetof(KvcLane32Block, table_count),
-        offsetof(KvcLane32Block, lane_len),
+        sizeof(KvcLaneBlock),
+        offsetof(KvcLaneBlock, word_start),
+        offsetof(KvcLaneBlock, symbol_start),
+        offsetof(KvcLaneBlock, n_symbols),
+        offsetof(KvcLaneBlock, table_start),
+        offsetof(KvcLaneBlock, table_count),
+        offsetof(KvcLaneBlock, lane_len),
         sizeof(KvcLane32Args),
         offsetof(KvcLane32Args, words),
         offsetof(KvcLane32Args, n_words),

@@ -1,141 +1,35 @@
-// rANS lane decode (spec/FORMAT.md §6.3), bit for bit codec_core::rans::LaneDecoder.
-//
-// One warp per coded block (a chunk's layer K or V), one thread per lane, one or more warps per
-// CUDA block (kvc_warp_item in kvc_kernel.cuh); many blocks per launch. Lane `l` of a block
-// decodes the symbols at positions l, l + 32, ... of that block, each with the table its
-// `symbol_table` entry names, from the lane's words read backwards. Every input is checked before it is used; each lane reports a KvcLaneStatus.
+// rANS lane decode (spec/FORMAT.md §6.3), bit for bit codec_core::rans::LaneDecoder: format
+// v2's coder (a 64-bit state, 32-bit words) in the lane decoders' shared machinery
+// (kvc_lanes.cuh: one warp per coded block, one thread per lane).
 //
 // kvc_rans_lane_decode_mapped (the decode chain's symbol launch) finds a value symbol's table
 // through its block's table map instead (kvc_values.cuh), as kvc_resolve_tables would have
 // written it to `symbol_table`, so that the chain needs no table resolution launch.
 
-#include "kvc_kernel.cuh"
+#include "kvc_lanes.cuh"
 #include "kvc_values.cuh"
 
-// Per-lane outcome; codec_cuda::rans::LaneStatus mirrors these values (a test reads this enum).
-// On a status other than OK or the two end-of-lane checks, the lane stops where it failed and the
-// rest of its symbols are not written.
-enum KvcLaneStatus : kvc_u32 {
-    KVC_LANE_OK = 0,
-    // The lane's last word is 0 (RansError::ZeroFinalWord); nothing decoded.
-    KVC_LANE_ZERO_FINAL_WORD = 1,
-    // Words were left unread after the last symbol (RansError::TrailingData).
-    KVC_LANE_TRAILING_DATA = 2,
-    // The final state is not 0 (RansError::BadFinalState).
-    KVC_LANE_BAD_FINAL_STATE = 3,
-    // The block's table list lies outside `table_list`, names a table that does not exist, or a
-    // symbol's table index is not below the block's table count.
-    KVC_LANE_BAD_TABLE = 4,
-    // The block's words or symbols lie outside `words` or `symbols`.
-    KVC_LANE_BAD_RANGE = 5,
+// Format v2's lane coder for kvc_decode_lane: a 64-bit state, kept in [2^32, 2^64) while words
+// remain and 0 at the end of a lane; 32-bit words; (x >> 12) < 2^52 times a frequency < 2^12
+// does not overflow.
+struct KvcLaneCoderV2 {
+    typedef kvc_u64 State;
+    typedef kvc_u32 Word;
+    static __device__ __forceinline__ kvc_u32 word_bits() { return 32; }
+    static __device__ __forceinline__ State low() { return 1ull << 32; }
+    static __device__ __forceinline__ State final_state() { return 0; }
+
+    // A lane starts at a nonzero last word, or empty (in state 0).
+    static __device__ __forceinline__ bool starts(Word last, kvc_u64) { return last != 0; }
+    static __device__ __forceinline__ bool starts_empty() { return true; }
 };
 
-// One coded block of a launch.
-struct KvcLaneBlock {
-    // Index in `words` of lane 0's first word; lane l's words follow lane l - 1's.
-    kvc_u64 word_start;
-    // Index in `symbol_table` and `symbols` of the block's symbol 0.
-    kvc_u64 symbol_start;
-    // Symbols in the block (symbol p is lane p % 32's).
-    kvc_u32 n_symbols;
-    // The block's tables are table_list[table_start .. table_start + table_count].
-    kvc_u32 table_start;
-    kvc_u32 table_count;
-    // Words per lane.
-    kvc_u32 lane_len[KVC_LANES];
-};
+// The v2 lane decoder's arguments (codec_cuda::ffi mirrors them).
+typedef KvcLaneArgsOf<kvc_u32> KvcLaneDecodeArgs;
 
-// A launch's buffers; every count is the number of elements its pointer may be read or written.
-struct KvcLaneDecodeArgs {
-    const kvc_u32* words;
-    kvc_u64 n_words;
-    // Packed decode tables, KVC_SLOTS entries each: entry `slot` of a table holds the slot's
-    // symbol (bits 0..8), its frequency (bits 8..20) and slot - cdf (bits 20..32).
-    const kvc_u32* tables;
-    kvc_u64 n_tables;
-    // Global table ids, read through the blocks' table ranges.
-    const kvc_u32* table_list;
-    kvc_u64 n_table_list;
-    // Per symbol, the index of its table in its block's table range (input), and the decoded
-    // symbol (output).
-    const kvc_u16* symbol_table;
-    kvc_u8* symbols;
-    kvc_u64 n_symbols;
-    // The blocks, and per (block, lane) its status (output, n_blocks * KVC_LANES).
-    const KvcLaneBlock* blocks;
-    kvc_u32* status;
-    kvc_u64 n_blocks;
-    // How many tables each warp's region of the launch's dynamic shared memory holds
-    // (KVC_SLOTS * 4 bytes each). A block with at most this many tables reads them from shared
-    // memory, others from `tables`.
-    kvc_u64 shared_tables;
-};
-
-// Whether the block's table range lies in `table_list` and names existing tables.
-__device__ __forceinline__ bool kvc_block_tables_ok(const KvcLaneDecodeArgs& a,
-                                                    const KvcLaneBlock& blk) {
-    const kvc_u64 start = blk.table_start, count = blk.table_count;
-    if (start + count > a.n_table_list) return false;
-    for (kvc_u64 k = 0; k < count; k++) {
-        if (a.table_list[start + k] >= a.n_tables) return false;
-    }
-    return true;
-}
-
-// Whether the block's tables are read from shared memory (then staged by phase 1).
-__device__ __forceinline__ bool kvc_block_tables_shared(const KvcLaneDecodeArgs& a,
-                                                        const KvcLaneBlock& blk) {
-    return blk.table_count <= a.shared_tables && kvc_block_tables_ok(a, blk);
-}
-
-// Whether the block's words and symbols lie inside the launch's buffers (no overflow: every
-// bound is compared by subtraction from a count that was already checked).
-__device__ __forceinline__ bool kvc_block_range_ok(const KvcLaneDecodeArgs& a,
-                                                   const KvcLaneBlock& blk) {
-    kvc_u64 words = 0;
-    for (kvc_u32 l = 0; l < KVC_LANES; l++) words += blk.lane_len[l];
-    return blk.word_start <= a.n_words && words <= a.n_words - blk.word_start &&
-           blk.symbol_start <= a.n_symbols && blk.n_symbols <= a.n_symbols - blk.symbol_start;
-}
-
-// The shared tables of the calling thread's warp: its region of `shared`.
-__device__ __forceinline__ kvc_u32* kvc_lane_shared(const KvcLaneDecodeArgs& a,
-                                                    unsigned char* shared) {
-    return (kvc_u32*)shared + (kvc_u64)kvc_warp() * a.shared_tables * KVC_SLOTS;
-}
-
-// Phase 1: each warp's threads copy its block's tables into the warp's region, if they fit.
-__device__ __forceinline__ void kvc_lane_stage_tables(const KvcLaneDecodeArgs& a,
-                                                      unsigned char* shared) {
-    const kvc_u64 b = kvc_warp_item();
-    if (b >= a.n_blocks) return;
-    const KvcLaneBlock& blk = a.blocks[b];
-    if (!kvc_block_tables_shared(a, blk)) return;
-    kvc_u32* dst = kvc_lane_shared(a, shared);
-    for (kvc_u32 k = 0; k < blk.table_count; k++) {
-        const kvc_u32* src = a.tables + (kvc_u64)a.table_list[blk.table_start + k] * KVC_SLOTS;
-        for (kvc_u32 i = kvc_warp_lane(); i < KVC_SLOTS; i += KVC_LANES) {
-            dst[k * KVC_SLOTS + i] = src[i];
-        }
-    }
-}
-
-// The table-list indices of a lane's symbols p = lane, lane + 32, ... in turn, as
-// `symbol_table` holds them (0 past the block's symbols).
-struct KvcLaneListTables {
-    const kvc_u16* table_of;
-    kvc_u64 p, n;
-
-    __device__ __forceinline__ kvc_u32 next() {
-        const kvc_u32 t = p < n ? table_of[p] : 0u;
-        p += KVC_LANES;
-        return t;
-    }
-};
-
-// The same through the block's table map (kvc_values.cuh): list index 0 for the block's
-// exponent symbols (its first n_e), the map's entry for its value symbols, walked from the
-// lane's first one.
+// A lane's table-list indices (as KvcLaneListTables gives them) through the block's table map
+// (kvc_values.cuh): list index 0 for the block's exponent symbols (its first n_e), the map's
+// entry for its value symbols, walked from the lane's first one.
 struct KvcLaneMapTables {
     kvc_u64 p, n, n_e;
     KvcTableWalk walk;
@@ -159,103 +53,8 @@ __device__ __forceinline__ KvcLaneMapTables kvc_lane_map_tables(const KvcTableMa
     return {lane, n, n_e, kvc_table_walk(maps, r, (kvc_u32)(first - n_e), KVC_LANES)};
 }
 
-// Decodes lane `lane` of a checked block, its tables at `shared` (or in `a.tables` when null),
-// each symbol's table-list index from `tables` (KvcLaneListTables or KvcLaneMapTables, at the
-// lane's first symbol). The arithmetic of spec/FORMAT.md §6.3, in LaneDecoder's order.
-template <class Tables>
-__device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneDecodeArgs& a,
-                                                   const KvcLaneBlock& blk, kvc_u32 lane,
-                                                   const kvc_u32* shared, Tables tables) {
-    kvc_u64 first = blk.word_start;
-    for (kvc_u32 l = 0; l < lane; l++) first += blk.lane_len[l];
-    const kvc_u32* w = a.words + first;
-    const kvc_u64 n = blk.lane_len[lane];
-
-    // Initial state: the last word (nonzero), then the one before it; read backwards from there.
-    kvc_u64 x = 0, unread = 0;
-    if (n > 0) {
-        if (w[n - 1] == 0) return KVC_LANE_ZERO_FINAL_WORD;
-        x = w[n - 1];
-        if (n > 1) {
-            x = (x << 32) | w[n - 2];
-            unread = n - 2;
-        }
-    }
-
-    // Software-pipelined: a symbol's table index is loaded two steps ahead, its table id one
-    // step ahead, and the next word the state may take as soon as the one before is taken, so
-    // that within a step only the table entry (which needs the state) waits on memory. Every
-    // load ahead stays inside the checked ranges (a table index is checked before its id is
-    // read), and the symbols written and the status are those of the plain loop.
-    kvc_u8* __restrict__ out = a.symbols + blk.symbol_start;
-    const kvc_u32* __restrict__ list = a.table_list + blk.table_start;
-    const kvc_u64 n_symbols = blk.n_symbols;
-    const kvc_u32 count = blk.table_count;
-    kvc_u32 k = tables.next();
-    kvc_u32 k_next = tables.next();
-    kvc_u32 id = k < count ? list[k] : 0u;
-    kvc_u32 word = unread > 0 ? w[unread - 1] : 0u;
-    for (kvc_u64 p = lane; p < n_symbols; p += KVC_LANES) {
-        if (k >= count) return KVC_LANE_BAD_TABLE;
-        const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * KVC_SLOTS
-                                             : a.tables + (kvc_u64)id * KVC_SLOTS;
-        const kvc_u32 e = t[x & (KVC_SLOTS - 1)];
-        const kvc_u32 k_after = tables.next();
-        const kvc_u32 id_next = k_next < count ? list[k_next] : 0u;
-        // (x >> 12) < 2^52 and the frequency < 2^12: no overflow.
-        x = (x >> KVC_PRECISION) * ((e >> 8) & 0xFFF) + (e >> 20);
-        if (x < (1ull << 32) && unread > 0) {
-            unread--;
-            x = (x << 32) | word;
-            word = unread > 0 ? w[unread - 1] : 0u;
-        }
-        out[p] = (kvc_u8)e;
-        k = k_next;
-        k_next = k_after;
-        id = id_next;
-    }
-    if (unread != 0) return KVC_LANE_TRAILING_DATA;
-    if (x != 0) return KVC_LANE_BAD_FINAL_STATE;
-    return KVC_LANE_OK;
-}
-
-// Phase 2: thread `lane` of a warp checks the warp's block and decodes its lane, the symbols'
-// tables from `symbol_table` or (Mapped) through the block's table map in `maps`.
-template <bool Mapped>
-__device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneDecodeArgs& a,
-                                                      const KvcTableMaps* maps,
-                                                      unsigned char* shared) {
-    const kvc_u64 b = kvc_warp_item();
-    const kvc_u32 lane = kvc_warp_lane();
-    if (b >= a.n_blocks) return;
-    const KvcLaneBlock& blk = a.blocks[b];
-    kvc_u32 status;
-    if (!kvc_block_range_ok(a, blk)) {
-        status = KVC_LANE_BAD_RANGE;
-    } else if (!kvc_block_tables_ok(a, blk)) {
-        status = KVC_LANE_BAD_TABLE;
-    } else {
-        const bool in_shared = blk.table_count <= a.shared_tables;
-        const kvc_u32* staged = in_shared ? kvc_lane_shared(a, shared) : nullptr;
-        if constexpr (Mapped) {
-            const KvcLaneMapTables tables =
-                kvc_lane_map_tables(*maps, maps->resolve[b], lane, blk.n_symbols);
-            status = kvc_decode_lane(a, blk, lane, staged, tables);
-        } else {
-            const KvcLaneListTables tables = {a.symbol_table + blk.symbol_start, lane,
-                                              blk.n_symbols};
-            status = kvc_decode_lane(a, blk, lane, staged, tables);
-        }
-    }
-    a.status[b * KVC_LANES + lane] = status;
-}
-
-__device__ __forceinline__ void kvc_lane_decode_listed(const KvcLaneDecodeArgs& a,
-                                                       unsigned char* shared) {
-    kvc_lane_decode_lanes<false>(a, nullptr, shared);
-}
-
-KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables, kvc_lane_decode_listed)
+KVC_KERNEL(kvc_rans_lane_decode, KvcLaneDecodeArgs, kvc_lane_stage_tables<kvc_u32>,
+           kvc_lane_decode_listed<KvcLaneCoderV2>)
 
 // kvc_rans_lane_decode_mapped's arguments: a lane decode's, and where its value symbols find
 // their tables (one resolve record per block; `lanes.symbol_table` is not read).
@@ -270,7 +69,8 @@ __device__ __forceinline__ void kvc_lane_stage_mapped(const KvcLaneMappedArgs& a
 }
 
 // Phase 2 of the mapped decode: a block whose resolve record does not describe its symbols or
-// reaches past the exponents or the maps is KVC_LANE_BAD_RANGE.
+// reaches past the exponents or the maps is KVC_LANE_BAD_RANGE; the others' value symbols find
+// their tables through the block's table map.
 __device__ __forceinline__ void kvc_lane_decode_mapped(const KvcLaneMappedArgs& a,
                                                        unsigned char* shared) {
     const kvc_u64 b = kvc_warp_item();
@@ -282,7 +82,10 @@ __device__ __forceinline__ void kvc_lane_decode_mapped(const KvcLaneMappedArgs& 
         a.lanes.status[b * KVC_LANES + kvc_warp_lane()] = KVC_LANE_BAD_RANGE;
         return;
     }
-    kvc_lane_decode_lanes<true>(a.lanes, &a.maps, shared);
+    kvc_lane_decode_lanes<KvcLaneCoderV2>(
+        a.lanes, shared, [&](const KvcLaneBlock& blk, kvc_u32 lane) {
+            return kvc_lane_map_tables(a.maps, a.maps.resolve[b], lane, blk.n_symbols);
+        });
 }
 
 KVC_KERNEL(kvc_rans_lane_decode_mapped, KvcLaneMappedArgs, kvc_lane_stage_mapped,

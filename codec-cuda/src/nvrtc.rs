@@ -88,6 +88,7 @@ pub const KERNELS: &[KernelSource] = &[
 const HEADERS: &[(&str, &str)] = &[
     ("kvc_kernel.cuh", include_str!("../kernels/kvc_kernel.cuh")),
     ("kvc_crc.cuh", include_str!("../kernels/kvc_crc.cuh")),
+    ("kvc_lanes.cuh", include_str!("../kernels/kvc_lanes.cuh")),
     ("kvc_values.cuh", include_str!("../kernels/kvc_values.cuh")),
 ];
 
