@@ -9,6 +9,8 @@
 //!
 //! `open/`: a self-contained stream's profile parsed, and the stream decoded from its bytes.
 //! `chunk_of_16384/`: one chunk of 16 384 decoded, the stream opened each time or attached.
+//! `small_chunks/`: one chunk of the sample's 30 layers decoded, chunks of 1, 16 and 128 tokens:
+//! what a chunk costs beside its elements (its 60 blocks' setup).
 //!
 //! With `../shared/fixtures/smollm2-gpl3-2048.safetensors` present, the same runs on it too.
 
@@ -145,6 +147,50 @@ fn bench_chunk_of_many(c: &mut Criterion, path: &Path) {
     g.finish();
 }
 
+/// One chunk of the whole sample (every layer) decoded into reused buffers on one thread, for
+/// chunks of 1, 16 and 128 tokens (level 7, the stream attached): the per-block setup (tables,
+/// constants, lane decoder) against the elements, which the throughput counts (f16 bytes).
+fn bench_small_chunks(c: &mut Criterion, path: &Path) {
+    let f = load(path);
+    let profile = self_profile(&f);
+    let shape = f.kv.shape;
+    let mut g = c.benchmark_group("small_chunks");
+    g.sample_size(20);
+    for tokens in [1u32, 16, 128] {
+        let params = EncodeParams {
+            chunk_tokens: tokens,
+            ..EncodeParams::default()
+        };
+        let mode = ProfileMode::Referenced(&profile);
+        let bytes = encode_threads(&f.kv.view(), mode, &params, 0).unwrap();
+        let st = Stream::open(&bytes, Some(&profile), &Limits::DEFAULT).unwrap();
+        let n = shape.channels() * tokens as usize;
+        let new = || -> Vec<Tensor> {
+            (0..shape.layers)
+                .map(|_| Tensor::zeros(Dtype::F16, n))
+                .collect()
+        };
+        let (mut k, mut v) = (new(), new());
+        let chunks = shape.tokens / tokens;
+        let mut next = 0u32;
+        g.throughput(Throughput::Bytes(
+            2 * u64::from(shape.layers) * 2 * n as u64,
+        ));
+        g.bench_function(format!("tokens{tokens}"), |b| {
+            b.iter(|| {
+                next = (next + 7) % chunks;
+                let mut k: Vec<_> = k.iter_mut().map(|t| t.as_mut()).collect();
+                let mut v: Vec<_> = v.iter_mut().map(|t| t.as_mut()).collect();
+                let range = next * tokens..(next + 1) * tokens;
+                black_box(&st)
+                    .decode_range_into_threads(range, &mut k, &mut v, 1)
+                    .unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
 /// 1 and 2 threads, and every core where that is more than 2.
 fn thread_counts() -> Vec<(usize, &'static str)> {
     let mut t = vec![(1, "threads1"), (2, "threads2")];
@@ -158,6 +204,7 @@ fn codec(c: &mut Criterion) {
     bench_fixture(c, "smollm2-512", &sample_path());
     bench_open(c, "smollm2-512", &sample_path());
     bench_chunk_of_many(c, &sample_path());
+    bench_small_chunks(c, &sample_path());
     if let Some(p) = big_fixture_path() {
         bench_fixture(c, "smollm2-2048", &p);
     }

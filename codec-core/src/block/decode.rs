@@ -178,7 +178,8 @@ pub(crate) struct BlockDecoder<'c, 'p> {
     words: Vec<u32>,
     consts: BlockConsts,
     tables: BlockTables,
-    /// The decode table and radius of every resolved table id of the block.
+    /// The decode table and radius of every table id of the block that `tables` resolved (at
+    /// the same offsets; the others are stale).
     block_tables: Vec<&'p DecodeTable>,
     block_radii: Vec<i32>,
     /// One row's decode tables, and per head the offset its slice was copied from.
@@ -353,23 +354,35 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
         }
     }
 
-    /// Resolves the block's tables and starts every row from the anchor tables of exponent 0.
+    /// Starts the block's table resolution (each head's tables are resolved as rows first use
+    /// them, [`row_tables_for`](Self::row_tables_for)); no row has tables yet.
     fn resolve_tables(&mut self, layer: u32, kvi: usize, n_exp: usize) {
         let (profile, level) = (self.ctx.profile(), self.at.level);
-        self.tables.resolve(profile, level, layer, kvi, n_exp);
-        let dec_tables = profile.decode_tables(level);
-        let level_tables = &profile.level_tables(level).tables;
-        self.block_tables.clear();
-        self.block_radii.clear();
-        for &t in self.tables.ids() {
-            self.block_tables.push(&dec_tables[t as usize]);
-            self.block_radii
-                .push(i32::from(level_tables[t as usize].radius));
-        }
-        let c = profile.channels();
-        self.row_tables.clear();
-        self.row_tables.extend_from_slice(&self.block_tables[..c]);
+        let d = self.ctx.shape().head_dim as usize;
+        self.tables.start(profile, (level, layer, kvi), n_exp, d);
+        // Placeholders until resolved: a level has at least one table (profile check P17).
+        let first = &profile.decode_tables(level)[0];
+        let n = self.tables.ids().len();
+        self.block_tables.resize(n, first);
+        self.block_radii.resize(n, 0);
+        self.row_tables.resize(profile.channels(), first);
         self.head_from.iter_mut().for_each(|f| *f = usize::MAX);
+    }
+
+    /// Resolves the decode tables and radii of the `d` ids at `from` (a head's).
+    fn resolve_head(&mut self, from: usize, d: usize) {
+        let (profile, level) = (self.ctx.profile(), self.at.level);
+        let (dec_tables, level_tables) = (
+            profile.decode_tables(level),
+            &profile.level_tables(level).tables,
+        );
+        let ids = &self.tables.ids()[from..from + d];
+        let tables = self.block_tables[from..from + d].iter_mut();
+        let radii = self.block_radii[from..from + d].iter_mut();
+        for ((&t, table), radius) in ids.iter().zip(tables).zip(radii) {
+            *table = &dec_tables[t as usize];
+            *radius = i32::from(level_tables[t as usize].radius);
+        }
     }
 
     /// Reconstructs chunk row `row` of the group starting at row `g0` into `recon`.
@@ -421,19 +434,24 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
     }
 
     /// Points each head's slice of `row_tables` at the tables of non-sink row `i` of `kind`
-    /// (copying only the heads whose kind or exponent changed).
+    /// (copying only the heads whose kind or exponent changed, resolving a head's tables of a
+    /// kind and exponent on their first use in the block).
     fn row_tables_for(&mut self, i: usize, kind: usize, n_e: usize) {
         let d = self.ctx.shape().head_dim as usize;
+        let profile = self.ctx.profile();
         let heads = self.head_from.len();
-        for (h, from_h) in self.head_from.iter_mut().enumerate() {
+        for h in 0..heads {
             let e = if n_e > 0 {
                 self.exps[i * heads + h] as usize
             } else {
                 0
             };
-            let from = self.tables.head_offset(kind, e, h, d);
-            if *from_h != from {
-                *from_h = from;
+            let (from, resolved) = self.tables.head(profile, kind, e, h);
+            if resolved {
+                self.resolve_head(from, d);
+            }
+            if self.head_from[h] != from {
+                self.head_from[h] = from;
                 self.row_tables[h * d..(h + 1) * d]
                     .copy_from_slice(&self.block_tables[from..from + d]);
             }

@@ -220,11 +220,13 @@ impl<'c, 'p> ChunkEncoder<'c, 'p> {
             &mut self.symbols,
             &mut self.recon,
         );
-        self.tables.resolve(profile, self.level, layer, kv, n_exp);
         let shape = self.ctx.shape();
+        let head_dim = shape.head_dim as usize;
+        (self.tables).start(profile, (self.level, layer, kv), n_exp, head_dim);
+        self.tables.resolve_all(profile);
         let rows = RowLayout {
             channels: c,
-            head_dim: shape.head_dim as usize,
+            head_dim,
             sink: self.sink,
             group,
         };
@@ -280,7 +282,7 @@ fn value_tables(tids: &mut [u8], tables: &BlockTables, exps: &[u8], rows: &RowLa
         let kind = usize::from(!(rows.sink + i).is_multiple_of(rows.group));
         for (h, seg) in row_ids.chunks_exact_mut(d).enumerate() {
             let e = exps.get(i * heads + h).map_or(0, |&e| e as usize);
-            let from = tables.head_offset(kind, e, h, d);
+            let from = tables.offset(kind, e, h);
             seg.copy_from_slice(&ids[from..from + d]);
         }
     }
