@@ -11,7 +11,8 @@ use crate::consts::{EXP_MULT, MAX_SYMBOL};
 use crate::error::Kv;
 use crate::kv::Dtype;
 use crate::quant::{dequantize_indices, dequantize_one, BlockConsts, Exps};
-use crate::rans::{DecodeTable, LaneDecoder, RansError};
+use crate::rans::{DecodeTable, FreqTable, LaneDecoder, RansError};
+use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -177,6 +178,8 @@ pub(crate) struct BlockDecoder<'c, 'p> {
     exps: Vec<u8>,
     words: Vec<u32>,
     consts: BlockConsts,
+    /// The last block's exponent table and its lookup (K and V of a layer often share one).
+    exp_table: Option<(FreqTable, Box<DecodeTable>)>,
     tables: BlockTables,
     /// The decode table and radius of every table id of the block that `tables` resolved (at
     /// the same offsets; the others are stale).
@@ -214,6 +217,7 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
             exps: vec![0u8; (rows - sink) * shape.kv_heads as usize],
             words: Vec::new(),
             consts: BlockConsts::default(),
+            exp_table: None,
             tables: BlockTables::default(),
             block_tables: Vec::new(),
             block_radii: Vec::new(),
@@ -275,8 +279,8 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
             Some(et) => {
                 // Every exponent has the same table: a piece at a time, so that the table
                 // list stays small whatever the block's size (it was 8 bytes an exponent).
-                let et = DecodeTable::from(et);
-                let tabs = [&et; EXPS_PER_PIECE];
+                let et = exp_decode_table(&mut self.exp_table, et);
+                let tabs = [et; EXPS_PER_PIECE];
                 for piece in self.exps.chunks_mut(EXPS_PER_PIECE) {
                     dec.decode(dec.position(), &tabs, piece)
                         .map_err(rans_err)?;
@@ -457,6 +461,21 @@ impl<'c, 'p> BlockDecoder<'c, 'p> {
             }
         }
     }
+}
+
+/// The lookup of a block's exponent table `table`, from `cache` (the last block's), rebuilt in
+/// place only when the table differs.
+fn exp_decode_table<'t>(
+    cache: &'t mut Option<(FreqTable, Box<DecodeTable>)>,
+    table: &FreqTable,
+) -> &'t DecodeTable {
+    let (last, lookup) =
+        cache.get_or_insert_with(|| (table.clone(), Box::new(DecodeTable::new(table))));
+    if last != table {
+        last.clone_from(table);
+        lookup.rebuild(table);
+    }
+    lookup
 }
 
 /// A row's failure before the block's location is known.

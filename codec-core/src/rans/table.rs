@@ -270,26 +270,31 @@ pub struct DecodeTable {
 impl DecodeTable {
     /// Builds the lookup table for `table`.
     pub fn new(table: &FreqTable) -> Self {
-        let mut sym = [0u8; TOTAL as usize];
-        let mut info = [0u32; 256];
-        #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
-        let mut packed = [0u32; TOTAL as usize];
+        let mut t = DecodeTable {
+            sym: [0u8; TOTAL as usize],
+            info: [0u32; 256],
+            #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
+            packed: [0u32; TOTAL as usize],
+        };
+        t.rebuild(table);
+        t
+    }
+
+    /// Makes `self` the lookup table for `table`, in place (a table reused for one block after
+    /// another is not built and moved anew). Every slot is written: a valid table's
+    /// frequencies sum to 4096.
+    pub(crate) fn rebuild(&mut self, table: &FreqTable) {
+        self.info = [0u32; 256];
         let mut cdf = 0u32;
-        for ((s, e), inf) in table.enc.iter().enumerate().zip(info.iter_mut()) {
+        for ((s, e), inf) in table.enc.iter().enumerate().zip(self.info.iter_mut()) {
             *inf = e.freq | cdf << 16;
             let slots = cdf as usize..(cdf + e.freq) as usize;
-            sym[slots.clone()].fill(s as u8);
+            self.sym[slots.clone()].fill(s as u8);
             #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
-            for (k, p) in packed[slots].iter_mut().enumerate() {
+            for (k, p) in self.packed[slots].iter_mut().enumerate() {
                 *p = s as u32 | e.freq << 8 | (k as u32) << 20;
             }
             cdf += e.freq;
-        }
-        DecodeTable {
-            sym,
-            info,
-            #[cfg(all(feature = "std", feature = "simd", target_arch = "x86_64"))]
-            packed,
         }
     }
 
