@@ -178,7 +178,8 @@ pub(crate) struct BlockDecoder<'c, 'p> {
     exps: Vec<u8>,
     words: Vec<u32>,
     consts: BlockConsts,
-    /// The last block's exponent table and its lookup (K and V of a layer often share one).
+    /// The last block's exponent table and its lookup (kvc's encoder gives a layer's K and V
+    /// blocks the same one).
     exp_table: Option<(FreqTable, Box<DecodeTable>)>,
     tables: BlockTables,
     /// The decode table and radius of every table id of the block that `tables` resolved (at
