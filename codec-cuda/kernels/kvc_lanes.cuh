@@ -246,3 +246,41 @@ __device__ __forceinline__ void kvc_lane_decode_listed(const KvcLaneArgsOf<typen
         return KvcLaneListTables{a.symbol_table + blk.symbol_start, lane, blk.n_symbols};
     });
 }
+
+#ifdef KVC_HOST
+#include <stddef.h>
+// For the tests of the Rust mirrors (codec_cuda::ffi): sizeof and offsetof of every field of
+// KvcLaneBlock and KvcLaneArgsOf<W> as this compiler lays them out, in declaration order, then
+// KVC_LANES and KVC_PRECISION. Writes at most `cap` values; returns how many there are.
+template <class W>
+kvc_u64 kvc_lane_layout(kvc_u64* out, kvc_u64 cap) {
+    const kvc_u64 v[] = {
+        sizeof(KvcLaneBlock),
+        offsetof(KvcLaneBlock, word_start),
+        offsetof(KvcLaneBlock, symbol_start),
+        offsetof(KvcLaneBlock, n_symbols),
+        offsetof(KvcLaneBlock, table_start),
+        offsetof(KvcLaneBlock, table_count),
+        offsetof(KvcLaneBlock, lane_len),
+        sizeof(KvcLaneArgsOf<W>),
+        offsetof(KvcLaneArgsOf<W>, words),
+        offsetof(KvcLaneArgsOf<W>, n_words),
+        offsetof(KvcLaneArgsOf<W>, tables),
+        offsetof(KvcLaneArgsOf<W>, n_tables),
+        offsetof(KvcLaneArgsOf<W>, table_list),
+        offsetof(KvcLaneArgsOf<W>, n_table_list),
+        offsetof(KvcLaneArgsOf<W>, symbol_table),
+        offsetof(KvcLaneArgsOf<W>, symbols),
+        offsetof(KvcLaneArgsOf<W>, n_symbols),
+        offsetof(KvcLaneArgsOf<W>, blocks),
+        offsetof(KvcLaneArgsOf<W>, status),
+        offsetof(KvcLaneArgsOf<W>, n_blocks),
+        offsetof(KvcLaneArgsOf<W>, shared_tables),
+        KVC_LANES,
+        KVC_PRECISION,
+    };
+    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
+    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+#endif

@@ -38,37 +38,9 @@ KVC_KERNEL(kvc_rans32_lane_decode_experiment, KvcLane32Args, kvc_lane_stage_tabl
            kvc_lane_decode_listed<KvcLaneCoder32>)
 
 #ifdef KVC_HOST
-// sizeof/offsetof as kvc_rans_lane_decode_layout reports them for the v2 kernel (the Rust side
-// launches this kernel with the v2 kernel's mirrors), then KVC_LANES and KVC_PRECISION.
-#include <stddef.h>
+// The v2 kernel's layout report for this kernel's arguments (the Rust side launches it with the
+// v2 kernel's mirrors, its words 16-bit).
 extern "C" kvc_u64 kvc_rans32_lane_decode_experiment_layout(kvc_u64* out, kvc_u64 cap) {
-    const kvc_u64 v[] = {
-        sizeof(KvcLaneBlock),
-        offsetof(KvcLaneBlock, word_start),
-        offsetof(KvcLaneBlock, symbol_start),
-        offsetof(KvcLaneBlock, n_symbols),
-        offsetof(KvcLaneBlock, table_start),
-        offsetof(KvcLaneBlock, table_count),
-        offsetof(KvcLaneBlock, lane_len),
-        sizeof(KvcLane32Args),
-        offsetof(KvcLane32Args, words),
-        offsetof(KvcLane32Args, n_words),
-        offsetof(KvcLane32Args, tables),
-        offsetof(KvcLane32Args, n_tables),
-        offsetof(KvcLane32Args, table_list),
-        offsetof(KvcLane32Args, n_table_list),
-        offsetof(KvcLane32Args, symbol_table),
-        offsetof(KvcLane32Args, symbols),
-        offsetof(KvcLane32Args, n_symbols),
-        offsetof(KvcLane32Args, blocks),
-        offsetof(KvcLane32Args, status),
-        offsetof(KvcLane32Args, n_blocks),
-        offsetof(KvcLane32Args, shared_tables),
-        KVC_LANES,
-        KVC_PRECISION,
-    };
-    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
-    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
-    return n;
+    return kvc_lane_layout<kvc_u16>(out, cap);
 }
 #endif

@@ -92,39 +92,11 @@ KVC_KERNEL(kvc_rans_lane_decode_mapped, KvcLaneMappedArgs, kvc_lane_stage_mapped
            kvc_lane_decode_mapped)
 
 #ifdef KVC_HOST
-// For the test of the Rust mirrors (codec_cuda::ffi): sizeof and offsetof of every field of the
-// argument structs as this compiler lays them out, in declaration order, then KVC_LANES and
-// KVC_PRECISION. Writes at most `cap` values; returns how many there are.
 #include <stddef.h>
+// For the test of the Rust mirrors (codec_cuda::ffi): kvc_lane_layout (kvc_lanes.cuh) of this
+// kernel's arguments.
 extern "C" kvc_u64 kvc_rans_lane_decode_layout(kvc_u64* out, kvc_u64 cap) {
-    const kvc_u64 v[] = {
-        sizeof(KvcLaneBlock),
-        offsetof(KvcLaneBlock, word_start),
-        offsetof(KvcLaneBlock, symbol_start),
-        offsetof(KvcLaneBlock, n_symbols),
-        offsetof(KvcLaneBlock, table_start),
-        offsetof(KvcLaneBlock, table_count),
-        offsetof(KvcLaneBlock, lane_len),
-        sizeof(KvcLaneDecodeArgs),
-        offsetof(KvcLaneDecodeArgs, words),
-        offsetof(KvcLaneDecodeArgs, n_words),
-        offsetof(KvcLaneDecodeArgs, tables),
-        offsetof(KvcLaneDecodeArgs, n_tables),
-        offsetof(KvcLaneDecodeArgs, table_list),
-        offsetof(KvcLaneDecodeArgs, n_table_list),
-        offsetof(KvcLaneDecodeArgs, symbol_table),
-        offsetof(KvcLaneDecodeArgs, symbols),
-        offsetof(KvcLaneDecodeArgs, n_symbols),
-        offsetof(KvcLaneDecodeArgs, blocks),
-        offsetof(KvcLaneDecodeArgs, status),
-        offsetof(KvcLaneDecodeArgs, n_blocks),
-        offsetof(KvcLaneDecodeArgs, shared_tables),
-        KVC_LANES,
-        KVC_PRECISION,
-    };
-    const kvc_u64 n = sizeof(v) / sizeof(v[0]);
-    for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];
-    return n;
+    return kvc_lane_layout<kvc_u32>(out, cap);
 }
 
 // The same for kvc_rans_lane_decode_mapped's arguments and KvcTableMaps (kvc_values.cuh).
