@@ -230,7 +230,7 @@ class Stream:
             d = _arrays.numpy_dtype(dtype if dtype is not None else s.dtype)
             keys = np.empty((s.layers,) + shape, dtype=d)
             values = np.empty((s.layers,) + shape, dtype=d)
-            k, v = list(keys), list(values)
+            k, v = keys, values
         else:
             try:
                 keys, values = out

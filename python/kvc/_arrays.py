@@ -143,24 +143,34 @@ def sample_args(samples):
 
 
 def out_layers(out, what, layers, shape, dtype):
-    """The caller's output arrays as per-layer ``[T, H, D]`` arrays, written in place: a list of
-    them or one stacked ``[L, T, H, D]`` array, writable and C-contiguous (never copied)."""
+    """The caller's output arrays, written in place (never copied): a list of per-layer ``[T,
+    H, D]`` arrays, or one stacked ``[L, T, H, D]`` array, returned whole (the native module
+    splits it by layer, reading one array instead of one per layer); writable, aligned and
+    C-contiguous."""
     if isinstance(out, (list, tuple)):
         arrays = [as_array(t) for t in out]
-    else:
-        a = as_array(out)
-        if a.ndim != 4:
-            raise OutputError(f"{what}: a stacked output must be [layers, tokens, heads, dim], got shape {a.shape}")
-        arrays = [a[i] for i in range(a.shape[0])]
-    if len(arrays) != layers:
-        raise OutputError(f"{what}: {len(arrays)} layers given, the stream has {layers}")
-    for i, a in enumerate(arrays):
-        if a.dtype not in KV_DTYPES:
-            raise ArgumentError(f"{what}[{i}]: dtype {a.dtype} is not float16, float32 or uint16 (bfloat16 bits)")
-        if dtype is not None and a.dtype != dtype:
-            raise ArgumentError(f"{what}[{i}]: dtype {a.dtype}, expected {dtype}")
-        if tuple(a.shape) != tuple(shape):
-            raise OutputError(f"{what}[{i}]: shape {list(a.shape)}, the tokens need {list(shape)}")
-        if not a.flags.c_contiguous or not a.flags.writeable or not a.flags.aligned:
-            raise ArgumentError(f"{what}[{i}]: must be writable, aligned and C-contiguous")
-    return arrays
+        if len(arrays) != layers:
+            raise OutputError(f"{what}: {len(arrays)} layers given, the stream has {layers}")
+        for i, a in enumerate(arrays):
+            _check_out(a, f"{what}[{i}]", tuple(shape), dtype)
+        return arrays
+    a = as_array(out)
+    if a.ndim != 4:
+        raise OutputError(f"{what}: a stacked output must be [layers, tokens, heads, dim], got shape {a.shape}")
+    if a.shape[0] != layers:
+        raise OutputError(f"{what}: {a.shape[0]} layers given, the stream has {layers}")
+    _check_out(a, what, (layers,) + tuple(shape), dtype)
+    return a
+
+
+def _check_out(a, what, shape, dtype):
+    """One output array: a KV dtype (``dtype`` if given), ``shape``, writable, aligned and
+    C-contiguous."""
+    if a.dtype not in KV_DTYPES:
+        raise ArgumentError(f"{what}: dtype {a.dtype} is not float16, float32 or uint16 (bfloat16 bits)")
+    if dtype is not None and a.dtype != dtype:
+        raise ArgumentError(f"{what}: dtype {a.dtype}, expected {dtype}")
+    if tuple(a.shape) != shape:
+        raise OutputError(f"{what}: shape {list(a.shape)}, the tokens need {list(shape)}")
+    if not a.flags.c_contiguous or not a.flags.writeable or not a.flags.aligned:
+        raise ArgumentError(f"{what}: must be writable, aligned and C-contiguous")

@@ -1,6 +1,6 @@
 # Type stubs of the native module (python/src/lib.rs). Callers use the `kvc` package's
 # functions, which pass contiguous numpy arrays here.
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 class Profile:
     @staticmethod
@@ -47,7 +47,7 @@ class _Stream:
     profile_embedded: bool
     chunks: List[Tuple[int, int, int, int]]
     nbytes: int
-    def decode_into(self, start: int, end: int, k: List[Any], v: List[Any]) -> None: ...
+    def decode_into(self, start: int, end: int, k: Union[List[Any], Any], v: Union[List[Any], Any]) -> None: ...
 
 class Codebook:
     @staticmethod

@@ -14,7 +14,7 @@ use codec_core::{
 };
 use kvc_bind::{self as api, Error, ErrorKind, ProfileSource};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PyTuple};
 use raw::{Array, ElemType};
 
 /// The Python exception for `e`: `kvc._errors.<Kind>Error(message)` with `check` (the spec
@@ -457,27 +457,23 @@ impl PyStream {
         self.data.bind(py).as_bytes().len()
     }
 
-    /// Decodes tokens `start..end` into per-layer output arrays (writable, contiguous, each
-    /// `(end - start) * kv_heads * head_dim` elements of float16, float32 or uint16 = bf16).
+    /// Decodes tokens `start..end` into output arrays (writable, contiguous, float16, float32
+    /// or uint16 = bf16): for keys and for values, a list of per-layer arrays of `(end - start)
+    /// * kv_heads * head_dim` elements each, or one stacked array of all layers' (read once,
+    /// where a list costs a read per layer).
     fn decode_into(
         &self,
         py: Python<'_>,
         start: u32,
         end: u32,
-        k: Vec<Bound<'_, PyAny>>,
-        v: Vec<Bound<'_, PyAny>>,
+        k: Bound<'_, PyAny>,
+        v: Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let e = |e| to_py(py, e);
-        let describe = |arrays: &[Bound<'_, PyAny>], what: &str| {
-            arrays
-                .iter()
-                .enumerate()
-                .map(|(i, a)| Array::of(a, &format!("{what}[{i}]"), true))
-                .collect::<Result<Vec<_>, Error>>()
-        };
-        let mut all = describe(&k, "out keys").map_err(e)?;
+        let layers = self.header().shape.layers as usize;
+        let mut all = out_arrays(&k, "out keys", layers).map_err(e)?;
         let n_k = all.len();
-        all.extend(describe(&v, "out values").map_err(e)?);
+        all.extend(out_arrays(&v, "out values", layers).map_err(e)?);
         if all.iter().any(|a| matches!(a.dtype, ElemType::U16)) {
             return Err(e(Error::argument(
                 "outputs must be float16, float32 or uint16 (bf16)",
@@ -494,6 +490,26 @@ impl PyStream {
             api::decode_into(&s, start..end, &mut ks, &mut vs)
         })
     }
+}
+
+/// A decode's output arrays for keys or values: each array of a list or tuple, or a stacked
+/// array's `layers` equal parts.
+fn out_arrays(obj: &Bound<'_, PyAny>, what: &str, layers: usize) -> Result<Vec<Array>, Error> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let items: Vec<Bound<'_, PyAny>> = obj
+            .extract()
+            .map_err(|_| Error::argument(format!("{what}: not a list of arrays")))?;
+        let one = |(i, a): (usize, &Bound<'_, PyAny>)| Array::of(a, &format!("{what}[{i}]"), true);
+        return items.iter().enumerate().map(one).collect();
+    }
+    let stacked = Array::of(obj, what, true)?;
+    stacked.split(layers).ok_or_else(|| {
+        let n = stacked.len;
+        Error::new(
+            ErrorKind::Output,
+            format!("{what}: {n} elements do not split into the stream's {layers} layers"),
+        )
+    })
 }
 
 /// The error kinds: `(code, name)` in code order (the Python half checks its classes against

@@ -119,6 +119,23 @@ impl Array {
         })
     }
 
+    /// The array as `n` equal consecutive parts (a stacked `[L, ...]` array's layers), or `None`
+    /// if its elements do not split evenly into `n` (or `n` is 0). Each part lies inside the
+    /// array's memory, so A1 and A2 hold for it as for the array.
+    pub fn split(&self, n: usize) -> Option<Vec<Array>> {
+        if n == 0 || !self.len.is_multiple_of(n) {
+            return None;
+        }
+        let per = self.len / n;
+        let bytes = per * self.size();
+        let part = |i: usize| Array {
+            addr: self.addr + i * bytes,
+            len: per,
+            ..*self
+        };
+        Some((0..n).map(part).collect())
+    }
+
     fn size(&self) -> usize {
         match self.dtype {
             ElemType::Kv(d) => d.size_bytes(),

@@ -148,6 +148,25 @@ def test_outputs_are_checked_not_copied(small):
         kvc.decode(data, out=(ok.astype(np.float64), ov))
 
 
+def test_the_native_decode_takes_stacked_outputs_or_lists(small):
+    # Stream.decode passes a stacked output whole; the native module splits it by layer.
+    k, v = small
+    s = kvc.Stream(kvc.encode(k, v))
+    want_k, want_v = s.decode()
+    for n in (100, 7):
+        sk, sv = np.zeros_like(k[:, :n]), np.zeros_like(v[:, :n])
+        lk, lv = np.zeros_like(sk), np.zeros_like(sv)
+        s._s.decode_into(0, n, sk, sv)
+        s._s.decode_into(0, n, list(lk), tuple(lv))
+        assert np.array_equal(sk, want_k[:, :n]) and np.array_equal(sv, want_v[:, :n])
+        assert np.array_equal(lk, sk) and np.array_equal(lv, sv)
+    odd = np.empty(k[:, :7].size - 1, np.float16)  # not a whole number of layers
+    with pytest.raises(kvc.OutputError, match="do not split into the stream's 3 layers"):
+        s._s.decode_into(0, 7, odd, np.empty_like(v[:, :7]))
+    with pytest.raises(kvc.ArgumentError, match="overlap"):  # sk is the last n = 7's
+        s._s.decode_into(0, 7, sk, list(sk))
+
+
 # -- every error kind ----------------------------------------------------------------------
 
 
