@@ -222,7 +222,7 @@ impl<'c, 'p> ChunkEncoder<'c, 'p> {
         );
         let shape = self.ctx.shape();
         let head_dim = shape.head_dim as usize;
-        (self.tables).start(profile, (self.level, layer, kv), n_exp, head_dim);
+        self.tables.start(profile, (self.level, layer, kv), n_exp, head_dim);
         self.tables.resolve_all(profile);
         let rows = RowLayout {
             channels: c,
