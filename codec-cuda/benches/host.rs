@@ -7,7 +7,8 @@
 //! table maps and channel constants of the stream's (profile, level) built in each, as in a
 //! `Gpu`'s first call, or kept, as in every later one, or kept with the maps and constants
 //! resident on the device, as `Gpu` decodes now keep them), in bytes of compressed input, at
-//! levels 0, 6 and 11; and the encode's chunks copied into vectors on 1, 2 and 4 threads
+//! levels 0, 6 and 11 (and, resident, with a profile learned with the fixture's queries, whose
+//! blocks have exponent tables); and the encode's chunks copied into vectors on 1, 2 and 4 threads
 //! (`encode_plan::copy_chunks`, what `Gpu::encode_uploaded_with` spares).
 
 #[path = "support/mod.rs"]
@@ -57,8 +58,25 @@ fn main() {
         });
     }
     g.finish();
+    // The same with a profile learned with the fixture's queries (step exponents on, as `kvc
+    // profile` learns them): each coded block then has an exponent table of its own.
+    let with_q = support::profile_with_queries(&d);
+    let name = "decode chain built on the host, 8 copies of the fixture, step exponents on";
+    let mut g = c.benchmark_group(name);
+    for level in [0, 6, 11] {
+        let bytes = support::stream_bytes(&d.kv, &with_q, level);
+        let stream = support::open(&bytes);
+        let plan = support::decode_plan(&stream, copies);
+        g.throughput(Throughput::Bytes((copies * bytes.len()) as u64));
+        g.bench_function(format!("level {level}, constants resident"), |b| {
+            b.iter_custom(|n| {
+                Duration::from_secs_f64(plan.time_chain_resident(n as usize).unwrap())
+            })
+        });
+    }
+    g.finish();
     let mut g = c.benchmark_group("encode chain built on the host, 8 copies of the fixture");
-    let profile = support::profile_with_queries(&d);
+    let profile = with_q;
     let ctx = support::encode_context(&d, &profile);
     let (src, source) = Source::of_view(&d.kv.view());
     g.throughput(Throughput::Bytes((copies * src.len()) as u64));

@@ -20,7 +20,10 @@
 //! and each of them; then the symbol lane decode of format v2 (64-bit state, 32-bit words) against the 32-bit-state experiment
 //! (`codec_cuda::experiment`, 16-bit words) on the same symbols and tables, kernels alone, and
 //! by launch shape (tables in shared memory, coded blocks per CUDA block). Then how the middle
-//! level's decode grows with the batch (`copies`, 4x and 8x as many).
+//! level's decode grows with the batch (`copies`, 4x and 8x as many). The fixture's profile
+//! above is learned without its queries (no step exponents); the whole decode in pieces runs
+//! again with one learned with them (`kvc profile`'s default), whose coded blocks each have
+//! an exponent table.
 //! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
 //! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
 //! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
@@ -88,6 +91,7 @@ fn main() {
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
         bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
     }
+    bench_decode_exponents(&mut gpu, &d, (rounds, copies));
     bench_decode_scaling(&mut gpu, &d.kv, &profile, (rounds, copies));
 
     bench_encode_kernels(&gpu, &d, &profile, (rounds, copies));
@@ -333,6 +337,31 @@ fn bench_decode(
         bench_decode_pieces(gpu, &bytes, (rounds, n), one_copy);
     }
     bench_lane_decode(gpu, &plan, level, rounds);
+}
+
+/// The whole decode with a profile learned with the fixture's queries (step exponents on, as
+/// `kvc profile` learns them; each coded block has an exponent table of its own, which the
+/// device expands from its frequencies): the middle and last levels, `copies` and 4x as many
+/// streams in pieces (`bench_decode_pieces`), against one copy decoded by `decode_into`.
+fn bench_decode_exponents(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {
+    let profile = support::profile_with_queries(d);
+    for level in [profile.levels() / 2, profile.levels() - 1] {
+        let bytes = support::stream_bytes(&d.kv, &profile, level);
+        let stream = support::open(&bytes);
+        let plan = support::decode_plan(&stream, 1);
+        let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+        let (whole, r) = best_of(rounds, || gpu.decode_into(&plan, &mut out));
+        r.unwrap();
+        let want = gpu.stream().clone_dtoh(&out).unwrap();
+        println!(
+            "decode with step exponents, level {level}: {} bytes a copy; one copy decode_into              {:.3} ms",
+            bytes.len(),
+            whole * 1e3
+        );
+        for n in [copies, 4 * copies] {
+            bench_decode_pieces(gpu, &bytes, (rounds, n), &want);
+        }
+    }
 }
 
 /// The decode of `plan` uploaded once and its chain's kernels in five launches

@@ -5,6 +5,11 @@
 // - kvc_gather_words (before the first launch, for a plan uploaded from page-locked host memory
 //   the streams lie in: Gpu::upload_plan_from): every coded block's lane words, stored
 //   little-endian at any byte offset of the copied bytes, into the chain's word array.
+// - kvc_expand_tables (before the first launch, in every upload): each rANS table the chain's
+//   lane decoders read, from its frequencies (2 bytes a symbol, as the upload carries them) into
+//   the lane decoders' packed form (KVC_SLOTS entries of 4 bytes: symbol, frequency, slot - cdf).
+//   A block's exponent table is a table of its own: packed on the host, every coded block's
+//   would cross PCIe as 16 KiB, more than its lane words.
 // - kvc_check_chunks (beside it, for a plan whose chunks' CRCs are checked at decode): each
 //   chunk's CRC-32C (C1) in the copied bytes, against the CRC stored after it (kvc_crc.cuh).
 // - kvc_resolve_tables (between the exponent and the symbol lane decode; spec/FORMAT.md §6.1):
@@ -38,6 +43,8 @@ enum KvcChainStatus : kvc_u32 {
     KVC_CHAIN_BAD_ESCAPES = 2,
     // A chunk whose bytes do not have the CRC stored after them (C1).
     KVC_CHAIN_BAD_CRC = 3,
+    // A table's frequencies are not those of a rANS table (kvc_expand_tables).
+    KVC_CHAIN_BAD_TABLE = 4,
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -84,6 +91,93 @@ __device__ __forceinline__ void kvc_gather(const KvcGatherArgs& a, unsigned char
 }
 
 KVC_KERNEL(kvc_gather_words, KvcGatherArgs, kvc_gather)
+
+// ----------------------------------------------------------------------------------------------
+// Table expansion
+
+// One table of a launch: its frequencies freqs[freq_start .. freq_start + n_freqs] (symbol s's
+// at s), into packed table `table` of `tables`.
+struct KvcTableFreqs {
+    kvc_u64 freq_start;
+    kvc_u32 n_freqs;
+    kvc_u32 table;
+};
+
+struct KvcExpandArgs {
+    const kvc_u16* freqs;
+    kvc_u64 n_freqs;
+    // n_tables packed tables of KVC_SLOTS entries each.
+    kvc_u32* tables;
+    kvc_u64 n_tables;
+    const KvcTableFreqs* items;
+    kvc_u32* status;
+    kvc_u64 n_items;
+};
+
+// Symbols a table has at most (symbols are bytes).
+#define KVC_TABLE_SYMBOLS 256u
+
+// Shared memory: the item's status and its symbols' cumulative frequencies (cdf[s] the sum of
+// the frequencies below s; cdf[n] = KVC_SLOTS when the status is OK).
+struct KvcExpandShared {
+    kvc_u32 status;
+    kvc_u32 cdf[KVC_TABLE_SYMBOLS + 1];
+};
+
+// Phase 1 (thread 0): the item's ranges and frequencies checked (1 to 256 of them, each below
+// KVC_SLOTS, summing to KVC_SLOTS, as codec_core::rans::FreqTable holds them) and their
+// cumulative sums; the item's status.
+__device__ __forceinline__ void kvc_expand_check(const KvcExpandArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items || threadIdx.x != 0) return;
+    KvcExpandShared* s = (KvcExpandShared*)shared;
+    const KvcTableFreqs t = a.items[blockIdx.x];
+    kvc_u32 status = KVC_CHAIN_BAD_RANGE;
+    const bool in_range = t.freq_start <= a.n_freqs && t.n_freqs <= a.n_freqs - t.freq_start &&
+                          t.n_freqs >= 1 && t.n_freqs <= KVC_TABLE_SYMBOLS &&
+                          t.table < a.n_tables;
+    if (in_range) {
+        kvc_u32 cdf = 0;
+        bool each_ok = true;
+        for (kvc_u32 i = 0; i < t.n_freqs; i++) {
+            const kvc_u32 f = a.freqs[t.freq_start + i];
+            s->cdf[i] = cdf;
+            each_ok = each_ok && f < KVC_SLOTS;
+            cdf += f;
+        }
+        s->cdf[t.n_freqs] = cdf;
+        status = each_ok && cdf == KVC_SLOTS ? KVC_CHAIN_OK : KVC_CHAIN_BAD_TABLE;
+    }
+    s->status = status;
+    a.status[blockIdx.x] = status;
+}
+
+// Phase 2: each thread's slots i = threadIdx.x, + blockDim.x, ...: the symbol whose range holds
+// i (the last s with cdf[s] <= i: a symbol of frequency 0 starts where the next one does), found
+// by bisection; consecutive threads write consecutive entries.
+__device__ __forceinline__ void kvc_expand_slots(const KvcExpandArgs& a, unsigned char* shared) {
+    if (blockIdx.x >= a.n_items) return;
+    const KvcExpandShared* s = (const KvcExpandShared*)shared;
+    if (s->status != KVC_CHAIN_OK) return;
+    const KvcTableFreqs t = a.items[blockIdx.x];
+    kvc_u32* __restrict__ out = a.tables + (kvc_u64)t.table * KVC_SLOTS;
+    for (kvc_u32 i = threadIdx.x; i < KVC_SLOTS; i += blockDim.x) {
+        // Invariant: cdf[lo] <= i < cdf[hi] (cdf[0] = 0, cdf[n] = KVC_SLOTS).
+        kvc_u32 lo = 0, hi = t.n_freqs;
+        while (hi - lo > 1) {
+            const kvc_u32 mid = (lo + hi) / 2;
+            if (s->cdf[mid] <= i) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const kvc_u32 freq = s->cdf[lo + 1] - s->cdf[lo];
+        out[i] = lo | freq << 8 | (i - s->cdf[lo]) << 20;
+    }
+}
+
+// One CUDA block per table. Dynamic shared memory: sizeof(KvcExpandShared).
+KVC_KERNEL(kvc_expand_tables, KvcExpandArgs, kvc_expand_check, kvc_expand_slots)
 
 // ----------------------------------------------------------------------------------------------
 // Chunk check
@@ -550,6 +644,19 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcVerdictArgs, lenient_below),
         offsetof(KvcVerdictArgs, reserved),
         offsetof(KvcVerdictArgs, verdict),
+        sizeof(KvcTableFreqs),
+        offsetof(KvcTableFreqs, freq_start),
+        offsetof(KvcTableFreqs, n_freqs),
+        offsetof(KvcTableFreqs, table),
+        sizeof(KvcExpandArgs),
+        offsetof(KvcExpandArgs, freqs),
+        offsetof(KvcExpandArgs, n_freqs),
+        offsetof(KvcExpandArgs, tables),
+        offsetof(KvcExpandArgs, n_tables),
+        offsetof(KvcExpandArgs, items),
+        offsetof(KvcExpandArgs, status),
+        offsetof(KvcExpandArgs, n_items),
+        sizeof(KvcExpandShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

@@ -416,7 +416,11 @@ pub(crate) struct Chain<'p> {
     pub word_parts: Vec<LaneWords<'p>>,
     /// Words in `word_parts`.
     pub n_words: usize,
-    pub tables: Vec<u32>,
+    /// Every table's frequencies, one after another, and per table (its id) where they lie:
+    /// the device expands them into the lane decoders' packed tables (`kvc_expand_tables`)
+    /// instead of an upload carrying 16 KiB a table ([`Chain::packed_tables`] on the host).
+    pub table_freqs: Vec<u16>,
+    pub table_items: Vec<ffi::TableFreqs>,
     pub table_list: Vec<u32>,
     pub exp_blocks: Vec<LaneBlock>,
     pub n_exps: usize,
@@ -499,9 +503,34 @@ impl<'p> Chain<'p> {
     /// Adds a table with its radius; returns its id.
     fn add_table(&mut self, t: &codec_core::rans::FreqTable, radius: u8) -> u32 {
         let id = self.radius.len() as u32;
-        self.tables.extend(crate::rans::packed_table(t));
+        self.push_freqs(t.freqs());
         self.radius.push(radius);
         id
+    }
+
+    /// Appends one table's frequencies (its id the next).
+    fn push_freqs(&mut self, freqs: &[u16]) {
+        self.table_items.push(ffi::TableFreqs {
+            freq_start: self.table_freqs.len() as u64,
+            n_freqs: freqs.len() as u32,
+            table: self.table_items.len() as u32,
+        });
+        self.table_freqs.extend_from_slice(freqs);
+    }
+
+    /// Every table in the lane decoders' packed form ([`ffi::SLOTS`] entries each), expanded
+    /// from its frequencies by the host-run `kvc_expand_tables`.
+    pub fn packed_tables(&self) -> Result<Vec<u32>, CudaError> {
+        let mut tables = vec![0u32; self.table_items.len() * ffi::SLOTS];
+        let mut status = vec![0u32; self.table_items.len()];
+        ffi::host_expand_tables(ffi::ExpandIo {
+            freqs: &self.table_freqs,
+            tables: &mut tables,
+            items: &self.table_items,
+            status: &mut status,
+        })?;
+        check_expanded(&status)?;
+        Ok(tables)
     }
 
     /// Appends one coded block of `lanes` (its chunk) to every launch of the chain: `level_ids`
@@ -770,7 +799,9 @@ impl<'c, 'p> Shared<'c, 'p> {
                 what,
             })?;
         let first = ch.radius.len() as u32;
-        ch.tables.extend_from_slice(&consts.tables);
+        for range in consts.table_ranges() {
+            ch.push_freqs(&consts.freqs[range]);
+        }
         ch.radius.extend_from_slice(&consts.radius);
         let ids = (first..first + consts.n_tables() as u32).collect();
         let (map_base, consts_base) = match self.place.as_mut() {
@@ -882,7 +913,8 @@ impl DecodePlan<'_> {
         let mut ch = Chain {
             word_parts: Vec::with_capacity(blocks),
             n_words: 0,
-            tables: Vec::new(),
+            table_freqs: Vec::new(),
+            table_items: Vec::new(),
             table_list: Vec::new(),
             exp_blocks: Vec::with_capacity(blocks),
             n_exps: 0,
@@ -988,6 +1020,8 @@ impl DecodePlan<'_> {
         }
         let (heads, head_dim) = (self.heads, self.head_dim);
         let shape = LaneShape::new(1, LaneShape::MAX_SHARED_TABLES)?;
+        let tables = ch.packed_tables()?;
+        let words = (words, &tables[..]);
         let (exps, exp_status) = ch.host_exps(words, shape)?;
         let maps = ch.table_maps(&exps, (heads, head_dim));
         // The fused chain leaves the tables to the launches after (no table index a symbol);
@@ -1041,7 +1075,12 @@ impl DecodePlan<'_> {
 impl Chain<'_> {
     /// The exponent lanes run on the host over `words` (the chain's lane words): the decoded
     /// exponents and the lanes' statuses.
-    fn host_exps(&self, words: &[u32], shape: LaneShape) -> Result<(Vec<u8>, Vec<u32>), CudaError> {
+    /// `words` are the chain's lane words and its packed tables.
+    fn host_exps(
+        &self,
+        words: (&[u32], &[u32]),
+        shape: LaneShape,
+    ) -> Result<(Vec<u8>, Vec<u32>), CudaError> {
         let mut exps = vec![0u8; self.n_exps];
         let mut status = vec![0u32; self.exp_blocks.len() * LANES];
         let no_tables = vec![0u16; self.n_exps];
@@ -1066,18 +1105,18 @@ impl Chain<'_> {
         }
     }
 
-    /// A host-run lane decode of `blocks` over the chain's words and tables (each symbol's
-    /// table in `symbol_table`) into `(symbols, status)`.
+    /// A host-run lane decode of `blocks` over the chain's words and packed tables (each
+    /// symbol's table in `symbol_table`) into `(symbols, status)`.
     fn lane_io<'a>(
         &'a self,
-        words: &'a [u32],
+        (words, tables): (&'a [u32], &'a [u32]),
         shape: LaneShape,
         (symbol_table, blocks): (&'a [u16], &'a [LaneBlock]),
         (symbols, status): (&'a mut [u8], &'a mut [u32]),
     ) -> ffi::LaneDecodeIo<'a> {
         ffi::LaneDecodeIo {
             words,
-            tables: &self.tables,
+            tables,
             table_list: &self.table_list,
             symbol_table,
             blocks,
@@ -1178,6 +1217,18 @@ impl Chain<'_> {
             return Ok(());
         }
         check_chain(&self.chunk_of, statuses)
+    }
+}
+
+/// A table expansion's statuses: the host built every table from a checked stream's or
+/// profile's, so any failure is a fault of the plan's own arithmetic, reported as an input
+/// error.
+pub(crate) fn check_expanded(status: &[u32]) -> Result<(), CudaError> {
+    match status.iter().all(|&s| s == 0) {
+        true => Ok(()),
+        false => Err(CudaError::Input {
+            what: "a table expanded from frequencies outside its buffers or not a rANS table's",
+        }),
     }
 }
 
@@ -1445,8 +1496,8 @@ mod tests {
         let ch = plan.chain().unwrap();
         let (heads, head_dim) = (plan.heads, plan.head_dim);
         let shape = LaneShape::new(1, 0).unwrap();
-        let words = ch.words();
-        let (exps, _) = ch.host_exps(&words, shape).unwrap();
+        let (words, tables) = (ch.words(), ch.packed_tables().unwrap());
+        let (exps, _) = ch.host_exps((&words, &tables), shape).unwrap();
         let mut sym_table = vec![0u16; ch.n_symbols];
         let mut resolve_status = vec![9u32; ch.resolve.len()];
         let maps = ch.table_maps(&exps, (heads, head_dim));
@@ -1461,7 +1512,7 @@ mod tests {
             let mut symbols = vec![0u8; ch.n_symbols];
             let mut status = vec![9u32; ch.sym_blocks.len() * LANES];
             let out = (&mut symbols[..], &mut status[..]);
-            let io = ch.lane_io(&words, shape, (&sym_table, &ch.sym_blocks), out);
+            let io = ch.lane_io((&words, &tables), shape, (&sym_table, &ch.sym_blocks), out);
             match resolve {
                 None => ffi::host_lane_decode(io).unwrap(),
                 Some(resolve) => {

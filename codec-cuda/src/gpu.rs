@@ -71,6 +71,7 @@ struct Kernels {
     map_values: CudaFunction,
     map_escapes: CudaFunction,
     gather_words: CudaFunction,
+    expand_tables: CudaFunction,
     check_chunks: CudaFunction,
     chain_verdict: CudaFunction,
     /// Dynamic shared memory a PQ search block may ask for: the device's opt-in maximum, to
@@ -357,6 +358,7 @@ impl Gpu {
             map_values: load("chain.cu", "kvc_map_values")?,
             map_escapes: load("chain.cu", "kvc_map_escapes")?,
             gather_words: load("chain.cu", "kvc_gather_words")?,
+            expand_tables: load("chain.cu", "kvc_expand_tables")?,
             check_chunks: load("chain.cu", "kvc_check_chunks")?,
             chain_verdict: load("chain.cu", "kvc_chain_verdict")?,
             lane32_experiment: load("rans32_experiment.cu", "kvc_rans32_lane_decode_experiment")?,

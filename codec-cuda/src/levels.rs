@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 use codec_core::Profile;
 
 use crate::error::CudaError;
-use crate::ffi::SLOTS;
 use crate::quant::ChannelConsts;
-use crate::rans::{packed_table, value_table_map};
+use crate::rans::value_table_map;
 
 /// Bytes of level constants a [`LevelCache`] keeps at most (the oldest are dropped first).
 const MAX_KEPT_BYTES: usize = 64 << 20;
@@ -19,8 +18,11 @@ const MAX_KEPT_BYTES: usize = 64 << 20;
 /// The constants of one (profile, level).
 #[derive(Debug)]
 pub(crate) struct LevelConsts {
-    /// The level's tables, [`SLOTS`] packed entries each, in the profile's order.
-    pub tables: Vec<u32>,
+    /// The level's tables' frequencies, one table after another in the profile's order
+    /// ([`table_ranges`](Self::table_ranges) says where each lies).
+    pub freqs: Vec<u16>,
+    /// Per table, how many frequencies it has.
+    pub freq_lens: Vec<u32>,
     /// Per table, its radius.
     pub radius: Vec<u8>,
     /// Per (layer, K/V) in order (index `layer * 2 + kv`), its value-table map
@@ -43,10 +45,8 @@ impl LevelConsts {
         if level_tables.is_empty() || level_tables.len() + 1 > usize::from(u16::MAX) {
             return Err("a level without tables");
         }
-        let mut tables = Vec::with_capacity(level_tables.len() * SLOTS);
-        for t in level_tables {
-            tables.extend(packed_table(&t.freqs));
-        }
+        let freqs = level_tables.iter().flat_map(|t| t.freqs.freqs()).copied();
+        let freq_lens = level_tables.iter().map(|t| t.freqs.freqs().len() as u32);
         let mult = profile.level_multipliers()[usize::from(level)];
         let (mut maps, mut consts) = (Vec::new(), Vec::new());
         for layer in 0..profile.layers() {
@@ -58,7 +58,8 @@ impl LevelConsts {
         }
         let tensors = 2 * profile.layers() as usize;
         Ok(LevelConsts {
-            tables,
+            freqs: freqs.collect(),
+            freq_lens: freq_lens.collect(),
             radius: level_tables.iter().map(|t| t.radius).collect(),
             map_len: maps.len() / tensors.max(1),
             maps,
@@ -72,6 +73,15 @@ impl LevelConsts {
         self.radius.len()
     }
 
+    /// Where each table's frequencies lie in [`freqs`](Self::freqs), in order.
+    pub fn table_ranges(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        self.freq_lens.iter().scan(0usize, |at, &n| {
+            let start = *at;
+            *at += n as usize;
+            Some(start..*at)
+        })
+    }
+
     /// Where (layer, K/V)'s map and constants start in [`maps`](Self::maps) and
     /// [`consts`](Self::consts).
     pub fn starts(&self, layer: u32, kv: usize) -> (usize, usize) {
@@ -81,7 +91,8 @@ impl LevelConsts {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        4 * self.tables.len()
+        2 * self.freqs.len()
+            + 4 * self.freq_lens.len()
             + self.radius.len()
             + 2 * self.maps.len()
             + std::mem::size_of::<ChannelConsts>() * self.consts.len()
@@ -285,8 +296,9 @@ mod tests {
         for level in 0..p.levels() {
             let k = LevelConsts::of(&p, level).unwrap();
             let tables = &p.level_tables(level).tables;
-            let packed: Vec<u32> = tables.iter().flat_map(|t| packed_table(&t.freqs)).collect();
-            assert_eq!(k.tables, packed);
+            let each: Vec<&[u16]> = k.table_ranges().map(|r| &k.freqs[r]).collect();
+            let want: Vec<&[u16]> = tables.iter().map(|t| t.freqs.freqs()).collect();
+            assert_eq!(each, want);
             assert_eq!(k.n_tables(), tables.len());
             let radius: Vec<u8> = tables.iter().map(|t| t.radius).collect();
             assert_eq!(k.radius, radius);

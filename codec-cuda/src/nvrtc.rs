@@ -37,6 +37,7 @@ pub const KERNELS: &[KernelSource] = &[
         source: include_str!("../kernels/chain.cu"),
         entries: &[
             "kvc_gather_words",
+            "kvc_expand_tables",
             "kvc_check_chunks",
             "kvc_resolve_tables",
             "kvc_map_values",

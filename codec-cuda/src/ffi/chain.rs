@@ -22,6 +22,12 @@ extern "C" {
         block: u32,
         shared_bytes: u64,
     ) -> c_int;
+    fn kvc_expand_tables_host(
+        args: *const ExpandArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
     fn kvc_check_chunks_host(
         args: *const CheckArgs<OnHost>,
         grid: u32,
@@ -79,6 +85,112 @@ struct GatherArgs<S: Space> {
     parts: S::Const<GatherPart>,
     status: S::Mut<u32>,
     n_parts: u64,
+}
+
+/// `KvcTableFreqs` (invariant 1): one table to expand, its frequencies
+/// `freqs[freq_start..][..n_freqs]` (symbol `s`'s at `s`) into packed table `table`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TableFreqs {
+    pub freq_start: u64,
+    pub n_freqs: u32,
+    pub table: u32,
+}
+
+/// `KvcExpandArgs` (invariant 1).
+#[repr(C)]
+#[derive(Debug)]
+struct ExpandArgs<S: Space> {
+    freqs: S::Const<u16>,
+    n_freqs: u64,
+    tables: S::Mut<u32>,
+    n_tables: u64,
+    items: S::Const<TableFreqs>,
+    status: S::Mut<u32>,
+    n_items: u64,
+}
+
+/// Bytes of `KvcExpandShared` (a status and 257 cumulative frequencies).
+pub(crate) const EXPAND_SHARED_BYTES: u32 = 4 + 4 * 257;
+
+/// A table expansion's status: the frequencies are not a rANS table's.
+#[cfg(test)]
+pub(crate) const EXPAND_BAD_TABLE: u32 = 4;
+
+/// The buffers of one table expansion.
+#[derive(Debug)]
+pub(crate) struct ExpandIo<'a> {
+    pub freqs: &'a [u16],
+    /// Whole tables of [`SLOTS`](super::SLOTS) entries.
+    pub tables: &'a mut [u32],
+    pub items: &'a [TableFreqs],
+    /// One entry per item: 0, 1 (outside the buffers) or [`EXPAND_BAD_TABLE`].
+    pub status: &'a mut [u32],
+}
+
+/// Runs `kvc_expand_tables` on the host.
+pub(crate) fn host_expand_tables(io: ExpandIo<'_>) -> Result<(), CudaError> {
+    let grid = launch_grid(io.items.len())?;
+    if io.status.len() != io.items.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per table",
+        });
+    }
+    let args = ExpandArgs::<OnHost> {
+        freqs: io.freqs.as_ptr(),
+        n_freqs: io.freqs.len() as u64,
+        tables: io.tables.as_mut_ptr(),
+        n_tables: (io.tables.len() / super::SLOTS) as u64,
+        items: io.items.as_ptr(),
+        status: io.status.as_mut_ptr(),
+        n_items: io.items.len() as u64,
+    };
+    let shared = u64::from(EXPAND_SHARED_BYTES);
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call; the
+    // table count rounded down to whole tables) and 3 (CHAIN_THREADS threads, the shared memory
+    // KvcExpandShared needs).
+    let rc = unsafe { kvc_expand_tables_host(&args, grid, CHAIN_THREADS, shared) };
+    host_ran(rc, "kvc_expand_tables")
+}
+
+/// Queues `kvc_expand_tables` on `stream`: every item's frequencies into its packed table of
+/// `tables`, a status per item.
+pub(crate) fn launch_expand_tables(
+    stream: &CudaStream,
+    expand: &CudaFunction,
+    freqs: &DevBuf<u16>,
+    items: &DevBuf<TableFreqs>,
+    tables: &DevBuf<u32>,
+    status: &DevBuf<u32>,
+) -> Result<(), CudaError> {
+    if status.len() != items.len() {
+        return Err(CudaError::Input {
+            what: "status buffer is not one entry per table",
+        });
+    }
+    let g = launch_grid(items.len())?;
+    if g == 0 {
+        return Ok(());
+    }
+    let mut a = Addrs::default();
+    let (freqs, n_freqs) = a.of(freqs, stream);
+    let (tables_ptr, n_entries) = a.of(tables, stream);
+    let (items, n_items) = a.of(items, stream);
+    let (status, _) = a.of(status, stream);
+    let args = ExpandArgs::<OnDevice> {
+        freqs,
+        n_freqs,
+        tables: tables_ptr,
+        n_tables: n_entries / super::SLOTS as u64,
+        items,
+        status,
+        n_items,
+    };
+    let cfg = launch_shape(g, CHAIN_THREADS, EXPAND_SHARED_BYTES);
+    // SAFETY: invariants 1, 6 (the buffers are borrowed by the caller, which synchronizes the
+    // stream before it drops them; the table count rounded down to whole tables), 7 and 3 (the
+    // shared memory KvcExpandShared needs).
+    unsafe { launch_args(stream, expand, &args, cfg, a) }
 }
 
 /// `KvcResolveBlock` (invariant 1).
@@ -494,7 +606,8 @@ unsafe impl DeviceRepr for ValueArgs<OnDevice> {}
 unsafe impl DeviceRepr for GatherArgs<OnDevice> {}
 unsafe impl DeviceRepr for CheckArgs<OnDevice> {}
 unsafe impl DeviceRepr for VerdictArgs<OnDevice> {}
-device_values!(ResolveBlock, ValueBlock, GatherPart, ChunkCheck);
+unsafe impl DeviceRepr for ExpandArgs<OnDevice> {}
+device_values!(ResolveBlock, ValueBlock, GatherPart, ChunkCheck, TableFreqs);
 
 /// A plan's chain on the device: every buffer of its launches (invariant 6: each count
 /// within its buffer; built from one `decode::Chain`).
@@ -753,9 +866,12 @@ mod tests {
             CheckArgs<S> { raw, n_raw, checks, status, n_checks },
         ]);
         v.push(u64::from(CRC_SHARED_BYTES));
-        v.extend(layout![VerdictArgs<S> {
-            status, n_status, n_lenient, lenient_below, reserved, verdict
-        }]);
+        v.extend(layout![
+            VerdictArgs<S> { status, n_status, n_lenient, lenient_below, reserved, verdict },
+            TableFreqs { freq_start, n_freqs, table },
+            ExpandArgs<S> { freqs, n_freqs, tables, n_tables, items, status, n_items },
+        ]);
+        v.push(u64::from(EXPAND_SHARED_BYTES));
         v
     }
 
@@ -767,6 +883,144 @@ mod tests {
             host_layout(kvc_chain_layout),
             rust_chain_layout::<OnDevice>()
         );
+    }
+
+    /// Frequencies of `n` symbols summing to 4096 (some 0 when `zeros`, at either end too),
+    /// from `seed`.
+    fn freqs_of(n: usize, zeros: bool, seed: u64) -> Vec<u16> {
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut f = vec![0u16; n];
+        let live: Vec<usize> = (0..n).filter(|_| !zeros || next() % 3 != 0).collect();
+        let live = if live.is_empty() { vec![n - 1] } else { live };
+        // One each, then the rest of the 4096 at random (none reaching 4096 alone).
+        for &s in &live {
+            f[s] = 1;
+        }
+        for _ in live.len()..4096 {
+            let s = live[(next() % live.len() as u64) as usize];
+            f[s] += 1;
+        }
+        if f.contains(&4096) {
+            return freqs_of(n.max(2), false, seed + 1);
+        }
+        f
+    }
+
+    /// The packed table of `freqs`, slot by slot (the kernel's form: symbol, frequency, slot -
+    /// cdf).
+    fn packed_plainly(freqs: &[u16]) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (s, &f) in freqs.iter().enumerate() {
+            for k in 0..u32::from(f) {
+                out.push(s as u32 | u32::from(f) << 8 | k << 20);
+            }
+        }
+        out
+    }
+
+    /// Tables expanded by the host-run kernel: the tables and statuses.
+    fn expand(freqs: &[u16], items: &[TableFreqs], n_tables: usize) -> (Vec<u32>, Vec<u32>) {
+        let mut tables = vec![0xABCD_u32; n_tables * crate::ffi::SLOTS];
+        let mut status = vec![9u32; items.len()];
+        host_expand_tables(ExpandIo {
+            freqs,
+            tables: &mut tables,
+            items,
+            status: &mut status,
+        })
+        .unwrap();
+        (tables, status)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Tables of 1-256 symbols (frequency-0 symbols anywhere, or none), several per launch
+        /// in any order of their ids: each expanded table is the plain packing of its
+        /// frequencies, and `packed_table`'s for a `FreqTable`; every status 0.
+        #[test]
+        fn expanded_tables_are_packed_as_the_host_packs_them(
+            sizes in proptest::collection::vec((1usize..=256, proptest::bool::ANY), 1..5),
+            seed in proptest::prelude::any::<u64>(),
+            reversed in proptest::bool::ANY,
+        ) {
+            let mut freqs = Vec::new();
+            let mut items = Vec::new();
+            let mut each = Vec::new();
+            for (i, &(n, zeros)) in sizes.iter().enumerate() {
+                let f = freqs_of(n, zeros, seed.wrapping_add(i as u64));
+                let table = if reversed { sizes.len() - 1 - i } else { i } as u32;
+                items.push(TableFreqs {
+                    freq_start: freqs.len() as u64,
+                    n_freqs: f.len() as u32,
+                    table,
+                });
+                freqs.extend_from_slice(&f);
+                each.push((table, f));
+            }
+            let (tables, status) = expand(&freqs, &items, sizes.len());
+            proptest::prop_assert!(status.iter().all(|&s| s == 0));
+            for (table, f) in each {
+                let got = &tables[table as usize * crate::ffi::SLOTS..][..crate::ffi::SLOTS];
+                proptest::prop_assert_eq!(got, &packed_plainly(&f)[..]);
+                if let Ok(t) = codec_core::rans::FreqTable::new(&f) {
+                    proptest::prop_assert_eq!(got, &crate::rans::packed_table(&t)[..]);
+                }
+            }
+        }
+    }
+
+    /// Items outside the buffers or whose frequencies are not a table's (none, over 256, one of
+    /// 4096 or more, a sum other than 4096) are refused with their status and leave their table
+    /// as it was; the good item beside them is expanded.
+    #[test]
+    fn bad_table_items_are_refused() {
+        let good = freqs_of(5, false, 7);
+        let mut freqs = good.clone();
+        let item = |freq_start: usize, n_freqs: usize, table: u32| TableFreqs {
+            freq_start: freq_start as u64,
+            n_freqs: n_freqs as u32,
+            table,
+        };
+        let at = freqs.len();
+        freqs.extend_from_slice(&[4096, 0]);
+        let short = freqs.len();
+        freqs.extend_from_slice(&[2000, 2000]);
+        let long = freqs.len();
+        freqs.extend(std::iter::repeat_n(16u16, 257));
+        let items = [
+            item(0, good.len(), 1),
+            item(0, good.len(), 2),  // past the tables
+            item(at, 2, 0),          // a frequency of 4096
+            item(short, 2, 0),       // sum 4000
+            item(long, 257, 0),      // 257 symbols summing to 4112
+            item(long, 0, 0),        // no symbols
+            item(freqs.len(), 1, 0), // past the frequencies
+            item(usize::MAX >> 1, 2, 0),
+        ];
+        let (tables, status) = expand(&freqs, &items, 2);
+        let range = 1;
+        assert_eq!(
+            status,
+            [
+                0,
+                range,
+                EXPAND_BAD_TABLE,
+                EXPAND_BAD_TABLE,
+                range,
+                range,
+                range,
+                range
+            ]
+        );
+        assert!(tables[..crate::ffi::SLOTS].iter().all(|&e| e == 0xABCD));
+        assert_eq!(tables[crate::ffi::SLOTS..], packed_plainly(&good)[..]);
     }
 
     /// A value block for [`map_values_match_a_plain_mapping`]: its symbols' table indices,

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
 use super::from_host::{WordSource, Words};
 use super::resident::LevelViews;
 use super::Gpu;
-use crate::decode::{check_crcs, check_gather, Chain, ChunkCrc};
+use crate::decode::{check_crcs, check_expanded, check_gather, Chain, ChunkCrc};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, PackSlot, LANES};
 use crate::quant::{ChannelConsts, DequantBlock};
@@ -24,6 +24,8 @@ pub(super) struct QueuedChain {
     pub statuses: Arc<CudaSlice<u8>>,
     /// The word gather's and the chunk checks' statuses (words copied as they lie only).
     gathered: Option<[DevBuf<u32>; 2]>,
+    /// The table expansion's statuses.
+    expanded: DevBuf<u32>,
     /// The statuses a verdict reads (all but the exponents' table indices) and how: the
     /// exponent lanes' first.
     judged: DevBuf<u32>,
@@ -40,6 +42,7 @@ impl QueuedChain {
     /// The word gather's statuses, then the CRCs of `crcs` (the chain's chunks checked at
     /// decode) by the chunk checks' statuses, as `bytes` (the statuses copied back) hold them.
     pub fn check_gathered(&self, bytes: &[u8], crcs: &[ChunkCrc<'_>]) -> Result<(), CudaError> {
+        check_expanded(&self.expanded.read_in(bytes)?)?;
         if let Some([gather, crc]) = &self.gathered {
             check_gather(&gather.read_in(bytes)?)?;
             check_crcs(crcs, &crc.read_in(bytes)?)?;
@@ -65,13 +68,14 @@ impl QueuedChain {
         self.raw = None;
     }
 
-    /// [`check_gathered`](Self::check_gathered) with only the word gather's and the chunk
-    /// checks' statuses copied back on `s` (synchronized).
+    /// [`check_gathered`](Self::check_gathered) with only the table expansion's, the word
+    /// gather's and the chunk checks' statuses copied back on `s` (synchronized).
     pub fn check_gathered_on(
         &self,
         s: &Arc<CudaStream>,
         crcs: &[ChunkCrc<'_>],
     ) -> Result<(), CudaError> {
+        check_expanded(&self.expanded.download_part(s)?)?;
         if let Some([gather, crc]) = &self.gathered {
             check_gather(&gather.download_part(s)?)?;
             check_crcs(crcs, &crc.download_part(s)?)?;
@@ -104,13 +108,14 @@ struct ChainStatuses {
     dequant: PackSlot<u32>,
     gather: PackSlot<u32>,
     crc: PackSlot<u32>,
+    expand: PackSlot<u32>,
     /// From the exponent lanes' statuses to the end: what a verdict reads.
     judged: PackSlot<u32>,
 }
 
 impl ChainStatuses {
-    /// Zeroed room on `s` for the statuses of `ch` (`dq_blocks` dequantization blocks), of
-    /// `n_parts` gather parts and of `n_checks` chunk checks.
+    /// Zeroed room on `s` for the statuses of `ch` (`dq_blocks` dequantization blocks, its
+    /// tables' expansion), of `n_parts` gather parts and of `n_checks` chunk checks.
     fn new(
         s: &Arc<CudaStream>,
         ch: &Chain<'_>,
@@ -125,6 +130,7 @@ impl ChainStatuses {
         let value = z.reserve(ch.values.len());
         let dequant = z.reserve(dq_blocks);
         let (gather, crc) = (z.reserve(n_parts), z.reserve(n_checks));
+        let expand = z.reserve(ch.table_items.len());
         let judged = exp.up_to(z.reserve(0));
         let base = s
             .alloc_zeros::<u8>(z.total())
@@ -139,6 +145,7 @@ impl ChainStatuses {
             dequant,
             gather,
             crc,
+            expand,
             judged,
         })
     }
@@ -151,7 +158,8 @@ impl ChainStatuses {
 /// Where a chain's inputs other than its words lie in its packed upload
 /// ([`PackedChain::add`]).
 struct PackedChain {
-    tables: PackSlot<u32>,
+    table_freqs: PackSlot<u16>,
+    table_items: PackSlot<ffi::TableFreqs>,
     table_list: PackSlot<u32>,
     exp_blocks: PackSlot<LaneBlock>,
     sym_blocks: PackSlot<LaneBlock>,
@@ -206,7 +214,8 @@ impl PackedChain {
             }
         };
         let packed = PackedChain {
-            tables: p.add(&ch.tables),
+            table_freqs: p.add(&ch.table_freqs),
+            table_items: p.add(&ch.table_items),
             table_list: p.add(&ch.table_list),
             exp_blocks: p.add(&ch.exp_blocks),
             sym_blocks: p.add(&ch.sym_blocks),
@@ -278,12 +287,19 @@ impl Gpu {
         let mut p = ffi::Packer::default();
         let (words, packed) = PackedChain::add(&mut p, ch, &io, source, s, levels.is_none())?;
         let base = p.queue(s, staging, self.upload_threads)?;
+        // What `launch_on` runs first reads what `s` has just queued.
+        if !Arc::ptr_eq(s, launch_on) {
+            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+            let copied = (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))?;
+            (launch_on.wait(&copied)).map_err(ffi::driver_err("cuStreamWaitEvent"))?;
+        }
         let gather_counts = match &words {
             Words::Packed(_) => (0, 0),
             Words::Raw(_, parts, checks) => (parts.len(), checks.len()),
         };
         let z = ChainStatuses::new(launch_on, ch, io.blocks.len(), gather_counts)?;
-        let (words, gathered, raw) = self.place_words(ch, words, &base, (s, launch_on), &z)?;
+        let (words, gathered, raw) = self.place_words(ch, words, &base, launch_on, &z)?;
+        let tables = self.expand_tables(&packed, &base, launch_on, &z)?;
         let o = ChainScratch::reserve(ch, self.fused);
         let x = &self.scratch(slot, o.bytes, s)?;
         let (map, consts) = packed.level_views(levels, &base)?;
@@ -291,7 +307,7 @@ impl Gpu {
         let dev = ffi::ChainDev {
             lanes_exp: ffi::LaneDecodeDev {
                 words,
-                tables: DevBuf::view(b, packed.tables)?,
+                tables,
                 table_list: DevBuf::view(b, packed.table_list)?,
                 symbol_table: DevBuf::view(&z.base, z.exp_tables)?,
                 blocks: DevBuf::view(b, packed.exp_blocks)?,
@@ -332,6 +348,7 @@ impl Gpu {
                 lenient: z.exp.len(),
                 lenient_below: crate::decode::EXP_LANES_FAIL_FROM,
             },
+            expanded: z.view(z.expand)?,
             statuses: z.base,
             gathered,
             raw,
@@ -339,26 +356,20 @@ impl Gpu {
     }
 
     /// `ch`'s lane words on the device: packed, a view of the upload `base`; or copied as
-    /// they lie on `s` (raw), gathered on `l` into a buffer of their own once `s` has copied
-    /// them, the chunks' CRCs checked beside, into `z`'s statuses.
+    /// they lie (raw), gathered on `l` (which waits for the copies) into a buffer of their
+    /// own, the chunks' CRCs checked beside, into `z`'s statuses.
     fn place_words(
         &self,
         ch: &Chain<'_>,
         words: Words,
         base: &Arc<CudaSlice<u8>>,
-        (s, l): (&Arc<CudaStream>, &Arc<CudaStream>),
+        l: &Arc<CudaStream>,
         z: &ChainStatuses,
     ) -> Result<PlacedWords, CudaError> {
         let (raw, parts, checks) = match words {
             Words::Packed(slot) => return Ok((DevBuf::view(base, slot)?, None, None)),
             Words::Raw(raw, parts, checks) => (raw, parts, checks),
         };
-        if !Arc::ptr_eq(s, l) {
-            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-            let copied = (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))?;
-            l.wait(&copied)
-                .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
-        }
         let (parts, checks) = (DevBuf::view(base, parts)?, DevBuf::view(base, checks)?);
         let k = self.kernels(None)?;
         let words = DevBuf::zeros(l, ch.n_words)?;
@@ -366,6 +377,27 @@ impl Gpu {
         ffi::launch_gather_words(l, &k.gather_words, &raw, &parts, &words, &gather)?;
         ffi::launch_check_chunks(l, &k.check_chunks, &raw, &checks, &crc)?;
         Ok((words, Some([gather, crc]), Some(raw)))
+    }
+}
+
+impl Gpu {
+    /// The chain's packed tables, expanded on `l` (which waits for the upload `base`) from
+    /// the frequencies `packed` placed there into a buffer of their own, a status each into
+    /// `z`'s.
+    fn expand_tables(
+        &self,
+        packed: &PackedChain,
+        base: &Arc<CudaSlice<u8>>,
+        l: &Arc<CudaStream>,
+        z: &ChainStatuses,
+    ) -> Result<DevBuf<u32>, CudaError> {
+        let items = DevBuf::view(base, packed.table_items)?;
+        let tables = DevBuf::zeros(l, items.len() * ffi::SLOTS)?;
+        let freqs = DevBuf::view(base, packed.table_freqs)?;
+        let k = self.kernels(None)?;
+        let status = z.view(z.expand)?;
+        ffi::launch_expand_tables(l, &k.expand_tables, &freqs, &items, &tables, &status)?;
+        Ok(tables)
     }
 }
 
