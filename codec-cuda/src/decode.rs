@@ -1073,9 +1073,8 @@ impl DecodePlan<'_> {
 }
 
 impl Chain<'_> {
-    /// The exponent lanes run on the host over `words` (the chain's lane words): the decoded
-    /// exponents and the lanes' statuses.
-    /// `words` are the chain's lane words and its packed tables.
+    /// The exponent lanes run on the host over `words` (the chain's lane words and packed
+    /// tables): the decoded exponents and the lanes' statuses.
     fn host_exps(
         &self,
         words: (&[u32], &[u32]),

@@ -39,8 +39,9 @@ pub(super) struct QueuedChain {
 }
 
 impl QueuedChain {
-    /// The word gather's statuses, then the CRCs of `crcs` (the chain's chunks checked at
-    /// decode) by the chunk checks' statuses, as `bytes` (the statuses copied back) hold them.
+    /// The table expansion's and the word gather's statuses, then the CRCs of `crcs` (the
+    /// chain's chunks checked at decode) by the chunk checks' statuses, as `bytes` (the
+    /// statuses copied back) hold them.
     pub fn check_gathered(&self, bytes: &[u8], crcs: &[ChunkCrc<'_>]) -> Result<(), CudaError> {
         check_expanded(&self.expanded.read_in(bytes)?)?;
         if let Some([gather, crc]) = &self.gathered {
