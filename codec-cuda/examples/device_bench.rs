@@ -23,7 +23,9 @@
 //! level's decode grows with the batch (`copies`, 4x and 8x as many). The fixture's profile
 //! above is learned without its queries (no step exponents); the whole decode in pieces runs
 //! again with one learned with them (`kvc profile`'s default), whose coded blocks each have
-//! an exponent table.
+//! an exponent table. With compact tables (`Gpu::set_lane_tables_compact`) too: each level's
+//! plan uploaded once and its chain's kernels, and the pieces with step exponents at 4x the
+//! copies.
 //! Encode: the middle level's blocks re-quantized and re-encoded by the two kernels from
 //! host-built batches, then the encode chain (`Gpu::encode`) from the cache in device memory:
 //! `copies` times its four 128-token chunks, the importance policy on (a profile learned with
@@ -328,6 +330,7 @@ fn bench_decode(
         gbs(st[4]),
     );
     bench_five_launch_chain(gpu, &plan, &mut out, rounds, &want);
+    bench_compact_chain(gpu, &plan, &mut out, rounds, &want);
     bench_decode_from(gpu, &bytes, (rounds, copies), &want);
     let one_copy = &want[..want.len() / copies];
     for n in [copies, 4 * copies] {
@@ -361,6 +364,10 @@ fn bench_decode_exponents(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (us
         for n in [copies, 4 * copies] {
             bench_decode_pieces(gpu, &bytes, (rounds, n), &want);
         }
+        println!("  the same with compact tables:");
+        gpu.set_lane_tables_compact(true);
+        bench_decode_pieces(gpu, &bytes, (rounds, 4 * copies), &want);
+        gpu.set_lane_tables_compact(false);
     }
 }
 
@@ -390,6 +397,41 @@ fn bench_five_launch_chain(
         "  the five-launch chain (tables resolved, every value written and read back): plan \
          uploaded once {:.3} ms = {:.2} GB/s; its kernels alone {:.3} ms = {:.2} GB/s (each \
          alone: {})",
+        reused * 1e3,
+        gbs(reused),
+        k_chain * 1e3,
+        gbs(k_chain),
+        stage_times(&st),
+    );
+}
+
+/// The decode of `plan` uploaded once and its chain's kernels with compact tables
+/// (`Gpu::set_lane_tables_compact`: 2 KiB a table, one more dependent load a symbol), to set
+/// beside `bench_decode`'s figures (packed tables); the output checked against `want`.
+fn bench_compact_chain(
+    gpu: &mut Gpu,
+    plan: &DecodePlan<'_>,
+    out: &mut CudaSlice<u16>,
+    rounds: usize,
+    want: &[u16],
+) {
+    let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
+    gpu.set_lane_tables_compact(true);
+    let up = gpu.upload_plan(plan).unwrap();
+    let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, out));
+    r.unwrap();
+    drop(up);
+    let got = gpu.stream().clone_dtoh(&*out).unwrap();
+    assert!(
+        got == want,
+        "the chain with compact tables decodes otherwise"
+    );
+    let k_chain = gpu.time_decode_chain(plan, out, rounds).unwrap();
+    let st = gpu.time_decode_chain_stages(plan, out, rounds).unwrap();
+    gpu.set_lane_tables_compact(false);
+    println!(
+        "  compact tables: plan uploaded once {:.3} ms = {:.2} GB/s; the fused chain's kernels \
+         alone {:.3} ms = {:.2} GB/s (each alone: {})",
         reused * 1e3,
         gbs(reused),
         k_chain * 1e3,

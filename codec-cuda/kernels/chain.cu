@@ -7,7 +7,8 @@
 //   little-endian at any byte offset of the copied bytes, into the chain's word array.
 // - kvc_expand_tables (before the first launch, in every upload): each rANS table the chain's
 //   lane decoders read, from its frequencies (2 bytes a symbol, as the upload carries them) into
-//   the lane decoders' packed form (KVC_SLOTS entries of 4 bytes: symbol, frequency, slot - cdf).
+//   the lane decoders' packed form (KVC_SLOTS entries of 4 bytes: symbol, frequency, slot - cdf)
+//   or their compact form (kvc_kernel.cuh).
 //   A block's exponent table is a table of its own: packed on the host, every coded block's
 //   would cross PCIe as 16 KiB, more than its lane words.
 // - kvc_check_chunks (beside it, for a plan whose chunks' CRCs are checked at decode): each
@@ -106,22 +107,27 @@ struct KvcTableFreqs {
 struct KvcExpandArgs {
     const kvc_u16* freqs;
     kvc_u64 n_freqs;
-    // n_tables packed tables of KVC_SLOTS entries each.
+    // n_tables tables of KVC_SLOTS entries each (packed) or KVC_COMPACT_ENTRIES (compact).
     kvc_u32* tables;
     kvc_u64 n_tables;
     const KvcTableFreqs* items;
     kvc_u32* status;
     kvc_u64 n_items;
+    // 0: the packed form; 1: the compact form.
+    kvc_u32 compact;
+    kvc_u32 reserved;
 };
 
 // Symbols a table has at most (symbols are bytes).
 #define KVC_TABLE_SYMBOLS 256u
 
-// Shared memory: the item's status and its symbols' cumulative frequencies (cdf[s] the sum of
-// the frequencies below s; cdf[n] = KVC_SLOTS when the status is OK).
+// Shared memory: the item's status, its symbols' cumulative frequencies (cdf[s] the sum of the
+// frequencies below s; cdf[n] = KVC_SLOTS when the status is OK) and how many symbols below s
+// have a nonzero frequency (ranked[s]; ranked[n] in all).
 struct KvcExpandShared {
     kvc_u32 status;
     kvc_u32 cdf[KVC_TABLE_SYMBOLS + 1];
+    kvc_u32 ranked[KVC_TABLE_SYMBOLS + 1];
 };
 
 // Phase 1 (thread 0): the item's ranges and frequencies checked (1 to 256 of them, each below
@@ -136,43 +142,96 @@ __device__ __forceinline__ void kvc_expand_check(const KvcExpandArgs& a, unsigne
                           t.n_freqs >= 1 && t.n_freqs <= KVC_TABLE_SYMBOLS &&
                           t.table < a.n_tables;
     if (in_range) {
-        kvc_u32 cdf = 0;
+        kvc_u32 cdf = 0, ranked = 0;
         bool each_ok = true;
         for (kvc_u32 i = 0; i < t.n_freqs; i++) {
             const kvc_u32 f = a.freqs[t.freq_start + i];
             s->cdf[i] = cdf;
+            s->ranked[i] = ranked;
             each_ok = each_ok && f < KVC_SLOTS;
             cdf += f;
+            ranked += f > 0;
         }
         s->cdf[t.n_freqs] = cdf;
+        s->ranked[t.n_freqs] = ranked;
         status = each_ok && cdf == KVC_SLOTS ? KVC_CHAIN_OK : KVC_CHAIN_BAD_TABLE;
     }
     s->status = status;
     a.status[blockIdx.x] = status;
 }
 
-// Phase 2: each thread's slots i = threadIdx.x, + blockDim.x, ...: the symbol whose range holds
-// i (the last s with cdf[s] <= i: a symbol of frequency 0 starts where the next one does), found
-// by bisection; consecutive threads write consecutive entries.
+// The last of the n symbols whose `at` is at most v, by bisection (`at` ascending, at[0] <= v <
+// at[n]): for `cdf`, the symbol whose range holds slot v (a symbol of frequency 0 starts where
+// the next one does); for `ranked`, the symbol of rank v (v below ranked[n]).
+__device__ __forceinline__ kvc_u32 kvc_expand_last_at(const kvc_u32* at, kvc_u32 n, kvc_u32 v) {
+    kvc_u32 lo = 0, hi = n;
+    while (hi - lo > 1) {
+        const kvc_u32 mid = (lo + hi) / 2;
+        if (at[mid] <= v) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// The packed form: each thread's slots i = threadIdx.x, + blockDim.x, ...; consecutive threads
+// write consecutive entries.
+__device__ __forceinline__ void kvc_expand_packed(const KvcExpandShared* s, kvc_u32 n,
+                                                  kvc_u32* __restrict__ out) {
+    for (kvc_u32 i = threadIdx.x; i < KVC_SLOTS; i += blockDim.x) {
+        const kvc_u32 sym = kvc_expand_last_at(s->cdf, n, i);
+        const kvc_u32 freq = s->cdf[sym + 1] - s->cdf[sym];
+        out[i] = sym | freq << 8 | (i - s->cdf[sym]) << 20;
+    }
+}
+
+// The compact form (kvc_kernel.cuh): work item j < KVC_COMPACT_GROUPS writes group j's 4
+// words, the others rank j - KVC_COMPACT_GROUPS's entry.
+__device__ __forceinline__ void kvc_expand_compact(const KvcExpandShared* s, kvc_u32 n,
+                                                   kvc_u32* __restrict__ out) {
+    const kvc_u32 items = KVC_COMPACT_GROUPS + (KVC_COMPACT_ENTRIES - KVC_COMPACT_INFO);
+    for (kvc_u32 j = threadIdx.x; j < items; j += blockDim.x) {
+        if (j < KVC_COMPACT_GROUPS) {
+            kvc_u32 bits[2] = {0, 0};
+            for (kvc_u32 k = 0; k < 64; k++) {
+                const kvc_u32 i = j * 64 + k;
+                const kvc_u32 sym = kvc_expand_last_at(s->cdf, n, i);
+                if (s->cdf[sym] == i) bits[k / 32] |= 1u << (k % 32);
+            }
+            // The ranges starting before the group: those of the symbols before the one
+            // holding its first slot, and that one's if it starts earlier.
+            const kvc_u32 first = kvc_expand_last_at(s->cdf, n, j * 64);
+            const kvc_u32 before = s->ranked[first] + (s->cdf[first] < j * 64 ? 1u : 0u);
+            kvc_u32* g = out + 4 * j;
+            g[0] = bits[0];
+            g[1] = bits[1];
+            g[2] = before;
+            g[3] = 0;
+        } else {
+            const kvc_u32 r = j - KVC_COMPACT_GROUPS;
+            kvc_u32 e = 0;
+            if (r < s->ranked[n]) {
+                const kvc_u32 sym = kvc_expand_last_at(s->ranked, n, r);
+                const kvc_u32 freq = s->cdf[sym + 1] - s->cdf[sym];
+                e = sym | freq << 8 | s->cdf[sym] << 20;
+            }
+            out[KVC_COMPACT_INFO + r] = e;
+        }
+    }
+}
+
+// Phase 2: the item's table in the launch's form.
 __device__ __forceinline__ void kvc_expand_slots(const KvcExpandArgs& a, unsigned char* shared) {
     if (blockIdx.x >= a.n_items) return;
     const KvcExpandShared* s = (const KvcExpandShared*)shared;
     if (s->status != KVC_CHAIN_OK) return;
     const KvcTableFreqs t = a.items[blockIdx.x];
-    kvc_u32* __restrict__ out = a.tables + (kvc_u64)t.table * KVC_SLOTS;
-    for (kvc_u32 i = threadIdx.x; i < KVC_SLOTS; i += blockDim.x) {
-        // Invariant: cdf[lo] <= i < cdf[hi] (cdf[0] = 0, cdf[n] = KVC_SLOTS).
-        kvc_u32 lo = 0, hi = t.n_freqs;
-        while (hi - lo > 1) {
-            const kvc_u32 mid = (lo + hi) / 2;
-            if (s->cdf[mid] <= i) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        const kvc_u32 freq = s->cdf[lo + 1] - s->cdf[lo];
-        out[i] = lo | freq << 8 | (i - s->cdf[lo]) << 20;
+    if (a.compact) {
+        kvc_expand_compact(s, t.n_freqs, a.tables + (kvc_u64)t.table * KVC_COMPACT_ENTRIES);
+    } else {
+        kvc_expand_packed(s, t.n_freqs, a.tables + (kvc_u64)t.table * KVC_SLOTS);
     }
 }
 
@@ -656,6 +715,8 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcExpandArgs, items),
         offsetof(KvcExpandArgs, status),
         offsetof(KvcExpandArgs, n_items),
+        offsetof(KvcExpandArgs, compact),
+        offsetof(KvcExpandArgs, reserved),
         sizeof(KvcExpandShared),
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);

@@ -32,6 +32,7 @@ void kvc_barrier_outside_phase() = delete;
 // Round-to-nearest f32 arithmetic, never contracted: -ffp-contract=off forbids fusing a product
 // into a sum, as __fmul_rn / __fadd_rn do on the device.
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline double __dmul_rn(double a, double b) { return a * b; }

@@ -23,6 +23,17 @@ typedef int kvc_i32;
 #define KVC_PRECISION 12u
 #define KVC_SLOTS (1u << KVC_PRECISION)
 
+// A rANS table in the lane decoders' compact form, KVC_COMPACT_ENTRIES words (2 KiB) instead of
+// the packed form's KVC_SLOTS (16 KiB): per group of 64 slots, 4 words (the slots where a
+// symbol's range starts, a 64-bit map, low word first; how many ranges start before the group;
+// 0), then per rank r < 256 the r-th symbol of nonzero frequency in symbol order: the symbol
+// (bits 0..8), its frequency (8..20) and cdf (20..32); 0 past the last. A slot's symbol is the
+// rank of the last start at or before it. Built by kvc_expand_tables (chain.cu), read by
+// KvcCompactLookup (kvc_lanes.cuh).
+#define KVC_COMPACT_GROUPS (KVC_SLOTS / 64u)
+#define KVC_COMPACT_INFO (4u * KVC_COMPACT_GROUPS)
+#define KVC_COMPACT_ENTRIES (KVC_COMPACT_INFO + 256u)
+
 #ifndef KVC_HOST
 
 // Runs Phase, then each of Rest, with a barrier between consecutive phases.

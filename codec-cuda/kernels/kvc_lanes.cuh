@@ -129,6 +129,36 @@ __device__ __forceinline__ void kvc_lane_stage_tables(const KvcLaneArgsOf<W>& a,
     }
 }
 
+// How the lane loop reads a table: a slot's entry in the packed form (symbol bits 0..8,
+// frequency 8..20, slot - cdf 20..32). KvcPackedLookup reads tables of KVC_SLOTS such entries,
+// which phase 1 may stage in shared memory; KvcCompactLookup reads the compact form
+// (kvc_kernel.cuh) through the cache, 2 KiB a table instead of 16, and finds the entry with one
+// more dependent load.
+struct KvcPackedLookup {
+    static __device__ __forceinline__ kvc_u64 stride() { return KVC_SLOTS; }
+    static __device__ __forceinline__ bool staged() { return true; }
+    static __device__ __forceinline__ kvc_u32 entry(const kvc_u32* t, kvc_u32 slot) {
+        return t[slot];
+    }
+};
+
+struct KvcCompactLookup {
+    static __device__ __forceinline__ kvc_u64 stride() { return KVC_COMPACT_ENTRIES; }
+    static __device__ __forceinline__ bool staged() { return false; }
+    static __device__ __forceinline__ kvc_u32 entry(const kvc_u32* t, kvc_u32 slot) {
+        const kvc_u32* g = t + 4u * (slot >> 6);
+        const kvc_u32 lo = g[0], hi = g[1], before = g[2];
+        // The starts at or before the slot within its group.
+        const kvc_u32 r = slot & 63u;
+        const kvc_u32 m_lo = r >= 32u ? ~0u : ~0u >> (31u - r);
+        const kvc_u32 m_hi = r >= 32u ? ~0u >> (63u - r) : 0u;
+        const kvc_u32 starts = (kvc_u32)(__popc(lo & m_lo) + __popc(hi & m_hi));
+        // Masked: whatever the table holds, the load stays inside it.
+        const kvc_u32 e = t[KVC_COMPACT_INFO + ((before + starts - 1u) & 255u)];
+        return (e & 0xFFFFFu) | (slot - (e >> 20)) << 20;
+    }
+};
+
 // The table-list indices of a lane's symbols p = lane, lane + 32, ... in turn, as
 // `symbol_table` holds them (0 past the block's symbols).
 struct KvcLaneListTables {
@@ -142,8 +172,8 @@ struct KvcLaneListTables {
     }
 };
 
-// Decodes lane `lane` of a checked block with coder C, its tables at `shared` (or in `a.tables`
-// when null), each symbol's table-list index from `tables` (KvcLaneListTables, or any type with
+// Decodes lane `lane` of a checked block with coder C, its tables read by L (KvcPackedLookup
+// or KvcCompactLookup) at `shared` (or in `a.tables` when null), each symbol's table-list index from `tables` (KvcLaneListTables, or any type with
 // the same next(), at the lane's first symbol).
 //
 // C names its State and Word types and gives:
@@ -156,7 +186,7 @@ struct KvcLaneListTables {
 // (Functions, not static constexpr members: NVRTC gives those device storage.)
 // A symbol's step is the arithmetic of spec/FORMAT.md §6.3 in LaneDecoder's order:
 // x = (x >> 12) * freq + (slot - cdf), which C's State must hold without overflow.
-template <class C, class Tables>
+template <class C, class L, class Tables>
 __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneArgsOf<typename C::Word>& a,
                                                    const KvcLaneBlock& blk, kvc_u32 lane,
                                                    const kvc_u32* shared, Tables tables) {
@@ -194,9 +224,9 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneArgsOf<typename 
     typename C::Word word = unread > 0 ? w[unread - 1] : 0u;
     for (kvc_u64 p = lane; p < n_symbols; p += KVC_LANES) {
         if (k >= count) return KVC_LANE_BAD_TABLE;
-        const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * KVC_SLOTS
-                                             : a.tables + (kvc_u64)id * KVC_SLOTS;
-        const kvc_u32 e = t[x & (KVC_SLOTS - 1)];
+        const kvc_u32* t = shared != nullptr ? shared + (kvc_u64)k * L::stride()
+                                             : a.tables + (kvc_u64)id * L::stride();
+        const kvc_u32 e = L::entry(t, (kvc_u32)(x & (KVC_SLOTS - 1)));
         const kvc_u32 k_after = tables.next();
         const kvc_u32 id_next = k_next < count ? list[k_next] : 0u;
         x = (x >> KVC_PRECISION) * ((e >> 8) & 0xFFF) + (e >> 20);
@@ -215,10 +245,11 @@ __device__ __forceinline__ kvc_u32 kvc_decode_lane(const KvcLaneArgsOf<typename 
     return KVC_LANE_OK;
 }
 
-// Phase 2 of a lane decode kernel with coder C: thread `lane` of a warp checks the warp's block
-// and decodes its lane, its symbols' table-list indices from `tables(blk, lane)` (an object with
+// Phase 2 of a lane decode kernel with coder C and lookup L: thread `lane` of a warp checks the
+// warp's block and decodes its lane (its tables staged by phase 1 when L reads staged tables and
+// they fit), its symbols' table-list indices from `tables(blk, lane)` (an object with
 // KvcLaneListTables' next(), made once the block is checked).
-template <class C, class TablesOf>
+template <class C, class L, class TablesOf>
 __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneArgsOf<typename C::Word>& a,
                                                       unsigned char* shared, TablesOf tables) {
     const kvc_u64 b = kvc_warp_item();
@@ -231,18 +262,18 @@ __device__ __forceinline__ void kvc_lane_decode_lanes(const KvcLaneArgsOf<typena
     } else if (!kvc_block_tables_ok(a, blk)) {
         status = KVC_LANE_BAD_TABLE;
     } else {
-        const bool in_shared = blk.table_count <= a.shared_tables;
+        const bool in_shared = L::staged() && blk.table_count <= a.shared_tables;
         const kvc_u32* staged = in_shared ? kvc_lane_shared(a, shared) : nullptr;
-        status = kvc_decode_lane<C>(a, blk, lane, staged, tables(blk, lane));
+        status = kvc_decode_lane<C, L>(a, blk, lane, staged, tables(blk, lane));
     }
     a.status[b * KVC_LANES + lane] = status;
 }
 
 // Phase 2 of a kernel whose symbols' tables are listed in `symbol_table`.
-template <class C>
+template <class C, class L = KvcPackedLookup>
 __device__ __forceinline__ void kvc_lane_decode_listed(const KvcLaneArgsOf<typename C::Word>& a,
                                                        unsigned char* shared) {
-    kvc_lane_decode_lanes<C>(a, shared, [&](const KvcLaneBlock& blk, kvc_u32 lane) {
+    kvc_lane_decode_lanes<C, L>(a, shared, [&](const KvcLaneBlock& blk, kvc_u32 lane) {
         return KvcLaneListTables{a.symbol_table + blk.symbol_start, lane, blk.n_symbols};
     });
 }
@@ -251,7 +282,8 @@ __device__ __forceinline__ void kvc_lane_decode_listed(const KvcLaneArgsOf<typen
 #include <stddef.h>
 // For the tests of the Rust mirrors (codec_cuda::ffi): sizeof and offsetof of every field of
 // KvcLaneBlock and KvcLaneArgsOf<W> as this compiler lays them out, in declaration order, then
-// KVC_LANES and KVC_PRECISION. Writes at most `cap` values; returns how many there are.
+// KVC_LANES, KVC_PRECISION and KVC_COMPACT_ENTRIES. Writes at most `cap` values; returns how
+// many there are.
 template <class W>
 kvc_u64 kvc_lane_layout(kvc_u64* out, kvc_u64 cap) {
     const kvc_u64 v[] = {
@@ -278,6 +310,7 @@ kvc_u64 kvc_lane_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcLaneArgsOf<W>, shared_tables),
         KVC_LANES,
         KVC_PRECISION,
+        KVC_COMPACT_ENTRIES,
     };
     const kvc_u64 n = sizeof(v) / sizeof(v[0]);
     for (kvc_u64 i = 0; i < n && i < cap; i++) out[i] = v[i];

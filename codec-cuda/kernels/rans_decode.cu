@@ -5,6 +5,9 @@
 // kvc_rans_lane_decode_mapped (the decode chain's symbol launch) finds a value symbol's table
 // through its block's table map instead (kvc_values.cuh), as kvc_resolve_tables would have
 // written it to `symbol_table`, so that the chain needs no table resolution launch.
+//
+// The `_compact` entries read tables in the compact form (2 KiB a table, kvc_kernel.cuh) in
+// place of the packed one (16 KiB): the same symbols and statuses.
 
 #include "kvc_lanes.cuh"
 #include "kvc_values.cuh"
@@ -68,9 +71,10 @@ __device__ __forceinline__ void kvc_lane_stage_mapped(const KvcLaneMappedArgs& a
     kvc_lane_stage_tables(a.lanes, shared);
 }
 
-// Phase 2 of the mapped decode: a block whose resolve record does not describe its symbols or
-// reaches past the exponents or the maps is KVC_LANE_BAD_RANGE; the others' value symbols find
-// their tables through the block's table map.
+// Phase 2 of the mapped decode (tables read by L): a block whose resolve record does not
+// describe its symbols or reaches past the exponents or the maps is KVC_LANE_BAD_RANGE; the
+// others' value symbols find their tables through the block's table map.
+template <class L>
 __device__ __forceinline__ void kvc_lane_decode_mapped(const KvcLaneMappedArgs& a,
                                                        unsigned char* shared) {
     const kvc_u64 b = kvc_warp_item();
@@ -82,14 +86,21 @@ __device__ __forceinline__ void kvc_lane_decode_mapped(const KvcLaneMappedArgs& 
         a.lanes.status[b * KVC_LANES + kvc_warp_lane()] = KVC_LANE_BAD_RANGE;
         return;
     }
-    kvc_lane_decode_lanes<KvcLaneCoderV2>(
+    kvc_lane_decode_lanes<KvcLaneCoderV2, L>(
         a.lanes, shared, [&](const KvcLaneBlock& blk, kvc_u32 lane) {
             return kvc_lane_map_tables(a.maps, a.maps.resolve[b], lane, blk.n_symbols);
         });
 }
 
 KVC_KERNEL(kvc_rans_lane_decode_mapped, KvcLaneMappedArgs, kvc_lane_stage_mapped,
-           kvc_lane_decode_mapped)
+           kvc_lane_decode_mapped<KvcPackedLookup>)
+
+// The two entries over tables in the compact form (kvc_kernel.cuh), read through the cache
+// (none staged: a launch's `shared_tables` is not used).
+KVC_KERNEL(kvc_rans_lane_decode_compact, KvcLaneDecodeArgs,
+           kvc_lane_decode_listed<KvcLaneCoderV2, KvcCompactLookup>)
+KVC_KERNEL(kvc_rans_lane_decode_mapped_compact, KvcLaneMappedArgs,
+           kvc_lane_decode_mapped<KvcCompactLookup>)
 
 #ifdef KVC_HOST
 #include <stddef.h>

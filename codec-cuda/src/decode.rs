@@ -418,7 +418,7 @@ pub(crate) struct Chain<'p> {
     pub n_words: usize,
     /// Every table's frequencies, one after another, and per table (its id) where they lie:
     /// the device expands them into the lane decoders' packed tables (`kvc_expand_tables`)
-    /// instead of an upload carrying 16 KiB a table ([`Chain::packed_tables`] on the host).
+    /// instead of an upload carrying 16 KiB a table ([`Chain::expanded_tables`] on the host).
     pub table_freqs: Vec<u16>,
     pub table_items: Vec<ffi::TableFreqs>,
     pub table_list: Vec<u32>,
@@ -518,16 +518,18 @@ impl<'p> Chain<'p> {
         self.table_freqs.extend_from_slice(freqs);
     }
 
-    /// Every table in the lane decoders' packed form ([`ffi::SLOTS`] entries each), expanded
-    /// from its frequencies by the host-run `kvc_expand_tables`.
-    pub fn packed_tables(&self) -> Result<Vec<u32>, CudaError> {
-        let mut tables = vec![0u32; self.table_items.len() * ffi::SLOTS];
+    /// Every table in the lane decoders' packed form ([`ffi::SLOTS`] entries each) or, when
+    /// `compact`, their compact form, expanded from its frequencies by the host-run
+    /// `kvc_expand_tables`.
+    pub fn expanded_tables(&self, compact: bool) -> Result<Vec<u32>, CudaError> {
+        let mut tables = vec![0u32; self.table_items.len() * ffi::table_entries(compact)];
         let mut status = vec![0u32; self.table_items.len()];
         ffi::host_expand_tables(ffi::ExpandIo {
             freqs: &self.table_freqs,
             tables: &mut tables,
             items: &self.table_items,
             status: &mut status,
+            compact,
         })?;
         check_expanded(&status)?;
         Ok(tables)
@@ -973,7 +975,7 @@ impl DecodePlan<'_> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &ch.words(), &mut out, true)?;
+        self.run_chain_host(&ch, &ch.words(), &mut out, (true, false))?;
         Ok(out)
     }
 
@@ -1000,18 +1002,20 @@ impl DecodePlan<'_> {
         })?;
         check_crcs(&ch.checks, &status)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &words, &mut out, true)?;
+        self.run_chain_host(&ch, &words, &mut out, (true, false))?;
         Ok(out)
     }
 
     /// The chain's launches on the host into `out` (the plan's output), `words` the chain's
-    /// lane words; `fused` as [`ffi::ChainKernels::fused`] (four launches, or five).
+    /// lane words; `fused` as [`ffi::ChainKernels::fused`] (four launches, or five), and
+    /// `compact` whether the lane decodes read compact tables ([`crate::Gpu`]'s
+    /// `set_lane_tables_compact`).
     fn run_chain_host(
         &self,
         ch: &Chain<'_>,
         words: &[u32],
         out: &mut [u16],
-        fused: bool,
+        (fused, compact): (bool, bool),
     ) -> Result<(), CudaError> {
         if self.output.layout == (OutLayout::Paged { page_size: 0 }) {
             return Err(CudaError::Input {
@@ -1019,9 +1023,19 @@ impl DecodePlan<'_> {
             });
         }
         let (heads, head_dim) = (self.heads, self.head_dim);
-        let shape = LaneShape::new(1, LaneShape::MAX_SHARED_TABLES)?;
-        let tables = ch.packed_tables()?;
-        let words = (words, &tables[..]);
+        // Compact tables are read through the cache, none staged (as on a device).
+        let staged = if compact {
+            0
+        } else {
+            LaneShape::MAX_SHARED_TABLES
+        };
+        let shape = LaneShape::new(1, staged)?;
+        let tables = ch.expanded_tables(compact)?;
+        let words = LaneInputs {
+            words,
+            tables: &tables,
+            compact,
+        };
         let (exps, exp_status) = ch.host_exps(words, shape)?;
         let maps = ch.table_maps(&exps, (heads, head_dim));
         // The fused chain leaves the tables to the launches after (no table index a symbol);
@@ -1073,11 +1087,11 @@ impl DecodePlan<'_> {
 }
 
 impl Chain<'_> {
-    /// The exponent lanes run on the host over `words` (the chain's lane words and packed
+    /// The exponent lanes run on the host over `words` (the chain's lane words and expanded
     /// tables): the decoded exponents and the lanes' statuses.
     fn host_exps(
         &self,
-        words: (&[u32], &[u32]),
+        words: LaneInputs<'_>,
         shape: LaneShape,
     ) -> Result<(Vec<u8>, Vec<u32>), CudaError> {
         let mut exps = vec![0u8; self.n_exps];
@@ -1104,18 +1118,19 @@ impl Chain<'_> {
         }
     }
 
-    /// A host-run lane decode of `blocks` over the chain's words and packed tables (each
+    /// A host-run lane decode of `blocks` over the chain's words and expanded tables (each
     /// symbol's table in `symbol_table`) into `(symbols, status)`.
     fn lane_io<'a>(
         &'a self,
-        (words, tables): (&'a [u32], &'a [u32]),
+        inputs: LaneInputs<'a>,
         shape: LaneShape,
         (symbol_table, blocks): (&'a [u16], &'a [LaneBlock]),
         (symbols, status): (&'a mut [u8], &'a mut [u32]),
     ) -> ffi::LaneDecodeIo<'a> {
         ffi::LaneDecodeIo {
-            words,
-            tables,
+            words: inputs.words,
+            tables: inputs.tables,
+            compact: inputs.compact,
             table_list: &self.table_list,
             symbol_table,
             blocks,
@@ -1124,6 +1139,15 @@ impl Chain<'_> {
             shape,
         }
     }
+}
+
+/// A host-run chain's lane inputs: its lane words, and its tables expanded in the packed or
+/// (`compact`) the compact form.
+#[derive(Clone, Copy, Debug)]
+struct LaneInputs<'a> {
+    words: &'a [u32],
+    tables: &'a [u32],
+    compact: bool,
 }
 
 /// Where a chain's inputs lie in the bytes its streams lie in: the range to copy, each block's
@@ -1455,7 +1479,7 @@ mod tests {
         let mut out = vec![0u16; plan.output().len];
         for p in pieces {
             let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
-            plan.run_chain_host(&ch, &ch.words(), &mut out, true)
+            plan.run_chain_host(&ch, &ch.words(), &mut out, (true, false))
                 .unwrap();
         }
         out
@@ -1474,13 +1498,57 @@ mod tests {
         assert!(ch.n_escapes > 0, "the streams have no escapes");
         let run = |fused| {
             let mut out = vec![0u16; plan.output().len];
-            plan.run_chain_host(&ch, &ch.words(), &mut out, fused)
+            plan.run_chain_host(&ch, &ch.words(), &mut out, (fused, false))
                 .unwrap();
             out
         };
+        let compact = |fused| {
+            let mut out = vec![0u16; plan.output().len];
+            plan.run_chain_host(&ch, &ch.words(), &mut out, (fused, true))
+                .unwrap();
+            out
+        };
+        assert!(compact(true) == run(true) && compact(false) == run(true));
         let want = run(false);
         assert!(want.iter().filter(|&&x| x != 0).count() > want.len() / 2);
         assert!(run(true) == want);
+    }
+
+    /// The real fixture (8 layers) with step exponents (a profile learned with its queries, so
+    /// every coded block has an exponent table of its own) at three levels in four chunks: the
+    /// host-run
+    /// chain with compact tables decodes the bits of the one with packed tables, fused and in
+    /// five launches, and these are codec-core's.
+    #[test]
+    fn compact_tables_decode_the_fixture_as_packed_ones() {
+        let mut d = kvc_io::load_dump(&kvc_io::fixtures::sample()).unwrap();
+        d.keep_layers(8);
+        let profile = learn_profile(&[d.sample()], &LearnParams::default()).unwrap();
+        let (mid, last) = (profile.levels() / 2, profile.levels() - 1);
+        let params = EncodeParams {
+            chunk_tokens: 128,
+            levels: vec![0, mid, last, mid],
+            token_importance: true,
+            ..EncodeParams::default()
+        };
+        let bytes = encode(&d.kv.view(), ProfileMode::Embedded(&profile), &params).unwrap();
+        let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
+        let plan = plan_of(&[&stream]);
+        let ch = plan.chain().unwrap();
+        assert!(
+            ch.table_items.len() > ch.sym_blocks.len(),
+            "no exponent tables"
+        );
+        let run = |form| {
+            let mut out = vec![0u16; plan.output().len];
+            plan.run_chain_host(&ch, &ch.words(), &mut out, form)
+                .unwrap();
+            out
+        };
+        let want = run((true, false));
+        assert!(run((true, true)) == want && run((false, true)) == want);
+        let cpu = crate::fuzzing::codec_core_bits(&stream, OutDtype::F16).unwrap();
+        assert!(cpu.concat() == want, "not codec-core's bits");
     }
 
     /// The fused chain's symbol lanes (`kvc_rans_lane_decode_mapped`) decode what the lanes
@@ -1495,8 +1563,13 @@ mod tests {
         let ch = plan.chain().unwrap();
         let (heads, head_dim) = (plan.heads, plan.head_dim);
         let shape = LaneShape::new(1, 0).unwrap();
-        let (words, tables) = (ch.words(), ch.packed_tables().unwrap());
-        let (exps, _) = ch.host_exps((&words, &tables), shape).unwrap();
+        let (words, tables) = (ch.words(), ch.expanded_tables(false).unwrap());
+        let inputs = LaneInputs {
+            words: &words,
+            tables: &tables,
+            compact: false,
+        };
+        let (exps, _) = ch.host_exps(inputs, shape).unwrap();
         let mut sym_table = vec![0u16; ch.n_symbols];
         let mut resolve_status = vec![9u32; ch.resolve.len()];
         let maps = ch.table_maps(&exps, (heads, head_dim));
@@ -1511,7 +1584,7 @@ mod tests {
             let mut symbols = vec![0u8; ch.n_symbols];
             let mut status = vec![9u32; ch.sym_blocks.len() * LANES];
             let out = (&mut symbols[..], &mut status[..]);
-            let io = ch.lane_io((&words, &tables), shape, (&sym_table, &ch.sym_blocks), out);
+            let io = ch.lane_io(inputs, shape, (&sym_table, &ch.sym_blocks), out);
             match resolve {
                 None => ffi::host_lane_decode(io).unwrap(),
                 Some(resolve) => {
@@ -1562,7 +1635,7 @@ mod tests {
         ch.map = elsewhere.maps;
         assert_eq!(ch.dequant.add_consts(&elsewhere.consts), 0);
         let mut out = vec![0u16; plan.output().len];
-        plan.run_chain_host(&ch, &ch.words(), &mut out, true)
+        plan.run_chain_host(&ch, &ch.words(), &mut out, (true, false))
             .unwrap();
         assert!(out == want);
     }

@@ -58,6 +58,8 @@ fn check_page_size(plan: &DecodePlan<'_>) -> Result<(), CudaError> {
 struct Kernels {
     lane_decode: CudaFunction,
     lane_decode_mapped: CudaFunction,
+    lane_decode_compact: CudaFunction,
+    lane_decode_mapped_compact: CudaFunction,
     dequant_f16: CudaFunction,
     dequant_bf16: CudaFunction,
     pq_search: CudaFunction,
@@ -113,6 +115,8 @@ pub struct Gpu {
     first_piece_blocks: usize,
     /// Whether a decode runs the fused chain ([`Gpu::set_decode_chain_fused`]).
     fused: bool,
+    /// Whether a chain's lane decodes read compact tables ([`Gpu::set_lane_tables_compact`]).
+    compact_tables: bool,
     /// Coded blocks a piece of an encode holds ([`Gpu::set_encode_piece_blocks`]).
     encode_piece_blocks: usize,
     /// Held from a chain's first launch until its statuses are read (decode) or its chunks
@@ -189,6 +193,7 @@ impl Gpu {
             piece_blocks: DEFAULT_PIECE_BLOCKS,
             first_piece_blocks: 0,
             fused: true,
+            compact_tables: false,
             encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
             staging: Mutex::new([None, None]),
             upload_threads: host_threads(0),
@@ -228,6 +233,7 @@ impl Gpu {
             piece_blocks: self.piece_blocks,
             first_piece_blocks: self.first_piece_blocks,
             fused: self.fused,
+            compact_tables: self.compact_tables,
             encode_piece_blocks: self.encode_piece_blocks,
             staging: Mutex::new([None, None]),
             upload_threads: self.upload_threads,
@@ -306,6 +312,18 @@ impl Gpu {
         self.fused = on;
     }
 
+    /// Sets whether a decode chain's tables are expanded on the device into the lane
+    /// decoders' compact form (2 KiB a table: where each symbol's range of slots starts, and
+    /// per symbol its frequency and cumulative frequency; one more dependent load a symbol)
+    /// instead of the packed form (16 KiB a table: an entry per slot; the default). A level's
+    /// tables then fit a streaming multiprocessor's L1 cache. The output is the same either
+    /// way; which is faster is to be measured on a device. The lane decodes of a chain with
+    /// compact tables stage none in shared memory. A plan uploaded by
+    /// [`upload_plan`](Self::upload_plan) keeps the form set when it was uploaded.
+    pub fn set_lane_tables_compact(&mut self, on: bool) {
+        self.compact_tables = on;
+    }
+
     /// Sets the longest query (in tokens) whose ranking keys a PQ search keeps in shared
     /// memory; longer ones keep theirs in a scratch buffer in device memory. By default every
     /// query's, as far as the device's shared memory per block holds them; 0 keeps none there.
@@ -345,6 +363,11 @@ impl Gpu {
         let mut kernels = Kernels {
             lane_decode: load("rans_decode.cu", "kvc_rans_lane_decode")?,
             lane_decode_mapped: load("rans_decode.cu", "kvc_rans_lane_decode_mapped")?,
+            lane_decode_compact: load("rans_decode.cu", "kvc_rans_lane_decode_compact")?,
+            lane_decode_mapped_compact: load(
+                "rans_decode.cu",
+                "kvc_rans_lane_decode_mapped_compact",
+            )?,
             dequant_f16: load("dequant.cu", "kvc_dequant_f16")?,
             dequant_bf16: load("dequant.cu", "kvc_dequant_bf16")?,
             pq_search: load("pq_search.cu", "kvc_pq_search")?,
@@ -430,6 +453,7 @@ impl Gpu {
             blocks: DevBuf::upload(s, b.blocks)?,
             symbols: DevBuf::zeros(s, b.symbol_table.len())?,
             status: DevBuf::zeros(s, b.blocks.len() * LANES)?,
+            compact: false,
         })
     }
 
@@ -1112,6 +1136,8 @@ fn chain_kernels(k: &Kernels, output: crate::quant::Output) -> ffi::ChainKernels
     ffi::ChainKernels {
         lane: &k.lane_decode,
         lane_mapped: &k.lane_decode_mapped,
+        lane_compact: &k.lane_decode_compact,
+        lane_mapped_compact: &k.lane_decode_mapped_compact,
         resolve: &k.resolve_tables,
         map_values: &k.map_values,
         map_escapes: &k.map_escapes,

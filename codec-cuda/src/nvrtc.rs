@@ -80,7 +80,12 @@ pub const KERNELS: &[KernelSource] = &[
     KernelSource {
         file: "rans_decode.cu",
         source: include_str!("../kernels/rans_decode.cu"),
-        entries: &["kvc_rans_lane_decode", "kvc_rans_lane_decode_mapped"],
+        entries: &[
+            "kvc_rans_lane_decode",
+            "kvc_rans_lane_decode_mapped",
+            "kvc_rans_lane_decode_compact",
+            "kvc_rans_lane_decode_mapped_compact",
+        ],
         decode: true,
     },
 ];

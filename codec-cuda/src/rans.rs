@@ -374,6 +374,7 @@ pub(crate) fn decode_host_parts<W: ffi::LaneWord>(
     let mut symbols = vec![0u8; symbol_table.len()];
     let mut status = vec![0u32; blocks.len() * LANES];
     ffi::host_lane_decode(ffi::LaneDecodeIo {
+        compact: false,
         words,
         tables,
         table_list,

@@ -611,6 +611,42 @@ fn device_uploaded_plan_decodes_again_and_again() {
     assert!(other.decode_uploaded_into(&up, &mut out).is_err());
 }
 
+/// With compact tables (`Gpu::set_lane_tables_compact`: each table expanded on the device into
+/// 2 KiB, read through the cache), every golden stream and the real fixture with step
+/// exponents decode to codec-core's bits: fused and in five launches, whole and in pieces, and
+/// a plan uploaded with compact tables decodes so after the setting is switched off.
+#[test]
+fn device_compact_tables_decode_as_codec_core() {
+    let Some(mut gpu) = gpu("device_compact_tables_decode_as_codec_core") else {
+        return;
+    };
+    gpu.set_lane_tables_compact(true);
+    for (name, bytes, profile) in golden_and_fixture() {
+        let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
+        let want = codec_core_tensors(&stream, OutDtype::F16).concat();
+        let plan = DecodePlan::for_stream(&stream, OutDtype::F16).unwrap();
+        let mut out = gpu.stream().alloc_zeros::<u16>(want.len().max(1)).unwrap();
+        for (fused, pieces) in [(true, 0), (false, 0), (true, 16)] {
+            gpu.set_decode_chain_fused(fused);
+            gpu.set_decode_piece_blocks(pieces);
+            gpu.stream().memset_zeros(&mut out).unwrap();
+            gpu.decode_into(&plan, &mut out).unwrap();
+            let mut got = gpu.stream().clone_dtoh(&out).unwrap();
+            got.truncate(want.len());
+            assert!(got == want, "{name}, fused {fused}, pieces of {pieces}");
+        }
+        gpu.set_decode_chain_fused(true);
+        gpu.set_decode_piece_blocks(0);
+        let up = gpu.upload_plan(&plan).unwrap();
+        gpu.set_lane_tables_compact(false);
+        gpu.decode_uploaded_into(&up, &mut out).unwrap();
+        let mut got = gpu.stream().clone_dtoh(&out).unwrap();
+        got.truncate(want.len());
+        assert!(got == want, "{name}, uploaded with compact tables");
+        gpu.set_lane_tables_compact(true);
+    }
+}
+
 /// Handles forked from one `Gpu` (`Gpu::fork`: a stream, staging and scratch each) decode on
 /// four host threads at once, three rounds of every golden stream and the real fixture (4
 /// layers, decoded in three pieces), each from a page-locked buffer of the handle's own:

@@ -108,10 +108,12 @@ struct ExpandArgs<S: Space> {
     items: S::Const<TableFreqs>,
     status: S::Mut<u32>,
     n_items: u64,
+    compact: u32,
+    reserved: u32,
 }
 
-/// Bytes of `KvcExpandShared` (a status and 257 cumulative frequencies).
-pub(crate) const EXPAND_SHARED_BYTES: u32 = 4 + 4 * 257;
+/// Bytes of `KvcExpandShared` (a status, 257 cumulative frequencies and 257 ranks).
+pub(crate) const EXPAND_SHARED_BYTES: u32 = 4 + 2 * 4 * 257;
 
 /// A table expansion's status: the frequencies are not a rANS table's.
 #[cfg(test)]
@@ -121,11 +123,13 @@ pub(crate) const EXPAND_BAD_TABLE: u32 = 4;
 #[derive(Debug)]
 pub(crate) struct ExpandIo<'a> {
     pub freqs: &'a [u16],
-    /// Whole tables of [`SLOTS`](super::SLOTS) entries.
+    /// Whole tables of [`SLOTS`](super::SLOTS) entries, or in the compact form of
+    /// [`COMPACT_ENTRIES`](super::COMPACT_ENTRIES).
     pub tables: &'a mut [u32],
     pub items: &'a [TableFreqs],
     /// One entry per item: 0, 1 (outside the buffers) or [`EXPAND_BAD_TABLE`].
     pub status: &'a mut [u32],
+    pub compact: bool,
 }
 
 /// Runs `kvc_expand_tables` on the host.
@@ -140,10 +144,12 @@ pub(crate) fn host_expand_tables(io: ExpandIo<'_>) -> Result<(), CudaError> {
         freqs: io.freqs.as_ptr(),
         n_freqs: io.freqs.len() as u64,
         tables: io.tables.as_mut_ptr(),
-        n_tables: (io.tables.len() / super::SLOTS) as u64,
+        n_tables: (io.tables.len() / super::table_entries(io.compact)) as u64,
         items: io.items.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_items: io.items.len() as u64,
+        compact: u32::from(io.compact),
+        reserved: 0,
     };
     let shared = u64::from(EXPAND_SHARED_BYTES);
     // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call; the
@@ -153,14 +159,13 @@ pub(crate) fn host_expand_tables(io: ExpandIo<'_>) -> Result<(), CudaError> {
     host_ran(rc, "kvc_expand_tables")
 }
 
-/// Queues `kvc_expand_tables` on `stream`: every item's frequencies into its packed table of
-/// `tables`, a status per item.
+/// Queues `kvc_expand_tables` on `stream`: every item's frequencies into its table of
+/// `tables` (packed, or in the compact form when `compact`), a status per item.
 pub(crate) fn launch_expand_tables(
     stream: &CudaStream,
     expand: &CudaFunction,
-    freqs: &DevBuf<u16>,
-    items: &DevBuf<TableFreqs>,
-    tables: &DevBuf<u32>,
+    (freqs, items): (&DevBuf<u16>, &DevBuf<TableFreqs>),
+    (tables, compact): (&DevBuf<u32>, bool),
     status: &DevBuf<u32>,
 ) -> Result<(), CudaError> {
     if status.len() != items.len() {
@@ -181,10 +186,12 @@ pub(crate) fn launch_expand_tables(
         freqs,
         n_freqs,
         tables: tables_ptr,
-        n_tables: n_entries / super::SLOTS as u64,
+        n_tables: n_entries / super::table_entries(compact) as u64,
         items,
         status,
         n_items,
+        compact: u32::from(compact),
+        reserved: 0,
     };
     let cfg = launch_shape(g, CHAIN_THREADS, EXPAND_SHARED_BYTES);
     // SAFETY: invariants 1, 6 (the buffers are borrowed by the caller, which synchronizes the
@@ -660,6 +667,9 @@ pub(crate) struct ChainKernels<'a> {
     pub lane: &'a CudaFunction,
     /// `kvc_rans_lane_decode_mapped`, the symbol launch of a fused chain.
     pub lane_mapped: &'a CudaFunction,
+    /// The two over compact tables, for a chain whose tables are compact.
+    pub lane_compact: &'a CudaFunction,
+    pub lane_mapped_compact: &'a CudaFunction,
     pub resolve: &'a CudaFunction,
     /// The five-launch chain's value mapping.
     pub map_values: &'a CudaFunction,
@@ -715,8 +725,17 @@ pub(crate) fn launch_chain_stage(
         return Err(input("chain buffers of mismatched lengths"));
     }
     let fused = c.fused();
+    let (lane, lane_mapped) = match l.compact {
+        true => (k.lane_compact, k.lane_mapped_compact),
+        false => (k.lane, k.lane_mapped),
+    };
+    // Compact tables are read through the cache, none staged.
+    let lane_shape = match l.compact {
+        true => LaneShape::new(lane_shape.warps(), 0)?,
+        false => lane_shape,
+    };
     match stage {
-        0 => launch_lane_decode(stream, k.lane, l, lane_shape),
+        0 => launch_lane_decode(stream, lane, l, lane_shape),
         1 => match &c.sym_table {
             Some(sym_table) => launch_resolve(stream, k.resolve, c, sym_table),
             // The symbol launch finds the tables itself (its resolution status stays 0).
@@ -731,13 +750,14 @@ pub(crate) fn launch_chain_stage(
                 blocks: &c.sym_blocks,
                 symbols: &c.symbols,
                 status: &c.sym_status,
+                compact: l.compact,
             };
             match fused {
                 true => {
                     let maps = Some(c.table_maps());
-                    launch_lane_decode_ref(stream, k.lane_mapped, &sym, lane_shape, maps)
+                    launch_lane_decode_ref(stream, lane_mapped, &sym, lane_shape, maps)
                 }
-                false => launch_lane_decode_ref(stream, k.lane, &sym, lane_shape, None),
+                false => launch_lane_decode_ref(stream, lane, &sym, lane_shape, None),
             }
         }
         3 => match fused {
@@ -869,7 +889,9 @@ mod tests {
         v.extend(layout![
             VerdictArgs<S> { status, n_status, n_lenient, lenient_below, reserved, verdict },
             TableFreqs { freq_start, n_freqs, table },
-            ExpandArgs<S> { freqs, n_freqs, tables, n_tables, items, status, n_items },
+            ExpandArgs<S> {
+                freqs, n_freqs, tables, n_tables, items, status, n_items, compact, reserved
+            },
         ]);
         v.push(u64::from(EXPAND_SHARED_BYTES));
         v
@@ -924,18 +946,55 @@ mod tests {
         out
     }
 
-    /// Tables expanded by the host-run kernel: the tables and statuses.
-    fn expand(freqs: &[u16], items: &[TableFreqs], n_tables: usize) -> (Vec<u32>, Vec<u32>) {
-        let mut tables = vec![0xABCD_u32; n_tables * crate::ffi::SLOTS];
+    /// The compact form of `freqs` (`kvc_kernel.cuh`), plainly: per group of 64 slots the
+    /// map of the slots where a symbol of nonzero frequency starts, and how many start
+    /// before; per rank the symbol, its frequency and cdf.
+    fn compact_plainly(freqs: &[u16]) -> Vec<u32> {
+        let mut starts = vec![false; crate::ffi::SLOTS];
+        let mut info = Vec::new();
+        let mut cdf = 0u32;
+        for (s, &f) in freqs.iter().enumerate() {
+            if f > 0 {
+                starts[cdf as usize] = true;
+                info.push(s as u32 | u32::from(f) << 8 | cdf << 20);
+            }
+            cdf += u32::from(f);
+        }
+        let mut out = Vec::new();
+        let mut before = 0;
+        for group in starts.chunks_exact(64) {
+            let bits = (group.iter().enumerate()).fold(0u64, |b, (k, &on)| b | u64::from(on) << k);
+            out.extend([bits as u32, (bits >> 32) as u32, before, 0]);
+            before += bits.count_ones();
+        }
+        info.resize(256, 0);
+        out.extend(info);
+        out
+    }
+
+    /// Tables expanded by the host-run kernel (packed, or `compact`): the tables and
+    /// statuses.
+    fn expand_as(
+        freqs: &[u16],
+        items: &[TableFreqs],
+        n_tables: usize,
+        compact: bool,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let mut tables = vec![0xABCD_u32; n_tables * crate::ffi::table_entries(compact)];
         let mut status = vec![9u32; items.len()];
         host_expand_tables(ExpandIo {
             freqs,
             tables: &mut tables,
             items,
             status: &mut status,
+            compact,
         })
         .unwrap();
         (tables, status)
+    }
+
+    fn expand(freqs: &[u16], items: &[TableFreqs], n_tables: usize) -> (Vec<u32>, Vec<u32>) {
+        expand_as(freqs, items, n_tables, false)
     }
 
     proptest::proptest! {
@@ -943,7 +1002,8 @@ mod tests {
 
         /// Tables of 1-256 symbols (frequency-0 symbols anywhere, or none), several per launch
         /// in any order of their ids: each expanded table is the plain packing of its
-        /// frequencies, and `packed_table`'s for a `FreqTable`; every status 0.
+        /// frequencies, and `packed_table`'s for a `FreqTable`, and in the compact form the
+        /// plain compact form; every status 0.
         #[test]
         fn expanded_tables_are_packed_as_the_host_packs_them(
             sizes in proptest::collection::vec((1usize..=256, proptest::bool::ANY), 1..5),
@@ -966,6 +1026,13 @@ mod tests {
             }
             let (tables, status) = expand(&freqs, &items, sizes.len());
             proptest::prop_assert!(status.iter().all(|&s| s == 0));
+            let (compact, status) = expand_as(&freqs, &items, sizes.len(), true);
+            proptest::prop_assert!(status.iter().all(|&s| s == 0));
+            let n = crate::ffi::COMPACT_ENTRIES;
+            for (table, f) in &each {
+                let got = &compact[*table as usize * n..][..n];
+                proptest::prop_assert_eq!(got, &compact_plainly(f)[..]);
+            }
             for (table, f) in each {
                 let got = &tables[table as usize * crate::ffi::SLOTS..][..crate::ffi::SLOTS];
                 proptest::prop_assert_eq!(got, &packed_plainly(&f)[..]);

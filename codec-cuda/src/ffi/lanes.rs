@@ -6,8 +6,8 @@ use std::ffi::c_int;
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 use super::{
-    host_ran, launch_args, launch_grid, launch_shape, Addrs, DevBuf, OnDevice, OnHost,
-    ResolveBlock, Space, LANES, SLOTS,
+    host_ran, launch_args, launch_grid, launch_shape, table_entries, Addrs, DevBuf, OnDevice,
+    OnHost, ResolveBlock, Space, LANES,
 };
 use crate::error::CudaError;
 use crate::rans::{LaneBlock, LaneShape};
@@ -23,6 +23,18 @@ extern "C" {
     #[cfg(test)]
     fn kvc_rans_lane_decode_layout(out: *mut u64, cap: u64) -> u64;
     fn kvc_rans_lane_decode_mapped_host(
+        args: *const LaneMappedArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_rans_lane_decode_compact_host(
+        args: *const LaneDecodeArgs<OnHost>,
+        grid: u32,
+        block: u32,
+        shared_bytes: u64,
+    ) -> c_int;
+    fn kvc_rans_lane_decode_mapped_compact_host(
         args: *const LaneMappedArgs<OnHost>,
         grid: u32,
         block: u32,
@@ -165,7 +177,8 @@ impl LaneWord for u16 {
 #[derive(Debug)]
 pub(crate) struct LaneDecodeIo<'a, W = u32> {
     pub words: &'a [W],
-    /// Packed tables, [`SLOTS`] entries each (a partial last table is ignored).
+    /// Packed tables, [`SLOTS`](super::SLOTS) entries each, or with `compact` tables in the compact form,
+    /// [`COMPACT_ENTRIES`](super::COMPACT_ENTRIES) each (a partial last table is ignored).
     pub tables: &'a [u32],
     pub table_list: &'a [u32],
     pub symbol_table: &'a [u16],
@@ -174,6 +187,9 @@ pub(crate) struct LaneDecodeIo<'a, W = u32> {
     pub status: &'a mut [u32],
     /// Coded blocks per CUDA block, and tables each stages in shared memory.
     pub shape: LaneShape,
+    /// Whether `tables` are in the compact form (`kvc_rans_lane_decode_compact`, format v2's
+    /// words only), which no block stages.
+    pub compact: bool,
 }
 
 /// Runs `kvc_rans_lane_decode` (or, for `u16` words, the experiment) on the host: one warp
@@ -190,12 +206,21 @@ pub(crate) fn host_lane_decode<W: LaneWord>(mut io: LaneDecodeIo<'_, W>) -> Resu
             what: "status buffer is not 32 entries per block",
         });
     }
+    let run = match (io.compact, W::ENTRY) {
+        (false, _) => W::HOST,
+        (true, "kvc_rans_lane_decode") => kvc_rans_lane_decode_compact_host,
+        (true, _) => {
+            return Err(CudaError::Input {
+                what: "compact tables for the 32-bit-state experiment",
+            })
+        }
+    };
     let args = host_lane_args(&mut io);
     let (threads, shared_bytes) = (io.shape.threads(), io.shape.shared_bytes());
     // SAFETY: invariant 1 (layout; `words` points to `n_words` words of the kernel's word
     // type W), 2 (every pointer/count pair is a live slice and its length; `io` borrows them
     // for the call, mutably for the outputs) and 3 (launch shape).
-    let rc = unsafe { W::HOST(&args, grid, threads, u64::from(shared_bytes)) };
+    let rc = unsafe { run(&args, grid, threads, u64::from(shared_bytes)) };
     host_ran(rc, W::ENTRY)
 }
 
@@ -205,7 +230,7 @@ fn host_lane_args<W: LaneWord>(io: &mut LaneDecodeIo<'_, W>) -> LaneDecodeArgs<O
         words: io.words.as_ptr().cast(),
         n_words: io.words.len() as u64,
         tables: io.tables.as_ptr(),
-        n_tables: (io.tables.len() / SLOTS) as u64,
+        n_tables: (io.tables.len() / table_entries(io.compact)) as u64,
         table_list: io.table_list.as_ptr(),
         n_table_list: io.table_list.len() as u64,
         symbol_table: io.symbol_table.as_ptr(),
@@ -243,8 +268,11 @@ pub(crate) fn host_lane_decode_mapped(
     let (threads, shared_bytes) = (io.shape.threads(), io.shape.shared_bytes());
     // SAFETY: as in `host_lane_decode` (invariants 1-3), and `resolve` holds one record per
     // block.
-    let rc =
-        unsafe { kvc_rans_lane_decode_mapped_host(&args, grid, threads, u64::from(shared_bytes)) };
+    let run = match io.compact {
+        true => kvc_rans_lane_decode_mapped_compact_host,
+        false => kvc_rans_lane_decode_mapped_host,
+    };
+    let rc = unsafe { run(&args, grid, threads, u64::from(shared_bytes)) };
     host_ran(rc, "kvc_rans_lane_decode_mapped")
 }
 
@@ -270,6 +298,8 @@ pub(crate) struct LaneDecodeDev<W = u32> {
     pub blocks: DevBuf<LaneBlock>,
     pub symbols: DevBuf<u8>,
     pub status: DevBuf<u32>,
+    /// Whether `tables` are in the compact form (for the `_compact` kernels).
+    pub compact: bool,
 }
 
 /// Queues `kvc_rans_lane_decode` over `b` on `stream` in `shape` (the function's dynamic shared
@@ -288,6 +318,7 @@ pub(crate) fn launch_lane_decode<W: LaneWord>(
         blocks: &b.blocks,
         symbols: &b.symbols,
         status: &b.status,
+        compact: b.compact,
     };
     launch_lane_decode_ref(stream, func, &r, shape, None)
 }
@@ -340,7 +371,7 @@ pub(super) fn launch_lane_decode_ref<W: LaneWord>(
         words,
         n_words,
         tables,
-        n_tables: n_words_tables / SLOTS as u64,
+        n_tables: n_words_tables / table_entries(b.compact) as u64,
         table_list,
         n_table_list,
         symbol_table,
@@ -376,6 +407,7 @@ pub(super) struct LaneDecodeRef<'a, W> {
     pub(super) blocks: &'a DevBuf<LaneBlock>,
     pub(super) symbols: &'a DevBuf<u8>,
     pub(super) status: &'a DevBuf<u32>,
+    pub(super) compact: bool,
 }
 
 #[cfg(test)]
@@ -396,6 +428,7 @@ mod tests {
         ];
         v.push(codec_core::consts::LANES as u64);
         v.push(u64::from(codec_core::consts::PRECISION));
+        v.push(crate::ffi::COMPACT_ENTRIES as u64);
         v
     }
 
@@ -410,7 +443,7 @@ mod tests {
             assert_eq!(host_layout(kernel), rust_layout::<OnHost>());
             assert_eq!(host_layout(kernel), rust_layout::<OnDevice>());
         }
-        assert_eq!(1 << codec_core::consts::PRECISION, SLOTS);
+        assert_eq!(1 << codec_core::consts::PRECISION, crate::ffi::SLOTS);
         assert_eq!(codec_core::consts::LANES, LANES);
         fn mapped<S: Space>() -> Vec<u64> {
             layout![

@@ -134,6 +134,16 @@ pub(crate) use pq::*;
 pub(crate) const LANES: usize = 32;
 /// Entries of one packed decode table (`KVC_SLOTS`).
 pub(crate) const SLOTS: usize = 4096;
+/// Entries of one decode table in the compact form (`KVC_COMPACT_ENTRIES`).
+pub(crate) const COMPACT_ENTRIES: usize = 512;
+
+/// Entries of one decode table in the packed form or, when `compact`, the compact one.
+pub(crate) const fn table_entries(compact: bool) -> usize {
+    match compact {
+        true => COMPACT_ENTRIES,
+        false => SLOTS,
+    }
+}
 
 /// Threads per block of the chain kernels.
 pub(crate) const CHAIN_THREADS: u32 = 256;

@@ -314,6 +314,7 @@ impl Gpu {
                 blocks: DevBuf::view(b, packed.exp_blocks)?,
                 symbols: DevBuf::view(x, o.exps)?,
                 status: z.view(z.exp)?,
+                compact: self.compact_tables,
             },
             sym_blocks: DevBuf::view(b, packed.sym_blocks)?,
             sym_table: o.sym_table.map(|t| DevBuf::view(x, t)).transpose()?,
@@ -382,9 +383,9 @@ impl Gpu {
 }
 
 impl Gpu {
-    /// The chain's packed tables, expanded on `l` (which waits for the upload `base`) from
-    /// the frequencies `packed` placed there into a buffer of their own, a status each into
-    /// `z`'s.
+    /// The chain's tables, expanded on `l` (which waits for the upload `base`) from the
+    /// frequencies `packed` placed there into a buffer of their own (in the compact form if
+    /// this `Gpu` reads compact tables now), a status each into `z`'s.
     fn expand_tables(
         &self,
         packed: &PackedChain,
@@ -393,11 +394,13 @@ impl Gpu {
         z: &ChainStatuses,
     ) -> Result<DevBuf<u32>, CudaError> {
         let items = DevBuf::view(base, packed.table_items)?;
-        let tables = DevBuf::zeros(l, items.len() * ffi::SLOTS)?;
+        let compact = self.compact_tables;
+        let tables = DevBuf::zeros(l, items.len() * ffi::table_entries(compact))?;
         let freqs = DevBuf::view(base, packed.table_freqs)?;
         let k = self.kernels(None)?;
         let status = z.view(z.expand)?;
-        ffi::launch_expand_tables(l, &k.expand_tables, &freqs, &items, &tables, &status)?;
+        let (from, to) = ((&freqs, &items), (&tables, compact));
+        ffi::launch_expand_tables(l, &k.expand_tables, from, to, &status)?;
         Ok(tables)
     }
 }
