@@ -158,27 +158,33 @@ pub(crate) trait LaneWord: DeviceRepr + ValidAsZeroBits + Copy + 'static {
     /// The kernel's entry point.
     const ENTRY: &'static str;
     /// Its host build (invariant 1: both take the same argument layout).
-    const HOST: unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int;
+    const HOST: LaneHostFn;
+    /// The host build of its entry over compact tables, if it has one.
+    const HOST_COMPACT: Option<LaneHostFn>;
 }
+
+/// A host-built lane-decode kernel.
+type LaneHostFn = unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int;
 
 impl LaneWord for u32 {
     const ENTRY: &'static str = "kvc_rans_lane_decode";
-    const HOST: unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int =
-        kvc_rans_lane_decode_host;
+    const HOST: LaneHostFn = kvc_rans_lane_decode_host;
+    const HOST_COMPACT: Option<LaneHostFn> = Some(kvc_rans_lane_decode_compact_host);
 }
 
 impl LaneWord for u16 {
     const ENTRY: &'static str = "kvc_rans32_lane_decode_experiment";
-    const HOST: unsafe extern "C" fn(*const LaneDecodeArgs<OnHost>, u32, u32, u64) -> c_int =
-        kvc_rans32_lane_decode_experiment_host;
+    const HOST: LaneHostFn = kvc_rans32_lane_decode_experiment_host;
+    const HOST_COMPACT: Option<LaneHostFn> = None;
 }
 
 /// The buffers of one lane-decode launch (words of `W`: see [`LaneWord`]).
 #[derive(Debug)]
 pub(crate) struct LaneDecodeIo<'a, W = u32> {
     pub words: &'a [W],
-    /// Packed tables, [`SLOTS`](super::SLOTS) entries each, or with `compact` tables in the compact form,
-    /// [`COMPACT_ENTRIES`](super::COMPACT_ENTRIES) each (a partial last table is ignored).
+    /// Packed tables, [`SLOTS`](super::SLOTS) entries each, or (`compact`) tables in the
+    /// compact form, [`COMPACT_ENTRIES`](super::COMPACT_ENTRIES) each (a partial last table
+    /// is ignored).
     pub tables: &'a [u32],
     pub table_list: &'a [u32],
     pub symbol_table: &'a [u16],
@@ -206,12 +212,12 @@ pub(crate) fn host_lane_decode<W: LaneWord>(mut io: LaneDecodeIo<'_, W>) -> Resu
             what: "status buffer is not 32 entries per block",
         });
     }
-    let run = match (io.compact, W::ENTRY) {
+    let run = match (io.compact, W::HOST_COMPACT) {
         (false, _) => W::HOST,
-        (true, "kvc_rans_lane_decode") => kvc_rans_lane_decode_compact_host,
-        (true, _) => {
+        (true, Some(run)) => run,
+        (true, None) => {
             return Err(CudaError::Input {
-                what: "compact tables for the 32-bit-state experiment",
+                what: "compact tables for a kernel that has no entry over them",
             })
         }
     };
