@@ -979,6 +979,17 @@ impl DecodePlan<'_> {
         Ok(out)
     }
 
+    #[cfg(feature = "internals")]
+    /// [`decode_chain_host`](Self::decode_chain_host) with the tables in the lane decoders'
+    /// compact form (as a `Gpu` decodes after `set_lane_tables_compact(true)`).
+    pub fn decode_chain_host_compact(&self) -> Result<Vec<u16>, CudaError> {
+        let ch = self.chain()?;
+        check_crcs_host(&ch.checks)?;
+        let mut out = vec![0u16; self.output.len];
+        self.run_chain_host(&ch, &ch.words(), &mut out, (true, true))?;
+        Ok(out)
+    }
+
     /// [`decode_chain_host`](Self::decode_chain_host) with the lane words gathered from `raw`,
     /// the bytes every stream of the plan lies in, by the host-run word gather: as
     /// `Gpu::upload_plan_from` gathers them on a device from the bytes it copied.

@@ -3,8 +3,9 @@
 //! decode as f16/bf16 bits, and the scatter of dense rows into pages).
 //!
 //! [`decode_chain`] runs the decode kernels compiled for the host on any stream, as a device
-//! would run them: the decode chain ([`DecodePlan::decode_chain_host`], and with the lane words
-//! gathered from the stream's bytes, [`DecodePlan::decode_chain_host_from`]) and the stepwise
+//! would run them: the decode chain ([`DecodePlan::decode_chain_host`]; with the lane words
+//! gathered from the stream's bytes, [`DecodePlan::decode_chain_host_from`]; with compact
+//! tables, [`DecodePlan::decode_chain_host_compact`]) and the stepwise
 //! path ([`DecodePlan::decode_host`]) must accept exactly the streams codec-core decodes and write
 //! what it writes, bit for bit, and fail every other one with a typed error, never a panic.
 //! [`encode_chain`] encodes a small cache derived from the input with the encode kernels
@@ -56,6 +57,9 @@ pub fn decode_chain(data: &[u8]) -> bool {
                 "chain, words gathered from the stream's bytes",
                 &|p, raw| p.decode_chain_host_from(raw),
             ),
+            ("chain, compact tables", &|p, _| {
+                p.decode_chain_host_compact()
+            }),
             ("stepwise", &|p, _| p.decode_host()),
         ],
     )

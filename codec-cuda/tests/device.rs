@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use codec_core::{ChunkContext, Limits, Profile, Stream};
 use codec_cuda::decode::DecodePlan;
 use codec_cuda::encode_plan::{EncodePlan, Source};
-use codec_cuda::fuzzing::{chain_seed_variants, decode_chain_on, scatter, CHAIN_OUTPUTS};
+use codec_cuda::fuzzing::{
+    chain_seed_variants, decode_chain_on, scatter, DecodePath, CHAIN_OUTPUTS,
+};
 use codec_cuda::pq::{PqBatch, PqStatus};
 use codec_cuda::quant::{ChannelConsts, DequantBatch, DequantInput, OutDtype, OutLayout, Output};
 use codec_cuda::stream::{ChunkLanes, Destination};
@@ -114,7 +116,8 @@ fn device_golden_streams_decode_as_codec_core() {
 /// seed generator makes: f32 and bf16 sources, groups, sink rows, step exponents, every level,
 /// no tokens), each with five outputs and damaged (`chain_seed_variants`): `Gpu::decode` decodes
 /// exactly the streams codec-core decodes, with its bits, and rejects the others with a typed
-/// error (`decode_chain_on`, the fuzz harness with the device as its path).
+/// error (`decode_chain_on`, the fuzz harness with the device as its path), with packed and
+/// with compact tables.
 #[test]
 fn device_decodes_the_fuzz_seeds_as_codec_core() {
     let Some(gpu) = gpu("device_decodes_the_fuzz_seeds_as_codec_core") else {
@@ -130,12 +133,19 @@ fn device_decodes_the_fuzz_seeds_as_codec_core() {
         dir.display()
     );
     let device = |p: &DecodePlan<'_>, _: &[u8]| gpu.decode(p);
+    let mut compact = gpu.fork().unwrap();
+    compact.set_lane_tables_compact(true);
+    let device_compact = |p: &DecodePlan<'_>, _: &[u8]| compact.decode(p);
+    let paths: [DecodePath<'_>; 2] = [
+        ("device", &device),
+        ("device, compact tables", &device_compact),
+    ];
     let (mut ran, mut decoded) = (0, 0);
     for seed in &seeds {
         let data = std::fs::read(seed).unwrap();
         for v in chain_seed_variants(&data, 16) {
             ran += 1;
-            decoded += usize::from(decode_chain_on(&v, &[("device", &device)]));
+            decoded += usize::from(decode_chain_on(&v, &paths));
         }
     }
     assert!(
