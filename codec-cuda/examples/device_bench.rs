@@ -329,8 +329,9 @@ fn bench_decode(
         stage_times(&st),
         gbs(st[4]),
     );
-    bench_five_launch_chain(gpu, &plan, &mut out, rounds, &want);
-    bench_compact_chain(gpu, &plan, &mut out, rounds, &want);
+    for variant in [FIVE_LAUNCHES, COMPACT_TABLES] {
+        bench_chain_variant(gpu, (&plan, &mut out), rounds, &want, variant);
+    }
     bench_decode_from(gpu, &bytes, (rounds, copies), &want);
     let one_copy = &want[..want.len() / copies];
     for n in [copies, 4 * copies] {
@@ -371,67 +372,43 @@ fn bench_decode_exponents(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (us
     }
 }
 
-/// The decode of `plan` uploaded once and its chain's kernels in five launches
-/// (`Gpu::set_decode_chain_fused(false)`: tables resolved into a buffer, every value written
-/// and read back), to set beside `bench_decode`'s figures (the fused chain); the output
-/// checked against `want`.
-fn bench_five_launch_chain(
-    gpu: &mut Gpu,
-    plan: &DecodePlan<'_>,
-    out: &mut CudaSlice<u16>,
-    rounds: usize,
-    want: &[u16],
-) {
-    let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
-    gpu.set_decode_chain_fused(false);
-    let up = gpu.upload_plan(plan).unwrap();
-    let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, out));
-    r.unwrap();
-    drop(up);
-    let got = gpu.stream().clone_dtoh(&*out).unwrap();
-    assert!(got == want, "the five-launch chain's output differs");
-    let k_chain = gpu.time_decode_chain(plan, out, rounds).unwrap();
-    let st = gpu.time_decode_chain_stages(plan, out, rounds).unwrap();
-    gpu.set_decode_chain_fused(true);
-    println!(
-        "  the five-launch chain (tables resolved, every value written and read back): plan \
-         uploaded once {:.3} ms = {:.2} GB/s; its kernels alone {:.3} ms = {:.2} GB/s (each \
-         alone: {})",
-        reused * 1e3,
-        gbs(reused),
-        k_chain * 1e3,
-        gbs(k_chain),
-        stage_times(&st),
-    );
-}
+/// A chain other than the default, set by `set(gpu, true)` and undone by `set(gpu, false)`,
+/// named `label`: the decode of `plan` uploaded once and the chain's kernels, to set beside
+/// `bench_decode`'s figures; the output checked against `want`.
+type ChainVariant = (&'static str, fn(&mut Gpu, bool));
 
-/// The decode of `plan` uploaded once and its chain's kernels with compact tables
-/// (`Gpu::set_lane_tables_compact`: 2 KiB a table, one more dependent load a symbol), to set
-/// beside `bench_decode`'s figures (packed tables); the output checked against `want`.
-fn bench_compact_chain(
+/// The five-launch chain (`Gpu::set_decode_chain_fused(false)`).
+const FIVE_LAUNCHES: ChainVariant = (
+    "the five-launch chain (tables resolved, every value written and read back)",
+    |gpu, on| gpu.set_decode_chain_fused(!on),
+);
+
+/// Compact tables (`Gpu::set_lane_tables_compact`: 2 KiB a table, one more dependent load a
+/// symbol).
+const COMPACT_TABLES: ChainVariant = ("compact tables", |gpu, on| gpu.set_lane_tables_compact(on));
+
+/// `variant` of `plan`'s chain (see [`ChainVariant`]).
+fn bench_chain_variant(
     gpu: &mut Gpu,
-    plan: &DecodePlan<'_>,
-    out: &mut CudaSlice<u16>,
+    (plan, out): (&DecodePlan<'_>, &mut CudaSlice<u16>),
     rounds: usize,
     want: &[u16],
+    (label, set): ChainVariant,
 ) {
     let gbs = |t: f64| (plan.output().len * 2) as f64 / t / 1e9;
-    gpu.set_lane_tables_compact(true);
+    set(gpu, true);
     let up = gpu.upload_plan(plan).unwrap();
     let (reused, r) = best_of(rounds, || gpu.decode_uploaded_into(&up, out));
     r.unwrap();
     drop(up);
     let got = gpu.stream().clone_dtoh(&*out).unwrap();
-    assert!(
-        got == want,
-        "the chain with compact tables decodes otherwise"
-    );
+    assert!(got == want, "{label}: the output differs");
     let k_chain = gpu.time_decode_chain(plan, out, rounds).unwrap();
     let st = gpu.time_decode_chain_stages(plan, out, rounds).unwrap();
-    gpu.set_lane_tables_compact(false);
+    set(gpu, false);
     println!(
-        "  compact tables: plan uploaded once {:.3} ms = {:.2} GB/s; the fused chain's kernels \
-         alone {:.3} ms = {:.2} GB/s (each alone: {})",
+        "  {label}: plan uploaded once {:.3} ms = {:.2} GB/s; its kernels alone {:.3} ms = \
+         {:.2} GB/s (each alone: {})",
         reused * 1e3,
         gbs(reused),
         k_chain * 1e3,
