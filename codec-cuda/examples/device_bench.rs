@@ -3,7 +3,7 @@
 //! on device 0.
 //!
 //! ```sh
-//! cargo run --profile bench -p kvc-codec-cuda --example device_bench -- [rounds] [copies]
+//! cargo run --profile bench -p kvc-codec-cuda --example device_bench -- [rounds] [copies] [sections]
 //! ```
 //!
 //! The decode input is the real 512-token fixture (all 30 layers, 3 KV heads of 64), encoded
@@ -36,8 +36,11 @@
 //! `copies * 576` queries over the fixture's layer-0 codes (causal), and a synthetic
 //! 32768-token head with 256 queries.
 //!
-//! With `threads` as the third argument, only the two halves of `decode_from` (upload, launches)
-//! on 1 to 8 host threads at once, apart, for the middle level.
+//! The third argument names the sections to run, in the order of [`SECTIONS`] (default all
+//! but `threads`): `exponents` (the decodes with step exponents), `decode` (the three levels'
+//! decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
+//! `decode_from` (upload, launches) on 1 to 8 host threads at once, apart, for the middle
+//! level.
 //!
 //! Without a GPU or NVRTC it says why and exits 0. NVRTC: `KVC_NVRTC_LIB`, else
 //! `target/nvrtc/13.5.37/lib`, else by name.
@@ -67,10 +70,23 @@ fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
     (best, last)
 }
 
+/// The parts of the harness, in the order they run; the third argument picks some
+/// (`decode,pq`; default: all but `threads`), so that a short lend measures what it must.
+const SECTIONS: [&str; 6] = ["exponents", "decode", "scaling", "encode", "pq", "threads"];
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let copies: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
+    let picked = args.next().unwrap_or_else(|| SECTIONS[..5].join(","));
+    let picked: Vec<&str> = picked.split(',').collect();
+    if let Some(bad) = picked.iter().find(|p| !SECTIONS.contains(p)) {
+        println!(
+            "unknown section {bad:?}: the sections are {}",
+            SECTIONS.join(", ")
+        );
+        std::process::exit(2);
+    }
     let t = Instant::now();
     let mut gpu = match support::open_gpu() {
         Ok(g) => g,
@@ -86,24 +102,28 @@ fn main() {
         t.elapsed().as_secs_f64() * 1e3
     );
     let (d, profile) = support::fixture();
-    if args.next().as_deref() == Some("threads") {
-        bench_threads_apart(&gpu, &d.kv, &profile, (rounds, copies));
-        return;
+    let rc = (rounds, copies);
+    for section in picked {
+        let t = Instant::now();
+        match section {
+            "exponents" => bench_decode_exponents(&mut gpu, &d, rc),
+            "decode" => {
+                for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
+                    bench_decode(&mut gpu, &d.kv, &profile, level, rc);
+                }
+            }
+            "scaling" => bench_decode_scaling(&mut gpu, &d.kv, &profile, rc),
+            "encode" => {
+                bench_encode_kernels(&gpu, &d, &profile, rc);
+                bench_encode_chain(&mut gpu, &d, profile.levels() / 2, rc);
+            }
+            "pq" => bench_pq(&mut gpu, &d, rc),
+            _ => bench_threads_apart(&gpu, &d.kv, &profile, rc),
+        }
+        println!("(section {section}: {:.1} s)", t.elapsed().as_secs_f64());
     }
-    for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
-        bench_decode(&mut gpu, &d.kv, &profile, level, (rounds, copies));
-    }
-    bench_decode_exponents(&mut gpu, &d, (rounds, copies));
-    bench_decode_scaling(&mut gpu, &d.kv, &profile, (rounds, copies));
-
-    bench_encode_kernels(&gpu, &d, &profile, (rounds, copies));
-    bench_encode_chain(&mut gpu, &d, profile.levels() / 2, (rounds, copies));
-    bench_pq(&mut gpu, &d, (rounds, copies));
 }
 
-/// The encode kernels from host-built batches: every block of the middle level's stream,
-/// `copies` times, re-quantized (with its step exponents) and re-encoded (with its tables) from
-/// the cache's f16 values.
 fn bench_encode_kernels(
     gpu: &Gpu,
     d: &kvc_io::Dump,
@@ -344,7 +364,7 @@ fn bench_decode(
 }
 
 /// The whole decode with a profile learned with the fixture's queries (step exponents on, as
-/// `kvc profile` learns them; each coded block has an exponent table of its own, which the
+/// `kvc profile` learns them; each layer's K and V blocks have an exponent table, which the
 /// device expands from its frequencies): the middle and last levels, `copies` and 4x as many
 /// streams in pieces (`bench_decode_pieces`), against one copy decoded by `decode_into`.
 fn bench_decode_exponents(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (usize, usize)) {

@@ -421,6 +421,9 @@ pub(crate) struct Chain<'p> {
     /// instead of an upload carrying 16 KiB a table ([`Chain::expanded_tables`] on the host).
     pub table_freqs: Vec<u16>,
     pub table_items: Vec<ffi::TableFreqs>,
+    /// The last exponent table added, which the next block with the same frequencies shares
+    /// (kvc's encoder gives a layer's K and V blocks one).
+    last_exp_table: Option<u32>,
     pub table_list: Vec<u32>,
     pub exp_blocks: Vec<LaneBlock>,
     pub n_exps: usize,
@@ -505,6 +508,21 @@ impl<'p> Chain<'p> {
         let id = self.radius.len() as u32;
         self.push_freqs(t.freqs());
         self.radius.push(radius);
+        id
+    }
+
+    /// The id of a block's exponent table `t`: the last exponent table's when it has the same
+    /// frequencies, else a new table's.
+    fn exp_table_id(&mut self, t: &codec_core::rans::FreqTable) -> u32 {
+        if let Some(id) = self.last_exp_table {
+            let item = &self.table_items[id as usize];
+            let start = item.freq_start as usize;
+            if self.table_freqs[start..start + item.n_freqs as usize] == *t.freqs() {
+                return id;
+            }
+        }
+        let id = self.add_table(t, 0);
+        self.last_exp_table = Some(id);
         id
     }
 
@@ -593,7 +611,7 @@ impl<'p> Chain<'p> {
             what: "over 2^32 table-list entries",
         })?;
         let exp_id = match &blk.exp_table {
-            Some(t) => self.add_table(t, 0),
+            Some(t) => self.exp_table_id(t),
             None => level_ids[0],
         };
         self.table_list.push(exp_id);
@@ -917,6 +935,7 @@ impl DecodePlan<'_> {
             n_words: 0,
             table_freqs: Vec::new(),
             table_items: Vec::new(),
+            last_exp_table: None,
             table_list: Vec::new(),
             exp_blocks: Vec::with_capacity(blocks),
             n_exps: 0,
@@ -1526,9 +1545,9 @@ mod tests {
     }
 
     /// The real fixture (8 layers) with step exponents (a profile learned with its queries, so
-    /// every coded block has an exponent table of its own) at three levels in four chunks: the
-    /// host-run
-    /// chain with compact tables decodes the bits of the one with packed tables, fused and in
+    /// every coded block has an exponent table, a layer's K and V blocks the same one, which
+    /// the chain uploads once) at three levels in four chunks: the host-run chain with compact
+    /// tables decodes the bits of the one with packed tables, fused and in
     /// five launches, and these are codec-core's.
     #[test]
     fn compact_tables_decode_the_fixture_as_packed_ones() {
@@ -1546,10 +1565,13 @@ mod tests {
         let stream = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
         let plan = plan_of(&[&stream]);
         let ch = plan.chain().unwrap();
-        assert!(
-            ch.table_items.len() > ch.sym_blocks.len(),
-            "no exponent tables"
-        );
+        let exp_ids: Vec<u32> = (ch.resolve.iter().zip(&ch.values))
+            .filter(|(r, _)| r.has_exps == 1)
+            .map(|(_, v)| ch.table_list[v.list_start as usize])
+            .collect();
+        assert!(exp_ids.len() == ch.sym_blocks.len(), "no exponent tables");
+        // A layer's K and V blocks (one after the other) share their exponent table.
+        assert!(exp_ids.chunks(2).all(|kv| kv[0] == kv[1]));
         let run = |form| {
             let mut out = vec![0u16; plan.output().len];
             plan.run_chain_host(&ch, &ch.words(), &mut out, form)
