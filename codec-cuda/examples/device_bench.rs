@@ -36,7 +36,7 @@
 //! `copies * 576` queries over the fixture's layer-0 codes (causal), and a synthetic
 //! 32768-token head with 256 queries.
 //!
-//! The third argument names the sections to run, in the order of [`SECTIONS`] (default all
+//! The third argument names the sections to run, in the order of `SECTIONS` (default all
 //! but `threads`): `exponents` (the decodes with step exponents), `decode` (the three levels'
 //! decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
 //! `decode_from` (upload, launches) on 1 to 8 host threads at once, apart, for the middle
