@@ -124,6 +124,9 @@ fn main() {
     }
 }
 
+/// The encode kernels from host-built batches: every block of the middle level's stream,
+/// `copies` times, re-quantized (with its step exponents) and re-encoded (with its tables) from
+/// the cache's f16 values.
 fn bench_encode_kernels(
     gpu: &Gpu,
     d: &kvc_io::Dump,
