@@ -991,21 +991,22 @@ impl DecodePlan<'_> {
     /// Runs the plan as one (fused) chain of launches of the kernels compiled for the host (as
     /// a device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
-        let ch = self.chain()?;
-        check_crcs_host(&ch.checks)?;
-        let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &ch.words(), &mut out, (true, false))?;
-        Ok(out)
+        self.decode_chain_host_as(false)
     }
 
     #[cfg(feature = "internals")]
     /// [`decode_chain_host`](Self::decode_chain_host) with the tables in the lane decoders'
     /// compact form (as a `Gpu` decodes after `set_lane_tables_compact(true)`).
     pub fn decode_chain_host_compact(&self) -> Result<Vec<u16>, CudaError> {
+        self.decode_chain_host_as(true)
+    }
+
+    /// The fused chain run on the host with its tables `compact` or packed.
+    fn decode_chain_host_as(&self, compact: bool) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &ch.words(), &mut out, (true, true))?;
+        self.run_chain_host(&ch, &ch.words(), &mut out, (true, compact))?;
         Ok(out)
     }
 
