@@ -9,7 +9,9 @@
 //! resident on the device, as `Gpu` decodes now keep them), in bytes of compressed input, at
 //! levels 0, 6 and 11 (and, resident, with a profile learned with the fixture's queries, whose
 //! blocks have exponent tables); and the encode's chunks copied into vectors on 1, 2 and 4 threads
-//! (`encode_plan::copy_chunks`, what `Gpu::encode_uploaded_with` spares).
+//! (`encode_plan::copy_chunks`, what `Gpu::encode_uploaded_with` spares); and, for a decode
+//! from page-locked memory, where the 8 copies' words and chunks lie in the bytes they lie in
+//! back to back (`DecodePlan::time_gather_parts`).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -71,6 +73,22 @@ fn main() {
         g.bench_function(format!("level {level}, constants resident"), |b| {
             b.iter_custom(|n| {
                 Duration::from_secs_f64(plan.time_chain_resident(n as usize).unwrap())
+            })
+        });
+    }
+    g.finish();
+    // What a decode from page-locked memory adds on the host: where each block's words and
+    // each chunk lie in the buffer the copies lie in, back to back, and the ranges to copy.
+    let mut g = c.benchmark_group("decode words found in host bytes, 8 copies of the fixture");
+    for level in [0, 6, 11] {
+        let bytes = support::stream_bytes(&d.kv, &profile, level);
+        let buf = bytes.repeat(copies);
+        let streams: Vec<_> = buf.chunks(bytes.len()).map(support::open).collect();
+        let plan = support::decode_plan_with(&streams.iter().collect::<Vec<_>>(), 1, true);
+        g.throughput(Throughput::Bytes(buf.len() as u64));
+        g.bench_function(format!("level {level}, CRCs at decode"), |b| {
+            b.iter_custom(|n| {
+                Duration::from_secs_f64(plan.time_gather_parts(&buf, n as usize).unwrap())
             })
         });
     }

@@ -73,6 +73,7 @@ use std::sync::Arc;
 
 use codec_core::Stream;
 
+use crate::copy_runs::{CopyRuns, MERGE_GAP_BYTES};
 use crate::error::CudaError;
 use crate::ffi::{self, ResolveBlock, ValueBlock, LANES};
 use crate::levels::{time_builds, time_placed_builds, LevelCache, LevelConsts, Placer};
@@ -988,6 +989,19 @@ impl DecodePlan<'_> {
         })
     }
 
+    #[cfg(feature = "internals")]
+    /// For benches: the seconds `reps` findings of the chain's lane words and checked chunks
+    /// in `raw`, the bytes its streams lie in, take (what a decode from page-locked memory
+    /// does after building the chain: the ranges to copy and the offsets there).
+    pub fn time_gather_parts(&self, raw: &[u8], reps: usize) -> Result<f64, CudaError> {
+        let ch = self.chain()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            drop(ch.gather_parts(raw)?);
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
     /// Runs the plan as one (fused) chain of launches of the kernels compiled for the host (as
     /// a device runs it): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
@@ -1015,11 +1029,12 @@ impl DecodePlan<'_> {
     /// `Gpu::upload_plan_from` gathers them on a device from the bytes it copied.
     pub fn decode_chain_host_from(&self, raw: &[u8]) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
-        let (span, parts, checks) = ch.gather_parts(raw)?;
+        let (runs, parts, checks) = ch.gather_parts(raw)?;
+        let copied = runs.gather(raw)?;
         let mut words = vec![0u32; ch.n_words];
         let mut status = vec![0u32; parts.len()];
         ffi::host_gather_words(ffi::GatherIo {
-            raw: &raw[span.clone()],
+            raw: &copied,
             words: &mut words,
             parts: &parts,
             status: &mut status,
@@ -1027,7 +1042,7 @@ impl DecodePlan<'_> {
         check_gather(&status)?;
         let mut status = vec![0u32; checks.len()];
         ffi::host_check_chunks(ffi::CheckIo {
-            raw: &raw[span],
+            raw: &copied,
             checks: &checks,
             status: &mut status,
         })?;
@@ -1181,25 +1196,20 @@ struct LaneInputs<'a> {
     compact: bool,
 }
 
-/// Where a chain's inputs lie in the bytes its streams lie in: the range to copy, each block's
-/// gather part, each checked chunk ([`Chain::gather_parts`]).
-pub(crate) type RawPlaces = (
-    std::ops::Range<usize>,
-    Vec<ffi::GatherPart>,
-    Vec<ffi::ChunkCheck>,
-);
+/// Where a chain's inputs lie in the bytes its streams lie in: the ranges to copy, each
+/// block's gather part and each checked chunk ([`Chain::gather_parts`]).
+pub(crate) type RawPlaces = (CopyRuns, Vec<ffi::GatherPart>, Vec<ffi::ChunkCheck>);
 
 impl Chain<'_> {
     /// Where every block's lane words and every chunk checked at decode lie in `raw`, the
-    /// bytes the plan's streams lie in: the range of `raw` that holds them all (to be copied),
-    /// each block's gather part and each chunk's check, their offsets counted from the range's
-    /// start (blocks without words have no part). An input error if some block's words or
-    /// checked chunk lie outside `raw`.
+    /// bytes the plan's streams lie in: the ranges of `raw` that hold them (to be copied, laid
+    /// back to back, the bytes between streams left out: [`CopyRuns`]), each block's gather
+    /// part and each chunk's check, their offsets counted in the copy (blocks without words
+    /// have no part). An input error if some block's words or checked chunk lie outside `raw`.
     pub(crate) fn gather_parts(&self, raw: &[u8]) -> Result<RawPlaces, CudaError> {
         let base = raw.as_ptr() as usize;
-        let (mut lo, mut hi) = (raw.len(), 0);
-        // Where `bytes` starts in `raw` (if not empty), the range widened to hold it.
-        let mut place = |bytes: &[u8]| {
+        // Where `bytes` lies in `raw` (`None` if empty).
+        let place = |bytes: &[u8]| {
             if bytes.is_empty() {
                 return Ok(None);
             }
@@ -1209,41 +1219,43 @@ impl Chain<'_> {
                     what: "a plan whose streams lie outside the given bytes",
                 });
             }
-            (lo, hi) = (lo.min(start), hi.max(start + bytes.len()));
-            Ok(Some(start))
+            Ok(Some(start..start + bytes.len()))
         };
-        let mut at = Vec::with_capacity(self.word_parts.len());
+        let mut needed = Vec::with_capacity(self.word_parts.len() + self.checks.len());
+        for bytes in (self.word_parts.iter().map(|w| w.as_le_bytes()))
+            .chain(self.checks.iter().map(|c| c.covered))
+        {
+            needed.extend(place(bytes)?);
+        }
+        let runs = CopyRuns::new(needed, MERGE_GAP_BYTES);
+        let mut hint = 0;
+        let mut parts = Vec::with_capacity(self.word_parts.len());
         let mut dst = 0;
         for w in &self.word_parts {
-            if let Some(start) = place(w.as_le_bytes())? {
-                at.push((start, dst, w.len()));
+            if let Some(at) = place(w.as_le_bytes())? {
+                parts.push(ffi::GatherPart {
+                    src: runs.offset(at.start, &mut hint)? as u64,
+                    dst: dst as u64,
+                    n_words: w.len() as u64,
+                });
             }
             dst += w.len();
         }
-        let mut checked = Vec::with_capacity(self.checks.len());
+        let mut checks = Vec::with_capacity(self.checks.len());
         for c in &self.checks {
-            // An empty chunk body is checked at offset 0 of the range.
-            checked.push((place(c.covered)?, c));
-        }
-        let lo = lo.min(hi);
-        let parts = at
-            .into_iter()
-            .map(|(start, dst, n)| ffi::GatherPart {
-                src: (start - lo) as u64,
-                dst: dst as u64,
-                n_words: n as u64,
-            })
-            .collect();
-        let checks = checked
-            .into_iter()
-            .map(|(start, c)| ffi::ChunkCheck {
-                src: start.map_or(0, |s| s - lo) as u64,
+            // An empty chunk body is checked at offset 0 of the copy.
+            let src = match place(c.covered)? {
+                Some(at) => runs.offset(at.start, &mut hint)?,
+                None => 0,
+            };
+            checks.push(ffi::ChunkCheck {
+                src: src as u64,
                 len: c.covered.len() as u64,
                 crc: c.crc,
                 reserved: 0,
-            })
-            .collect();
-        Ok((lo..hi, parts, checks))
+            });
+        }
+        Ok((runs, parts, checks))
     }
 
     /// Every launch's statuses: the first failing block's chunk and what failed. As a `Gpu`
@@ -1789,5 +1801,35 @@ mod tests {
             assert_eq!(plan.decode_chain_host_from(&two), Err(want_err.clone()));
             assert_eq!(plan.decode_host(), Err(want_err));
         }
+    }
+
+    /// Two streams in one buffer with more than [`MERGE_GAP_BYTES`] of other bytes between
+    /// them, and a stream whose chunks are checked at decode: a decode from the buffer copies
+    /// one run a stream, from its first chunk to its last (never its header, nor the bytes
+    /// between the streams), and decodes both streams' bits.
+    #[test]
+    fn a_decode_from_host_bytes_copies_the_chunks_and_not_what_lies_between() {
+        let bytes = small_stream();
+        let gap = vec![0xEE; MERGE_GAP_BYTES + 1];
+        let buf = [&bytes[..], &gap, &bytes].concat();
+        let second = bytes.len() + gap.len();
+        let open = |b| Stream::open(b, None, &Limits::DEFAULT).unwrap();
+        let (a, b) = (open(&buf[..bytes.len()]), open(&buf[second..]));
+        let (mut plan, dests) = layout(&[&a, &b]);
+        plan.set_crc_at_decode(true);
+        plan.add_streams(&dests, 1).unwrap();
+        let ch = plan.chain().unwrap();
+        let (runs, parts, checks) = ch.gather_parts(&buf).unwrap();
+        let entries = &a.header().chunks;
+        let first = entries.first().unwrap().offset as usize;
+        let last = entries.last().unwrap();
+        let chunks = first..last.offset as usize + last.len_bytes as usize - 4;
+        let second_chunks = chunks.start + second..chunks.end + second;
+        assert_eq!(runs.runs(), &[chunks.clone(), second_chunks]);
+        assert_eq!(runs.len(), 2 * chunks.len());
+        assert_eq!(checks.len(), 2 * entries.len());
+        assert_eq!(parts.len(), ch.word_parts.len());
+        let want = plan_of(&[&a, &b]).decode_chain_host().unwrap();
+        assert_eq!(plan.decode_chain_host_from(&buf).unwrap(), want);
     }
 }

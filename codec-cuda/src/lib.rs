@@ -49,6 +49,7 @@ macro_rules! internal_mods {
     )*};
 }
 
+mod copy_runs;
 pub mod decode;
 pub mod encode_plan;
 mod error;

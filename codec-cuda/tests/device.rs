@@ -898,12 +898,18 @@ fn device_lane32_experiment_matches_the_host_run_kernel() {
 }
 
 /// `copies` copies of the fixture's stream (4 layers) in one page-locked buffer, each at an
-/// offset of its own (odd and even), and where each starts.
+/// offset of its own (odd and even), from the fourth on 128 KiB of other bytes before each
+/// (a decode from the buffer copies those copies' chunks apart), and where each starts.
 fn fixture_copies(gpu: &Gpu, copies: usize) -> (HostBuffer, Vec<usize>, usize) {
     let (bytes, _) = common::fixture_stream(4);
     let len = bytes.len();
-    let starts: Vec<usize> = (0..copies).map(|i| i * (len + 1) + i % 2).collect();
-    let mut host = gpu.host_buffer(copies * (len + 1) + 1).unwrap();
+    let apart = |i: usize| i.saturating_sub(2) * (128 << 10);
+    let starts: Vec<usize> = (0..copies)
+        .map(|i| i * (len + 1) + i % 2 + apart(i))
+        .collect();
+    let mut host = gpu
+        .host_buffer(copies * (len + 1) + 1 + apart(copies))
+        .unwrap();
     for &at in &starts {
         host.as_mut_slice().unwrap()[at..at + len].copy_from_slice(&bytes);
     }

@@ -50,6 +50,41 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
         })
     }
 
+    /// The ranges `runs` of `data` copied to the device back to back, a copy each (an input
+    /// error if one lies outside `data`).
+    pub(crate) fn upload_runs(
+        stream: &Arc<CudaStream>,
+        data: &[T],
+        runs: &[std::ops::Range<usize>],
+    ) -> Result<Self, CudaError> {
+        let parts = (runs.iter())
+            .map(|r| data.get(r.clone()))
+            .collect::<Option<Vec<&[T]>>>()
+            .ok_or(CudaError::Input {
+                what: "a range to copy outside the bytes",
+            })?;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len == 0 {
+            return Self::zeros(stream, 0);
+        }
+        // SAFETY: invariant 7 (`T` is a device value, valid in any bits): the allocation is
+        // left unset, and the copies queued next on the same stream set every element (the
+        // parts' lengths sum to `len`) before anything queued after them reads it.
+        let mut slice = unsafe { stream.alloc::<T>(len) }.map_err(driver_err("cuMemAllocAsync"))?;
+        let mut at = 0;
+        for part in parts {
+            let mut dst = (slice.try_slice_mut(at..at + part.len())).ok_or(CudaError::Input {
+                what: "a range to copy past its buffer",
+            })?;
+            (stream.memcpy_htod(part, &mut dst)).map_err(driver_err("cuMemcpyHtoDAsync"))?;
+            at += part.len();
+        }
+        Ok(DevBuf {
+            mem: DevMem::Own(slice),
+            len,
+        })
+    }
+
     /// `len` zeroed elements on the device.
     pub(crate) fn zeros(stream: &Arc<CudaStream>, len: usize) -> Result<Self, CudaError> {
         let slice = stream

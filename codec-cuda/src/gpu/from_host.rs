@@ -6,6 +6,7 @@
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::Gpu;
+use crate::copy_runs::CopyRuns;
 use crate::decode::{DecodePlan, RawPlaces};
 use crate::error::CudaError;
 use crate::ffi::{self, ChunkCheck, DevBuf, GatherPart, PackSlot};
@@ -77,11 +78,13 @@ pub(super) enum WordSource<'a> {
     /// The streams wherever they lie: each block's words copied by the host into the packed
     /// upload.
     Packed,
-    /// `raw`, page-locked bytes the streams lie in, copied to the device as they are; `parts`
-    /// says where each block's words are in it, `checks` where each chunk whose CRC is
-    /// checked at decode is ([`crate::decode::Chain::gather_parts`]).
+    /// `raw`, page-locked bytes the streams lie in, its ranges `runs` copied to the device
+    /// as they are, back to back; `parts` says where each block's words are in that copy,
+    /// `checks` where each chunk whose CRC is checked at decode is
+    /// ([`crate::decode::Chain::gather_parts`]).
     Raw {
         raw: &'a [u8],
+        runs: &'a CopyRuns,
         parts: &'a [GatherPart],
         checks: &'a [ChunkCheck],
     },
@@ -93,8 +96,9 @@ impl<'a> WordSource<'a> {
     pub(super) fn of(raw: &'a Option<(&'a [u8], RawPlaces)>) -> Self {
         match raw {
             None => WordSource::Packed,
-            Some((bytes, (span, parts, checks))) => WordSource::Raw {
-                raw: &bytes[span.clone()],
+            Some((bytes, (runs, parts, checks))) => WordSource::Raw {
+                raw: bytes,
+                runs,
                 parts,
                 checks,
             },
@@ -120,10 +124,12 @@ impl Gpu {
     }
 
     /// [`upload_plan`](Self::upload_plan) for a plan whose streams all lie in `host`: the
-    /// part of `host` that holds their lane words goes to the device in one copy straight
-    /// from it, where one launch gathers each block's words (the rest of the chain, a few
-    /// bytes per symbol less, goes up as in `upload_plan`). An input error if some chunk of the
-    /// plan lies outside `host`.
+    /// parts of `host` that hold their lane words (and their chunks, when the CRCs are checked
+    /// at decode) go to the device straight from it, a copy per run of them (the bytes
+    /// between runs, such as the streams' headers and embedded profiles, stay on the host),
+    /// where one launch gathers each block's words (the rest of the chain, a few bytes per
+    /// symbol less, goes up as in `upload_plan`). An input error if some chunk of the plan
+    /// lies outside `host`.
     pub fn upload_plan_from(
         &self,
         plan: &DecodePlan<'_>,

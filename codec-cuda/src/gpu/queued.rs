@@ -210,9 +210,16 @@ impl PackedChain {
         let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
         let words = match source {
             WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
-            WordSource::Raw { raw, parts, checks } => {
-                Words::Raw(DevBuf::upload(s, raw)?, p.add(parts), p.add(checks))
-            }
+            WordSource::Raw {
+                raw,
+                runs,
+                parts,
+                checks,
+            } => Words::Raw(
+                DevBuf::upload_runs(s, raw, runs.runs())?,
+                p.add(parts),
+                p.add(checks),
+            ),
         };
         let packed = PackedChain {
             table_freqs: p.add(&ch.table_freqs),

@@ -1,0 +1,158 @@
+//! Which bytes of a host buffer a decode from it copies to the device: the ranges its lane
+//! words and checked chunks lie in, merged across short gaps, laid back to back on the device.
+//! The bytes between streams (their headers, an embedded profile, whatever else the caller
+//! keeps in the buffer) stay on the host.
+
+use std::ops::Range;
+
+use crate::error::CudaError;
+
+/// Bytes between two needed ranges below which one copy takes both: each copy is a call of its
+/// own to queue, and a gap this short crosses PCIe in about a microsecond (a choice, not
+/// measured on a device).
+pub(crate) const MERGE_GAP_BYTES: usize = 64 << 10;
+
+/// Ranges of a buffer to copy, in order and disjoint, and where each lands when they are laid
+/// back to back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CopyRuns {
+    runs: Vec<Range<usize>>,
+    /// Per run, its first byte's offset in the copy.
+    at: Vec<usize>,
+}
+
+impl CopyRuns {
+    /// The runs covering every one of `needed` (ranges of a buffer, in any order), two merged
+    /// when at most `gap` bytes lie between them. Empty ranges need nothing.
+    pub fn new(mut needed: Vec<Range<usize>>, gap: usize) -> Self {
+        needed.retain(|r| r.start < r.end);
+        // Stable: its sort finds the runs already in order (a chain's words, then its chunks).
+        needed.sort_by_key(|r| r.start);
+        let mut runs: Vec<Range<usize>> = Vec::new();
+        for r in needed {
+            match runs.last_mut() {
+                Some(last) if r.start <= last.end.saturating_add(gap) => {
+                    last.end = last.end.max(r.end);
+                }
+                _ => runs.push(r),
+            }
+        }
+        let mut at = Vec::with_capacity(runs.len());
+        let mut total = 0;
+        for r in &runs {
+            at.push(total);
+            total += r.len();
+        }
+        CopyRuns { runs, at }
+    }
+
+    /// The ranges to copy, in order.
+    pub fn runs(&self) -> &[Range<usize>] {
+        &self.runs
+    }
+
+    /// Bytes copied in all.
+    pub fn len(&self) -> usize {
+        match (self.runs.last(), self.at.last()) {
+            (Some(r), Some(&at)) => at + r.len(),
+            _ => 0,
+        }
+    }
+
+    /// Where byte `start` of the buffer lands in the copy: an input error if no run holds it
+    /// (it was not among the needed ranges). It looks first in run `*hint` and leaves there
+    /// the run that holds `start`: a walk through bytes in order finds each in one step.
+    pub fn offset(&self, start: usize, hint: &mut usize) -> Result<usize, CudaError> {
+        let holds = |i: usize| self.runs.get(i).is_some_and(|r| r.contains(&start));
+        if !holds(*hint) {
+            *hint = self
+                .runs
+                .partition_point(|r| r.start <= start)
+                .saturating_sub(1);
+        }
+        match (self.runs.get(*hint), self.at.get(*hint)) {
+            (Some(r), Some(&at)) if r.contains(&start) => Ok(at + (start - r.start)),
+            _ => Err(CudaError::Input {
+                what: "a byte outside the ranges copied",
+            }),
+        }
+    }
+
+    /// The runs of `bytes` laid back to back, as the device receives them (for the host-run
+    /// chain); an input error if a run lies outside `bytes`.
+    pub fn gather(&self, bytes: &[u8]) -> Result<Vec<u8>, CudaError> {
+        let mut out = Vec::with_capacity(self.len().min(bytes.len()));
+        for r in &self.runs {
+            let part = bytes.get(r.clone()).ok_or(CudaError::Input {
+                what: "a range to copy outside the bytes",
+            })?;
+            out.extend_from_slice(part);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn streams_far_apart_are_copied_apart_and_near_ones_together() {
+        let runs = CopyRuns::new(
+            vec![300..400, 0..100, 100..150, 150..150, 10_000..10_008],
+            64,
+        );
+        assert_eq!(runs.runs(), &[0..150, 300..400, 10_000..10_008]);
+        assert_eq!(runs.len(), 258);
+        assert_eq!(runs.offset(120, &mut 0), Ok(120));
+        assert_eq!(runs.offset(300, &mut 0), Ok(150));
+        assert_eq!(runs.offset(10_007, &mut 0), Ok(257));
+        // A hint at another run, or past the runs, is only where the lookup starts.
+        for start_at in [0, 1, 2, 99] {
+            let mut hint = start_at;
+            assert_eq!(runs.offset(310, &mut hint), Ok(160));
+            assert_eq!(hint, 1);
+        }
+        for outside in [150, 299, 400, 9_999, 10_008, usize::MAX] {
+            assert!(runs.offset(outside, &mut 0).is_err(), "{outside}");
+        }
+        let merged = CopyRuns::new(vec![0..100, 164..200], 64);
+        assert_eq!(merged.runs().to_vec(), vec![0..200]);
+        assert_eq!(CopyRuns::new(vec![0..100, 165..200], 64).runs().len(), 2);
+        assert_eq!(CopyRuns::new(vec![], 64).len(), 0);
+        assert!(CopyRuns::new(vec![], 64).offset(0, &mut 0).is_err());
+    }
+
+    proptest! {
+        /// Every needed byte lands in the copy at an offset that holds it; the runs are in
+        /// order, more than `gap` apart, and hold nothing beyond the needed ranges and the
+        /// gaps merged between them.
+        #[test]
+        fn every_needed_byte_lands_where_the_copy_holds_it(
+            needed in proptest::collection::vec((0usize..2000, 0usize..200), 0..20),
+            gap in 0usize..300,
+        ) {
+            let needed: Vec<Range<usize>> = needed.iter().map(|&(s, n)| s..s + n).collect();
+            let bytes: Vec<u8> = (0..2200).map(|i| (i * 131 % 251) as u8).collect();
+            let runs = CopyRuns::new(needed.clone(), gap);
+            let copy = runs.gather(&bytes).unwrap();
+            prop_assert_eq!(copy.len(), runs.len());
+            let mut hint = 0;
+            for r in &needed {
+                for b in r.clone() {
+                    let at = runs.offset(b, &mut 0).unwrap();
+                    prop_assert_eq!(runs.offset(b, &mut hint).unwrap(), at);
+                    prop_assert_eq!(copy[at], bytes[b]);
+                }
+            }
+            for w in runs.runs().windows(2) {
+                prop_assert!(w[0].end + gap < w[1].start);
+            }
+            for r in runs.runs() {
+                prop_assert!(needed.iter().any(|n| n.start == r.start));
+                prop_assert!(needed.iter().any(|n| n.end == r.end));
+            }
+        }
+    }
+}
