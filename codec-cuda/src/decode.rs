@@ -997,7 +997,7 @@ impl DecodePlan<'_> {
         let ch = self.chain()?;
         let t = std::time::Instant::now();
         for _ in 0..reps {
-            drop(ch.gather_parts(raw)?);
+            drop(ch.gather_parts(raw, MERGE_GAP_BYTES)?);
         }
         Ok(t.elapsed().as_secs_f64())
     }
@@ -1028,8 +1028,23 @@ impl DecodePlan<'_> {
     /// the bytes every stream of the plan lies in, by the host-run word gather: as
     /// `Gpu::upload_plan_from` gathers them on a device from the bytes it copied.
     pub fn decode_chain_host_from(&self, raw: &[u8]) -> Result<Vec<u16>, CudaError> {
+        self.decode_chain_host_from_runs(raw, MERGE_GAP_BYTES)
+    }
+
+    #[cfg(any(test, feature = "fuzzing"))]
+    /// [`decode_chain_host_from`](Self::decode_chain_host_from) with every needed range of
+    /// `raw` copied as a run of its own unless it touches the one before (no gap merged), so
+    /// that the word gather and the chunk checks read every block's words and every chunk at
+    /// an offset other than its place in `raw`.
+    pub fn decode_chain_host_from_apart(&self, raw: &[u8]) -> Result<Vec<u16>, CudaError> {
+        self.decode_chain_host_from_runs(raw, 0)
+    }
+
+    /// The chain run on the host with its lane words gathered from the runs of `raw` that
+    /// hold them, merged across gaps of at most `gap` bytes.
+    fn decode_chain_host_from_runs(&self, raw: &[u8], gap: usize) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
-        let (runs, parts, checks) = ch.gather_parts(raw)?;
+        let (runs, parts, checks) = ch.gather_parts(raw, gap)?;
         let copied = runs.gather(raw)?;
         let mut words = vec![0u32; ch.n_words];
         let mut status = vec![0u32; parts.len()];
@@ -1205,8 +1220,9 @@ impl Chain<'_> {
     /// bytes the plan's streams lie in: the ranges of `raw` that hold them (to be copied, laid
     /// back to back, the bytes between streams left out: [`CopyRuns`]), each block's gather
     /// part and each chunk's check, their offsets counted in the copy (blocks without words
-    /// have no part). An input error if some block's words or checked chunk lie outside `raw`.
-    pub(crate) fn gather_parts(&self, raw: &[u8]) -> Result<RawPlaces, CudaError> {
+    /// have no part); ranges at most `gap` bytes apart are copied as one run. An input error
+    /// if some block's words or checked chunk lie outside `raw`.
+    pub(crate) fn gather_parts(&self, raw: &[u8], gap: usize) -> Result<RawPlaces, CudaError> {
         let base = raw.as_ptr() as usize;
         // Where `bytes` lies in `raw` (`None` if empty).
         let place = |bytes: &[u8]| {
@@ -1227,7 +1243,7 @@ impl Chain<'_> {
         {
             needed.extend(place(bytes)?);
         }
-        let runs = CopyRuns::new(needed, MERGE_GAP_BYTES);
+        let runs = CopyRuns::new(needed, gap);
         let mut hint = 0;
         let mut parts = Vec::with_capacity(self.word_parts.len());
         let mut dst = 0;
@@ -1819,7 +1835,7 @@ mod tests {
         plan.set_crc_at_decode(true);
         plan.add_streams(&dests, 1).unwrap();
         let ch = plan.chain().unwrap();
-        let (runs, parts, checks) = ch.gather_parts(&buf).unwrap();
+        let (runs, parts, checks) = ch.gather_parts(&buf, MERGE_GAP_BYTES).unwrap();
         let entries = &a.header().chunks;
         let first = entries.first().unwrap().offset as usize;
         let last = entries.last().unwrap();

@@ -42,7 +42,7 @@ pub type DecodePath<'a> = (
 /// Input: codec-core's `decode_stream_profile` input ([`StreamProfileCase::read`]: `flags u8 |
 /// profile_len u32 | profile | stream`), whose flag bits 2 ([`CHAIN_BF16`]) and 3 ([`CHAIN_PAGED`])
 /// and high nibble choose the output. A stream that opens is decoded by codec-core
-/// ([`codec_core_bits`]) and by the three host-run paths of a [`DecodePlan`] of all its chunks
+/// ([`codec_core_bits`]) and by the host-run paths of a [`DecodePlan`] of all its chunks
 /// ([`decode_chain_on`]), its chunks' CRCs checked when added and, in a second plan, at decode
 /// ([`DecodePlan::set_crc_at_decode`]). Returns whether the stream decoded (so that a replay can
 /// tell that its inputs reach the kernels).
@@ -56,6 +56,10 @@ pub fn decode_chain(data: &[u8]) -> bool {
             (
                 "chain, words gathered from the stream's bytes",
                 &|p, raw| p.decode_chain_host_from(raw),
+            ),
+            (
+                "chain, words gathered from the stream's bytes copied apart",
+                &|p, raw| p.decode_chain_host_from_apart(raw),
             ),
             ("chain, compact tables", &|p, _| {
                 p.decode_chain_host_compact()

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::Ptx;
 
+use crate::copy_runs::MERGE_GAP_BYTES;
 use crate::decode::{check_chain, check_crcs_host, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::error::CudaError;
@@ -646,7 +647,10 @@ impl Gpu {
                 check_crcs_host(&chain.checks)?;
                 None
             }
-            Some(h) => Some((h.as_slice()?, chain.gather_parts(h.as_slice()?)?)),
+            Some(h) => {
+                let bytes = h.as_slice()?;
+                Some((bytes, chain.gather_parts(bytes, MERGE_GAP_BYTES)?))
+            }
         };
         let source = WordSource::of(&raw);
         let t1 = std::time::Instant::now();

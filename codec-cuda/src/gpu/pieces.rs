@@ -10,6 +10,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
 use super::queued::Verdicts;
 use super::{check_page_size, Gpu, HostBuffer, WordSource};
+use crate::copy_runs::MERGE_GAP_BYTES;
 use crate::decode::{check_chain, check_crcs_host, DecodePlan};
 use crate::error::CudaError;
 use crate::ffi;
@@ -251,7 +252,7 @@ impl Gpu {
                 check_crcs_host(&chain.checks)?;
                 None
             }
-            Some(b) => Some(chain.gather_parts(b)?),
+            Some(b) => Some(chain.gather_parts(b, MERGE_GAP_BYTES)?),
         };
         Ok((chain, levels, raw))
     }
