@@ -422,6 +422,9 @@ pub(crate) struct Packer<'a> {
     total: usize,
     /// Bytes up to the end of the last part's sources: what an upload copies.
     copied: usize,
+    /// Whether room follows the last part's arrays (its own, or reserved after it): an
+    /// upload zeroes what follows them.
+    room_after: bool,
 }
 
 /// The bytes of a slice of a device type, padding included (invariant 7: plain `#[repr(C)]`
@@ -443,6 +446,7 @@ impl<'a> Packer<'a> {
     /// Room for `len` elements that nothing is copied into (a launch's output, in a
     /// [`Packer::total`]-byte scratch allocation); where it lies.
     pub(crate) fn reserve<T: DeviceRepr>(&mut self, len: usize) -> PackSlot<T> {
+        self.room_after = true;
         let offset = self.total;
         self.total = offset + (len * size_of::<T>()).max(1).next_multiple_of(PACK_ALIGN);
         PackSlot {
@@ -475,6 +479,7 @@ impl<'a> Packer<'a> {
         self.parts
             .push((parts.iter().map(|p| raw_bytes(p)).collect(), offset));
         self.copied = offset + bytes;
+        self.room_after = room > 0;
         let all = (len + room) * size_of::<T>();
         self.total = offset + all.max(1).next_multiple_of(PACK_ALIGN);
         PackSlot {
@@ -611,9 +616,21 @@ impl<'a> Packer<'a> {
         let dst = pinned
             .as_mut_slice()
             .map_err(driver_err("cuEventSynchronize"))?;
-        let mut dev = stream
-            .alloc_zeros::<u8>(self.total.max(1))
+        // Not zeroed as a whole: a memset on this (copy) stream is a kernel, which can wait
+        // behind another stream's launches for the device's SMs, and the copies after it with
+        // it.
+        // SAFETY: invariant 7 (bytes, valid in any bits). The allocation is left unset; the
+        // copies `fill` hands over below cover every byte before `copied`, and any room after
+        // them is zeroed first, so that only the last part's alignment padding stays unset,
+        // which no part's count covers (invariant 6) and no launch reads.
+        let mut dev = unsafe { stream.alloc::<u8>(self.total.max(1)) }
             .map_err(driver_err("cuMemAllocAsync"))?;
+        if self.room_after {
+            let mut room = (dev.try_slice_mut(self.copied..)).ok_or(CudaError::Input {
+                what: "a packed upload's room past its buffer",
+            })?;
+            (stream.memset_zeros(&mut room)).map_err(driver_err("cuMemsetD8Async"))?;
+        }
         // A step queued to the device is not written again before the stream has passed it
         // (the caller's part). Writing the next steps overlaps the device's copies.
         self.fill(dst, threads, |range, bytes| {
@@ -722,13 +739,15 @@ mod tests {
         let mut p = Packer::default();
         let sa = p.add_with_room(&[&a[..]], 100);
         assert_eq!((sa.offset, sa.len), (0, 105));
-        assert_eq!(p.copied, 20);
+        assert_eq!((p.copied, p.room_after), (20, true));
         assert_eq!(p.total, (105 * 4usize).next_multiple_of(PACK_ALIGN));
         let sb = p.add(&b[..]);
         assert!(sb.offset >= 105 * 4);
-        assert_eq!(p.copied, sb.offset + 7);
+        // Only the last part's alignment padding follows the copied bytes: an upload leaves it.
+        assert_eq!((p.copied, p.room_after), (sb.offset + 7, false));
         let sc = p.add_with_room::<u32>(&[&a[..2]], PACK_STEP);
         assert_eq!((p.copied, sc.len), (sc.offset + 8, 2 + PACK_STEP));
+        assert!(p.room_after);
         assert!(p.total >= sc.offset + 4 * (2 + PACK_STEP));
         let mut dst = vec![0xEE; p.total];
         let mut last = 0;
@@ -741,6 +760,13 @@ mod tests {
         assert!(dst[20..sb.offset].iter().all(|&x| x == 0xEE));
         assert_eq!(&dst[sc.offset..sc.offset + 8], &[3, 0, 0, 0, 3, 0, 0, 0]);
         assert!(dst[p.copied..].iter().all(|&x| x == 0xEE));
+        let mut r = Packer::default();
+        r.add(&b[..]);
+        r.reserve::<u32>(3);
+        assert!(
+            r.room_after,
+            "room reserved after the parts is zeroed by an upload"
+        );
     }
 
     /// An error from `filled` ends the fill with that error, on one thread or several; an

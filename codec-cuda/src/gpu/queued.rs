@@ -277,8 +277,9 @@ impl Gpu {
     /// launches' large outputs in scratch slot `slot`. On `launch_on` (the stream the
     /// caller launches the chain on, `s` or one that waits for it), every status zeroed in
     /// one allocation and, with words copied as they lie, the word gather and the chunk
-    /// checks once `s` has copied them: `s` only moves bytes, so that a copy stream's next
-    /// upload does not wait behind kernels. With `levels`, the chain's table maps and channel
+    /// checks once `s` has copied them: `s` only moves bytes (no memset either, which the
+    /// device runs as a kernel), so that a copy stream's next upload does not wait behind
+    /// kernels. With `levels`, the chain's table maps and channel
     /// constants are those resident arrays ([`Gpu::resident_chain`]); without, the chain's
     /// own, packed. The chain runs fused if this `Gpu` decodes fused now
     /// ([`Gpu::set_decode_chain_fused`]).
@@ -309,7 +310,7 @@ impl Gpu {
         let (words, gathered, raw) = self.place_words(ch, words, &base, launch_on, &z)?;
         let tables = self.expand_tables(&packed, &base, launch_on, &z)?;
         let o = ChainScratch::reserve(ch, self.fused);
-        let x = &self.scratch(slot, o.bytes, s)?;
+        let x = &self.scratch(slot, o.bytes, launch_on)?;
         let (map, consts) = packed.level_views(levels, &base)?;
         let b = &base;
         let dev = ffi::ChainDev {
@@ -336,8 +337,8 @@ impl Gpu {
             values: DevBuf::view(b, packed.values)?,
             value_status: z.view(z.value)?,
             dequant: ffi::DequantDev {
-                q: DevBuf::zeros(s, 0)?,
-                exps: DevBuf::zeros(s, 0)?,
+                q: DevBuf::zeros(launch_on, 0)?,
+                exps: DevBuf::zeros(launch_on, 0)?,
                 sink: DevBuf::view(b, packed.sink)?,
                 consts,
                 pages: DevBuf::view(b, packed.pages)?,
