@@ -279,9 +279,8 @@ impl Gpu {
     /// one allocation and, with words copied as they lie, the word gather and the chunk
     /// checks once `s` has copied them: `s` only moves bytes (no memset either, which the
     /// device runs as a kernel), so that a copy stream's next upload does not wait behind
-    /// kernels. With `levels`, the chain's table maps and channel
-    /// constants are those resident arrays ([`Gpu::resident_chain`]); without, the chain's
-    /// own, packed. The chain runs fused if this `Gpu` decodes fused now
+    /// kernels. With `levels`, the chain's table maps and channel constants are those
+    /// resident arrays ([`Gpu::resident_chain`]); without, the chain's own, packed. The chain runs fused if this `Gpu` decodes fused now
     /// ([`Gpu::set_decode_chain_fused`]).
     pub(super) fn queue_chain(
         &self,
