@@ -475,6 +475,7 @@ fn bench_decode_pieces(
     let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
     let refs: Vec<_> = streams.iter().collect();
     let [packed, at_decode] = [false, true].map(|crc| support::decode_plan_with(&refs, 0, crc));
+    let copied = at_decode.bytes_copied_from(raw).unwrap();
     let mut out = gpu
         .stream()
         .alloc_zeros::<u16>(one_copy.len() * copies)
@@ -554,13 +555,14 @@ fn bench_decode_pieces(
         Err(e) => format!("not timed ({e})"),
     };
     println!(
-        "decode in pieces on one handle, {copies} streams of {} bytes -> {:.1} MB f16, by \
-         blocks a piece: {}; decode_from in pieces growing from a first: {}; the pool keeping \
+        "decode in pieces on one handle, {copies} streams of {} bytes -> {:.1} MB f16 \
+         (decode_from copies {:.1} MB whole), by blocks a piece: {}; decode_from in pieces growing from a first: {}; the pool keeping \
          freed memory: {}; plan built and decode_from together at {}: {:.3} ms = {:.2} GB/s; \
          decode_from at 1024 blocks a piece, each piece's steps in ms from its start (host: \
          chain ready/upload queued/launches queued; device): {}",
         bytes.len(),
         (one_copy.len() * 2 * copies) as f64 / 1e6,
+        copied as f64 / 1e6,
         line.join("; "),
         ramped.join(", "),
         kept.join(", "),

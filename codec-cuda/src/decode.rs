@@ -990,6 +990,14 @@ impl DecodePlan<'_> {
     }
 
     #[cfg(feature = "internals")]
+    /// For benches: the bytes a decode from `raw` (the bytes the plan's streams lie in, as
+    /// `Gpu::decode_from` is given them) copies to the device whole: the runs its lane words
+    /// and checked chunks lie in ([`CopyRuns`]).
+    pub fn bytes_copied_from(&self, raw: &[u8]) -> Result<usize, CudaError> {
+        Ok(self.chain()?.gather_parts(raw, MERGE_GAP_BYTES)?.0.len())
+    }
+
+    #[cfg(feature = "internals")]
     /// For benches: the seconds `reps` findings of the chain's lane words and checked chunks
     /// in `raw`, the bytes its streams lie in, take (what a decode from page-locked memory
     /// does after building the chain: the ranges to copy and the offsets there).
@@ -1843,6 +1851,7 @@ mod tests {
         let second_chunks = chunks.start + second..chunks.end + second;
         assert_eq!(runs.runs(), &[chunks.clone(), second_chunks]);
         assert_eq!(runs.len(), 2 * chunks.len());
+        assert_eq!(plan.bytes_copied_from(&buf).unwrap(), runs.len());
         assert_eq!(checks.len(), 2 * entries.len());
         assert_eq!(parts.len(), ch.word_parts.len());
         let want = plan_of(&[&a, &b]).decode_chain_host().unwrap();
