@@ -992,7 +992,7 @@ impl DecodePlan<'_> {
     #[cfg(feature = "internals")]
     /// For benches: the bytes a decode from `raw` (the bytes the plan's streams lie in, as
     /// `Gpu::decode_from` is given them) copies to the device whole: the runs its lane words
-    /// and checked chunks lie in ([`CopyRuns`]).
+    /// and checked chunks lie in, merged across gaps of at most 64 KiB.
     pub fn bytes_copied_from(&self, raw: &[u8]) -> Result<usize, CudaError> {
         Ok(self.chain()?.gather_parts(raw, MERGE_GAP_BYTES)?.0.len())
     }
