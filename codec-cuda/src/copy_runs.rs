@@ -7,9 +7,9 @@ use std::ops::Range;
 
 use crate::error::CudaError;
 
-/// Bytes between two needed ranges below which one copy takes both: each copy is a call of its
-/// own to queue, and a gap this short crosses PCIe in about a microsecond (a choice, not
-/// measured on a device).
+/// The most bytes between two needed ranges that one copy takes along with both: each copy is
+/// a call of its own to queue, and a gap this short crosses PCIe in about a microsecond (a
+/// choice, not measured on a device).
 pub(crate) const MERGE_GAP_BYTES: usize = 64 << 10;
 
 /// Ranges of a buffer to copy, in order and disjoint, and where each lands when they are laid

@@ -64,13 +64,14 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
                 what: "a range to copy outside the bytes",
             })?;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if len == 0 {
-            return Self::zeros(stream, 0);
-        }
         // SAFETY: invariant 7 (`T` is a device value, valid in any bits): the allocation is
         // left unset, and the copies queued next on the same stream set every element (the
-        // parts' lengths sum to `len`) before anything queued after them reads it.
-        let mut slice = unsafe { stream.alloc::<T>(len) }.map_err(driver_err("cuMemAllocAsync"))?;
+        // parts' lengths sum to `len`) before anything queued after them reads it; the one
+        // element of an empty buffer (the driver allocates none empty) is counted 0, so no
+        // launch reads it (invariant 6). Not zeroed: a memset is a kernel, which on a copy
+        // stream can wait behind other streams' launches.
+        let mut slice =
+            unsafe { stream.alloc::<T>(len.max(1)) }.map_err(driver_err("cuMemAllocAsync"))?;
         let mut at = 0;
         for part in parts {
             let mut dst = (slice.try_slice_mut(at..at + part.len())).ok_or(CudaError::Input {
