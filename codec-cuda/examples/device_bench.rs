@@ -556,8 +556,8 @@ fn bench_decode_pieces(
     };
     println!(
         "decode in pieces on one handle, {copies} streams of {} bytes -> {:.1} MB f16 \
-         (decode_from copies {:.1} MB whole), by blocks a piece: {}; decode_from in pieces growing from a first: {}; the pool keeping \
-         freed memory: {}; plan built and decode_from together at {}: {:.3} ms = {:.2} GB/s; \
+         (decode_from copies {:.1} MB whole), by blocks a piece: {}; decode_from in pieces \
+         growing from a first: {}; the pool keeping freed memory: {}; plan built and decode_from together at {}: {:.3} ms = {:.2} GB/s; \
          decode_from at 1024 blocks a piece, each piece's steps in ms from its start (host: \
          chain ready/upload queued/launches queued; device): {}",
         bytes.len(),
