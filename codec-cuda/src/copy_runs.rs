@@ -59,23 +59,18 @@ impl CopyRuns {
         }
     }
 
-    /// Where byte `start` of the buffer lands in the copy: an input error if no run holds it
-    /// (it was not among the needed ranges). It looks first in run `*hint` and leaves there
-    /// the run that holds `start`: a walk through bytes in order finds each in one step.
-    pub fn offset(&self, start: usize, hint: &mut usize) -> Result<usize, CudaError> {
-        let holds = |i: usize| self.runs.get(i).is_some_and(|r| r.contains(&start));
-        if !holds(*hint) {
-            *hint = self
-                .runs
-                .partition_point(|r| r.start <= start)
+    /// Where the bytes `range` of the buffer start in the copy, if one run holds them all
+    /// (`None` if not, or if `range` is empty). It looks first in run `*hint` and leaves
+    /// there the run that holds them: a walk through ranges in order finds each in one step.
+    pub fn offset(&self, range: Range<usize>, hint: &mut usize) -> Option<usize> {
+        let holds = |r: &Range<usize>| r.start <= range.start && range.end <= r.end;
+        if !self.runs.get(*hint).is_some_and(holds) {
+            *hint = (self.runs)
+                .partition_point(|r| r.start <= range.start)
                 .saturating_sub(1);
         }
-        match (self.runs.get(*hint), self.at.get(*hint)) {
-            (Some(r), Some(&at)) if r.contains(&start) => Ok(at + (start - r.start)),
-            _ => Err(CudaError::Input {
-                what: "a byte outside the ranges copied",
-            }),
-        }
+        let (run, at) = (self.runs.get(*hint)?, self.at.get(*hint)?);
+        (holds(run) && !range.is_empty()).then(|| at + (range.start - run.start))
     }
 
     /// The runs of `bytes` laid back to back, as the device receives them (for the host-run
@@ -105,27 +100,33 @@ mod tests {
         );
         assert_eq!(runs.runs(), &[0..150, 300..400, 10_000..10_008]);
         assert_eq!(runs.len(), 258);
-        assert_eq!(runs.offset(120, &mut 0), Ok(120));
-        assert_eq!(runs.offset(300, &mut 0), Ok(150));
-        assert_eq!(runs.offset(10_007, &mut 0), Ok(257));
+        assert_eq!(runs.offset(120..150, &mut 0), Some(120));
+        assert_eq!(runs.offset(300..301, &mut 0), Some(150));
+        assert_eq!(runs.offset(10_007..10_008, &mut 0), Some(257));
         // A hint at another run, or past the runs, is only where the lookup starts.
         for start_at in [0, 1, 2, 99] {
             let mut hint = start_at;
-            assert_eq!(runs.offset(310, &mut hint), Ok(160));
+            assert_eq!(runs.offset(310..400, &mut hint), Some(160));
             assert_eq!(hint, 1);
         }
-        for outside in [150, 299, 400, 9_999, 10_008, usize::MAX] {
-            assert!(runs.offset(outside, &mut 0).is_err(), "{outside}");
+        // Bytes outside every run, across a run's edge or two runs, or none at all.
+        for outside in [150..151, 299..300, 400..401, 9_999..10_001, 10_008..10_009]
+            .into_iter()
+            .chain([140..151, 299..310, 390..401, 0..10_001, 100..100])
+            .chain([usize::MAX..usize::MAX, usize::MAX - 1..usize::MAX])
+        {
+            assert_eq!(runs.offset(outside.clone(), &mut 0), None, "{outside:?}");
         }
         let merged = CopyRuns::new(vec![0..100, 164..200], 64);
         assert_eq!(merged.runs().to_vec(), vec![0..200]);
         assert_eq!(CopyRuns::new(vec![0..100, 165..200], 64).runs().len(), 2);
         assert_eq!(CopyRuns::new(vec![], 64).len(), 0);
-        assert!(CopyRuns::new(vec![], 64).offset(0, &mut 0).is_err());
+        assert_eq!(CopyRuns::new(vec![], 64).offset(0..1, &mut 0), None);
     }
 
     proptest! {
-        /// Every needed byte lands in the copy at an offset that holds it; the runs are in
+        /// Every needed range, and every byte of it, lands in the copy at an offset that holds
+        /// it, and a range reaching a byte more past its run is not found; the runs are in
         /// order, more than `gap` apart, and hold nothing beyond the needed ranges and the
         /// gaps merged between them.
         #[test]
@@ -139,12 +140,14 @@ mod tests {
             let copy = runs.gather(&bytes).unwrap();
             prop_assert_eq!(copy.len(), runs.len());
             let mut hint = 0;
-            for r in &needed {
+            for r in needed.iter().filter(|r| !r.is_empty()) {
+                let at = runs.offset(r.clone(), &mut hint).unwrap();
+                prop_assert_eq!(&copy[at..at + r.len()], &bytes[r.clone()]);
                 for b in r.clone() {
-                    let at = runs.offset(b, &mut 0).unwrap();
-                    prop_assert_eq!(runs.offset(b, &mut hint).unwrap(), at);
-                    prop_assert_eq!(copy[at], bytes[b]);
+                    prop_assert_eq!(runs.offset(b..b + 1, &mut 0), Some(at + (b - r.start)));
                 }
+                let run = runs.runs().iter().find(|run| run.contains(&r.start)).unwrap();
+                prop_assert_eq!(runs.offset(r.start..run.end + 1, &mut hint), None);
             }
             for w in runs.runs().windows(2) {
                 prop_assert!(w[0].end + gap < w[1].start);

@@ -1223,6 +1223,31 @@ struct LaneInputs<'a> {
 /// block's gather part and each checked chunk ([`Chain::gather_parts`]).
 pub(crate) type RawPlaces = (CopyRuns, Vec<ffi::GatherPart>, Vec<ffi::ChunkCheck>);
 
+/// The input error of a range that [`CopyRuns`] built to hold it does not (a bug).
+const OUTSIDE_THE_RUNS: CudaError = CudaError::Input {
+    what: "a byte outside the ranges copied",
+};
+
+/// The bytes a plan's streams lie in, and where a slice of them lies.
+#[derive(Clone, Copy)]
+struct RawPlace<'r>(&'r [u8]);
+
+impl RawPlace<'_> {
+    /// Where `bytes` lies in the raw bytes (`None` if empty); an input error if outside them.
+    fn of(self, bytes: &[u8]) -> Result<Option<Range<usize>>, CudaError> {
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let start = (bytes.as_ptr() as usize).wrapping_sub(self.0.as_ptr() as usize);
+        if start > self.0.len() || bytes.len() > self.0.len() - start {
+            return Err(CudaError::Input {
+                what: "a plan whose streams lie outside the given bytes",
+            });
+        }
+        Ok(Some(start..start + bytes.len()))
+    }
+}
+
 impl Chain<'_> {
     /// Where every block's lane words and every chunk checked at decode lie in `raw`, the
     /// bytes the plan's streams lie in: the ranges of `raw` that hold them (to be copied, laid
@@ -1231,45 +1256,30 @@ impl Chain<'_> {
     /// have no part); ranges at most `gap` bytes apart are copied as one run. An input error
     /// if some block's words or checked chunk lie outside `raw`.
     pub(crate) fn gather_parts(&self, raw: &[u8], gap: usize) -> Result<RawPlaces, CudaError> {
-        let base = raw.as_ptr() as usize;
-        // Where `bytes` lies in `raw` (`None` if empty).
-        let place = |bytes: &[u8]| {
-            if bytes.is_empty() {
-                return Ok(None);
+        let place = RawPlace(raw);
+        let mut needed = Vec::with_capacity(self.checks.len());
+        for c in &self.checks {
+            needed.extend(place.of(c.covered)?);
+        }
+        // Most often every block's words lie in a checked chunk: those chunks alone make the
+        // runs, and the words need neither sorting in nor a second look.
+        let mut runs = CopyRuns::new(needed.clone(), gap);
+        let parts = match self.parts_in(&runs, place)? {
+            Some(parts) => parts,
+            None => {
+                for w in &self.word_parts {
+                    needed.extend(place.of(w.as_le_bytes())?);
+                }
+                runs = CopyRuns::new(needed, gap);
+                self.parts_in(&runs, place)?.ok_or(OUTSIDE_THE_RUNS)?
             }
-            let start = (bytes.as_ptr() as usize).wrapping_sub(base);
-            if start > raw.len() || bytes.len() > raw.len() - start {
-                return Err(CudaError::Input {
-                    what: "a plan whose streams lie outside the given bytes",
-                });
-            }
-            Ok(Some(start..start + bytes.len()))
         };
-        let mut needed = Vec::with_capacity(self.word_parts.len() + self.checks.len());
-        for bytes in (self.word_parts.iter().map(|w| w.as_le_bytes()))
-            .chain(self.checks.iter().map(|c| c.covered))
-        {
-            needed.extend(place(bytes)?);
-        }
-        let runs = CopyRuns::new(needed, gap);
         let mut hint = 0;
-        let mut parts = Vec::with_capacity(self.word_parts.len());
-        let mut dst = 0;
-        for w in &self.word_parts {
-            if let Some(at) = place(w.as_le_bytes())? {
-                parts.push(ffi::GatherPart {
-                    src: runs.offset(at.start, &mut hint)? as u64,
-                    dst: dst as u64,
-                    n_words: w.len() as u64,
-                });
-            }
-            dst += w.len();
-        }
         let mut checks = Vec::with_capacity(self.checks.len());
         for c in &self.checks {
             // An empty chunk body is checked at offset 0 of the copy.
-            let src = match place(c.covered)? {
-                Some(at) => runs.offset(at.start, &mut hint)?,
+            let src = match place.of(c.covered)? {
+                Some(at) => runs.offset(at, &mut hint).ok_or(OUTSIDE_THE_RUNS)?,
                 None => 0,
             };
             checks.push(ffi::ChunkCheck {
@@ -1280,6 +1290,32 @@ impl Chain<'_> {
             });
         }
         Ok((runs, parts, checks))
+    }
+
+    /// Each block's gather part, its words' offset counted in the copy of `runs`; `None` if
+    /// some block's words lie outside the runs.
+    fn parts_in(
+        &self,
+        runs: &CopyRuns,
+        place: RawPlace,
+    ) -> Result<Option<Vec<ffi::GatherPart>>, CudaError> {
+        let mut hint = 0;
+        let mut parts = Vec::with_capacity(self.word_parts.len());
+        let mut dst = 0;
+        for w in &self.word_parts {
+            if let Some(at) = place.of(w.as_le_bytes())? {
+                let Some(src) = runs.offset(at, &mut hint) else {
+                    return Ok(None);
+                };
+                parts.push(ffi::GatherPart {
+                    src: src as u64,
+                    dst: dst as u64,
+                    n_words: w.len() as u64,
+                });
+            }
+            dst += w.len();
+        }
+        Ok(Some(parts))
     }
 
     /// Every launch's statuses: the first failing block's chunk and what failed. As a `Gpu`
@@ -1828,9 +1864,9 @@ mod tests {
     }
 
     /// Two streams in one buffer with more than [`MERGE_GAP_BYTES`] of other bytes between
-    /// them, and a stream whose chunks are checked at decode: a decode from the buffer copies
-    /// one run a stream, from its first chunk to its last (never its header, nor the bytes
-    /// between the streams), and decodes both streams' bits.
+    /// them: a decode from the buffer copies one run a stream (never its header, nor the bytes
+    /// between the streams), from its first chunk to its last when the chunks are checked at
+    /// decode, within them when not, and decodes both streams' bits.
     #[test]
     fn a_decode_from_host_bytes_copies_the_chunks_and_not_what_lies_between() {
         let bytes = small_stream();
@@ -1839,22 +1875,35 @@ mod tests {
         let second = bytes.len() + gap.len();
         let open = |b| Stream::open(b, None, &Limits::DEFAULT).unwrap();
         let (a, b) = (open(&buf[..bytes.len()]), open(&buf[second..]));
-        let (mut plan, dests) = layout(&[&a, &b]);
-        plan.set_crc_at_decode(true);
-        plan.add_streams(&dests, 1).unwrap();
-        let ch = plan.chain().unwrap();
-        let (runs, parts, checks) = ch.gather_parts(&buf, MERGE_GAP_BYTES).unwrap();
         let entries = &a.header().chunks;
         let first = entries.first().unwrap().offset as usize;
         let last = entries.last().unwrap();
         let chunks = first..last.offset as usize + last.len_bytes as usize - 4;
         let second_chunks = chunks.start + second..chunks.end + second;
-        assert_eq!(runs.runs(), &[chunks.clone(), second_chunks]);
-        assert_eq!(runs.len(), 2 * chunks.len());
-        assert_eq!(plan.bytes_copied_from(&buf).unwrap(), runs.len());
-        assert_eq!(checks.len(), 2 * entries.len());
-        assert_eq!(parts.len(), ch.word_parts.len());
-        let want = plan_of(&[&a, &b]).decode_chain_host().unwrap();
-        assert_eq!(plan.decode_chain_host_from(&buf).unwrap(), want);
+        for crc_at_decode in [true, false] {
+            let (mut plan, dests) = layout(&[&a, &b]);
+            plan.set_crc_at_decode(crc_at_decode);
+            plan.add_streams(&dests, 1).unwrap();
+            let ch = plan.chain().unwrap();
+            let (runs, parts, checks) = ch.gather_parts(&buf, MERGE_GAP_BYTES).unwrap();
+            assert_eq!(plan.bytes_copied_from(&buf).unwrap(), runs.len());
+            assert_eq!(parts.len(), ch.word_parts.len());
+            if crc_at_decode {
+                assert_eq!(runs.runs(), &[chunks.clone(), second_chunks.clone()]);
+                assert_eq!(checks.len(), 2 * entries.len());
+            } else {
+                let [one, two] = runs.runs() else {
+                    panic!("{:?}", runs.runs());
+                };
+                assert!(
+                    chunks.start <= one.start && one.end <= chunks.end,
+                    "{one:?}"
+                );
+                assert!(second_chunks.start <= two.start && two.end <= second_chunks.end);
+                assert!(checks.is_empty());
+            }
+            let want = plan_of(&[&a, &b]).decode_chain_host().unwrap();
+            assert_eq!(plan.decode_chain_host_from(&buf).unwrap(), want);
+        }
     }
 }
