@@ -26,7 +26,8 @@ impl CopyRuns {
     /// when at most `gap` bytes lie between them. Empty ranges need nothing.
     pub fn new(mut needed: Vec<Range<usize>>, gap: usize) -> Self {
         needed.retain(|r| r.start < r.end);
-        // Stable: its sort finds the runs already in order (a chain's words, then its chunks).
+        // Stable: its sort finds the runs already in order (a chain's chunks, then its words)
+        // and merges them.
         needed.sort_by_key(|r| r.start);
         let mut runs: Vec<Range<usize>> = Vec::new();
         for r in needed {
