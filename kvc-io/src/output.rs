@@ -250,6 +250,8 @@ pub fn remove_temporaries() {
 /// A registered temporary file, removed on drop unless persisted.
 struct Temporary {
     path: PathBuf,
+    /// Given its final name: nothing left to remove.
+    persisted: bool,
 }
 
 impl Temporary {
@@ -270,7 +272,11 @@ impl Temporary {
             match File::options().write(true).create_new(true).open(&path) {
                 Ok(f) => {
                     live.push(path.clone());
-                    return Ok((Temporary { path }, f));
+                    let t = Temporary {
+                        path,
+                        persisted: false,
+                    };
+                    return Ok((t, f));
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(io_err(&path, "create temporary file", e)),
@@ -281,7 +287,7 @@ impl Temporary {
     /// Gives the file its final name: renamed over `target` when `replace`, else linked to it,
     /// which fails if `target` appeared meanwhile (nothing existing is ever replaced).
     /// On error, `live` is released before `self` drops (locals drop before parameters).
-    fn persist(self, target: &Path, replace: bool) -> Result<(), OutputError> {
+    fn persist(mut self, target: &Path, replace: bool) -> Result<(), OutputError> {
         let mut live = live();
         let linked = if replace {
             fs::rename(&self.path, target)
@@ -306,13 +312,16 @@ impl Temporary {
             let _ = fs::remove_file(&self.path);
         }
         live.retain(|p| p != &self.path);
-        std::mem::forget(self);
+        self.persisted = true;
         Ok(())
     }
 }
 
 impl Drop for Temporary {
     fn drop(&mut self) {
+        if self.persisted {
+            return;
+        }
         let mut live = live();
         let _ = fs::remove_file(&self.path);
         live.retain(|p| p != &self.path);
