@@ -53,8 +53,9 @@ fn seeds_replay_clean() {
 /// Targets of `fuzz/` whose harness lives in another crate: pq-core's (`pq_core::fuzzing`,
 /// replayed by `pq-core/tests/fuzz_regressions.rs`), kvc-net's (`kvc_net::fuzzing`, replayed
 /// by `net/tests/fuzz_seeds.rs`), codec-cuda's (`codec_cuda::fuzzing`, replayed by
-/// `codec-cuda/tests/fuzz_regressions.rs`) and kvc-llm's (`kvc_llm::fuzzing`, replayed by
-/// `llm/tests/gguf.rs`).
+/// `codec-cuda/tests/fuzz_regressions.rs`), kvc-llm's (`kvc_llm::fuzzing`, replayed by
+/// `llm/tests/gguf.rs`) and kvc-io's (`kvc_io::fuzzing`, replayed by
+/// `kvc-io/tests/fuzz_seeds.rs`).
 const OTHER_CRATES_TARGETS: &[&str] = &[
     "pq_search",
     "pq_unpack",
@@ -62,6 +63,7 @@ const OTHER_CRATES_TARGETS: &[&str] = &[
     "decode_chain",
     "encode_chain",
     "load_gguf",
+    "load_dump",
 ];
 
 /// Every cargo-fuzz target (but [`OTHER_CRATES_TARGETS`]) has a harness, a seed directory and a

@@ -21,6 +21,8 @@
 //!   (`kvc stream-sim`).
 //! - [`policy`]: how a stream gets its profile (referenced, or self-contained with only the
 //!   levels it uses), profile files and learning.
+//! - `fuzzing` (feature `fuzzing`): the body of the cargo-fuzz target `load_dump`, the dump
+//!   reader on any bytes.
 //!
 //! Long computations report to a [`Progress`]; the command draws it as bars.
 //!
@@ -52,6 +54,8 @@ pub mod dump;
 mod error;
 pub mod eval;
 pub mod fixtures;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod input;
