@@ -115,6 +115,30 @@ fn golden_vectors_profile_v2() {
     check_vectors(&vectors_dir().join("v2"));
 }
 
+/// Chunks need not all have `chunk_tokens` tokens (FORMAT.md §3.3, §8.3): the vector whose
+/// chunks hold 64, 64 and 32 tokens, its header saying up to 100 a chunk, decodes to the same
+/// bytes; saying up to 63, it is refused (H28). Until 2026-11-29 codec-core refused the first
+/// too, which the reference decoder, written from the spec, accepts
+/// (`spec/reference/against_rust.py` found it on fuzz inputs).
+#[test]
+fn chunks_shorter_than_chunk_tokens_decode() {
+    let dir = vectors_dir();
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let stream = read("v04-chunk-remainder.kvc");
+    let profile = Profile::from_bytes(&read("v04-chunk-remainder.kvcp"), &Limits::DEFAULT).unwrap();
+    let with_chunk_tokens = |n: u32| {
+        let mut s = stream.clone();
+        assert_eq!(s[48..52], 64u32.to_le_bytes(), "v04's chunk_tokens");
+        s[48..52].copy_from_slice(&n.to_le_bytes());
+        fix_header_crc(&mut s);
+        decode(&s, Some(&profile), &Limits::DEFAULT)
+    };
+    let got = with_chunk_tokens(100).expect("chunks of 64, 64 and 32 tokens, up to 100 each");
+    assert!(output_bytes(&got) == read("v04-chunk-remainder.out"));
+    let err = with_chunk_tokens(63).expect_err("a chunk of 64 tokens, up to 63 each");
+    assert_eq!(err.check(), Some("H28"), "{err}");
+}
+
 fn check_vectors(dir: &Path) {
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))

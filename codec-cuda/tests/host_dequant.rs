@@ -69,7 +69,8 @@ fn decode_with_codec_core(stream: &Stream<'_>) -> Vec<u16> {
 fn golden_streams_dequantize_as_codec_core() {
     let mut f16_outputs = 0;
     for (name, bytes, profile) in golden() {
-        let path = vectors_dir().join(&name);
+        // A variant of a vector (its name the vector's file, then a space) has its output.
+        let path = vectors_dir().join(name.split(' ').next().unwrap());
         let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
         let got = decode_with_kernels(&stream);
         assert!(

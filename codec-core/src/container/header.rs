@@ -373,12 +373,8 @@ fn read_index(
                 got: e.len_bytes,
             });
         }
-        let is_last = chunk + 1 == n_chunks;
-        if e.token_start != next_token
-            || e.tokens == 0
-            || e.tokens > tiling.chunk_tokens
-            || (!is_last && e.tokens != tiling.chunk_tokens)
-        {
+        // Chunks need not all have `chunk_tokens` tokens (§3.3).
+        if e.token_start != next_token || e.tokens == 0 || e.tokens > tiling.chunk_tokens {
             return Err(HeaderError::ChunkTokens { chunk });
         }
         offset += u64::from(e.len_bytes);

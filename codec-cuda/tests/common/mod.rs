@@ -79,7 +79,10 @@ pub fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/vectors")
 }
 
-/// The golden streams' bytes and profiles, by name (all 20 or more of them).
+/// The golden streams' bytes and profiles, by name (all 20 or more of them), and one more:
+/// the stream whose chunks hold 64, 64 and 32 tokens with 100 as its header's `chunk_tokens`
+/// (chunks need not all have `chunk_tokens` tokens, FORMAT.md §3.3), named by its vector's
+/// file and the change (its output is the vector's).
 pub fn golden() -> Vec<(String, Vec<u8>, Option<Profile>)> {
     let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
         .unwrap()
@@ -88,13 +91,22 @@ pub fn golden() -> Vec<(String, Vec<u8>, Option<Profile>)> {
         .collect();
     names.sort();
     assert!(names.len() >= 20, "golden vectors found: {names:?}");
-    names
+    let mut streams: Vec<_> = names
         .into_iter()
         .map(|name| {
             let (bytes, profile) = read_vector(&name);
             (name, bytes, profile)
         })
-        .collect()
+        .collect();
+    let (mut short, profile) = read_vector("v04-chunk-remainder.kvc");
+    short[48..52].copy_from_slice(&100u32.to_le_bytes());
+    codec_core::fuzzing::fix_stream_crcs(&mut short);
+    streams.push((
+        "v04-chunk-remainder.kvc with chunk_tokens 100".into(),
+        short,
+        profile,
+    ));
+    streams
 }
 
 /// The stream file `name` of the golden vectors and its profile (`.kvcp` beside it), if it
