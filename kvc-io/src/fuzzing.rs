@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use codec_core::{KvCache, Tensor};
 
-use crate::dump::{load_dump as load_file, parse_dump, write_full_dump, Dump};
+use crate::dump::{load_dump as load_file, parse_dump, write_full_dump, Dump, DumpError};
 use crate::output::Output;
 
 /// Any bytes as a KV dump (a safetensors file): `Ok` or a typed error, never a panic, and the
 /// same from the bytes in memory ([`parse_dump`]) as from a file holding them
 /// ([`load_dump`](crate::load_dump)). A dump that loads is consistent (every tensor the size
 /// its shape says, the queries within the tokens) and comes back from
-/// [`write_full_dump`] the same: its cache bit for bit with its metadata, its token ids, its
-/// query heads and first query, and its queries as rounded to the cache's dtype. Returns
-/// whether the bytes loaded.
+/// [`write_full_dump`] the same: its cache bit for bit with the cache's metadata (model,
+/// rotary settings, first position), its token ids, its query heads and first query, and its
+/// queries as rounded to the cache's dtype. Returns whether the bytes loaded.
 pub fn load_dump(data: &[u8]) -> bool {
     let dir = Scratch::new();
     let input = dir.0.join("in.safetensors");
@@ -28,7 +28,10 @@ pub fn load_dump(data: &[u8]) -> bool {
             a
         }
         (Err(a), Err(b)) => {
-            assert_eq!(a.to_string(), b.to_string());
+            // The `safetensors` parser names one of several bad tensors, in a hash map's
+            // order: the same file can name another the next time.
+            let unordered = |e: &DumpError| matches!(e, DumpError::NotSafetensors { .. });
+            assert!(a.to_string() == b.to_string() || unordered(&a) && unordered(&b));
             return false;
         }
         (a, b) => panic!("from bytes {:?}, from the file {:?}", a.err(), b.err()),

@@ -233,9 +233,15 @@ const REFUSED: [(&str, &str); 15] = [
     ("theta-nan", "positive finite"),
 ];
 
+/// `regressions/load_dump/`: `tied-offsets-name-either-tensor.safetensors`, two tensors
+/// starting at the same bad offset, which the `safetensors` parser names in a hash map's order
+/// (the harness asserted equal messages from the file and from its bytes, and failed when they
+/// named different tensors).
+const REGRESSIONS: usize = 1;
+
 #[test]
 fn fuzz_inputs_replay_clean() {
-    for corpus in ["regressions", "seeds"] {
+    for (corpus, at_least) in [("regressions", REGRESSIONS), ("seeds", seeds().len())] {
         let (ran, failures) = replay(corpus, TARGET, |d| {
             load_dump(d);
         });
@@ -244,12 +250,10 @@ fn fuzz_inputs_replay_clean() {
             "{corpus} fail:\n{}",
             failures.join("\n")
         );
-        if corpus == "seeds" {
-            assert!(
-                ran >= seeds().len(),
-                "only {ran} inputs in fuzz/seeds/{TARGET}"
-            );
-        }
+        assert!(
+            ran >= at_least,
+            "only {ran} inputs in fuzz/{corpus}/{TARGET}"
+        );
     }
 }
 

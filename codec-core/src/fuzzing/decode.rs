@@ -75,6 +75,8 @@ pub struct StreamProfileCase<'a> {
     pub stream: Cow<'a, [u8]>,
     /// The profile, if its bytes parse (under [`LIMITS`]).
     pub profile: Option<Profile>,
+    /// The profile's bytes as the input gives them.
+    pub profile_bytes: &'a [u8],
 }
 
 impl<'a> StreamProfileCase<'a> {
@@ -108,6 +110,7 @@ impl<'a> StreamProfileCase<'a> {
             flags,
             stream,
             profile: Profile::from_bytes(profile_bytes, &LIMITS).ok(),
+            profile_bytes,
         }
     }
 }
