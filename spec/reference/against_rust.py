@@ -7,10 +7,10 @@ example `decode_outcomes`) and `kvc_ref` the same two questions, and requires th
 does the profile parse (the spec's error class if not), and does the stream decode with it
 (given when it parsed, as the fuzz targets give it), to which bytes (K then V of each layer,
 compared by SHA-256) or with which error class. Limits are the spec's defaults on both sides.
-A directory named `decode_stream` holds streams; any other (`decode_stream_profile`,
-`decode_chain`) holds a profile and a stream as those targets read them. With `--flips N`,
-each input also gives N damaged copies (a bit of the stream flipped, its CRCs recomputed:
-`decode_outcomes` writes them). One line per difference, a summary, exit status 1 on any
+A directory named `decode_stream` holds streams, one named `decode_profile` profiles; any
+other (`decode_stream_profile`, `decode_chain`) holds a profile and a stream as those targets
+read them. With `--flips N`, each input also gives N damaged copies (a bit of the stream, or
+of a profile alone, flipped and its CRCs recomputed: `decode_outcomes` writes them). One line per difference, a summary, exit status 1 on any
 difference.
 
     python3 spec/reference/against_rust.py [--flips N] target/release/examples/decode_outcomes \\
@@ -25,6 +25,10 @@ from pathlib import Path
 
 import kvc_ref
 
+# What the files of a directory hold, by its name (the fuzz target's); any other name holds a
+# profile and a stream.
+MODES = {"decode_stream": "--stream", "decode_profile": "--profile"}
+
 
 def reference(stream, profile):
     """The reference's answers, in the form `decode_outcomes` prints them."""
@@ -35,6 +39,8 @@ def reference(stream, profile):
             profile_outcome, given = "ok", profile
         except kvc_ref.KvcError as e:
             profile_outcome = e.kind
+    if stream is None:
+        return profile_outcome, "-"
     try:
         out = kvc_ref.output_bytes(kvc_ref.decode(stream, given))
         return profile_outcome, "ok:" + hashlib.sha256(out).hexdigest()
@@ -44,15 +50,15 @@ def reference(stream, profile):
 
 def compare(tool, directory, flips, tmp):
     """(inputs compared, differences) for one directory."""
-    mode = "--stream" if directory.name == "decode_stream" else "--case"
+    mode = MODES.get(directory.name, "--case")
     out = tmp / directory.parent.name / directory.name
     lines = subprocess.run([str(tool), mode, str(directory), str(out), str(flips)], check=True,
                            capture_output=True, text=True).stdout.splitlines()
     differences = []
     for line in lines:
         name, profile_outcome, stream_outcome = line.split("\t")
-        profile = out / (name + ".kvcp")
-        ref = reference((out / (name + ".kvc")).read_bytes(),
+        stream, profile = out / (name + ".kvc"), out / (name + ".kvcp")
+        ref = reference(stream.read_bytes() if stream.exists() else None,
                         profile.read_bytes() if profile.exists() else None)
         if ref != (profile_outcome, stream_outcome):
             differences.append("%s/%s: codec-core %s %s, reference %s %s"

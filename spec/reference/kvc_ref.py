@@ -516,14 +516,15 @@ def parse_profile(data, limits=None):
     L, H, D = rd.u32(), rd.u32(), rd.u32()
     _check_shape(L, H, D, limits)                                          # P6
     C = H * D
+    # Each field is checked once read (§4.6): a profile that ends early reports a bad field
+    # before its end first.
     n_levels = rd.u8()
-    flags = rd.u8()
-    reserved2 = rd.take(2)
     if not (1 <= n_levels <= 16):                                          # P7
         raise _err("InvalidField", "profile level count")
+    flags = rd.u8()
     if flags > 1:                                                          # P8
         raise _err("InvalidField", "profile flags")
-    if reserved2 != b"\x00\x00":                                           # P9
+    if rd.take(2) != b"\x00\x00":                                          # P9
         raise _err("InvalidField", "profile reserved field")
     mults = []
     for _ in range(n_levels):                                              # P10

@@ -311,6 +311,25 @@ fn check_other_dtype(stream: &Stream<'_>, full: &KvCache) {
 /// Flag bit of [`decode_profile`]: recompute the CRC trailer before parsing.
 pub const PROFILE_FIX_CRC: u8 = 1;
 
+/// The profile bytes of a [`decode_profile`] input, their CRC recomputed if its flags say.
+pub fn profile_input(data: &[u8]) -> Cow<'_, [u8]> {
+    let (flags, rest) = data.split_first().map_or((0, &[][..]), |(f, r)| (*f, r));
+    if flags & PROFILE_FIX_CRC == 0 {
+        return Cow::Borrowed(rest);
+    }
+    let mut fixed = rest.to_vec();
+    fix_profile_crc(&mut fixed);
+    Cow::Owned(fixed)
+}
+
+/// Replaces the last 4 bytes of a profile of at least 8 by the CRC of the others.
+pub fn fix_profile_crc(profile: &mut [u8]) {
+    if let Some(body) = profile.len().checked_sub(4).filter(|&b| b >= 4) {
+        let crc = crc32c(&profile[..body]);
+        profile[body..].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
 /// Any bytes as a profile (`fuzz_targets/decode_profile.rs`).
 ///
 /// Input: `flags: u8 | profile`. With [`PROFILE_FIX_CRC`] in `flags` the last 4 bytes are
@@ -320,17 +339,7 @@ pub const PROFILE_FIX_CRC: u8 = 1;
 /// level (and, for the current version, [`Profile::from_parts`] of its parts) writes the same
 /// bytes, and [`Profile::table_at`] follows the down links.
 pub fn decode_profile(data: &[u8]) {
-    let (flags, rest) = data.split_first().map_or((0, &[][..]), |(f, r)| (*f, r));
-    let mut fixed;
-    let bytes = if flags & PROFILE_FIX_CRC != 0 && rest.len() >= 8 {
-        fixed = rest.to_vec();
-        let body = fixed.len() - 4;
-        let crc = crc32c(&fixed[..body]);
-        fixed[body..].copy_from_slice(&crc.to_le_bytes());
-        &fixed[..]
-    } else {
-        rest
-    };
+    let bytes = &profile_input(data)[..];
     let Ok(p) = Profile::from_bytes(bytes, &LIMITS) else {
         return;
     };

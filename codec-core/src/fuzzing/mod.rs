@@ -43,8 +43,9 @@ mod roundtrip;
 
 pub use decode::{
     chunk_input, chunk_profile, decode_chunk, decode_profile, decode_stream, decode_stream_profile,
-    fix_stream_crcs, stream_profile_input, ChunkCase, StreamProfileCase, CHUNK_CASE_LEN,
-    CHUNK_PROFILE_BYTES, PROFILE_FIX_CRC, STREAM_PROFILE_FIX_CRCS, STREAM_PROFILE_FIX_HASH,
+    fix_profile_crc, fix_stream_crcs, profile_input, stream_profile_input, ChunkCase,
+    StreamProfileCase, CHUNK_CASE_LEN, CHUNK_PROFILE_BYTES, PROFILE_FIX_CRC,
+    STREAM_PROFILE_FIX_CRCS, STREAM_PROFILE_FIX_HASH,
 };
 pub use input::Input;
 pub use rans::{
