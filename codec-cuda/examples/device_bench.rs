@@ -37,8 +37,9 @@
 //! 32768-token head with 256 queries.
 //!
 //! The third argument names the sections to run, in the order of `SECTIONS` (default all
-//! but `threads`): `exponents` (the decodes with step exponents), `decode` (the three levels'
-//! decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
+//! but `threads`): `exponents` (the decodes with step exponents), `inflight` (the whole
+//! decode from page-locked memory in pieces by pieces in flight, piece size and chain),
+//! `decode` (the three levels' decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
 //! `decode_from` (upload, launches) on 1 to 8 host threads at once, apart, for the middle
 //! level.
 //!
@@ -72,13 +73,21 @@ fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
 
 /// The parts of the harness, in the order they run; the third argument picks some
 /// (`decode,pq`; default: all but `threads`), so that a short lend measures what it must.
-const SECTIONS: [&str; 6] = ["exponents", "decode", "scaling", "encode", "pq", "threads"];
+const SECTIONS: [&str; 7] = [
+    "exponents",
+    "inflight",
+    "decode",
+    "scaling",
+    "encode",
+    "pq",
+    "threads",
+];
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let copies: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
-    let picked = args.next().unwrap_or_else(|| SECTIONS[..5].join(","));
+    let picked = args.next().unwrap_or_else(|| SECTIONS[..6].join(","));
     let picked: Vec<&str> = picked.split(',').collect();
     if let Some(bad) = picked.iter().find(|p| !SECTIONS.contains(p)) {
         println!(
@@ -107,6 +116,7 @@ fn main() {
         let t = Instant::now();
         match section {
             "exponents" => bench_decode_exponents(&mut gpu, &d, rc),
+            "inflight" => bench_pieces_in_flight(&mut gpu, &d, &profile, rc),
             "decode" => {
                 for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
                     bench_decode(&mut gpu, &d.kv, &profile, level, rc);
@@ -334,7 +344,7 @@ fn bench_decode(
         "decode level {level}: {} bytes x {copies} -> {:.1} MB f16: whole decode_into {:.3} ms = \
          {:.2} GB/s (of which upload_plan {:.3} ms: chain built {:.3}, packed and copied from \
          pinned memory {:.3} (written by one thread: {:.3}), statuses read {:.3} ms); plan \
-         uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the fused chain's kernels \
+         uploaded once, decode_uploaded_into {:.3} ms = {:.2} GB/s; the chain's kernels \
          alone {:.3} ms = {:.2} GB/s (each alone: {}, the dequantization at {:.1} GB/s)",
         bytes.len(),
         out_bytes / 1e6,
@@ -352,7 +362,7 @@ fn bench_decode(
         stage_times(&st),
         gbs(st[4]),
     );
-    for variant in [FIVE_LAUNCHES, COMPACT_TABLES] {
+    for variant in [FUSED, COMPACT_TABLES] {
         bench_chain_variant(gpu, (&plan, &mut out), rounds, &want, variant);
     }
     bench_decode_from(gpu, &bytes, (rounds, copies), &want);
@@ -400,10 +410,10 @@ fn bench_decode_exponents(gpu: &mut Gpu, d: &kvc_io::Dump, (rounds, copies): (us
 /// `bench_decode`'s figures; the output checked against `want`.
 type ChainVariant = (&'static str, fn(&mut Gpu, bool));
 
-/// The five-launch chain (`Gpu::set_decode_chain_fused(false)`).
-const FIVE_LAUNCHES: ChainVariant = (
-    "the five-launch chain (tables resolved, every value written and read back)",
-    |gpu, on| gpu.set_decode_chain_fused(!on),
+/// The fused chain (`Gpu::set_decode_chain_fused(true)`).
+const FUSED: ChainVariant = (
+    "the fused chain (no table resolution, only the escapes' values written)",
+    |gpu, on| gpu.set_decode_chain_fused(on),
 );
 
 /// Compact tables (`Gpu::set_lane_tables_compact`: 2 KiB a table, one more dependent load a
@@ -571,6 +581,100 @@ fn bench_decode_pieces(
         gbs(together),
         timeline
     );
+}
+
+/// `decode_from` in pieces of 1024, 2048 and 4096 coded blocks with 2 to
+/// `MAX_PIECES_IN_FLIGHT` pieces' launches at once (`Gpu::set_decode_pieces_in_flight`), the
+/// chain fused and in five launches, the device's pool keeping freed memory: 4x and 16x
+/// `copies` streams at the last level, the middle level and the middle level with step
+/// exponents; every output checked. Then when each piece's steps happened with the most
+/// pieces in flight at 1024 blocks a piece, for the first case.
+fn bench_pieces_in_flight(
+    gpu: &mut Gpu,
+    d: &kvc_io::Dump,
+    profile: &Profile,
+    (rounds, copies): (usize, usize),
+) {
+    let with_queries = support::profile_with_queries(d);
+    let cases = [
+        ("", profile, profile.levels() - 1),
+        ("", profile, profile.levels() / 2),
+        (
+            " with step exponents",
+            &with_queries,
+            with_queries.levels() / 2,
+        ),
+    ];
+    gpu.set_pool_release_threshold(u64::MAX).unwrap();
+    let mut timeline = None;
+    for (label, profile, level) in cases {
+        let bytes = support::stream_bytes(&d.kv, profile, level);
+        let one = support::open(&bytes);
+        let plan = support::decode_plan(&one, 1);
+        let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+        gpu.decode_into(&plan, &mut out).unwrap();
+        let one_copy = gpu.stream().clone_dtoh(&out).unwrap();
+        for n in [4 * copies, 16 * copies] {
+            let host = page_locked_copies(gpu, &bytes, n);
+            let raw = host.as_slice().unwrap();
+            let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
+            let refs: Vec<_> = streams.iter().collect();
+            let plan = support::decode_plan_with(&refs, 0, true);
+            let mut out = gpu.stream().alloc_zeros::<u16>(one_copy.len() * n).unwrap();
+            let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
+            let mut ok = true;
+            for fused in [true, false] {
+                gpu.set_decode_chain_fused(fused);
+                let mut line = Vec::new();
+                for in_flight in 2..=codec_cuda::MAX_PIECES_IN_FLIGHT {
+                    gpu.set_decode_pieces_in_flight(in_flight);
+                    let mut sizes = Vec::new();
+                    for piece_blocks in [1024, 2048, 4096] {
+                        gpu.set_decode_piece_blocks(piece_blocks);
+                        gpu.stream().memset_zeros(&mut out).unwrap();
+                        let (t, r) = best_of(rounds, || gpu.decode_from(&plan, &host, &mut out));
+                        let got = gpu.stream().clone_dtoh(&out).unwrap();
+                        ok &= r.is_ok() && got.chunks_exact(one_copy.len()).all(|c| c == one_copy);
+                        sizes.push(format!("{piece_blocks} {:.2}", gbs(t)));
+                    }
+                    line.push(format!("{in_flight} in flight: {}", sizes.join(", ")));
+                }
+                println!(
+                    "pieces in flight, level {level}{label}, {n} streams -> {:.1} MB f16, {} \
+                     chain, GB/s by blocks a piece: {} (bits ok: {ok})",
+                    (one_copy.len() * 2 * n) as f64 / 1e6,
+                    if fused { "fused" } else { "five-launch" },
+                    line.join("; ")
+                );
+            }
+            if timeline.is_none() {
+                gpu.set_decode_pieces_in_flight(codec_cuda::MAX_PIECES_IN_FLIGHT);
+                gpu.set_decode_piece_blocks(1024);
+                let t = gpu.time_decode_pieces(&plan, Some(&host), &mut out);
+                timeline = Some(t.map(|pieces| {
+                    let step = |t: &codec_cuda::PieceTimes| {
+                        format!(
+                            "copy {:.2}-{:.2}, launches {:.2}-{:.2}",
+                            t[3], t[4], t[5], t[6]
+                        )
+                    };
+                    pieces.iter().map(step).collect::<Vec<_>>().join("; ")
+                }));
+            }
+        }
+    }
+    gpu.set_decode_chain_fused(false);
+    gpu.set_decode_pieces_in_flight(codec_cuda::DEFAULT_PIECES_IN_FLIGHT);
+    gpu.set_decode_piece_blocks(codec_cuda::DEFAULT_PIECE_BLOCKS);
+    gpu.set_pool_release_threshold(0).unwrap();
+    if let Some(t) = timeline {
+        let t = t.unwrap_or_else(|e| format!("not timed ({e})"));
+        println!(
+            "pieces in flight: the first case at 1024 blocks a piece, {} in flight, the \
+             five-launch chain, each piece on the device in ms from the start: {t}",
+            codec_cuda::MAX_PIECES_IN_FLIGHT
+        );
+    }
 }
 
 /// For `n` host threads: a handle forked from `gpu` each (packing uploads on its share of the

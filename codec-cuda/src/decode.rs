@@ -5,19 +5,21 @@
 //! (C1) and block structure (B1-B5, C2), and borrows its lane words from the stream (with
 //! [`DecodePlan::set_crc_at_decode`], the CRC is checked at decode instead: by the device, one
 //! launch `kvc_check_chunks`, when the streams are copied there as they are).
-//! `Gpu::decode` and `Gpu::decode_into` run a plan as one chain of four launches, with no host
+//! `Gpu::decode` and `Gpu::decode_into` run a plan as one chain of five launches, with no host
 //! step between them:
 //!
 //! 1. `kvc_rans_lane_decode` over the exponent prefix of every block of every chunk;
-//! 2. `kvc_rans_lane_decode_mapped` over every symbol, each value symbol's table found through
-//!    its block's table map from the decoded exponents (spec/FORMAT.md §6.1);
-//! 3. `kvc_map_escapes`: every symbol's table index checked, the escapes' values placed (§6.4);
-//! 4. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output, mapping the other table
-//!    indices to values as it reads them.
+//! 2. `kvc_resolve_tables`: each value symbol's table, found through its block's table map
+//!    from the decoded exponents (spec/FORMAT.md §6.1), written for the launches after it;
+//! 3. `kvc_rans_lane_decode` over every symbol;
+//! 4. `kvc_map_values`: every symbol's table index checked, mapped to its value, the escapes'
+//!    values placed (§6.4);
+//! 5. `kvc_dequant_f16` or `kvc_dequant_bf16` into the output.
 //!
-//! With `Gpu::set_decode_chain_fused(false)` the chain has five: `kvc_resolve_tables` writes
-//! every value symbol's table before the symbol launch reads it, and `kvc_map_values` every
-//! value for the dequantization to read; the same bits.
+//! With `Gpu::set_decode_chain_fused(true)` the chain has four: no table resolution, the
+//! symbol launch (`kvc_rans_lane_decode_mapped`), `kvc_map_escapes` (the escapes' values only)
+//! and the dequantization each find a symbol's table through the table map; fewer bytes
+//! moved, the same bits.
 //!
 //! `Gpu::decode_from` runs it on streams that lie in page-locked host memory, their bytes
 //! copied to the device as they are and the lane words gathered there by one more launch,
@@ -80,6 +82,10 @@ use crate::levels::{time_builds, time_placed_builds, LevelCache, LevelConsts, Pl
 use crate::quant::{DequantBatch, DequantBlock, DequantStatus, OutDtype, OutLayout, Output};
 use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, TableId};
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
+
+/// Whether a decode chain is fused by default (`Gpu::set_decode_chain_fused`): the
+/// five-launch chain measured faster on a device (codec-cuda/README.md, "Whole decode").
+pub(crate) const DEFAULT_CHAIN_FUSED: bool = false;
 
 /// The bytes a chunk's CRC covers and the CRC stored after them.
 type CrcCovered<'s> = (&'s [u8], u32);
@@ -1010,25 +1016,32 @@ impl DecodePlan<'_> {
         Ok(t.elapsed().as_secs_f64())
     }
 
-    /// Runs the plan as one (fused) chain of launches of the kernels compiled for the host (as
-    /// a device runs it): the output's f16 or bf16 bits.
+    /// Runs the plan as one chain of launches of the kernels compiled for the host (as a
+    /// device runs it by default): the output's f16 or bf16 bits.
     pub fn decode_chain_host(&self) -> Result<Vec<u16>, CudaError> {
-        self.decode_chain_host_as(false)
+        self.decode_chain_host_as((DEFAULT_CHAIN_FUSED, false))
     }
 
     #[cfg(feature = "internals")]
     /// [`decode_chain_host`](Self::decode_chain_host) with the tables in the lane decoders'
     /// compact form (as a `Gpu` decodes after `set_lane_tables_compact(true)`).
     pub fn decode_chain_host_compact(&self) -> Result<Vec<u16>, CudaError> {
-        self.decode_chain_host_as(true)
+        self.decode_chain_host_as((DEFAULT_CHAIN_FUSED, true))
     }
 
-    /// The fused chain run on the host with its tables `compact` or packed.
-    fn decode_chain_host_as(&self, compact: bool) -> Result<Vec<u16>, CudaError> {
+    #[cfg(feature = "internals")]
+    /// [`decode_chain_host`](Self::decode_chain_host) as the fused chain (as a `Gpu` decodes
+    /// after `set_decode_chain_fused(true)`).
+    pub fn decode_chain_host_fused(&self) -> Result<Vec<u16>, CudaError> {
+        self.decode_chain_host_as((true, false))
+    }
+
+    /// The chain run on the host, `fused` or not, its tables `compact` or packed.
+    fn decode_chain_host_as(&self, fused_compact: (bool, bool)) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &ch.words(), &mut out, (true, compact))?;
+        self.run_chain_host(&ch, &ch.words(), &mut out, fused_compact)?;
         Ok(out)
     }
 
@@ -1071,7 +1084,7 @@ impl DecodePlan<'_> {
         })?;
         check_crcs(&ch.checks, &status)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &words, &mut out, (true, false))?;
+        self.run_chain_host(&ch, &words, &mut out, (DEFAULT_CHAIN_FUSED, false))?;
         Ok(out)
     }
 
@@ -1588,8 +1601,8 @@ mod tests {
         out
     }
 
-    /// The five-launch chain (tables resolved into a buffer, every value written) decodes to
-    /// the bits of the fused one (the default, which the tests against codec-core run), on
+    /// The five-launch chain (tables resolved into a buffer, every value written; the default,
+    /// which the tests against codec-core run) decodes to the bits of the fused one, on
     /// streams with escapes.
     #[test]
     fn fused_and_five_launch_chains_decode_alike() {

@@ -3,9 +3,10 @@
 //! decode as f16/bf16 bits, and the scatter of dense rows into pages).
 //!
 //! [`decode_chain`] runs the decode kernels compiled for the host on any stream, as a device
-//! would run them: the decode chain ([`DecodePlan::decode_chain_host`]; with the lane words
-//! gathered from the stream's bytes, [`DecodePlan::decode_chain_host_from`]; with compact
-//! tables, [`DecodePlan::decode_chain_host_compact`]) and the stepwise
+//! would run them: the decode chain ([`DecodePlan::decode_chain_host`]; fused,
+//! [`DecodePlan::decode_chain_host_fused`]; with the lane words gathered from the stream's
+//! bytes, [`DecodePlan::decode_chain_host_from`]; with compact tables,
+//! [`DecodePlan::decode_chain_host_compact`]) and the stepwise
 //! path ([`DecodePlan::decode_host`]) must accept exactly the streams codec-core decodes and write
 //! what it writes, bit for bit, and fail every other one with a typed error, never a panic.
 //! [`encode_chain`] encodes a small cache derived from the input with the encode kernels
@@ -53,6 +54,7 @@ pub fn decode_chain(data: &[u8]) -> bool {
             ("chain", &|p: &DecodePlan<'_>, _: &[u8]| {
                 p.decode_chain_host()
             }),
+            ("chain, fused", &|p, _| p.decode_chain_host_fused()),
             (
                 "chain, words gathered from the stream's bytes",
                 &|p, raw| p.decode_chain_host_from(raw),

@@ -14,6 +14,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PinnedHos
 use cudarc::nvrtc::Ptx;
 
 use crate::copy_runs::MERGE_GAP_BYTES;
+use crate::decode::DEFAULT_CHAIN_FUSED;
 use crate::decode::{check_chain, check_crcs_host, check_dequant, Chain, DecodePlan};
 use crate::encode::{EncodeStatus, LaneEncodeBatch, LaneEncoded, QuantBatch};
 use crate::error::CudaError;
@@ -35,7 +36,9 @@ mod resident;
 pub use encode::{EncodeTimes, UploadedEncodePlan, DEFAULT_ENCODE_PIECE_BLOCKS};
 pub use from_host::HostBuffer;
 use from_host::WordSource;
-pub use pieces::{PieceTimes, DEFAULT_PIECE_BLOCKS};
+pub use pieces::{
+    PieceTimes, DEFAULT_PIECES_IN_FLIGHT, DEFAULT_PIECE_BLOCKS, MAX_PIECES_IN_FLIGHT,
+};
 use queued::QueuedChain;
 
 /// Every kernel file's CUBIN for one architecture.
@@ -95,8 +98,9 @@ pub struct Gpu {
     lane_shape: LaneShape,
     pq_shared_keys: u32,
     /// Pinned host memory every packed upload is staged in, kept for the next (grown when
-    /// short); a decode or an encode in pieces alternates between the two.
-    staging: Mutex<[Option<PinnedHostSlice<u8>>; 2]>,
+    /// short); the pieces of a decode in pieces take turns, one buffer for each piece in
+    /// flight (an encode's alternate between the first two).
+    staging: Mutex<[Option<PinnedHostSlice<u8>>; MAX_PIECES_IN_FLIGHT]>,
     /// Threads that write a packed upload or copy encoded chunks into vectors (at least 1;
     /// see [`Gpu::set_upload_threads`]).
     upload_threads: usize,
@@ -105,15 +109,17 @@ pub struct Gpu {
     /// The device scratch of the decode and encode chains (symbols, their tables, values,
     /// words, chunk bytes), kept for the next upload (grown when short): every chain writes
     /// all of it that it reads, and chains run one at a time (`chain_lock`) but for a decode
-    /// or an encode in pieces, whose pieces alternate between the two.
-    scratch: Mutex<[Option<Arc<CudaSlice<u8>>>; 2]>,
-    /// The copy stream of a decode or an encode in pieces and the second compute stream of a
+    /// or an encode in pieces, whose pieces take turns as they do with the staging buffers.
+    scratch: Mutex<[Option<Arc<CudaSlice<u8>>>; MAX_PIECES_IN_FLIGHT]>,
+    /// The copy stream of a decode or an encode in pieces and the other compute streams of a
     /// decode's, made by the first.
-    pipe: Mutex<Option<pieces::PipeStreams>>,
+    pipe: Mutex<Option<Arc<pieces::PipeStreams>>>,
     /// Coded blocks a piece of a decode holds, and its first piece
     /// ([`Gpu::set_decode_piece_blocks`], [`Gpu::set_decode_first_piece_blocks`]).
     piece_blocks: usize,
     first_piece_blocks: usize,
+    /// Pieces of a decode whose launches may run at once ([`Gpu::set_decode_pieces_in_flight`]).
+    pieces_in_flight: usize,
     /// Whether a decode runs the fused chain ([`Gpu::set_decode_chain_fused`]).
     fused: bool,
     /// Whether a chain's lane decodes read compact tables ([`Gpu::set_lane_tables_compact`]).
@@ -193,13 +199,14 @@ impl Gpu {
             pq_shared_keys: u32::MAX,
             piece_blocks: DEFAULT_PIECE_BLOCKS,
             first_piece_blocks: 0,
-            fused: true,
+            pieces_in_flight: DEFAULT_PIECES_IN_FLIGHT,
+            fused: DEFAULT_CHAIN_FUSED,
             compact_tables: false,
             encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
-            staging: Mutex::new([None, None]),
+            staging: Mutex::default(),
             upload_threads: host_threads(0),
             readback: Mutex::new(None),
-            scratch: Mutex::new([None, None]),
+            scratch: Mutex::default(),
             pipe: Mutex::new(None),
             chain_lock: Mutex::new(()),
             levels: Arc::default(),
@@ -233,13 +240,14 @@ impl Gpu {
             pq_shared_keys: self.pq_shared_keys,
             piece_blocks: self.piece_blocks,
             first_piece_blocks: self.first_piece_blocks,
+            pieces_in_flight: self.pieces_in_flight,
             fused: self.fused,
             compact_tables: self.compact_tables,
             encode_piece_blocks: self.encode_piece_blocks,
-            staging: Mutex::new([None, None]),
+            staging: Mutex::default(),
             upload_threads: self.upload_threads,
             readback: Mutex::new(None),
-            scratch: Mutex::new([None, None]),
+            scratch: Mutex::default(),
             pipe: Mutex::new(None),
             chain_lock: Mutex::new(()),
             levels: self.levels.clone(),
@@ -300,15 +308,16 @@ impl Gpu {
         *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Sets whether a decode runs the fused chain (the default): four launches, the symbol
-    /// lanes, the value mapping and the dequantization each finding a value symbol's table
-    /// through its block's table map, the value mapping writing only the escapes' values and
-    /// the dequantization mapping the other symbols as it reads them. With `false`, five: a
-    /// table resolution writes every symbol's table (2 bytes a symbol) for the launches after
-    /// it to read, and the value mapping every value (4 bytes) for the dequantization. The
-    /// output is the same either way; the fused chain moves fewer bytes, and its scratch holds
-    /// no table index a symbol. A plan uploaded by
-    /// [`upload_plan`](Self::upload_plan) runs the chain set when it was uploaded.
+    /// Sets whether a decode runs the fused chain: four launches, the symbol lanes, the value
+    /// mapping and the dequantization each finding a value symbol's table through its
+    /// block's table map, the value mapping writing only the escapes' values and the
+    /// dequantization mapping the other symbols as it reads them. With `false` (the default),
+    /// five: a table resolution writes every symbol's table (2 bytes a symbol) for the
+    /// launches after it to read, and the value mapping every value (4 bytes) for the
+    /// dequantization. The output is the same either way; the fused chain moves fewer bytes
+    /// and its scratch holds no table index a symbol, but its launches took longer on a
+    /// device (the crate's README). A plan uploaded by [`upload_plan`](Self::upload_plan) runs
+    /// the chain set when it was uploaded.
     pub fn set_decode_chain_fused(&mut self, on: bool) {
         self.fused = on;
     }
@@ -837,14 +846,14 @@ impl Gpu {
     /// this `Gpu` keeps between calls (the next call allocates or builds them again; the
     /// level constants are shared with forks).
     pub fn free_cached(&self) {
-        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = [None, None];
+        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
         *self.readback.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = [None, None];
+        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
         *self.resident.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
         self.levels.clear();
     }
 
-    /// The chains' scratch slot `slot` (0 or 1), at least `bytes` long: the kept one, or a
+    /// The chains' scratch slot `slot` (below [`MAX_PIECES_IN_FLIGHT`]), at least `bytes` long: the kept one, or a
     /// new one allocated on `stream` and kept instead (a chain holds its scratch until it is
     /// done).
     fn scratch(
@@ -855,7 +864,7 @@ impl Gpu {
     ) -> Result<Arc<CudaSlice<u8>>, CudaError> {
         let mut slots = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let held = slots.get_mut(slot).ok_or(CudaError::Input {
-            what: "a scratch slot past the second",
+            what: "a scratch slot past the last",
         })?;
         if let Some(s) = held.as_ref().filter(|s| s.len() >= bytes) {
             return Ok(s.clone());

@@ -67,7 +67,8 @@ pub use error::CudaError;
 pub use gpu::{EncodeTimes, PieceTimes};
 pub use gpu::{
     Gpu, HostBuffer, UploadedEncodePlan, UploadedPlan, UploadedPq, DEFAULT_ENCODE_PIECE_BLOCKS,
-    DEFAULT_LANE_SHARED_TABLES, DEFAULT_PIECE_BLOCKS,
+    DEFAULT_LANE_SHARED_TABLES, DEFAULT_PIECES_IN_FLIGHT, DEFAULT_PIECE_BLOCKS,
+    MAX_PIECES_IN_FLIGHT,
 };
 pub use nvrtc::{compile_report, KernelResources};
 pub use quant::{OutDtype, OutLayout, Output};

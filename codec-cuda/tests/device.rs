@@ -117,7 +117,7 @@ fn device_golden_streams_decode_as_codec_core() {
 /// no tokens), each with five outputs and damaged (`chain_seed_variants`): `Gpu::decode` decodes
 /// exactly the streams codec-core decodes, with its bits, and rejects the others with a typed
 /// error (`decode_chain_on`, the fuzz harness with the device as its path), with packed and
-/// with compact tables.
+/// with compact tables, and with the fused chain.
 #[test]
 fn device_decodes_the_fuzz_seeds_as_codec_core() {
     let Some(gpu) = gpu("device_decodes_the_fuzz_seeds_as_codec_core") else {
@@ -136,9 +136,13 @@ fn device_decodes_the_fuzz_seeds_as_codec_core() {
     let mut compact = gpu.fork().unwrap();
     compact.set_lane_tables_compact(true);
     let device_compact = |p: &DecodePlan<'_>, _: &[u8]| compact.decode(p);
-    let paths: [DecodePath<'_>; 2] = [
+    let mut fused = gpu.fork().unwrap();
+    fused.set_decode_chain_fused(true);
+    let device_fused = |p: &DecodePlan<'_>, _: &[u8]| fused.decode(p);
+    let paths: [DecodePath<'_>; 3] = [
         ("device", &device),
         ("device, compact tables", &device_compact),
+        ("device, fused chain", &device_fused),
     ];
     let (mut ran, mut decoded) = (0, 0);
     for seed in &seeds {
@@ -608,7 +612,7 @@ fn device_uploaded_plan_decodes_again_and_again() {
             }
         }
     }
-    gpu.set_decode_chain_fused(true);
+    gpu.set_decode_chain_fused(false);
     let other = Gpu::new(0).unwrap();
     let (_, bytes, profile) = golden().swap_remove(0);
     let stream = Stream::open(&bytes, profile.as_ref(), &Limits::DEFAULT).unwrap();
@@ -645,7 +649,7 @@ fn device_compact_tables_decode_as_codec_core() {
             got.truncate(want.len());
             assert!(got == want, "{name}, fused {fused}, pieces of {pieces}");
         }
-        gpu.set_decode_chain_fused(true);
+        gpu.set_decode_chain_fused(false);
         gpu.set_decode_piece_blocks(0);
         let up = gpu.upload_plan(&plan).unwrap();
         gpu.set_lane_tables_compact(false);
@@ -936,12 +940,13 @@ fn decode_copies(
 }
 
 /// A plan decoded in pieces (`Gpu::set_decode_piece_blocks`: each piece's upload on a copy
-/// stream beside the launches of the one before, pieces on two compute streams, each
+/// stream beside the launches of the ones before, pieces on compute streams in turn, each
 /// piece's chain built on a thread of its own while the one before is queued) gives the
 /// whole plan's bits, from page-locked memory and packed, CRCs checked when added or at
 /// decode: five copies of the fixture (4 layers) in pieces of 8 to 1000 blocks, and in
-/// pieces growing from 8 to 64, the chain fused (the default) or in five launches
-/// (`Gpu::set_decode_chain_fused`). With a
+/// pieces growing from 8 to 64, the chain in five launches (the default) or fused
+/// (`Gpu::set_decode_chain_fused`), 1 to 4 pieces in flight
+/// (`Gpu::set_decode_pieces_in_flight`). With a
 /// chunk of the middle copy damaged (a stored CRC altered; a lane word altered under a
 /// recomputed CRC), every piece size gives the whole plan's verdict.
 #[test]
@@ -955,29 +960,36 @@ fn device_decodes_in_pieces_as_whole() {
     let one = Stream::open(&bytes, None, &Limits::DEFAULT).unwrap();
     let want = codec_core_tensors(&one, OutDtype::F16).concat().repeat(5);
     for crc_at_decode in [false, true] {
-        for (piece_blocks, first, fused) in [
-            (0, 0, true),
-            (0, 0, false),
-            (8, 0, true),
-            (20, 0, false),
-            (64, 0, true),
-            (1000, 0, true),
-            (64, 8, true),
-            (64, 8, false),
+        for (piece_blocks, first, fused, in_flight) in [
+            (0, 0, true, 2),
+            (0, 0, false, 2),
+            (8, 0, true, 2),
+            (8, 0, false, 1),
+            (8, 0, true, 4),
+            (20, 0, false, 2),
+            (20, 0, true, 3),
+            (64, 0, true, 2),
+            (1000, 0, true, 2),
+            (64, 8, true, 2),
+            (64, 8, false, 2),
+            (16, 8, false, 4),
         ] {
             gpu.set_decode_piece_blocks(piece_blocks);
             gpu.set_decode_first_piece_blocks(first);
             gpu.set_decode_chain_fused(fused);
+            gpu.set_decode_pieces_in_flight(in_flight);
             for got in decode_copies(&gpu, &host, at, crc_at_decode) {
                 assert!(
                     got.unwrap() == want,
-                    "{piece_blocks} blocks, first {first}, {crc_at_decode}, {fused}"
+                    "{piece_blocks} blocks, first {first}, {crc_at_decode}, fused {fused}, \
+                     {in_flight} in flight"
                 );
             }
         }
     }
     gpu.set_decode_first_piece_blocks(0);
-    gpu.set_decode_chain_fused(true);
+    gpu.set_decode_chain_fused(false);
+    gpu.set_decode_pieces_in_flight(codec_cuda::DEFAULT_PIECES_IN_FLIGHT);
     let chunks: Vec<(usize, usize)> = (0..one.header().chunks.len())
         .map(|c| {
             let chunk = one.chunk_bytes(c).unwrap();
@@ -1002,14 +1014,16 @@ fn device_decodes_in_pieces_as_whole() {
             gpu.set_decode_piece_blocks(0);
             let whole = decode_copies(&gpu, &host, at, true);
             refused += whole.iter().filter(|r| r.is_err()).count();
-            for piece_blocks in [8, 20, 64] {
+            for (piece_blocks, in_flight) in [(8, 2), (20, 2), (64, 2), (8, 4)] {
                 gpu.set_decode_piece_blocks(piece_blocks);
+                gpu.set_decode_pieces_in_flight(in_flight);
                 let got = decode_copies(&gpu, &host, at, true);
                 assert_eq!(
                     got, whole,
-                    "chunk {c}, lane word {lane_word}, {piece_blocks}"
+                    "chunk {c}, lane word {lane_word}, {piece_blocks}, {in_flight} in flight"
                 );
             }
+            gpu.set_decode_pieces_in_flight(codec_cuda::DEFAULT_PIECES_IN_FLIGHT);
             if !lane_word {
                 let named = |r: &Result<Vec<u16>, CudaError>| match r {
                     Err(CudaError::Stream { chunk, .. }) => *chunk == c,

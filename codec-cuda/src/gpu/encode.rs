@@ -343,7 +343,7 @@ impl Gpu {
         pieces: &[Range<usize>],
         src: &CudaSlice<T>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        let (copy, _) = self.pipe_streams()?;
+        let copy = self.pipe_streams()?.copy.clone();
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let encoded = self.queue_pieces(plan, pieces, src, &copy);
         // Every exit waits for what was queued: the staging, scratch and readback buffers

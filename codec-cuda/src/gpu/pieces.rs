@@ -1,8 +1,9 @@
 //! Decoding a plan in pieces on one [`Gpu`]: each piece's chain is built on a host thread
 //! while the piece before is queued, and its upload queued on a copy stream while the
-//! launches of the piece before run on a compute stream, so that the host's work, the copy
-//! across PCIe and the kernels overlap instead of following one another. Pieces are runs of
-//! whole chunks, which write disjoint parts of the output: the bits are the whole plan's.
+//! launches of the pieces before run on compute streams of their own (several pieces' launches
+//! at once: [`Gpu::set_decode_pieces_in_flight`]), so that the host's work, the copy across
+//! PCIe and the kernels overlap instead of following one another. Pieces are runs of whole
+//! chunks, which write disjoint parts of the output: the bits are the whole plan's.
 
 use std::sync::Arc;
 
@@ -18,15 +19,32 @@ use crate::ffi;
 /// Coded blocks a piece of a decode holds by default ([`Gpu::set_decode_piece_blocks`]).
 pub const DEFAULT_PIECE_BLOCKS: usize = 2048;
 
+/// Pieces of a decode whose launches may run at once by default
+/// ([`Gpu::set_decode_pieces_in_flight`]).
+pub const DEFAULT_PIECES_IN_FLIGHT: usize = 4;
+
+/// The most pieces of a decode whose launches may run at once: each has a compute stream,
+/// a staging buffer and a scratch slot of its own.
+pub const MAX_PIECES_IN_FLIGHT: usize = 4;
+
 /// The streams of a decode or an encode in pieces besides the `Gpu`'s own: a copy stream (a
-/// decode's uploads, an encode's copies back) and a second compute stream (a decode's pieces
-/// alternate between the two compute streams, so that one piece's launches fill the device
-/// beside the tail of the one before; an encode's run one after another on the `Gpu`'s, so
-/// that each piece's copy back starts as early as it can).
+/// decode's uploads, an encode's copies back) and the other compute streams (piece `i` of a
+/// decode launches on compute stream `i % n` of the `Gpu`'s and these, `n` pieces in flight,
+/// so that one piece's launches fill the device beside the tails of the ones before; an
+/// encode's run one after another on the `Gpu`'s, so that each piece's copy back starts as
+/// early as it can).
 #[derive(Debug)]
 pub(super) struct PipeStreams {
-    copy: Arc<CudaStream>,
-    side: Arc<CudaStream>,
+    pub(super) copy: Arc<CudaStream>,
+    sides: Vec<Arc<CudaStream>>,
+}
+
+impl PipeStreams {
+    /// The compute streams of `n` pieces in flight: the `Gpu`'s `own`, then `n - 1` of these.
+    fn computes<'a>(&'a self, own: &'a Arc<CudaStream>, n: usize) -> Vec<&'a Arc<CudaStream>> {
+        let sides = self.sides.iter().take(n.saturating_sub(1));
+        std::iter::once(own).chain(sides).collect()
+    }
 }
 
 /// A piece queued and launched: its chain on the device and what its statuses are checked
@@ -37,9 +55,12 @@ type Launched<'p> = (
     Vec<crate::decode::ChunkCrc<'p>>,
 );
 
-/// What a decode in pieces queues on: its copy stream and second compute stream, and a
-/// verdict word per piece.
-type Pipe<'a> = (&'a (Arc<CudaStream>, Arc<CudaStream>), &'a Verdicts);
+/// What a decode in pieces queues on: its copy stream, its compute streams (a piece's is
+/// the one of its index modulo their count), and a verdict word per piece.
+type Pipe<'a> = (
+    (&'a Arc<CudaStream>, &'a [&'a Arc<CudaStream>]),
+    &'a Verdicts,
+);
 
 /// A piece's chain built on the host: the chain, the views of its level constants, and where
 /// its words lie in the caller's bytes (a decode from them).
@@ -81,27 +102,37 @@ impl Gpu {
         self.first_piece_blocks = blocks;
     }
 
-    /// The copy stream and the second compute stream (of a decode or an encode in pieces),
+    /// Sets how many pieces of a decode in pieces may have their launches on the device at
+    /// once, each on a compute stream of its own (clamped to 1 to
+    /// [`MAX_PIECES_IN_FLIGHT`]; default [`DEFAULT_PIECES_IN_FLIGHT`]): a piece's lane
+    /// decode keeps a warp busy per coded block, so small pieces leave the device's
+    /// multiprocessors idle unless several run side by side. Each piece in flight keeps a
+    /// staging buffer and a scratch slot. The bits are the same for every setting.
+    pub fn set_decode_pieces_in_flight(&mut self, pieces: usize) {
+        self.pieces_in_flight = pieces.clamp(1, MAX_PIECES_IN_FLIGHT);
+    }
+
+    /// The copy stream and the other compute streams (of a decode or an encode in pieces),
     /// made on the first call.
-    pub(super) fn pipe_streams(&self) -> Result<(Arc<CudaStream>, Arc<CudaStream>), CudaError> {
+    pub(super) fn pipe_streams(&self) -> Result<Arc<PipeStreams>, CudaError> {
         let mut held = self.pipe.lock().unwrap_or_else(|e| e.into_inner());
-        if held.is_none() {
-            let new = || {
-                self.ctx
-                    .new_stream()
-                    .map_err(ffi::driver_err("cuStreamCreate"))
-            };
-            *held = Some(PipeStreams {
-                copy: new()?,
-                side: new()?,
-            });
+        if let Some(p) = held.as_ref() {
+            return Ok(p.clone());
         }
-        match held.as_ref() {
-            Some(p) => Ok((p.copy.clone(), p.side.clone())),
-            None => Err(CudaError::Input {
-                what: "no pipeline streams",
-            }),
-        }
+        let new = || {
+            self.ctx
+                .new_stream()
+                .map_err(ffi::driver_err("cuStreamCreate"))
+        };
+        let sides = (1..MAX_PIECES_IN_FLIGHT)
+            .map(|_| new())
+            .collect::<Result<_, _>>()?;
+        let made = Arc::new(PipeStreams {
+            copy: new()?,
+            sides,
+        });
+        *held = Some(made.clone());
+        Ok(made)
     }
 
     #[cfg(feature = "internals")]
@@ -169,14 +200,15 @@ impl Gpu {
         }
         let bytes = host.map(HostBuffer::as_slice).transpose()?;
         let streams = self.pipe_streams()?;
+        let computes = streams.computes(&self.stream, self.pieces_in_flight);
         let _one_chain = self.chain_lock.lock().unwrap_or_else(|e| e.into_inner());
         // Allocated before the pieces' launches, which wait for what the `Gpu`'s stream did.
         let verdicts = Verdicts::new(&self.stream, pieces.len())?;
-        let pipe = (&streams, &verdicts);
+        let pipe = ((&streams.copy, &computes[..]), &verdicts);
         let launched = self.launch_pieces(plan, &pieces, bytes, pipe, out, timeline);
         // Every exit waits for what was queued: the staging buffers, `host` and `out` are
         // the caller's again.
-        for s in [&streams.0, &streams.1, &self.stream] {
+        for s in std::iter::once(&streams.copy).chain(computes.iter().copied()) {
             s.synchronize()
                 .map_err(ffi::driver_err("cuStreamSynchronize"))?;
         }
@@ -199,9 +231,9 @@ impl Gpu {
     }
 
     /// Queues every piece: its chain built (on a builder thread, a piece ahead of the
-    /// queueing), its upload on the copy stream, its launches on the compute stream of its
-    /// parity once the upload is done. Nothing synchronized but a staging buffer's last copy
-    /// before it is refilled.
+    /// queueing), its upload on the copy stream, its launches on its compute stream once the
+    /// upload is done. Nothing synchronized but a staging buffer's last copy before it is
+    /// refilled.
     fn launch_pieces<'p>(
         &self,
         plan: &'p DecodePlan<'_>,
@@ -211,11 +243,10 @@ impl Gpu {
         out: &mut CudaSlice<u16>,
         timeline: Option<&mut Option<Timeline>>,
     ) -> Result<Vec<Launched<'p>>, CudaError> {
-        let streams = pipe.0;
+        let copy = pipe.0 .0;
         std::thread::scope(|scope| {
             // One piece waits built while the next is built: the host's chains stay bounded.
             let (tx, built) = std::sync::mpsc::sync_channel(1);
-            let copy = &streams.0;
             scope.spawn(move || {
                 for range in pieces {
                     let piece = self.build_piece(plan, range.clone(), bytes, copy);
@@ -263,12 +294,11 @@ impl Gpu {
         plan: &'p DecodePlan<'_>,
         built: std::sync::mpsc::Receiver<Result<BuiltPiece<'p>, CudaError>>,
         bytes: Option<&'p [u8]>,
-        ((copy, side), verdicts): Pipe<'_>,
+        ((copy, computes), verdicts): Pipe<'_>,
         out: &mut CudaSlice<u16>,
         mut timeline: Option<&mut Option<Timeline>>,
     ) -> Result<Vec<Launched<'p>>, CudaError> {
         let k = self.kernels(None)?;
-        let computes = [&self.stream, side];
         // Events time only where a timeline is kept.
         let flags = match timeline {
             Some(_) => cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
@@ -281,22 +311,24 @@ impl Gpu {
             |s: &CudaStream, e: &CudaEvent| s.wait(e).map_err(ffi::driver_err("cuStreamWaitEvent"));
         // What the caller queued on its stream before (the output's allocation) comes first.
         let start = event(&self.stream)?;
-        wait(copy, &start)?;
-        wait(side, &start)?;
+        for s in std::iter::once(copy).chain(computes[1..].iter().copied()) {
+            wait(s, &start)?;
+        }
         let host_start = std::time::Instant::now();
         let ms = || host_start.elapsed().as_secs_f64() * 1e3;
         let timed = timeline.is_some();
         let mark = |s: &CudaStream| timed.then(|| event(s)).transpose();
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        let mut uploaded: [Option<CudaEvent>; 2] = [None, None];
+        let mut uploaded: Vec<Option<CudaEvent>> = computes.iter().map(|_| None).collect();
         let mut launched = Vec::new();
         let mut marks = Vec::new();
         for (i, piece) in built.iter().enumerate() {
-            let slot = i % 2;
+            let slot = i % computes.len();
             let (chain, levels, places) = piece?;
             let raw = bytes.zip(places);
             let built = ms();
-            // The slot's staging buffer was last copied from two pieces back.
+            // The slot's staging buffer was last copied from as many pieces back as are in
+            // flight; its scratch is the last piece's on the same compute stream.
             if let Some(e) = uploaded[slot].take() {
                 e.synchronize()
                     .map_err(ffi::driver_err("cuEventSynchronize"))?;
@@ -308,11 +340,11 @@ impl Gpu {
             let queued = self.queue_chain(&chain, source, on, slot, Some(levels), compute)?;
             let done = event(copy)?;
             let (copy_end, queued_at) = (mark(copy)?, ms());
-            wait(computes[slot], &done)?;
-            let launch_start = mark(computes[slot])?;
-            self.launch_chain(computes[slot], &k, &queued.dev, plan.output(), out)?;
-            queued.judge(computes[slot], &k.chain_verdict, verdicts.word(i)?)?;
-            let launch_end = mark(computes[slot])?;
+            wait(compute, &done)?;
+            let launch_start = mark(compute)?;
+            self.launch_chain(compute, &k, &queued.dev, plan.output(), out)?;
+            queued.judge(compute, &k.chain_verdict, verdicts.word(i)?)?;
+            let launch_end = mark(compute)?;
             uploaded[slot] = Some(done);
             if let (Some(a), Some(b), Some(c), Some(d)) =
                 (copy_start, copy_end, launch_start, launch_end)
