@@ -853,9 +853,9 @@ impl Gpu {
         self.levels.clear();
     }
 
-    /// The chains' scratch slot `slot` (below [`MAX_PIECES_IN_FLIGHT`]), at least `bytes` long: the kept one, or a
-    /// new one allocated on `stream` and kept instead (a chain holds its scratch until it is
-    /// done).
+    /// The chains' scratch slot `slot` (below [`MAX_PIECES_IN_FLIGHT`]), at least `bytes`
+    /// long: the kept one, or a new one allocated on `stream` and kept instead (a chain holds
+    /// its scratch until it is done).
     fn scratch(
         &self,
         slot: usize,

@@ -945,7 +945,7 @@ fn decode_copies(
 /// whole plan's bits, from page-locked memory and packed, CRCs checked when added or at
 /// decode: five copies of the fixture (4 layers) in pieces of 8 to 1000 blocks, and in
 /// pieces growing from 8 to 64, the chain in five launches (the default) or fused
-/// (`Gpu::set_decode_chain_fused`), 1 to 4 pieces in flight
+/// (`Gpu::set_decode_chain_fused`), 1 to 8 pieces in flight
 /// (`Gpu::set_decode_pieces_in_flight`). With a
 /// chunk of the middle copy damaged (a stored CRC altered; a lane word altered under a
 /// recomputed CRC), every piece size gives the whole plan's verdict.
@@ -973,6 +973,8 @@ fn device_decodes_in_pieces_as_whole() {
             (64, 8, true, 2),
             (64, 8, false, 2),
             (16, 8, false, 4),
+            (8, 0, false, 8),
+            (20, 0, true, 6),
         ] {
             gpu.set_decode_piece_blocks(piece_blocks);
             gpu.set_decode_first_piece_blocks(first);

@@ -25,7 +25,7 @@ pub const DEFAULT_PIECES_IN_FLIGHT: usize = 4;
 
 /// The most pieces of a decode whose launches may run at once: each has a compute stream,
 /// a staging buffer and a scratch slot of its own.
-pub const MAX_PIECES_IN_FLIGHT: usize = 4;
+pub const MAX_PIECES_IN_FLIGHT: usize = 8;
 
 /// The streams of a decode or an encode in pieces besides the `Gpu`'s own: a copy stream (a
 /// decode's uploads, an encode's copies back) and the other compute streams (piece `i` of a
