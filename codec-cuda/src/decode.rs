@@ -84,7 +84,7 @@ use crate::rans::{LaneBatch, LaneBlock, LaneDecoded, LaneShape, LaneWords, Table
 use crate::stream::{ChunkLanes, CodedBlock, Destination};
 
 /// Whether a decode chain is fused by default (`Gpu::set_decode_chain_fused`): the
-/// five-launch chain measured faster on a device (codec-cuda/README.md, "Whole decode").
+/// five-launch chain measured faster on a device (the crate's README, "2026-11-30").
 pub(crate) const DEFAULT_CHAIN_FUSED: bool = false;
 
 /// The bytes a chunk's CRC covers and the CRC stored after them.
