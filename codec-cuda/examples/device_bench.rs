@@ -37,7 +37,9 @@
 //! 32768-token head with 256 queries.
 //!
 //! The third argument names the sections to run, in the order of `SECTIONS` (default all
-//! but `threads`): `exponents` (the decodes with step exponents), `inflight` (the whole
+//! but `threads`): `early` (the whole decode from page-locked memory at the defaults, each
+//! piece's bytes copied after or before its chain is built, `Gpu::set_decode_copy_early`),
+//! `exponents` (the decodes with step exponents), `inflight` (the whole
 //! decode from page-locked memory in pieces by pieces in flight, piece size and chain),
 //! `decode` (the three levels' decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
 //! `decode_from` (upload, launches) on 1 to 8 host threads at once, apart, for the middle
@@ -73,7 +75,8 @@ fn best_of<T>(rounds: usize, mut f: impl FnMut() -> T) -> (f64, T) {
 
 /// The parts of the harness, in the order they run; the third argument picks some
 /// (`decode,pq`; default: all but `threads`), so that a short lend measures what it must.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
+    "early",
     "exponents",
     "inflight",
     "decode",
@@ -87,7 +90,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let copies: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
-    let picked = args.next().unwrap_or_else(|| SECTIONS[..6].join(","));
+    let picked = args.next().unwrap_or_else(|| SECTIONS[..7].join(","));
     let picked: Vec<&str> = picked.split(',').collect();
     if let Some(bad) = picked.iter().find(|p| !SECTIONS.contains(p)) {
         println!(
@@ -115,6 +118,7 @@ fn main() {
     for section in picked {
         let t = Instant::now();
         match section {
+            "early" => bench_copy_early(&mut gpu, &d.kv, &profile, rc),
             "exponents" => bench_decode_exponents(&mut gpu, &d, rc),
             "inflight" => bench_pieces_in_flight(&mut gpu, &d, &profile, rc),
             "decode" => {
@@ -468,6 +472,92 @@ fn page_locked_copies(gpu: &Gpu, bytes: &[u8], copies: usize) -> HostBuffer {
     host
 }
 
+/// `decode_from` at the defaults with each piece's bytes copied once its chain is built and
+/// before (`Gpu::set_decode_copy_early`): the three levels, `copies`, 4x and 16x as many
+/// streams, every output checked; then when each of the first pieces' steps happened, both
+/// ways, at the last level with 4x the streams.
+fn bench_copy_early(
+    gpu: &mut Gpu,
+    kv: &KvCache,
+    profile: &Profile,
+    (rounds, copies): (usize, usize),
+) {
+    for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
+        let bytes = support::stream_bytes(kv, profile, level);
+        let one = support::open(&bytes);
+        let one_copy = gpu.decode(&support::decode_plan(&one, 1)).unwrap();
+        for n in [copies, 4 * copies, 16 * copies] {
+            let host = page_locked_copies(gpu, &bytes, n);
+            let raw = host.as_slice().unwrap();
+            let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
+            let refs: Vec<_> = streams.iter().collect();
+            let plan = support::decode_plan_with(&refs, 0, true);
+            let mut out = gpu.stream().alloc_zeros::<u16>(one_copy.len() * n).unwrap();
+            let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
+            let mut line = Vec::new();
+            let mut timelines = Vec::new();
+            for early in [false, true] {
+                gpu.set_decode_copy_early(early);
+                gpu.stream().memset_zeros(&mut out).unwrap();
+                let (t, r) = best_of(rounds, || gpu.decode_from(&plan, &host, &mut out));
+                let got = gpu.stream().clone_dtoh(&out).unwrap();
+                let ok = r.is_ok() && got.chunks_exact(one_copy.len()).all(|c| c == one_copy);
+                line.push(format!(
+                    "copied {}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
+                    if early { "early" } else { "once built" },
+                    t * 1e3,
+                    gbs(t)
+                ));
+                if level == profile.levels() - 1 && n == 4 * copies {
+                    timelines.push(first_pieces(gpu, &plan, &host, &mut out));
+                }
+            }
+            gpu.set_decode_copy_early(false);
+            println!(
+                "copy early, level {level}, {n} streams -> {:.1} MB f16, decode_from at the \
+                 defaults: {}{}",
+                (one_copy.len() * 2 * n) as f64 / 1e6,
+                line.join(", "),
+                timelines.concat()
+            );
+        }
+    }
+}
+
+/// When the first three pieces' steps happened in `decode_from` of `plan` (the last of five
+/// runs), as a line's tail.
+fn first_pieces(
+    gpu: &Gpu,
+    plan: &DecodePlan<'_>,
+    host: &HostBuffer,
+    out: &mut CudaSlice<u16>,
+) -> String {
+    let mut timeline = Ok(Vec::new());
+    for _ in 0..5 {
+        timeline = gpu.time_decode_pieces(plan, Some(host), out);
+    }
+    match timeline {
+        Ok(p) => format!(
+            "; first pieces (ms): {}",
+            p.iter()
+                .take(3)
+                .map(piece_steps)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        Err(e) => format!("; not timed ({e})"),
+    }
+}
+
+/// A piece's steps in ms from a decode's start: on the host, its chain taken from the
+/// builder, its upload queued, its launches queued; on the device, its copy and launches.
+fn piece_steps(t: &codec_cuda::PieceTimes) -> String {
+    format!(
+        "host {:.2}/{:.2}/{:.2}, copy {:.2}-{:.2}, launches {:.2}-{:.2}",
+        t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+    )
+}
+
 /// `copies` copies of the stream `bytes` decoded on one handle in pieces of 0 (whole), 4096,
 /// 2048, 1024 and 512 coded blocks (`Gpu::set_decode_piece_blocks`): `decode_from` from
 /// page-locked memory (the plan built before, its CRCs checked on the device) and
@@ -554,14 +644,12 @@ fn bench_decode_pieces(
         timeline = gpu.time_decode_pieces(&at_decode, Some(&host), &mut out);
     }
     gpu.set_decode_piece_blocks(codec_cuda::DEFAULT_PIECE_BLOCKS);
-    let step = |t: &codec_cuda::PieceTimes| {
-        format!(
-            "host {:.2}/{:.2}/{:.2}, copy {:.2}-{:.2}, launches {:.2}-{:.2}",
-            t[0], t[1], t[2], t[3], t[4], t[5], t[6]
-        )
-    };
     let timeline = match timeline {
-        Ok(pieces) => pieces.iter().map(step).collect::<Vec<_>>().join("; "),
+        Ok(pieces) => pieces
+            .iter()
+            .map(piece_steps)
+            .collect::<Vec<_>>()
+            .join("; "),
         Err(e) => format!("not timed ({e})"),
     };
     println!(

@@ -1003,6 +1003,27 @@ impl DecodePlan<'_> {
         Ok(self.chain()?.gather_parts(raw, MERGE_GAP_BYTES)?.0.len())
     }
 
+    /// The ranges of `raw` (the bytes the plan's streams lie in) that a decode from it copies
+    /// for the plan's chunks `chunks` when every block's lane words lie in a chunk checked at
+    /// decode, as a stream's do: those chunks' bytes, merged across gaps of at most `gap`
+    /// bytes; none when no chunk is checked at decode. Found without building the chain, so
+    /// that the bytes can cross while it is built; they are the runs
+    /// [`Chain::gather_parts`] finds for the chain of the same chunks unless some words lie
+    /// outside them (a test holds the two to each other). An input error if a checked chunk
+    /// lies outside `raw` or `chunks` past the plan's.
+    pub(crate) fn checked_runs(
+        &self,
+        chunks: Range<usize>,
+        raw: &[u8],
+        gap: usize,
+    ) -> Result<CopyRuns, CudaError> {
+        let chunks = self.chunks.get(chunks).ok_or(CudaError::Input {
+            what: "chunks past the plan's",
+        })?;
+        let needed = checked_ranges(&crc_checks(chunks), RawPlace(raw))?;
+        Ok(CopyRuns::new(needed, gap))
+    }
+
     #[cfg(feature = "internals")]
     /// For benches: the seconds `reps` findings of the chain's lane words and checked chunks
     /// in `raw`, the bytes its streams lie in, take (what a decode from page-locked memory
@@ -1261,6 +1282,18 @@ impl RawPlace<'_> {
     }
 }
 
+/// The ranges of the raw bytes that `checks`' chunks lie in (none for an empty chunk).
+fn checked_ranges(
+    checks: &[ChunkCrc<'_>],
+    place: RawPlace,
+) -> Result<Vec<Range<usize>>, CudaError> {
+    let mut needed = Vec::with_capacity(checks.len());
+    for c in checks {
+        needed.extend(place.of(c.covered)?);
+    }
+    Ok(needed)
+}
+
 impl Chain<'_> {
     /// Where every block's lane words and every chunk checked at decode lie in `raw`, the
     /// bytes the plan's streams lie in: the ranges of `raw` that hold them (to be copied, laid
@@ -1270,10 +1303,7 @@ impl Chain<'_> {
     /// if some block's words or checked chunk lie outside `raw`.
     pub(crate) fn gather_parts(&self, raw: &[u8], gap: usize) -> Result<RawPlaces, CudaError> {
         let place = RawPlace(raw);
-        let mut needed = Vec::with_capacity(self.checks.len());
-        for c in &self.checks {
-            needed.extend(place.of(c.covered)?);
-        }
+        let mut needed = checked_ranges(&self.checks, place)?;
         // Most often every block's words lie in a checked chunk: those chunks alone make the
         // runs, and the words need neither sorting in nor a second look.
         let mut runs = CopyRuns::new(needed.clone(), gap);
@@ -1900,6 +1930,12 @@ mod tests {
             let ch = plan.chain().unwrap();
             let (runs, parts, checks) = ch.gather_parts(&buf, MERGE_GAP_BYTES).unwrap();
             assert_eq!(plan.bytes_copied_from(&buf).unwrap(), runs.len());
+            // The runs found before the chain is built: these, or none to copy early.
+            let early = plan.checked_runs(0..plan.chunks(), &buf, MERGE_GAP_BYTES);
+            match crc_at_decode {
+                true => assert_eq!(early.unwrap(), runs),
+                false => assert_eq!(early.unwrap().len(), 0),
+            }
             assert_eq!(parts.len(), ch.word_parts.len());
             if crc_at_decode {
                 assert_eq!(runs.runs(), &[chunks.clone(), second_chunks.clone()]);
@@ -1918,5 +1954,39 @@ mod tests {
             let want = plan_of(&[&a, &b]).decode_chain_host().unwrap();
             assert_eq!(plan.decode_chain_host_from(&buf).unwrap(), want);
         }
+    }
+
+    /// The runs a decode in pieces copies before a piece's chain is built are the ones the
+    /// piece's chain finds, for every piece of a plan of streams apart in one buffer, gaps
+    /// merged or not; a checked chunk outside the buffer, or chunks past the plan's, are
+    /// input errors.
+    #[test]
+    fn each_pieces_early_runs_are_the_ones_its_chain_finds() {
+        let bytes = small_stream();
+        let between = vec![0xEE; 100];
+        let buf = [&bytes[..], &between, &bytes, &between, &bytes].concat();
+        let at = |i: usize| i * (bytes.len() + between.len());
+        let open = |i| Stream::open(&buf[at(i)..at(i) + bytes.len()], None, &Limits::DEFAULT);
+        let streams: Vec<Stream<'_>> = (0..3).map(|i| open(i).unwrap()).collect();
+        let (mut plan, dests) = layout(&streams.iter().collect::<Vec<_>>());
+        plan.set_crc_at_decode(true);
+        plan.add_streams(&dests, 1).unwrap();
+        let cache = LevelCache::default();
+        for piece_blocks in [0, 1, 8, 16, 24] {
+            for gap in [0, 100, MERGE_GAP_BYTES] {
+                for piece in plan.pieces(piece_blocks, 0) {
+                    let early = plan.checked_runs(piece.clone(), &buf, gap).unwrap();
+                    let ch = plan.chain_of(&cache, piece.clone()).unwrap();
+                    let (runs, _, _) = ch.gather_parts(&buf, gap).unwrap();
+                    assert!(early.len() > 0, "{piece:?}");
+                    assert_eq!(early, runs, "{piece_blocks} blocks, gap {gap}, {piece:?}");
+                }
+            }
+        }
+        let elsewhere = bytes.clone();
+        let outside = plan.checked_runs(0..plan.chunks(), &elsewhere, 0);
+        assert!(matches!(outside, Err(CudaError::Input { .. })));
+        let past = plan.checked_runs(0..plan.chunks() + 1, &buf, 0);
+        assert!(matches!(past, Err(CudaError::Input { .. })));
     }
 }

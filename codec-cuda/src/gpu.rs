@@ -120,6 +120,9 @@ pub struct Gpu {
     first_piece_blocks: usize,
     /// Pieces of a decode whose launches may run at once ([`Gpu::set_decode_pieces_in_flight`]).
     pieces_in_flight: usize,
+    /// Whether a decode from page-locked memory queues a piece's bytes before its chain is
+    /// built ([`Gpu::set_decode_copy_early`]).
+    copy_early: bool,
     /// Whether a decode runs the fused chain ([`Gpu::set_decode_chain_fused`]).
     fused: bool,
     /// Whether a chain's lane decodes read compact tables ([`Gpu::set_lane_tables_compact`]).
@@ -200,6 +203,7 @@ impl Gpu {
             piece_blocks: DEFAULT_PIECE_BLOCKS,
             first_piece_blocks: 0,
             pieces_in_flight: DEFAULT_PIECES_IN_FLIGHT,
+            copy_early: false,
             fused: DEFAULT_CHAIN_FUSED,
             compact_tables: false,
             encode_piece_blocks: DEFAULT_ENCODE_PIECE_BLOCKS,
@@ -241,6 +245,7 @@ impl Gpu {
             piece_blocks: self.piece_blocks,
             first_piece_blocks: self.first_piece_blocks,
             pieces_in_flight: self.pieces_in_flight,
+            copy_early: self.copy_early,
             fused: self.fused,
             compact_tables: self.compact_tables,
             encode_piece_blocks: self.encode_piece_blocks,
@@ -661,7 +666,7 @@ impl Gpu {
                 Some((bytes, chain.gather_parts(bytes, MERGE_GAP_BYTES)?))
             }
         };
-        let source = WordSource::of(&raw);
+        let source = WordSource::of(&raw, None);
         let t1 = std::time::Instant::now();
         let queued = {
             let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());

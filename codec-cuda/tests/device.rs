@@ -946,9 +946,10 @@ fn decode_copies(
 /// decode: five copies of the fixture (4 layers) in pieces of 8 to 1000 blocks, and in
 /// pieces growing from 8 to 64, the chain in five launches (the default) or fused
 /// (`Gpu::set_decode_chain_fused`), 1 to 8 pieces in flight
-/// (`Gpu::set_decode_pieces_in_flight`). With a
-/// chunk of the middle copy damaged (a stored CRC altered; a lane word altered under a
-/// recomputed CRC), every piece size gives the whole plan's verdict.
+/// (`Gpu::set_decode_pieces_in_flight`), each piece's bytes copied before or after its chain
+/// is built (`Gpu::set_decode_copy_early`; a plan of one piece through the pieces' path
+/// then). With a chunk of the middle copy damaged (a stored CRC altered; a lane word altered
+/// under a recomputed CRC), every piece size gives the whole plan's verdict.
 #[test]
 fn device_decodes_in_pieces_as_whole() {
     let Some(mut gpu) = gpu("device_decodes_in_pieces_as_whole") else {
@@ -980,15 +981,19 @@ fn device_decodes_in_pieces_as_whole() {
             gpu.set_decode_first_piece_blocks(first);
             gpu.set_decode_chain_fused(fused);
             gpu.set_decode_pieces_in_flight(in_flight);
-            for got in decode_copies(&gpu, &host, at, crc_at_decode) {
-                assert!(
-                    got.unwrap() == want,
-                    "{piece_blocks} blocks, first {first}, {crc_at_decode}, fused {fused}, \
-                     {in_flight} in flight"
-                );
+            for early in [false, true] {
+                gpu.set_decode_copy_early(early);
+                for got in decode_copies(&gpu, &host, at, crc_at_decode) {
+                    assert!(
+                        got.unwrap() == want,
+                        "{piece_blocks} blocks, first {first}, {crc_at_decode}, fused {fused}, \
+                         {in_flight} in flight, copied early {early}"
+                    );
+                }
             }
         }
     }
+    gpu.set_decode_copy_early(false);
     gpu.set_decode_first_piece_blocks(0);
     gpu.set_decode_chain_fused(false);
     gpu.set_decode_pieces_in_flight(codec_cuda::DEFAULT_PIECES_IN_FLIGHT);
@@ -1016,15 +1021,21 @@ fn device_decodes_in_pieces_as_whole() {
             gpu.set_decode_piece_blocks(0);
             let whole = decode_copies(&gpu, &host, at, true);
             refused += whole.iter().filter(|r| r.is_err()).count();
-            for (piece_blocks, in_flight) in [(8, 2), (20, 2), (64, 2), (8, 4)] {
+            let cases = [(8, 2, false), (20, 2, false), (64, 2, false), (8, 4, false)];
+            for (piece_blocks, in_flight, early) in
+                cases.into_iter().chain([(8, 4, true), (0, 4, true)])
+            {
                 gpu.set_decode_piece_blocks(piece_blocks);
                 gpu.set_decode_pieces_in_flight(in_flight);
+                gpu.set_decode_copy_early(early);
                 let got = decode_copies(&gpu, &host, at, true);
                 assert_eq!(
                     got, whole,
-                    "chunk {c}, lane word {lane_word}, {piece_blocks}, {in_flight} in flight"
+                    "chunk {c}, lane word {lane_word}, {piece_blocks}, {in_flight} in flight, \
+                     copied early {early}"
                 );
             }
+            gpu.set_decode_copy_early(false);
             gpu.set_decode_pieces_in_flight(codec_cuda::DEFAULT_PIECES_IN_FLIGHT);
             if !lane_word {
                 let named = |r: &Result<Vec<u16>, CudaError>| match r {

@@ -73,7 +73,7 @@ impl HostBuffer {
 }
 
 /// Where an upload takes a chain's lane words from.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(super) enum WordSource<'a> {
     /// The streams wherever they lie: each block's words copied by the host into the packed
     /// upload.
@@ -81,19 +81,26 @@ pub(super) enum WordSource<'a> {
     /// `raw`, page-locked bytes the streams lie in, its ranges `runs` copied to the device
     /// as they are, back to back; `parts` says where each block's words are in that copy,
     /// `checks` where each chunk whose CRC is checked at decode is
-    /// ([`crate::decode::Chain::gather_parts`]).
+    /// ([`crate::decode::Chain::gather_parts`]); `copied`, those runs already queued for
+    /// the device on the stream the upload is queued on.
     Raw {
         raw: &'a [u8],
         runs: &'a CopyRuns,
         parts: &'a [GatherPart],
         checks: &'a [ChunkCheck],
+        copied: Option<DevBuf<u8>>,
     },
 }
 
+/// Runs of a host buffer queued for the device before the chain that reads them was built,
+/// and where they landed ([`Gpu::set_decode_copy_early`]).
+pub(super) type EarlyCopy = (CopyRuns, DevBuf<u8>);
+
 impl<'a> WordSource<'a> {
     /// Words copied as they lie in `raw`'s bytes, from the places a chain found in them
-    /// ([`crate::decode::Chain::gather_parts`]); without `raw`, packed.
-    pub(super) fn of(raw: &'a Option<(&'a [u8], RawPlaces)>) -> Self {
+    /// ([`crate::decode::Chain::gather_parts`]), the copy queued `early` taken when it holds
+    /// the runs found; without `raw`, packed.
+    pub(super) fn of(raw: &'a Option<(&'a [u8], RawPlaces)>, early: Option<EarlyCopy>) -> Self {
         match raw {
             None => WordSource::Packed,
             Some((bytes, (runs, parts, checks))) => WordSource::Raw {
@@ -101,6 +108,7 @@ impl<'a> WordSource<'a> {
                 runs,
                 parts,
                 checks,
+                copied: early.filter(|(r, _)| r == runs).map(|(_, copied)| copied),
             },
         }
     }

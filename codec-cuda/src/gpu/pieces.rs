@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
+use super::from_host::EarlyCopy;
 use super::queued::Verdicts;
 use super::{check_page_size, Gpu, HostBuffer, WordSource};
 use crate::copy_runs::MERGE_GAP_BYTES;
 use crate::decode::{check_chain, check_crcs_host, DecodePlan};
 use crate::error::CudaError;
-use crate::ffi;
+use crate::ffi::{self, DevBuf};
 
 /// Coded blocks a piece of a decode holds by default ([`Gpu::set_decode_piece_blocks`]).
 pub const DEFAULT_PIECE_BLOCKS: usize = 2048;
@@ -112,6 +113,17 @@ impl Gpu {
         self.pieces_in_flight = pieces.clamp(1, MAX_PIECES_IN_FLIGHT);
     }
 
+    /// Sets whether [`decode_from`](Self::decode_from) queues each piece's bytes for the
+    /// device before its chain is built, on the host, beside it: the chunks checked at decode
+    /// (every stream's chunk holds its blocks' words) are known from the plan, so their copy
+    /// across PCIe need not wait for the chain that says where each block's words lie in it.
+    /// A plan of one piece is then decoded as one of several is (its chain built on a thread
+    /// of its own). Default off, until measured on a device (`device_bench`'s `early`
+    /// section). The bits are the same for every setting.
+    pub fn set_decode_copy_early(&mut self, on: bool) {
+        self.copy_early = on;
+    }
+
     /// The copy stream and the other compute streams (of a decode or an encode in pieces),
     /// made on the first call.
     pub(super) fn pipe_streams(&self) -> Result<Arc<PipeStreams>, CudaError> {
@@ -137,8 +149,8 @@ impl Gpu {
 
     #[cfg(feature = "internals")]
     /// For benches: [`decode_from`](Self::decode_from) (with `host`) or
-    /// [`decode_into`](Self::decode_into) of `plan` in at least two pieces, and when each
-    /// piece's steps happened.
+    /// [`decode_into`](Self::decode_into) of `plan` in at least two pieces (or one, copying
+    /// early from `host`), and when each piece's steps happened.
     pub fn time_decode_pieces(
         &self,
         plan: &DecodePlan<'_>,
@@ -194,7 +206,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         check_page_size(plan)?;
         let pieces = plan.pieces(self.piece_blocks, self.first_piece_blocks);
-        if pieces.len() < 2 {
+        if pieces.len() < 2 && !(self.copy_early && host.is_some()) {
             let up = self.upload_plan_timed(plan, host, None)?;
             return self.decode_uploaded_into(&up, out);
         }
@@ -258,7 +270,8 @@ impl Gpu {
                 }
             });
             // Returning drops `built`, so that a builder still at work stops at its next piece.
-            let launched = self.queue_built_pieces(plan, built, bytes, pipe, out, timeline)?;
+            let to_queue = (pieces, built);
+            let launched = self.queue_built_pieces(plan, to_queue, bytes, pipe, out, timeline)?;
             if launched.len() != pieces.len() {
                 return Err(CudaError::Input {
                     what: "a piece's chain was not built",
@@ -288,11 +301,38 @@ impl Gpu {
         Ok((chain, levels, raw))
     }
 
-    /// Queues the pieces `built` hands over, in order ([`launch_pieces`](Self::launch_pieces)).
+    /// With [`set_decode_copy_early`](Self::set_decode_copy_early) and `bytes`, the runs of
+    /// `bytes` a decode copies for `plan`'s chunks `range` when their words lie in their
+    /// checked chunks ([`DecodePlan::checked_runs`]), queued on `copy` now, before the
+    /// piece's chain is built. `None` where there is nothing to copy early or it could not
+    /// be queued: the piece's bytes are then copied once its chain is built, as without the
+    /// setting, and that reports what failed, in the plan's order.
+    fn copy_early(
+        &self,
+        plan: &DecodePlan<'_>,
+        range: std::ops::Range<usize>,
+        bytes: Option<&[u8]>,
+        copy: &Arc<CudaStream>,
+    ) -> Option<EarlyCopy> {
+        let bytes = bytes.filter(|_| self.copy_early)?;
+        let runs = plan.checked_runs(range, bytes, MERGE_GAP_BYTES).ok()?;
+        if runs.len() == 0 {
+            return None;
+        }
+        let copied = DevBuf::upload_runs(copy, bytes, runs.runs()).ok()?;
+        Some((runs, copied))
+    }
+
+    /// Queues the pieces `pieces` as the builder hands them over, in order
+    /// ([`launch_pieces`](Self::launch_pieces)), each piece's bytes copied early
+    /// ([`copy_early`](Self::copy_early)) before its chain is waited for.
     fn queue_built_pieces<'p>(
         &self,
         plan: &'p DecodePlan<'_>,
-        built: std::sync::mpsc::Receiver<Result<BuiltPiece<'p>, CudaError>>,
+        (pieces, built): (
+            &[std::ops::Range<usize>],
+            std::sync::mpsc::Receiver<Result<BuiltPiece<'p>, CudaError>>,
+        ),
         bytes: Option<&'p [u8]>,
         ((copy, computes), verdicts): Pipe<'_>,
         out: &mut CudaSlice<u16>,
@@ -322,8 +362,13 @@ impl Gpu {
         let mut uploaded: Vec<Option<CudaEvent>> = computes.iter().map(|_| None).collect();
         let mut launched = Vec::new();
         let mut marks = Vec::new();
-        for (i, piece) in built.iter().enumerate() {
+        let mut handed = built.iter();
+        for (i, range) in pieces.iter().enumerate() {
             let slot = i % computes.len();
+            let copy_start = mark(copy)?;
+            let early = self.copy_early(plan, range.clone(), bytes, copy);
+            // The builder stopped early only on an error it handed over, or on none.
+            let Some(piece) = handed.next() else { break };
             let (chain, levels, places) = piece?;
             let raw = bytes.zip(places);
             let built = ms();
@@ -333,8 +378,7 @@ impl Gpu {
                 e.synchronize()
                     .map_err(ffi::driver_err("cuEventSynchronize"))?;
             }
-            let copy_start = mark(copy)?;
-            let source = WordSource::of(&raw);
+            let source = WordSource::of(&raw, early);
             let on = (copy, &mut staging[slot]);
             let compute = computes[slot];
             let queued = self.queue_chain(&chain, source, on, slot, Some(levels), compute)?;

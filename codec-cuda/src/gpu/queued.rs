@@ -197,7 +197,7 @@ impl PackedChain {
     /// Adds `ch`'s inputs to `p` (`io` its dequantization's, `own_levels` whether its table
     /// maps and channel constants go too), and says where its words go: words copied as they
     /// lie (`source`) are queued on `s` now, before the packed upload, whose filling overlaps
-    /// that copy.
+    /// that copy (unless the source holds them queued on `s` already).
     fn add<'a>(
         p: &mut ffi::Packer<'a>,
         ch: &'a Chain<'_>,
@@ -215,8 +215,12 @@ impl PackedChain {
                 runs,
                 parts,
                 checks,
+                copied,
             } => Words::Raw(
-                DevBuf::upload_runs(s, raw, runs.runs())?,
+                match copied {
+                    Some(queued) => queued,
+                    None => DevBuf::upload_runs(s, raw, runs.runs())?,
+                },
                 p.add(parts),
                 p.add(checks),
             ),
