@@ -487,54 +487,82 @@ fn bench_copy_early(
         let one = support::open(&bytes);
         let one_copy = gpu.decode(&support::decode_plan(&one, 1)).unwrap();
         for n in [copies, 4 * copies, 16 * copies] {
-            let host = page_locked_copies(gpu, &bytes, n);
-            let raw = host.as_slice().unwrap();
-            let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
-            let refs: Vec<_> = streams.iter().collect();
-            let plan = support::decode_plan_with(&refs, 0, true);
-            let mut out = gpu.stream().alloc_zeros::<u16>(one_copy.len() * n).unwrap();
-            let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
-            let mut line = Vec::new();
-            let mut timelines = Vec::new();
-            for early in [false, true] {
-                gpu.set_decode_copy_early(early);
-                gpu.stream().memset_zeros(&mut out).unwrap();
-                let (t, r) = best_of(rounds, || gpu.decode_from(&plan, &host, &mut out));
-                let got = gpu.stream().clone_dtoh(&out).unwrap();
-                let ok = r.is_ok() && got.chunks_exact(one_copy.len()).all(|c| c == one_copy);
-                line.push(format!(
-                    "copied {}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
-                    if early { "early" } else { "once built" },
-                    t * 1e3,
-                    gbs(t)
-                ));
-                if level == profile.levels() - 1 && n == 4 * copies {
-                    timelines.push(first_pieces(gpu, &plan, &host, &mut out));
+            with_copies(gpu, &bytes, n, |gpu, mut c| {
+                let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
+                let mut line = Vec::new();
+                let mut timelines = Vec::new();
+                for early in [false, true] {
+                    gpu.set_decode_copy_early(early);
+                    let (t, ok) = best_decode_from(gpu, &mut c, rounds, &one_copy);
+                    line.push(format!(
+                        "copied {}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
+                        if early { "early" } else { "once built" },
+                        t * 1e3,
+                        gbs(t)
+                    ));
+                    if level == profile.levels() - 1 && n == 4 * copies {
+                        timelines.push(first_pieces(gpu, &mut c));
+                    }
                 }
-            }
-            gpu.set_decode_copy_early(false);
-            println!(
-                "copy early, level {level}, {n} streams -> {:.1} MB f16, decode_from at the \
-                 defaults: {}{}",
-                (one_copy.len() * 2 * n) as f64 / 1e6,
-                line.join(", "),
-                timelines.concat()
-            );
+                gpu.set_decode_copy_early(false);
+                println!(
+                    "copy early, level {level}, {n} streams -> {:.1} MB f16, decode_from at \
+                     the defaults: {}{}",
+                    (one_copy.len() * 2 * n) as f64 / 1e6,
+                    line.join(", "),
+                    timelines.concat()
+                );
+            });
         }
     }
 }
 
+/// `n` copies of the stream `bytes` in page-locked memory, a plan decoding them (each copy a
+/// stream of its own, their CRCs checked at decode) and an output for it, handed to `f`.
+fn with_copies<R>(
+    gpu: &mut Gpu,
+    bytes: &[u8],
+    n: usize,
+    f: impl FnOnce(&mut Gpu, Copies<'_>) -> R,
+) -> R {
+    let host = page_locked_copies(gpu, bytes, n);
+    let raw = host.as_slice().unwrap();
+    let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
+    let refs: Vec<_> = streams.iter().collect();
+    let plan = support::decode_plan_with(&refs, 0, true);
+    let mut out = gpu.stream().alloc_zeros::<u16>(plan.output().len).unwrap();
+    let copies = Copies {
+        host: &host,
+        plan: &plan,
+        out: &mut out,
+    };
+    f(gpu, copies)
+}
+
+/// Copies of a stream in page-locked memory, a plan decoding them and its output
+/// ([`with_copies`]).
+struct Copies<'a> {
+    host: &'a HostBuffer,
+    plan: &'a DecodePlan<'a>,
+    out: &'a mut CudaSlice<u16>,
+}
+
+/// The best of `rounds` `decode_from`s of `c`, and whether the output is `one_copy` over
+/// and over.
+fn best_decode_from(gpu: &Gpu, c: &mut Copies<'_>, rounds: usize, one_copy: &[u16]) -> (f64, bool) {
+    gpu.stream().memset_zeros(c.out).unwrap();
+    let (t, r) = best_of(rounds, || gpu.decode_from(c.plan, c.host, c.out));
+    let got = gpu.stream().clone_dtoh(c.out).unwrap();
+    let ok = r.is_ok() && got.chunks_exact(one_copy.len()).all(|g| g == one_copy);
+    (t, ok)
+}
+
 /// When the first three pieces' steps happened in `decode_from` of `plan` (the last of five
 /// runs), as a line's tail.
-fn first_pieces(
-    gpu: &Gpu,
-    plan: &DecodePlan<'_>,
-    host: &HostBuffer,
-    out: &mut CudaSlice<u16>,
-) -> String {
+fn first_pieces(gpu: &Gpu, c: &mut Copies<'_>) -> String {
     let mut timeline = Ok(Vec::new());
     for _ in 0..5 {
-        timeline = gpu.time_decode_pieces(plan, Some(host), out);
+        timeline = gpu.time_decode_pieces(c.plan, Some(c.host), c.out);
     }
     match timeline {
         Ok(p) => format!(
@@ -703,52 +731,46 @@ fn bench_pieces_in_flight(
         gpu.decode_into(&plan, &mut out).unwrap();
         let one_copy = gpu.stream().clone_dtoh(&out).unwrap();
         for n in [4 * copies, 16 * copies] {
-            let host = page_locked_copies(gpu, &bytes, n);
-            let raw = host.as_slice().unwrap();
-            let streams: Vec<_> = raw.chunks_exact(bytes.len()).map(support::open).collect();
-            let refs: Vec<_> = streams.iter().collect();
-            let plan = support::decode_plan_with(&refs, 0, true);
-            let mut out = gpu.stream().alloc_zeros::<u16>(one_copy.len() * n).unwrap();
-            let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
-            let mut ok = true;
-            for fused in [true, false] {
-                gpu.set_decode_chain_fused(fused);
-                let mut line = Vec::new();
-                for in_flight in [2, 3, 4, 6, 8] {
-                    gpu.set_decode_pieces_in_flight(in_flight);
-                    let mut sizes = Vec::new();
-                    for piece_blocks in [1024, 2048, 4096] {
-                        gpu.set_decode_piece_blocks(piece_blocks);
-                        gpu.stream().memset_zeros(&mut out).unwrap();
-                        let (t, r) = best_of(rounds, || gpu.decode_from(&plan, &host, &mut out));
-                        let got = gpu.stream().clone_dtoh(&out).unwrap();
-                        ok &= r.is_ok() && got.chunks_exact(one_copy.len()).all(|c| c == one_copy);
-                        sizes.push(format!("{piece_blocks} {:.2}", gbs(t)));
+            with_copies(gpu, &bytes, n, |gpu, mut c| {
+                let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
+                let mut ok = true;
+                for fused in [true, false] {
+                    gpu.set_decode_chain_fused(fused);
+                    let mut line = Vec::new();
+                    for in_flight in [2, 3, 4, 6, 8] {
+                        gpu.set_decode_pieces_in_flight(in_flight);
+                        let mut sizes = Vec::new();
+                        for piece_blocks in [1024, 2048, 4096] {
+                            gpu.set_decode_piece_blocks(piece_blocks);
+                            let (t, bits) = best_decode_from(gpu, &mut c, rounds, &one_copy);
+                            ok &= bits;
+                            sizes.push(format!("{piece_blocks} {:.2}", gbs(t)));
+                        }
+                        line.push(format!("{in_flight} in flight: {}", sizes.join(", ")));
                     }
-                    line.push(format!("{in_flight} in flight: {}", sizes.join(", ")));
+                    println!(
+                        "pieces in flight, level {level}{label}, {n} streams -> {:.1} MB f16, \
+                         {} chain, GB/s by blocks a piece: {} (bits ok: {ok})",
+                        (one_copy.len() * 2 * n) as f64 / 1e6,
+                        if fused { "fused" } else { "five-launch" },
+                        line.join("; ")
+                    );
                 }
-                println!(
-                    "pieces in flight, level {level}{label}, {n} streams -> {:.1} MB f16, {} \
-                     chain, GB/s by blocks a piece: {} (bits ok: {ok})",
-                    (one_copy.len() * 2 * n) as f64 / 1e6,
-                    if fused { "fused" } else { "five-launch" },
-                    line.join("; ")
-                );
-            }
-            if timeline.is_none() {
-                gpu.set_decode_pieces_in_flight(codec_cuda::MAX_PIECES_IN_FLIGHT);
-                gpu.set_decode_piece_blocks(1024);
-                let t = gpu.time_decode_pieces(&plan, Some(&host), &mut out);
-                timeline = Some(t.map(|pieces| {
-                    let step = |t: &codec_cuda::PieceTimes| {
-                        format!(
-                            "copy {:.2}-{:.2}, launches {:.2}-{:.2}",
-                            t[3], t[4], t[5], t[6]
-                        )
-                    };
-                    pieces.iter().map(step).collect::<Vec<_>>().join("; ")
-                }));
-            }
+                if timeline.is_none() {
+                    gpu.set_decode_pieces_in_flight(codec_cuda::MAX_PIECES_IN_FLIGHT);
+                    gpu.set_decode_piece_blocks(1024);
+                    let t = gpu.time_decode_pieces(c.plan, Some(c.host), c.out);
+                    timeline = Some(t.map(|pieces| {
+                        let step = |t: &codec_cuda::PieceTimes| {
+                            format!(
+                                "copy {:.2}-{:.2}, launches {:.2}-{:.2}",
+                                t[3], t[4], t[5], t[6]
+                            )
+                        };
+                        pieces.iter().map(step).collect::<Vec<_>>().join("; ")
+                    }));
+                }
+            });
         }
     }
     gpu.set_decode_chain_fused(false);
