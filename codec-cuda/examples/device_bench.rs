@@ -37,8 +37,9 @@
 //! 32768-token head with 256 queries.
 //!
 //! The third argument names the sections to run, in the order of `SECTIONS` (default all
-//! but `threads`): `early` (the whole decode from page-locked memory at the defaults, each
-//! piece's bytes copied after or before its chain is built, `Gpu::set_decode_copy_early`),
+//! but `threads`): `early` (page-locked host memory to the device in 1, 2 and 4 copies at
+//! once; the whole decode from page-locked memory at the defaults, each piece's bytes copied
+//! after or before its chain is built, `Gpu::set_decode_copy_early`),
 //! `exponents` (the decodes with step exponents), `inflight` (the whole
 //! decode from page-locked memory in pieces by pieces in flight, piece size and chain),
 //! `decode` (the three levels' decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
@@ -472,16 +473,17 @@ fn page_locked_copies(gpu: &Gpu, bytes: &[u8], copies: usize) -> HostBuffer {
     host
 }
 
-/// `decode_from` at the defaults with each piece's bytes copied once its chain is built and
-/// before (`Gpu::set_decode_copy_early`): the three levels, `copies`, 4x and 16x as many
-/// streams, every output checked; then when each of the first pieces' steps happened, both
-/// ways, at the last level with 4x the streams.
+/// The copy ceiling ([`bench_pcie`]), then `decode_from` at the defaults with each piece's
+/// bytes copied once its chain is built and before (`Gpu::set_decode_copy_early`): the three
+/// levels, `copies`, 4x and 16x as many streams, every output checked; then when each of the
+/// first pieces' steps happened, both ways, at the last level with 4x the streams.
 fn bench_copy_early(
     gpu: &mut Gpu,
     kv: &KvCache,
     profile: &Profile,
     (rounds, copies): (usize, usize),
 ) {
+    bench_pcie(gpu, rounds);
     for level in [0u8, profile.levels() / 2, profile.levels() - 1] {
         let bytes = support::stream_bytes(kv, profile, level);
         let one = support::open(&bytes);
@@ -515,6 +517,34 @@ fn bench_copy_early(
             });
         }
     }
+}
+
+/// Page-locked host memory to the device: 256 MiB in one copy on one stream, and split into
+/// 2 and 4 parts each on a stream of its own (copied at once, on as many of the device's copy
+/// engines as it gives them), best of `rounds`: the ceiling of a decode's uploads.
+fn bench_pcie(gpu: &Gpu, rounds: usize) {
+    const LEN: usize = 256 << 20;
+    let host = gpu.host_buffer(LEN).unwrap();
+    let src = host.as_slice().unwrap();
+    let ctx = gpu.stream().context().clone();
+    let mut line = Vec::new();
+    for parts in [1, 2, 4] {
+        let part = LEN / parts;
+        let streams: Vec<_> = (0..parts).map(|_| ctx.new_stream().unwrap()).collect();
+        // A buffer each: copies into parts of one would wait for one another.
+        let mut dsts: Vec<_> = (streams.iter())
+            .map(|s| s.alloc_zeros::<u8>(part).unwrap())
+            .collect();
+        streams.iter().for_each(|s| s.synchronize().unwrap());
+        let (t, ()) = best_of(rounds, || {
+            for (i, (s, to)) in streams.iter().zip(&mut dsts).enumerate() {
+                s.memcpy_htod(&src[i * part..(i + 1) * part], to).unwrap();
+            }
+            streams.iter().for_each(|s| s.synchronize().unwrap());
+        });
+        line.push(format!("{parts} at once {:.1} GB/s", LEN as f64 / t / 1e9));
+    }
+    println!("page-locked host to device, 256 MiB: {}", line.join(", "));
 }
 
 /// `n` copies of the stream `bytes` in page-locked memory, a plan decoding them (each copy a
