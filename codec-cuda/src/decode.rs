@@ -1110,7 +1110,7 @@ impl DecodePlan<'_> {
     }
 
     /// The chain's launches on the host into `out` (the plan's output), `words` the chain's
-    /// lane words; `fused` as [`ffi::ChainKernels::fused`] (four launches, or five), and
+    /// lane words; `fused` as [`ffi::ChainDev::fused`] (four launches, or five), and
     /// `compact` whether the lane decodes read compact tables ([`crate::Gpu`]'s
     /// `set_lane_tables_compact`).
     fn run_chain_host(

@@ -127,7 +127,7 @@ pub(crate) struct ExpandIo<'a> {
     /// [`COMPACT_ENTRIES`](super::COMPACT_ENTRIES).
     pub tables: &'a mut [u32],
     pub items: &'a [TableFreqs],
-    /// One entry per item: 0, 1 (outside the buffers) or [`EXPAND_BAD_TABLE`].
+    /// One entry per item: 0, 1 (outside the buffers) or `EXPAND_BAD_TABLE`.
     pub status: &'a mut [u32],
     pub compact: bool,
 }

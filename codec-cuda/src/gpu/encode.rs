@@ -435,7 +435,7 @@ impl UploadedEncodePlan {
     }
 }
 
-/// [`Gpu::time_encode`]'s figures: best times in seconds.
+/// `Gpu::time_encode`'s figures (feature `internals`): best times in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EncodeTimes {
     /// The whole [`Gpu::encode`].

@@ -72,7 +72,7 @@ type BuiltPiece<'p> = (
 );
 
 /// For benches: when a piece's steps happened, in milliseconds from the decode's start
-/// ([`Gpu::time_decode_pieces`]): on the host, its chain taken from the builder thread, its
+/// (`Gpu::time_decode_pieces`, feature `internals`): on the host, its chain taken from the builder thread, its
 /// upload queued, its launches queued; on the device, its upload's start and end on the copy
 /// stream, its launches' start and end.
 pub type PieceTimes = [f64; 7];
