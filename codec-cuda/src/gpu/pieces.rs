@@ -72,9 +72,9 @@ type BuiltPiece<'p> = (
 );
 
 /// For benches: when a piece's steps happened, in milliseconds from the decode's start
-/// (`Gpu::time_decode_pieces`, feature `internals`): on the host, its chain taken from the builder thread, its
-/// upload queued, its launches queued; on the device, its upload's start and end on the copy
-/// stream, its launches' start and end.
+/// (`Gpu::time_decode_pieces`, feature `internals`): on the host, its chain taken from the
+/// builder thread, its upload queued, its launches queued; on the device, its upload's start
+/// and end on the copy stream, its launches' start and end.
 pub type PieceTimes = [f64; 7];
 
 /// The events a timed decode in pieces records: its start (on the `Gpu`'s stream), and per
@@ -365,7 +365,11 @@ impl Gpu {
         let mut handed = built.iter();
         for (i, range) in pieces.iter().enumerate() {
             let slot = i % computes.len();
-            let copy_start = mark(copy)?;
+            // The piece's upload starts with its early copy, if any, else after the wait below.
+            let early_start = match self.copy_early && bytes.is_some() {
+                true => mark(copy)?,
+                false => None,
+            };
             let early = self.copy_early(plan, range.clone(), bytes, copy);
             // The builder stopped early only on an error it handed over, or on none.
             let Some(piece) = handed.next() else { break };
@@ -378,6 +382,10 @@ impl Gpu {
                 e.synchronize()
                     .map_err(ffi::driver_err("cuEventSynchronize"))?;
             }
+            let copy_start = match early_start {
+                Some(e) => Some(e),
+                None => mark(copy)?,
+            };
             let source = WordSource::of(&raw, early);
             let on = (copy, &mut staging[slot]);
             let compute = computes[slot];
