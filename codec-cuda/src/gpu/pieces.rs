@@ -301,31 +301,9 @@ impl Gpu {
         Ok((chain, levels, raw))
     }
 
-    /// With [`set_decode_copy_early`](Self::set_decode_copy_early) and `bytes`, the runs of
-    /// `bytes` a decode copies for `plan`'s chunks `range` when their words lie in their
-    /// checked chunks ([`DecodePlan::checked_runs`]), queued on `copy` now, before the
-    /// piece's chain is built. `None` where there is nothing to copy early or it could not
-    /// be queued: the piece's bytes are then copied once its chain is built, as without the
-    /// setting, and that reports what failed, in the plan's order.
-    fn copy_early(
-        &self,
-        plan: &DecodePlan<'_>,
-        range: std::ops::Range<usize>,
-        bytes: Option<&[u8]>,
-        copy: &Arc<CudaStream>,
-    ) -> Option<EarlyCopy> {
-        let bytes = bytes.filter(|_| self.copy_early)?;
-        let runs = plan.checked_runs(range, bytes, MERGE_GAP_BYTES).ok()?;
-        if runs.len() == 0 {
-            return None;
-        }
-        let copied = DevBuf::upload_runs(copy, bytes, runs.runs()).ok()?;
-        Some((runs, copied))
-    }
-
     /// Queues the pieces `pieces` as the builder hands them over, in order
     /// ([`launch_pieces`](Self::launch_pieces)), each piece's bytes copied early
-    /// ([`copy_early`](Self::copy_early)) before its chain is waited for.
+    /// ([`copy_early`]) before its chain is waited for.
     fn queue_built_pieces<'p>(
         &self,
         plan: &'p DecodePlan<'_>,
@@ -362,15 +340,15 @@ impl Gpu {
         let mut uploaded: Vec<Option<CudaEvent>> = computes.iter().map(|_| None).collect();
         let mut launched = Vec::new();
         let mut marks = Vec::new();
+        let early_from = bytes.filter(|_| self.copy_early);
         let mut handed = built.iter();
         for (i, range) in pieces.iter().enumerate() {
             let slot = i % computes.len();
             // The piece's upload starts with its early copy, if any, else after the wait below.
-            let early_start = match self.copy_early && bytes.is_some() {
-                true => mark(copy)?,
-                false => None,
+            let (early_start, early) = match early_from {
+                Some(b) => (mark(copy)?, copy_early(plan, range.clone(), b, copy)),
+                None => (None, None),
             };
-            let early = self.copy_early(plan, range.clone(), bytes, copy);
             // The builder stopped early only on an error it handed over, or on none.
             let Some(piece) = handed.next() else { break };
             let (chain, levels, places) = piece?;
@@ -413,4 +391,23 @@ impl Gpu {
         }
         Ok(launched)
     }
+}
+
+/// The runs of `bytes` a decode copies for `plan`'s chunks `range` when their words lie in
+/// their checked chunks ([`DecodePlan::checked_runs`]), queued on `copy` now, before the
+/// piece's chain is built ([`Gpu::set_decode_copy_early`]). `None` where there is nothing to
+/// copy early or it could not be queued: the piece's bytes are then copied once its chain is
+/// built, as without the setting, and that reports what failed, in the plan's order.
+fn copy_early(
+    plan: &DecodePlan<'_>,
+    range: std::ops::Range<usize>,
+    bytes: &[u8],
+    copy: &Arc<CudaStream>,
+) -> Option<EarlyCopy> {
+    let runs = plan.checked_runs(range, bytes, MERGE_GAP_BYTES).ok()?;
+    if runs.len() == 0 {
+        return None;
+    }
+    let copied = DevBuf::upload_runs(copy, bytes, runs.runs()).ok()?;
+    Some((runs, copied))
 }
