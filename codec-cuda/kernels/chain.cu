@@ -3,8 +3,10 @@
 // when the streams were copied to the device as they are:
 //
 // - kvc_gather_words (before the first launch, for a plan uploaded from page-locked host memory
-//   the streams lie in: Gpu::upload_plan_from): every coded block's lane words, stored
-//   little-endian at any byte offset of the copied bytes, into the chain's word array.
+//   the streams lie in: Gpu::upload_plan_from): every coded block's lane words and escape
+//   values, stored little-endian at any byte offset of the copied bytes, into the chain's word
+//   and escape arrays (the escapes would otherwise cross PCIe twice: in the copied chunks and
+//   packed).
 // - kvc_expand_tables (before the first launch, in every upload): each rANS table the chain's
 //   lane decoders read, from its frequencies (2 bytes a symbol, as the upload carries them) into
 //   the lane decoders' packed form (KVC_SLOTS entries of 4 bytes: symbol, frequency, slot - cdf)
@@ -54,7 +56,7 @@ enum KvcChainStatus : kvc_u32 {
 struct KvcGatherPart {
     // Byte offset in `raw` of the part's first word.
     kvc_u64 src;
-    // Index in `words` of the part's first word.
+    // Index in its destination (`words` or `escapes`) of the part's first word.
     kvc_u64 dst;
     kvc_u64 n_words;
 };
@@ -64,14 +66,20 @@ struct KvcGatherArgs {
     kvc_u64 n_raw;
     kvc_u32* words;
     kvc_u64 n_words;
+    // The escape values (i32, written as their bits).
+    kvc_u32* escapes;
+    kvc_u64 n_escapes;
     const KvcGatherPart* parts;
     kvc_u32* status;
     kvc_u64 n_parts;
+    // Parts below this index go to `words`, the others to `escapes`.
+    kvc_u64 n_word_parts;
 };
 
-__device__ __forceinline__ bool kvc_gather_ok(const KvcGatherArgs& a, const KvcGatherPart& p) {
-    return p.n_words <= a.n_words && p.dst <= a.n_words - p.n_words && p.src <= a.n_raw &&
-           p.n_words <= (a.n_raw - p.src) / 4;
+__device__ __forceinline__ bool kvc_gather_ok(const KvcGatherPart& p, kvc_u64 n_raw,
+                                              kvc_u64 n_dst) {
+    return p.n_words <= n_dst && p.dst <= n_dst - p.n_words && p.src <= n_raw &&
+           p.n_words <= (n_raw - p.src) / 4;
 }
 
 // One CUDA block per part. The words are assembled from bytes (a part may start at any byte),
@@ -80,11 +88,12 @@ __device__ __forceinline__ bool kvc_gather_ok(const KvcGatherArgs& a, const KvcG
 __device__ __forceinline__ void kvc_gather(const KvcGatherArgs& a, unsigned char*) {
     if (blockIdx.x >= a.n_parts) return;
     const KvcGatherPart p = a.parts[blockIdx.x];
-    const bool ok = kvc_gather_ok(a, p);
+    const bool to_words = blockIdx.x < a.n_word_parts;
+    const bool ok = kvc_gather_ok(p, a.n_raw, to_words ? a.n_words : a.n_escapes);
     if (threadIdx.x == 0) a.status[blockIdx.x] = ok ? KVC_CHAIN_OK : KVC_CHAIN_BAD_RANGE;
     if (!ok) return;
     const kvc_u8* __restrict__ src = a.raw + p.src;
-    kvc_u32* __restrict__ dst = a.words + p.dst;
+    kvc_u32* __restrict__ dst = (to_words ? a.words : a.escapes) + p.dst;
     for (kvc_u64 w = threadIdx.x; w < p.n_words; w += blockDim.x) {
         const kvc_u8* b = src + 4 * w;
         dst[w] = (kvc_u32)b[0] | (kvc_u32)b[1] << 8 | (kvc_u32)b[2] << 16 | (kvc_u32)b[3] << 24;
@@ -681,9 +690,12 @@ extern "C" kvc_u64 kvc_chain_layout(kvc_u64* out, kvc_u64 cap) {
         offsetof(KvcGatherArgs, n_raw),
         offsetof(KvcGatherArgs, words),
         offsetof(KvcGatherArgs, n_words),
+        offsetof(KvcGatherArgs, escapes),
+        offsetof(KvcGatherArgs, n_escapes),
         offsetof(KvcGatherArgs, parts),
         offsetof(KvcGatherArgs, status),
         offsetof(KvcGatherArgs, n_parts),
+        offsetof(KvcGatherArgs, n_word_parts),
         sizeof(KvcChunkCheck),
         offsetof(KvcChunkCheck, src),
         offsetof(KvcChunkCheck, len),

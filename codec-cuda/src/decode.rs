@@ -997,10 +997,10 @@ impl DecodePlan<'_> {
 
     #[cfg(feature = "internals")]
     /// For benches: the bytes a decode from `raw` (the bytes the plan's streams lie in, as
-    /// `Gpu::decode_from` is given them) copies to the device whole: the runs its lane words
-    /// and checked chunks lie in, merged across gaps of at most 64 KiB.
+    /// `Gpu::decode_from` is given them) copies to the device whole: the runs its lane words,
+    /// escapes and checked chunks lie in, merged across gaps of at most 64 KiB.
     pub fn bytes_copied_from(&self, raw: &[u8]) -> Result<usize, CudaError> {
-        Ok(self.chain()?.gather_parts(raw, MERGE_GAP_BYTES)?.0.len())
+        Ok(self.chain()?.gather_parts(raw, MERGE_GAP_BYTES)?.runs.len())
     }
 
     /// The ranges of `raw` (the bytes the plan's streams lie in) that a decode from it copies
@@ -1062,7 +1062,7 @@ impl DecodePlan<'_> {
         let ch = self.chain()?;
         check_crcs_host(&ch.checks)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &ch.words(), &mut out, fused_compact)?;
+        self.run_chain_host(&ch, &ch.words(), &ch.escapes(), &mut out, fused_compact)?;
         Ok(out)
     }
 
@@ -1086,37 +1086,42 @@ impl DecodePlan<'_> {
     /// hold them, merged across gaps of at most `gap` bytes.
     fn decode_chain_host_from_runs(&self, raw: &[u8], gap: usize) -> Result<Vec<u16>, CudaError> {
         let ch = self.chain()?;
-        let (runs, parts, checks) = ch.gather_parts(raw, gap)?;
-        let copied = runs.gather(raw)?;
+        let places = ch.gather_parts(raw, gap)?;
+        let copied = places.runs.gather(raw)?;
         let mut words = vec![0u32; ch.n_words];
-        let mut status = vec![0u32; parts.len()];
+        let mut escapes = vec![0i32; ch.n_escapes];
+        let mut status = vec![0u32; places.parts.len()];
         ffi::host_gather_words(ffi::GatherIo {
             raw: &copied,
             words: &mut words,
-            parts: &parts,
+            escapes: &mut escapes,
+            parts: &places.parts,
+            n_word_parts: places.word_parts,
             status: &mut status,
         })?;
         check_gather(&status)?;
-        let mut status = vec![0u32; checks.len()];
+        let mut status = vec![0u32; places.checks.len()];
         ffi::host_check_chunks(ffi::CheckIo {
             raw: &copied,
-            checks: &checks,
+            checks: &places.checks,
             status: &mut status,
         })?;
         check_crcs(&ch.checks, &status)?;
         let mut out = vec![0u16; self.output.len];
-        self.run_chain_host(&ch, &words, &mut out, (DEFAULT_CHAIN_FUSED, false))?;
+        let fused = (DEFAULT_CHAIN_FUSED, false);
+        self.run_chain_host(&ch, &words, &escapes, &mut out, fused)?;
         Ok(out)
     }
 
-    /// The chain's launches on the host into `out` (the plan's output), `words` the chain's
-    /// lane words; `fused` as [`ffi::ChainDev::fused`] (four launches, or five), and
+    /// The chain's launches on the host into `out` (the plan's output), `words` and
+    /// `escapes` the chain's lane words and escape values; `fused` as [`ffi::ChainDev::fused`] (four launches, or five), and
     /// `compact` whether the lane decodes read compact tables ([`crate::Gpu`]'s
     /// `set_lane_tables_compact`).
     fn run_chain_host(
         &self,
         ch: &Chain<'_>,
         words: &[u32],
+        escapes: &[i32],
         out: &mut [u16],
         (fused, compact): (bool, bool),
     ) -> Result<(), CudaError> {
@@ -1167,7 +1172,7 @@ impl DecodePlan<'_> {
             symbol_table: &sym_table,
             table_list: &ch.table_list,
             radius: &ch.radius,
-            escapes: &ch.escapes(),
+            escapes,
             q: &mut q,
             blocks: &ch.values,
             status: &mut value_status,
@@ -1253,9 +1258,19 @@ struct LaneInputs<'a> {
     compact: bool,
 }
 
-/// Where a chain's inputs lie in the bytes its streams lie in: the ranges to copy, each
-/// block's gather part and each checked chunk ([`Chain::gather_parts`]).
-pub(crate) type RawPlaces = (CopyRuns, Vec<ffi::GatherPart>, Vec<ffi::ChunkCheck>);
+/// Where a chain's inputs lie in the bytes its streams lie in ([`Chain::gather_parts`]).
+#[derive(Debug)]
+pub(crate) struct RawPlaces {
+    /// The ranges to copy, laid back to back.
+    pub runs: CopyRuns,
+    /// The gather parts, their offsets counted in the copy: each block's lane words, then each
+    /// block's escape values (blocks without any have no part).
+    pub parts: Vec<ffi::GatherPart>,
+    /// How many of `parts` are lane words.
+    pub word_parts: usize,
+    /// Each chunk checked at decode, its offset counted in the copy.
+    pub checks: Vec<ffi::ChunkCheck>,
+}
 
 /// The input error of a range that [`CopyRuns`] built to hold it does not (a bug).
 const OUTSIDE_THE_RUNS: CudaError = CudaError::Input {
@@ -1294,23 +1309,49 @@ fn checked_ranges(
     Ok(needed)
 }
 
+/// Appends to `parts` a gather part for each non-empty one of `blocks` (words that lie in the
+/// raw bytes), its offset counted in the copy of `runs` and its destination after the blocks
+/// before; false if one lies outside the runs.
+fn parts_of(
+    blocks: &[LaneWords<'_>],
+    runs: &CopyRuns,
+    place: RawPlace,
+    parts: &mut Vec<ffi::GatherPart>,
+) -> Result<bool, CudaError> {
+    let (mut hint, mut dst) = (0, 0);
+    for w in blocks {
+        if let Some(at) = place.of(w.as_le_bytes())? {
+            let Some(src) = runs.offset(at, &mut hint) else {
+                return Ok(false);
+            };
+            parts.push(ffi::GatherPart {
+                src: src as u64,
+                dst: dst as u64,
+                n_words: w.len() as u64,
+            });
+        }
+        dst += w.len();
+    }
+    Ok(true)
+}
+
 impl Chain<'_> {
-    /// Where every block's lane words and every chunk checked at decode lie in `raw`, the
-    /// bytes the plan's streams lie in: the ranges of `raw` that hold them (to be copied, laid
-    /// back to back, the bytes between streams left out: [`CopyRuns`]), each block's gather
-    /// part and each chunk's check, their offsets counted in the copy (blocks without words
-    /// have no part); ranges at most `gap` bytes apart are copied as one run. An input error
-    /// if some block's words or checked chunk lie outside `raw`.
+    /// Where every block's lane words and escape values and every chunk checked at decode lie
+    /// in `raw`, the bytes the plan's streams lie in: the ranges of `raw` that hold them (to
+    /// be copied, laid back to back, the bytes between streams left out: [`CopyRuns`]), each
+    /// block's gather parts and each chunk's check, their offsets counted in the copy; ranges
+    /// at most `gap` bytes apart are copied as one run. An input error if some block's words
+    /// or escapes or some checked chunk lie outside `raw`.
     pub(crate) fn gather_parts(&self, raw: &[u8], gap: usize) -> Result<RawPlaces, CudaError> {
         let place = RawPlace(raw);
         let mut needed = checked_ranges(&self.checks, place)?;
-        // Most often every block's words lie in a checked chunk: those chunks alone make the
-        // runs, and the words need neither sorting in nor a second look.
+        // Most often every block's words and escapes lie in a checked chunk: those chunks
+        // alone make the runs, and the words need neither sorting in nor a second look.
         let mut runs = CopyRuns::new(needed.clone(), gap);
-        let parts = match self.parts_in(&runs, place)? {
+        let (parts, word_parts) = match self.parts_in(&runs, place)? {
             Some(parts) => parts,
             None => {
-                for w in &self.word_parts {
+                for w in self.word_parts.iter().chain(&self.escape_parts) {
                     needed.extend(place.of(w.as_le_bytes())?);
                 }
                 runs = CopyRuns::new(needed, gap);
@@ -1332,33 +1373,32 @@ impl Chain<'_> {
                 reserved: 0,
             });
         }
-        Ok((runs, parts, checks))
+        Ok(RawPlaces {
+            runs,
+            parts,
+            word_parts,
+            checks,
+        })
     }
 
-    /// Each block's gather part, its words' offset counted in the copy of `runs`; `None` if
-    /// some block's words lie outside the runs.
+    /// Each block's gather parts, their offsets counted in the copy of `runs`: its lane words'
+    /// (into the chain's words), then its escapes' (into its escapes), and how many are
+    /// words'; `None` if some block's words or escapes lie outside the runs.
     fn parts_in(
         &self,
         runs: &CopyRuns,
         place: RawPlace,
-    ) -> Result<Option<Vec<ffi::GatherPart>>, CudaError> {
-        let mut hint = 0;
-        let mut parts = Vec::with_capacity(self.word_parts.len());
-        let mut dst = 0;
-        for w in &self.word_parts {
-            if let Some(at) = place.of(w.as_le_bytes())? {
-                let Some(src) = runs.offset(at, &mut hint) else {
-                    return Ok(None);
-                };
-                parts.push(ffi::GatherPart {
-                    src: src as u64,
-                    dst: dst as u64,
-                    n_words: w.len() as u64,
-                });
-            }
-            dst += w.len();
+    ) -> Result<Option<(Vec<ffi::GatherPart>, usize)>, CudaError> {
+        let n = self.word_parts.len() + self.escape_parts.len();
+        let mut parts = Vec::with_capacity(n);
+        if !parts_of(&self.word_parts, runs, place, &mut parts)? {
+            return Ok(None);
         }
-        Ok(Some(parts))
+        let word_parts = parts.len();
+        match parts_of(&self.escape_parts, runs, place, &mut parts)? {
+            true => Ok(Some((parts, word_parts))),
+            false => Ok(None),
+        }
     }
 
     /// Every launch's statuses: the first failing block's chunk and what failed. As a `Gpu`
@@ -1625,7 +1665,7 @@ mod tests {
         let mut out = vec![0u16; plan.output().len];
         for p in pieces {
             let ch = plan.chain_of(&LevelCache::default(), p).unwrap();
-            plan.run_chain_host(&ch, &ch.words(), &mut out, (true, false))
+            plan.run_chain_host(&ch, &ch.words(), &ch.escapes(), &mut out, (true, false))
                 .unwrap();
         }
         out
@@ -1644,13 +1684,13 @@ mod tests {
         assert!(ch.n_escapes > 0, "the streams have no escapes");
         let run = |fused| {
             let mut out = vec![0u16; plan.output().len];
-            plan.run_chain_host(&ch, &ch.words(), &mut out, (fused, false))
+            plan.run_chain_host(&ch, &ch.words(), &ch.escapes(), &mut out, (fused, false))
                 .unwrap();
             out
         };
         let compact = |fused| {
             let mut out = vec![0u16; plan.output().len];
-            plan.run_chain_host(&ch, &ch.words(), &mut out, (fused, true))
+            plan.run_chain_host(&ch, &ch.words(), &ch.escapes(), &mut out, (fused, true))
                 .unwrap();
             out
         };
@@ -1690,7 +1730,7 @@ mod tests {
         assert!(exp_ids.chunks(2).all(|kv| kv[0] == kv[1]));
         let run = |form| {
             let mut out = vec![0u16; plan.output().len];
-            plan.run_chain_host(&ch, &ch.words(), &mut out, form)
+            plan.run_chain_host(&ch, &ch.words(), &ch.escapes(), &mut out, form)
                 .unwrap();
             out
         };
@@ -1784,7 +1824,7 @@ mod tests {
         ch.map = elsewhere.maps;
         assert_eq!(ch.dequant.add_consts(&elsewhere.consts), 0);
         let mut out = vec![0u16; plan.output().len];
-        plan.run_chain_host(&ch, &ch.words(), &mut out, (true, false))
+        plan.run_chain_host(&ch, &ch.words(), &ch.escapes(), &mut out, (true, false))
             .unwrap();
         assert!(out == want);
     }
@@ -1928,7 +1968,9 @@ mod tests {
             plan.set_crc_at_decode(crc_at_decode);
             plan.add_streams(&dests, 1).unwrap();
             let ch = plan.chain().unwrap();
-            let (runs, parts, checks) = ch.gather_parts(&buf, MERGE_GAP_BYTES).unwrap();
+            let places = ch.gather_parts(&buf, MERGE_GAP_BYTES).unwrap();
+            let (runs, parts, checks) = (places.runs, places.parts, places.checks);
+            let with_escapes = ch.escape_parts.iter().filter(|e| !e.is_empty()).count();
             assert_eq!(plan.bytes_copied_from(&buf).unwrap(), runs.len());
             // The runs found before the chain is built: these, or none to copy early.
             let early = plan.checked_runs(0..plan.chunks(), &buf, MERGE_GAP_BYTES);
@@ -1936,7 +1978,8 @@ mod tests {
                 true => assert_eq!(early.unwrap(), runs),
                 false => assert_eq!(early.unwrap().len(), 0),
             }
-            assert_eq!(parts.len(), ch.word_parts.len());
+            assert_eq!(places.word_parts, ch.word_parts.len());
+            assert_eq!(parts.len(), ch.word_parts.len() + with_escapes);
             if crc_at_decode {
                 assert_eq!(runs.runs(), &[chunks.clone(), second_chunks.clone()]);
                 assert_eq!(checks.len(), 2 * entries.len());
@@ -1977,7 +2020,7 @@ mod tests {
                 for piece in plan.pieces(piece_blocks, 0) {
                     let early = plan.checked_runs(piece.clone(), &buf, gap).unwrap();
                     let ch = plan.chain_of(&cache, piece.clone()).unwrap();
-                    let (runs, _, _) = ch.gather_parts(&buf, gap).unwrap();
+                    let runs = ch.gather_parts(&buf, gap).unwrap().runs;
                     assert!(early.len() > 0, "{piece:?}");
                     assert_eq!(early, runs, "{piece_blocks} blocks, gap {gap}, {piece:?}");
                 }

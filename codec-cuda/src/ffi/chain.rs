@@ -62,14 +62,14 @@ extern "C" {
     fn kvc_chain_layout(out: *mut u64, cap: u64) -> u64;
 }
 
-/// `KvcGatherPart` (invariant 1): one coded block's lane words in the bytes a plan's streams
-/// were copied from.
+/// `KvcGatherPart` (invariant 1): one coded block's lane words, or its escape values, in the
+/// bytes a plan's streams were copied from.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GatherPart {
     /// Byte offset of the first word in the copied bytes.
     pub src: u64,
-    /// Index of the first word in the chain's words.
+    /// Index of the first word in the chain's words (or escapes).
     pub dst: u64,
     pub n_words: u64,
 }
@@ -82,9 +82,14 @@ struct GatherArgs<S: Space> {
     n_raw: u64,
     words: S::Mut<u32>,
     n_words: u64,
+    /// The escapes (`i32`), written as their bits.
+    escapes: S::Mut<u32>,
+    n_escapes: u64,
     parts: S::Const<GatherPart>,
     status: S::Mut<u32>,
     n_parts: u64,
+    /// Parts below this index go to `words`, the others to `escapes`.
+    n_word_parts: u64,
 }
 
 /// `KvcTableFreqs` (invariant 1): one table to expand, its frequencies
@@ -448,7 +453,10 @@ pub(crate) fn launch_chain_verdict(
 pub(crate) struct GatherIo<'a> {
     pub raw: &'a [u8],
     pub words: &'a mut [u32],
+    pub escapes: &'a mut [i32],
+    /// The word parts, then the escape parts.
     pub parts: &'a [GatherPart],
+    pub n_word_parts: usize,
     /// One entry per part.
     pub status: &'a mut [u32],
 }
@@ -456,57 +464,78 @@ pub(crate) struct GatherIo<'a> {
 /// Runs `kvc_gather_words` on the host.
 pub(crate) fn host_gather_words(io: GatherIo<'_>) -> Result<(), CudaError> {
     let grid = launch_grid(io.parts.len())?;
-    if io.status.len() != io.parts.len() {
-        return Err(CudaError::Input {
-            what: "status buffer is not one entry per part",
-        });
-    }
+    check_gather_counts(io.parts.len(), io.n_word_parts, io.status.len())?;
     let args = GatherArgs::<OnHost> {
         raw: io.raw.as_ptr(),
         n_raw: io.raw.len() as u64,
         words: io.words.as_mut_ptr(),
         n_words: io.words.len() as u64,
+        escapes: io.escapes.as_mut_ptr().cast::<u32>(),
+        n_escapes: io.escapes.len() as u64,
         parts: io.parts.as_ptr(),
         status: io.status.as_mut_ptr(),
         n_parts: io.parts.len() as u64,
+        n_word_parts: io.n_word_parts as u64,
     };
-    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call) and
-    // 3 (CHAIN_THREADS threads, no shared memory).
+    // SAFETY: invariants 1, 2 (pointer/count pairs from live slices, borrowed for the call; i32
+    // and u32 have one size and alignment) and 3 (CHAIN_THREADS threads, no shared memory).
     let rc = unsafe { kvc_gather_words_host(&args, grid, CHAIN_THREADS, 0) };
     host_ran(rc, "kvc_gather_words")
 }
 
-/// Queues `kvc_gather_words` on `stream`: every part of `raw` into `words`, a status per part.
+/// An input error unless a gather has one status per part and at most as many word parts as
+/// parts.
+fn check_gather_counts(parts: usize, word_parts: usize, status: usize) -> Result<(), CudaError> {
+    match (status == parts, word_parts <= parts) {
+        (true, true) => Ok(()),
+        (false, _) => Err(CudaError::Input {
+            what: "status buffer is not one entry per part",
+        }),
+        (_, false) => Err(CudaError::Input {
+            what: "more word parts than parts",
+        }),
+    }
+}
+
+/// A word gather's buffers on the device ([`GatherIo`]).
+pub(crate) struct GatherDev<'a> {
+    pub raw: &'a DevBuf<u8>,
+    pub words: &'a DevBuf<u32>,
+    pub escapes: &'a DevBuf<i32>,
+    pub parts: &'a DevBuf<GatherPart>,
+    pub n_word_parts: usize,
+    pub status: &'a DevBuf<u32>,
+}
+
+/// Queues `kvc_gather_words` on `stream`: every part of `raw` into `words` or `escapes`, a
+/// status per part.
 pub(crate) fn launch_gather_words(
     stream: &CudaStream,
     gather: &CudaFunction,
-    raw: &DevBuf<u8>,
-    parts: &DevBuf<GatherPart>,
-    words: &DevBuf<u32>,
-    status: &DevBuf<u32>,
+    io: GatherDev<'_>,
 ) -> Result<(), CudaError> {
-    if status.len() != parts.len() {
-        return Err(CudaError::Input {
-            what: "status buffer is not one entry per part",
-        });
-    }
-    let g = launch_grid(parts.len())?;
+    check_gather_counts(io.parts.len(), io.n_word_parts, io.status.len())?;
+    let g = launch_grid(io.parts.len())?;
     if g == 0 {
         return Ok(());
     }
     let mut a = Addrs::default();
-    let (raw, n_raw) = a.of(raw, stream);
-    let (words, n_words) = a.of(words, stream);
-    let (parts, n_parts) = a.of(parts, stream);
-    let (status, _) = a.of(status, stream);
+    let (raw, n_raw) = a.of(io.raw, stream);
+    let (words, n_words) = a.of(io.words, stream);
+    let (escapes, n_escapes) = a.of(io.escapes, stream);
+    let (parts, n_parts) = a.of(io.parts, stream);
+    let (status, _) = a.of(io.status, stream);
     let args = GatherArgs::<OnDevice> {
         raw,
         n_raw,
         words,
         n_words,
+        escapes,
+        n_escapes,
         parts,
         status,
         n_parts,
+        n_word_parts: io.n_word_parts as u64,
     };
     let cfg = launch_shape(g, CHAIN_THREADS, 0);
     // SAFETY: invariants 1, 6 (the buffers are borrowed by the caller, which synchronizes the
@@ -881,7 +910,10 @@ mod tests {
         v.push(u64::from(VALUE_SHARED_BYTES));
         v.extend(layout![
             GatherPart { src, dst, n_words },
-            GatherArgs<S> { raw, n_raw, words, n_words, parts, status, n_parts },
+            GatherArgs<S> {
+                raw, n_raw, words, n_words, escapes, n_escapes, parts, status, n_parts,
+                n_word_parts
+            },
             ChunkCheck { src, len, crc, reserved },
             CheckArgs<S> { raw, n_raw, checks, status, n_checks },
         ]);
@@ -895,6 +927,34 @@ mod tests {
         ]);
         v.push(u64::from(EXPAND_SHARED_BYTES));
         v
+    }
+
+    /// A gather given more word parts than parts, or statuses not one a part, is an input
+    /// error before it runs: nothing written.
+    #[test]
+    fn a_gather_with_counts_that_disagree_is_refused() {
+        let raw = [7u8; 8];
+        let parts = [GatherPart {
+            src: 0,
+            dst: 0,
+            n_words: 2,
+        }];
+        for (n_word_parts, n_status) in [(2, 1), (0, 2), (1, 0)] {
+            let (mut words, mut escapes, mut status) = ([0u32; 2], [0i32; 2], vec![9u32; n_status]);
+            let got = host_gather_words(GatherIo {
+                raw: &raw,
+                words: &mut words,
+                escapes: &mut escapes,
+                parts: &parts,
+                n_word_parts,
+                status: &mut status,
+            });
+            assert!(
+                matches!(got, Err(CudaError::Input { .. })),
+                "{n_word_parts} {n_status}"
+            );
+            assert_eq!((words, escapes), ([0; 2], [0; 2]));
+        }
     }
 
     /// Invariant 1 for `kernels/chain.cu`.
@@ -1472,40 +1532,51 @@ mod tests {
         }
 
         /// `kvc_gather_words` against a plain gather: parts at any byte offset and of any
-        /// length (more than a block's threads), each into its own words; a part reaching past
-        /// the bytes or the words gets `KVC_CHAIN_BAD_RANGE` and writes nothing.
+        /// length (more than a block's threads), each into its own words, the first
+        /// `word_parts` into the words and the rest into the escapes (of another length); a
+        /// part reaching past the bytes or its destination gets `KVC_CHAIN_BAD_RANGE` and
+        /// writes nothing.
         #[test]
         fn gather_words_match_a_plain_gather(
             raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4000),
             parts in proptest::collection::vec((0u64..4100, 0u64..700, 0u64..1000), 0..6),
+            word_parts in 0usize..7,
         ) {
-            let n_words = 1500;
+            let (n_words, n_escapes) = (1500, 900);
+            let word_parts = word_parts.min(parts.len());
             let parts: Vec<GatherPart> = parts
                 .into_iter()
                 .map(|(src, n_words, dst)| GatherPart { src, dst, n_words })
                 .collect();
             let mut words = vec![0xDEAD_BEEF_u32; n_words];
+            let mut escapes = vec![-7i32; n_escapes];
             let mut status = vec![9u32; parts.len()];
             host_gather_words(GatherIo {
                 raw: &raw,
                 words: &mut words,
+                escapes: &mut escapes,
                 parts: &parts,
+                n_word_parts: word_parts,
                 status: &mut status,
             })
             .unwrap();
             // Parts applied in order, as the kernel's blocks run on the host.
             let mut want = vec![0xDEAD_BEEF_u32; n_words];
-            for (p, &st) in parts.iter().zip(&status) {
+            let mut want_escapes = vec![-7i32 as u32; n_escapes];
+            for (i, (p, &st)) in parts.iter().zip(&status).enumerate() {
+                let to = if i < word_parts { &mut want } else { &mut want_escapes };
                 let (src, dst, n) = (p.src as usize, p.dst as usize, p.n_words as usize);
-                let fits = src + 4 * n <= raw.len() && dst + n <= n_words;
+                let fits = src + 4 * n <= raw.len() && dst + n <= to.len();
                 proptest::prop_assert_eq!(st, u32::from(!fits));
                 if fits {
-                    for (w, b) in want[dst..dst + n].iter_mut().zip(raw[src..].chunks_exact(4)) {
+                    for (w, b) in to[dst..dst + n].iter_mut().zip(raw[src..].chunks_exact(4)) {
                         *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                     }
                 }
             }
             proptest::prop_assert_eq!(words, want);
+            let escapes: Vec<u32> = escapes.iter().map(|&e| e as u32).collect();
+            proptest::prop_assert_eq!(escapes, want_escapes);
         }
 
         /// A part whose end overflows 64 bits is refused, not wrapped.
@@ -1519,15 +1590,21 @@ mod tests {
                 GatherPart { src: src | (1 << 63), dst: 0, n_words: 1 },
             ];
             let mut status = [9u32; 3];
-            host_gather_words(GatherIo {
-                raw: &raw,
-                words: &mut words,
-                parts: &parts,
-                status: &mut status,
-            })
-            .unwrap();
-            proptest::prop_assert_eq!(status, [1, 1, 1]);
+            let mut escapes = [0i32; 16];
+            for n_word_parts in [0, 3] {
+                host_gather_words(GatherIo {
+                    raw: &raw,
+                    words: &mut words,
+                    escapes: &mut escapes,
+                    parts: &parts,
+                    n_word_parts,
+                    status: &mut status,
+                })
+                .unwrap();
+                proptest::prop_assert_eq!(status, [1, 1, 1]);
+            }
             proptest::prop_assert_eq!(words, [0u32; 16]);
+            proptest::prop_assert_eq!(escapes, [0i32; 16]);
         }
     }
 

@@ -78,16 +78,14 @@ pub(super) enum WordSource<'a> {
     /// The streams wherever they lie: each block's words copied by the host into the packed
     /// upload.
     Packed,
-    /// `raw`, page-locked bytes the streams lie in, its ranges `runs` copied to the device
-    /// as they are, back to back; `parts` says where each block's words are in that copy,
-    /// `checks` where each chunk whose CRC is checked at decode is
-    /// ([`crate::decode::Chain::gather_parts`]); `copied`, those runs already queued for
-    /// the device on the stream the upload is queued on.
+    /// `raw`, page-locked bytes the streams lie in, the ranges `places.runs` of it copied
+    /// to the device as they are, back to back; `places` says where each block's words and
+    /// escapes are in that copy, and each chunk whose CRC is checked at decode
+    /// ([`crate::decode::Chain::gather_parts`]); `copied`, those runs already queued for the
+    /// device on the stream the upload is queued on.
     Raw {
         raw: &'a [u8],
-        runs: &'a CopyRuns,
-        parts: &'a [GatherPart],
-        checks: &'a [ChunkCheck],
+        places: &'a RawPlaces,
         copied: Option<DevBuf<u8>>,
     },
 }
@@ -103,22 +101,27 @@ impl<'a> WordSource<'a> {
     pub(super) fn of(raw: &'a Option<(&'a [u8], RawPlaces)>, early: Option<EarlyCopy>) -> Self {
         match raw {
             None => WordSource::Packed,
-            Some((bytes, (runs, parts, checks))) => WordSource::Raw {
+            Some((bytes, places)) => WordSource::Raw {
                 raw: bytes,
-                runs,
-                parts,
-                checks,
-                copied: early.filter(|(r, _)| r == runs).map(|(_, copied)| copied),
+                places,
+                copied: early
+                    .filter(|(r, _)| *r == places.runs)
+                    .map(|(_, copied)| copied),
             },
         }
     }
 }
 
-/// Where an upload put the lane words: in the packed upload, or in bytes copied as they are
-/// with the gather parts and chunk checks in the packed upload.
+/// Where an upload put the lane words and escapes: in the packed upload, or in bytes copied
+/// as they are with the gather parts (that many of words) and chunk checks in the packed
+/// upload.
 pub(super) enum Words {
-    Packed(PackSlot<u32>),
-    Raw(DevBuf<u8>, PackSlot<GatherPart>, PackSlot<ChunkCheck>),
+    Packed(PackSlot<u32>, PackSlot<i32>),
+    Raw(
+        DevBuf<u8>,
+        (PackSlot<GatherPart>, usize),
+        PackSlot<ChunkCheck>,
+    ),
 }
 
 impl Gpu {

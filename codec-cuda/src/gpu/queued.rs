@@ -166,7 +166,6 @@ struct PackedChain {
     sym_blocks: PackSlot<LaneBlock>,
     resolve: PackSlot<ffi::ResolveBlock>,
     radius: PackSlot<u8>,
-    escapes: PackSlot<i32>,
     values: PackSlot<ffi::ValueBlock>,
     sink: PackSlot<f32>,
     /// The chain's own table maps and channel constants, when no resident ones are given.
@@ -195,9 +194,9 @@ impl PackedChain {
     }
 
     /// Adds `ch`'s inputs to `p` (`io` its dequantization's, `own_levels` whether its table
-    /// maps and channel constants go too), and says where its words go: words copied as they
-    /// lie (`source`) are queued on `s` now, before the packed upload, whose filling overlaps
-    /// that copy (unless the source holds them queued on `s` already).
+    /// maps and channel constants go too), and says where its words and escapes go: words
+    /// copied as they lie (`source`) are queued on `s` now, before the packed upload, whose
+    /// filling overlaps that copy (unless the source holds them queued on `s` already).
     fn add<'a>(
         p: &mut ffi::Packer<'a>,
         ch: &'a Chain<'_>,
@@ -209,20 +208,21 @@ impl PackedChain {
         let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
         let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
         let words = match source {
-            WordSource::Packed => Words::Packed(p.add_bytes_as::<u32>(&word_bytes)),
+            WordSource::Packed => Words::Packed(
+                p.add_bytes_as::<u32>(&word_bytes),
+                p.add_bytes_as::<i32>(&escape_bytes),
+            ),
             WordSource::Raw {
                 raw,
-                runs,
-                parts,
-                checks,
+                places,
                 copied,
             } => Words::Raw(
                 match copied {
                     Some(queued) => queued,
-                    None => DevBuf::upload_runs(s, raw, runs.runs())?,
+                    None => DevBuf::upload_runs(s, raw, places.runs.runs())?,
                 },
-                p.add(parts),
-                p.add(checks),
+                (p.add(&places.parts), places.word_parts),
+                p.add(&places.checks),
             ),
         };
         let packed = PackedChain {
@@ -233,7 +233,6 @@ impl PackedChain {
             sym_blocks: p.add(&ch.sym_blocks),
             resolve: p.add(&ch.resolve),
             radius: p.add(&ch.radius),
-            escapes: p.add_bytes_as::<i32>(&escape_bytes),
             values: p.add(&ch.values),
             sink: p.add(io.sink),
             own_levels: own_levels.then(|| (p.add(&ch.map), p.add(io.consts))),
@@ -271,9 +270,13 @@ impl ChainScratch {
     }
 }
 
-/// A chain's lane words on the device, with (words copied as they lie) the word gather's and
-/// chunk checks' statuses and the bytes they read.
-type PlacedWords = (DevBuf<u32>, Option<[DevBuf<u32>; 2]>, Option<DevBuf<u8>>);
+/// A chain's lane words and escapes on the device, with (words copied as they lie) the word
+/// gather's and chunk checks' statuses and the bytes they read.
+type PlacedWords = (
+    (DevBuf<u32>, DevBuf<i32>),
+    Option<[DevBuf<u32>; 2]>,
+    Option<DevBuf<u8>>,
+);
 
 impl Gpu {
     /// Queues every input of `ch`'s launches on `s` in one packed upload through `staging`
@@ -306,11 +309,12 @@ impl Gpu {
             (launch_on.wait(&copied)).map_err(ffi::driver_err("cuStreamWaitEvent"))?;
         }
         let gather_counts = match &words {
-            Words::Packed(_) => (0, 0),
-            Words::Raw(_, parts, checks) => (parts.len(), checks.len()),
+            Words::Packed(..) => (0, 0),
+            Words::Raw(_, (parts, _), checks) => (parts.len(), checks.len()),
         };
         let z = ChainStatuses::new(launch_on, ch, io.blocks.len(), gather_counts)?;
-        let (words, gathered, raw) = self.place_words(ch, words, &base, launch_on, &z)?;
+        let ((words, escapes), gathered, raw) =
+            self.place_words(ch, words, &base, launch_on, &z)?;
         let tables = self.expand_tables(&packed, &base, launch_on, &z)?;
         let o = ChainScratch::reserve(ch, self.fused);
         let x = &self.scratch(slot, o.bytes, launch_on)?;
@@ -335,7 +339,7 @@ impl Gpu {
             resolve: DevBuf::view(b, packed.resolve)?,
             resolve_status: z.view(z.resolve)?,
             radius: DevBuf::view(b, packed.radius)?,
-            escapes: DevBuf::view(b, packed.escapes)?,
+            escapes,
             q: DevBuf::view(x, o.q)?,
             values: DevBuf::view(b, packed.values)?,
             value_status: z.view(z.value)?,
@@ -368,9 +372,9 @@ impl Gpu {
         })
     }
 
-    /// `ch`'s lane words on the device: packed, a view of the upload `base`; or copied as
-    /// they lie (raw), gathered on `l` (which waits for the copies) into a buffer of their
-    /// own, the chunks' CRCs checked beside, into `z`'s statuses.
+    /// `ch`'s lane words and escapes on the device: packed, views of the upload `base`; or
+    /// copied as they lie (raw), gathered on `l` (which waits for the copies) into buffers of
+    /// their own, the chunks' CRCs checked beside, into `z`'s statuses.
     fn place_words(
         &self,
         ch: &Chain<'_>,
@@ -379,17 +383,33 @@ impl Gpu {
         l: &Arc<CudaStream>,
         z: &ChainStatuses,
     ) -> Result<PlacedWords, CudaError> {
-        let (raw, parts, checks) = match words {
-            Words::Packed(slot) => return Ok((DevBuf::view(base, slot)?, None, None)),
+        let (raw, (parts, n_word_parts), checks) = match words {
+            Words::Packed(words, escapes) => {
+                let placed = (DevBuf::view(base, words)?, DevBuf::view(base, escapes)?);
+                return Ok((placed, None, None));
+            }
             Words::Raw(raw, parts, checks) => (raw, parts, checks),
         };
         let (parts, checks) = (DevBuf::view(base, parts)?, DevBuf::view(base, checks)?);
         let k = self.kernels(None)?;
-        let words = DevBuf::zeros(l, ch.n_words)?;
+        // Both in one zeroed allocation: one allocation and memset a piece, not two.
+        let mut o = ffi::Packer::default();
+        let (w, e) = (o.reserve::<u32>(ch.n_words), o.reserve::<i32>(ch.n_escapes));
+        let gathered = l.alloc_zeros::<u8>(o.total());
+        let gathered = Arc::new(gathered.map_err(ffi::driver_err("cuMemAllocAsync"))?);
+        let (words, escapes) = (DevBuf::view(&gathered, w)?, DevBuf::view(&gathered, e)?);
         let (gather, crc) = (z.view(z.gather)?, z.view(z.crc)?);
-        ffi::launch_gather_words(l, &k.gather_words, &raw, &parts, &words, &gather)?;
+        let io = ffi::GatherDev {
+            raw: &raw,
+            words: &words,
+            escapes: &escapes,
+            parts: &parts,
+            n_word_parts,
+            status: &gather,
+        };
+        ffi::launch_gather_words(l, &k.gather_words, io)?;
         ffi::launch_check_chunks(l, &k.check_chunks, &raw, &checks, &crc)?;
-        Ok((words, Some([gather, crc]), Some(raw)))
+        Ok(((words, escapes), Some([gather, crc]), Some(raw)))
     }
 }
 
