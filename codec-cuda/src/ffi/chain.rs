@@ -929,6 +929,26 @@ mod tests {
         v
     }
 
+    /// `host_gather_words` of `parts` (the first `n_word_parts` of them words) from `raw` into
+    /// `words` and `escapes`, with `n_status` statuses (9 before): its result and the statuses.
+    fn gather_into(
+        raw: &[u8],
+        (parts, n_word_parts): (&[GatherPart], usize),
+        (words, escapes): (&mut [u32], &mut [i32]),
+        n_status: usize,
+    ) -> (Result<(), CudaError>, Vec<u32>) {
+        let mut status = vec![9u32; n_status];
+        let got = host_gather_words(GatherIo {
+            raw,
+            words,
+            escapes,
+            parts,
+            n_word_parts,
+            status: &mut status,
+        });
+        (got, status)
+    }
+
     /// A gather given more word parts than parts, or statuses not one a part, is an input
     /// error before it runs: nothing written.
     #[test]
@@ -940,15 +960,9 @@ mod tests {
             n_words: 2,
         }];
         for (n_word_parts, n_status) in [(2, 1), (0, 2), (1, 0)] {
-            let (mut words, mut escapes, mut status) = ([0u32; 2], [0i32; 2], vec![9u32; n_status]);
-            let got = host_gather_words(GatherIo {
-                raw: &raw,
-                words: &mut words,
-                escapes: &mut escapes,
-                parts: &parts,
-                n_word_parts,
-                status: &mut status,
-            });
+            let (mut words, mut escapes) = ([0u32; 2], [0i32; 2]);
+            let dst = (&mut words[..], &mut escapes[..]);
+            let (got, _) = gather_into(&raw, (&parts, n_word_parts), dst, n_status);
             assert!(
                 matches!(got, Err(CudaError::Input { .. })),
                 "{n_word_parts} {n_status}"
@@ -1550,16 +1564,9 @@ mod tests {
                 .collect();
             let mut words = vec![0xDEAD_BEEF_u32; n_words];
             let mut escapes = vec![-7i32; n_escapes];
-            let mut status = vec![9u32; parts.len()];
-            host_gather_words(GatherIo {
-                raw: &raw,
-                words: &mut words,
-                escapes: &mut escapes,
-                parts: &parts,
-                n_word_parts: word_parts,
-                status: &mut status,
-            })
-            .unwrap();
+            let dst = (&mut words[..], &mut escapes[..]);
+            let (got, status) = gather_into(&raw, (&parts, word_parts), dst, parts.len());
+            proptest::prop_assert!(got.is_ok());
             // Parts applied in order, as the kernel's blocks run on the host.
             let mut want = vec![0xDEAD_BEEF_u32; n_words];
             let mut want_escapes = vec![-7i32 as u32; n_escapes];
@@ -1589,18 +1596,11 @@ mod tests {
                 GatherPart { src: 0, dst: u64::MAX - 1, n_words: 2 },
                 GatherPart { src: src | (1 << 63), dst: 0, n_words: 1 },
             ];
-            let mut status = [9u32; 3];
             let mut escapes = [0i32; 16];
             for n_word_parts in [0, 3] {
-                host_gather_words(GatherIo {
-                    raw: &raw,
-                    words: &mut words,
-                    escapes: &mut escapes,
-                    parts: &parts,
-                    n_word_parts,
-                    status: &mut status,
-                })
-                .unwrap();
+                let dst = (&mut words[..], &mut escapes[..]);
+                let (got, status) = gather_into(&raw, (&parts, n_word_parts), dst, 3);
+                proptest::prop_assert!(got.is_ok());
                 proptest::prop_assert_eq!(status, [1, 1, 1]);
             }
             proptest::prop_assert_eq!(words, [0u32; 16]);
