@@ -1,6 +1,6 @@
 //! The CUDA driver, loaded at run time through cudarc: presence, devices, contexts, errors.
 
-use cudarc::driver::DriverError;
+use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
 use crate::error::CudaError;
 
@@ -47,6 +47,22 @@ pub(crate) fn driver_err(call: &'static str) -> impl Fn(DriverError) -> CudaErro
         call,
         code: format!("{:?}", e.0),
     }
+}
+
+/// An event recorded on `s` now: `timed`, for `cuEventElapsedTime`, or (cheaper) only to order
+/// streams and wait on.
+pub(crate) fn record_event(s: &CudaStream, timed: bool) -> Result<CudaEvent, CudaError> {
+    use cudarc::driver::sys::CUevent_flags;
+    let flags = match timed {
+        true => CUevent_flags::CU_EVENT_DEFAULT,
+        false => CUevent_flags::CU_EVENT_DISABLE_TIMING,
+    };
+    (s.record_event(Some(flags))).map_err(driver_err("cuEventRecord"))
+}
+
+/// Makes what is queued on `s` from now on wait for what was queued before `e`.
+pub(crate) fn wait_event(s: &CudaStream, e: &CudaEvent) -> Result<(), CudaError> {
+    s.wait(e).map_err(driver_err("cuStreamWaitEvent"))
 }
 
 /// Sets how many bytes of freed memory the current memory pool of `ctx`'s device keeps mapped

@@ -273,9 +273,7 @@ impl DevBuf<u8> {
                     (stream.memcpy_dtoh(&src, &mut host[start..end]))
                         .map_err(driver_err("cuMemcpyDtoHAsync"))?;
                 }
-                let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-                events
-                    .push((stream.record_event(Some(flags))).map_err(driver_err("cuEventRecord"))?);
+                events.push(super::record_event(stream, false)?);
                 start = end;
             }
             Ok(events)

@@ -368,10 +368,6 @@ impl Gpu {
     ) -> Result<Vec<Vec<u8>>, CudaError> {
         let k = self.kernels(None)?;
         let s = &self.stream;
-        let event = |s: &CudaStream| {
-            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-            (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))
-        };
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         let mut readback = self.readback.lock().unwrap_or_else(|e| e.into_inner());
         let mut chunks = Vec::with_capacity(plan.chunks());
@@ -390,7 +386,7 @@ impl Gpu {
                 ch,
                 dev,
                 first_chunk,
-                done: event(s)?,
+                done: ffi::record_event(s, false)?,
             };
             if let Some(before) = launched.replace(piece) {
                 chunks.extend(self.read_piece(before, copy, &mut readback)?);
@@ -410,8 +406,7 @@ impl Gpu {
         copy: &Arc<CudaStream>,
         readback: &mut Option<PinnedHostSlice<u8>>,
     ) -> Result<Vec<Vec<u8>>, CudaError> {
-        copy.wait(&piece.done)
-            .map_err(ffi::driver_err("cuStreamWaitEvent"))?;
+        ffi::wait_event(copy, &piece.done)?;
         let done = (&piece.ch, &piece.dev);
         read_vectors(done, copy, readback, self.upload_threads)
             .map_err(chunks_after(piece.first_chunk))

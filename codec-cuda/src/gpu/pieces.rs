@@ -78,7 +78,7 @@ type BuiltPiece<'p> = (
 pub type PieceTimes = [f64; 7];
 
 /// The events a timed decode in pieces records: its start (on the `Gpu`'s stream), and per
-/// piece the host's times (from just after the start) and four device events.
+/// piece the host's times (from just before the start is recorded) and four device events.
 struct Timeline {
     start: CudaEvent,
     pieces: Vec<([f64; 3], [CudaEvent; 4])>,
@@ -317,25 +317,12 @@ impl Gpu {
         mut timeline: Option<&mut Option<Timeline>>,
     ) -> Result<Vec<Launched<'p>>, CudaError> {
         let k = self.kernels(None)?;
-        // Events time only where a timeline is kept.
-        let flags = match timeline {
-            Some(_) => cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-            None => cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
-        };
-        let event = |s: &CudaStream| {
-            (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))
-        };
-        let wait =
-            |s: &CudaStream, e: &CudaEvent| s.wait(e).map_err(ffi::driver_err("cuStreamWaitEvent"));
+        let m = Marker::new(timeline.is_some());
         // What the caller queued on its stream before (the output's allocation) comes first.
-        let start = event(&self.stream)?;
+        let start = m.event(&self.stream)?;
         for s in std::iter::once(copy).chain(computes[1..].iter().copied()) {
-            wait(s, &start)?;
+            ffi::wait_event(s, &start)?;
         }
-        let host_start = std::time::Instant::now();
-        let ms = || host_start.elapsed().as_secs_f64() * 1e3;
-        let timed = timeline.is_some();
-        let mark = |s: &CudaStream| timed.then(|| event(s)).transpose();
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         let mut uploaded: Vec<Option<CudaEvent>> = computes.iter().map(|_| None).collect();
         let mut launched = Vec::new();
@@ -346,14 +333,14 @@ impl Gpu {
             let slot = i % computes.len();
             // The piece's upload starts with its early copy, if any, else after the wait below.
             let (early_start, early) = match early_from {
-                Some(b) => (mark(copy)?, copy_early(plan, range.clone(), b, copy)),
+                Some(b) => (m.mark(copy)?, copy_early(plan, range.clone(), b, copy)),
                 None => (None, None),
             };
             // The builder stopped early only on an error it handed over, or on none.
             let Some(piece) = handed.next() else { break };
             let (chain, levels, places) = piece?;
             let raw = bytes.zip(places);
-            let built = ms();
+            let built = m.ms();
             // The slot's staging buffer was last copied from as many pieces back as are in
             // flight; its scratch is the last piece's on the same compute stream.
             if let Some(e) = uploaded[slot].take() {
@@ -362,24 +349,24 @@ impl Gpu {
             }
             let copy_start = match early_start {
                 Some(e) => Some(e),
-                None => mark(copy)?,
+                None => m.mark(copy)?,
             };
             let source = WordSource::of(&raw, early);
             let on = (copy, &mut staging[slot]);
             let compute = computes[slot];
             let queued = self.queue_chain(&chain, source, on, slot, Some(levels), compute)?;
-            let done = event(copy)?;
-            let (copy_end, queued_at) = (mark(copy)?, ms());
-            wait(compute, &done)?;
-            let launch_start = mark(compute)?;
+            let done = m.event(copy)?;
+            let (copy_end, queued_at) = (m.mark(copy)?, m.ms());
+            ffi::wait_event(compute, &done)?;
+            let launch_start = m.mark(compute)?;
             self.launch_chain(compute, &k, &queued.dev, plan.output(), out)?;
             queued.judge(compute, &k.chain_verdict, verdicts.word(i)?)?;
-            let launch_end = mark(compute)?;
+            let launch_end = m.mark(compute)?;
             uploaded[slot] = Some(done);
             if let (Some(a), Some(b), Some(c), Some(d)) =
                 (copy_start, copy_end, launch_start, launch_end)
             {
-                marks.push(([built, queued_at, ms()], [a, b, c, d]));
+                marks.push(([built, queued_at, m.ms()], [a, b, c, d]));
             }
             launched.push((queued, chain.chunk_of, chain.checks));
         }
@@ -390,6 +377,38 @@ impl Gpu {
             });
         }
         Ok(launched)
+    }
+}
+
+/// The events a decode in pieces records on its streams: those that order them and, where a
+/// timeline is kept, those that time its steps (timed events cost more, so only then), with the
+/// host's milliseconds since it began.
+struct Marker {
+    timed: bool,
+    host_start: std::time::Instant,
+}
+
+impl Marker {
+    fn new(timed: bool) -> Self {
+        Marker {
+            timed,
+            host_start: std::time::Instant::now(),
+        }
+    }
+
+    /// An event on `s` now (timed where a timeline is kept).
+    fn event(&self, s: &CudaStream) -> Result<CudaEvent, CudaError> {
+        ffi::record_event(s, self.timed)
+    }
+
+    /// A timed event on `s` now where a timeline is kept; none otherwise.
+    fn mark(&self, s: &CudaStream) -> Result<Option<CudaEvent>, CudaError> {
+        self.timed.then(|| self.event(s)).transpose()
+    }
+
+    /// Milliseconds since the marker was made, on the host.
+    fn ms(&self) -> f64 {
+        self.host_start.elapsed().as_secs_f64() * 1e3
     }
 }
 

@@ -304,9 +304,7 @@ impl Gpu {
         let base = p.queue(s, staging, self.upload_threads)?;
         // What `launch_on` runs first reads what `s` has just queued.
         if !Arc::ptr_eq(s, launch_on) {
-            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-            let copied = (s.record_event(Some(flags))).map_err(ffi::driver_err("cuEventRecord"))?;
-            (launch_on.wait(&copied)).map_err(ffi::driver_err("cuStreamWaitEvent"))?;
+            ffi::wait_event(launch_on, &ffi::record_event(s, false)?)?;
         }
         let gather_counts = match &words {
             Words::Packed(..) => (0, 0),
