@@ -39,7 +39,8 @@
 //! The third argument names the sections to run, in the order of `SECTIONS` (default all
 //! but `threads`): `early` (page-locked host memory to the device in 1, 2 and 4 copies at
 //! once; the whole decode from page-locked memory at the defaults, each piece's bytes copied
-//! after or before its chain is built, `Gpu::set_decode_copy_early`),
+//! after or before its chain is built, `Gpu::set_decode_copy_early`, and before with a
+//! first piece of 256 blocks),
 //! `exponents` (the decodes with step exponents), `inflight` (the whole
 //! decode from page-locked memory in pieces by pieces in flight, piece size and chain),
 //! `decode` (the three levels' decodes and lane decodes), `scaling`, `encode`, `pq`; `threads` runs the two halves of
@@ -474,9 +475,12 @@ fn page_locked_copies(gpu: &Gpu, bytes: &[u8], copies: usize) -> HostBuffer {
 }
 
 /// The copy ceiling ([`bench_pcie`]), then `decode_from` at the defaults with each piece's
-/// bytes copied once its chain is built and before (`Gpu::set_decode_copy_early`): the three
-/// levels, `copies`, 4x and 16x as many streams, every output checked; then when each of the
-/// first pieces' steps happened, both ways, at the last level with 4x the streams.
+/// bytes copied once its chain is built and before (`Gpu::set_decode_copy_early`), and before
+/// with a first piece of 256 blocks growing to the rest (`set_decode_first_piece_blocks`,
+/// which gained at 32 streams and lost elsewhere when copied once built): the three levels,
+/// `copies`, 4x and 16x as many streams, every output checked; then when each of the first
+/// pieces' steps happened, copied once built and early, at the last level with 4x the
+/// streams.
 fn bench_copy_early(
     gpu: &mut Gpu,
     kv: &KvCache,
@@ -493,20 +497,23 @@ fn bench_copy_early(
                 let gbs = |t: f64| (one_copy.len() * 2 * n) as f64 / t / 1e9;
                 let mut line = Vec::new();
                 let mut timelines = Vec::new();
-                for early in [false, true] {
+                for (early, first) in [(false, 0), (true, 0), (true, 256)] {
                     gpu.set_decode_copy_early(early);
+                    gpu.set_decode_first_piece_blocks(first);
                     let (t, ok) = best_decode_from(gpu, &mut c, rounds, &one_copy);
                     line.push(format!(
-                        "copied {}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
+                        "copied {}{}: {:.3} ms = {:.2} GB/s (bits ok: {ok})",
                         if early { "early" } else { "once built" },
+                        if first > 0 { ", first piece 256" } else { "" },
                         t * 1e3,
                         gbs(t)
                     ));
-                    if level == profile.levels() - 1 && n == 4 * copies {
+                    if level == profile.levels() - 1 && n == 4 * copies && first == 0 {
                         timelines.push(first_pieces(gpu, &mut c));
                     }
                 }
                 gpu.set_decode_copy_early(false);
+                gpu.set_decode_first_piece_blocks(0);
                 println!(
                     "copy early, level {level}, {n} streams -> {:.1} MB f16, decode_from at \
                      the defaults: {}{}",
