@@ -1652,7 +1652,7 @@ mod tests {
             for (src, len, kind) in chunks {
                 let inside = src <= raw.len() as u64 && len <= raw.len() as u64 - src;
                 let crc = match inside {
-                    true => crate::decode::crc32c(&raw[src as usize..(src + len) as usize]),
+                    true => crc32c::crc32c(&raw[src as usize..(src + len) as usize]),
                     false => 0,
                 };
                 let flip = if kind == 0 { 1u32 << (len % 32) } else { 0 };
