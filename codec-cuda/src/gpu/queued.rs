@@ -12,7 +12,7 @@ use crate::decode::{check_crcs, check_expanded, check_gather, Chain, ChunkCrc};
 use crate::error::CudaError;
 use crate::ffi::{self, DevBuf, PackSlot, LANES};
 use crate::quant::{ChannelConsts, DequantBlock};
-use crate::rans::LaneBlock;
+use crate::rans::{LaneBlock, LaneWords};
 
 /// A chain's inputs queued on a stream ([`Gpu::queue_chain`]), its outputs in place.
 #[derive(Debug)]
@@ -205,12 +205,13 @@ impl PackedChain {
         s: &Arc<CudaStream>,
         own_levels: bool,
     ) -> Result<(Words, Self), CudaError> {
-        let word_bytes: Vec<&[u8]> = ch.word_parts.iter().map(|w| w.as_le_bytes()).collect();
-        let escape_bytes: Vec<&[u8]> = ch.escape_parts.iter().map(|e| e.as_le_bytes()).collect();
+        let bytes = |parts: &[LaneWords<'a>]| -> Vec<&'a [u8]> {
+            parts.iter().map(|w| w.as_le_bytes()).collect()
+        };
         let words = match source {
             WordSource::Packed => Words::Packed(
-                p.add_bytes_as::<u32>(&word_bytes),
-                p.add_bytes_as::<i32>(&escape_bytes),
+                p.add_bytes_as::<u32>(&bytes(&ch.word_parts)),
+                p.add_bytes_as::<i32>(&bytes(&ch.escape_parts)),
             ),
             WordSource::Raw {
                 raw,
