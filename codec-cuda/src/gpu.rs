@@ -33,6 +33,7 @@ mod pieces;
 mod pq;
 mod queued;
 mod resident;
+#[cfg(feature = "internals")]
 mod stepwise;
 mod uploaded;
 

@@ -15,7 +15,6 @@ use crate::rans::{LaneBatch, LaneBuffers, LaneDecoded};
 use super::{dequant_kernel, Gpu};
 
 impl Gpu {
-    #[cfg(feature = "internals")]
     /// Decodes every block of `batch` on the device (as [`LaneBatch::decode_host`] does on the
     /// host): words, tables and block headers uploaded, one launch, symbols and statuses back.
     pub fn lane_decode(&self, batch: &LaneBatch) -> Result<LaneDecoded, CudaError> {
@@ -45,7 +44,6 @@ impl Gpu {
         })
     }
 
-    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` lane-decode launches over `batch`,
     /// uploaded once (the kernel alone: each launch queued, then the stream synchronized).
     pub fn time_lane_decode(&self, batch: &LaneBatch, reps: usize) -> Result<f64, CudaError> {
@@ -57,7 +55,6 @@ impl Gpu {
         )
     }
 
-    #[cfg(feature = "internals")]
     /// Not part of any format: decodes `batch` with the 32-bit-state experiment's kernel (as
     /// [`Lane32Batch::decode_host`] does on the host).
     pub fn lane32_decode_experiment(&self, batch: &Lane32Batch) -> Result<LaneDecoded, CudaError> {
@@ -70,7 +67,6 @@ impl Gpu {
         Ok(batch.decoded(dev.symbols.download(s)?, dev.status.download(s)?))
     }
 
-    #[cfg(feature = "internals")]
     /// For benches: [`time_lane_decode`](Self::time_lane_decode) for the 32-bit-state
     /// experiment's kernel.
     pub fn time_lane32_decode_experiment(
@@ -86,7 +82,6 @@ impl Gpu {
         )
     }
 
-    #[cfg(feature = "internals")]
     /// Runs the dequantization kernel over `batch` on the device into `out`, a device buffer of
     /// at least the batch's output length on [`stream`](Self::stream); the blocks' statuses.
     pub fn dequant_into(
@@ -124,7 +119,6 @@ impl Gpu {
         })
     }
 
-    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` dequantization launches over `batch`
     /// into `out`, uploaded once (the kernel alone).
     pub fn time_dequant(
@@ -141,7 +135,6 @@ impl Gpu {
         )
     }
 
-    #[cfg(feature = "internals")]
     /// [`dequant_into`](Self::dequant_into) a zeroed buffer, downloaded: as
     /// [`DequantBatch::decode_host`] gives it.
     pub fn dequant(
@@ -162,7 +155,6 @@ impl Gpu {
         Ok((host, status))
     }
 
-    #[cfg(feature = "internals")]
     /// The three-launch path with the host's steps between launches (table resolution and
     /// value mapping on the host; [`DecodePlan::decode_host`]'s order), into `out`.
     pub fn decode_into_stepwise(
@@ -195,7 +187,6 @@ impl Gpu {
         })
     }
 
-    #[cfg(feature = "internals")]
     /// Quantizes every block of `batch` on the device: as [`QuantBatch::quantize_host`]
     /// gives it.
     pub fn quantize(&self, batch: &QuantBatch) -> Result<Vec<(Vec<i32>, EncodeStatus)>, CudaError> {
@@ -207,7 +198,6 @@ impl Gpu {
         Ok(batch.quantized(dev.q.download(s)?, dev.status.download(s)?))
     }
 
-    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` quantization launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_quantize(&self, batch: &QuantBatch, reps: usize) -> Result<f64, CudaError> {
@@ -233,7 +223,6 @@ impl Gpu {
         })
     }
 
-    #[cfg(feature = "internals")]
     /// Encodes every block of `batch` on the device: as [`LaneEncodeBatch::encode_host`]
     /// gives it.
     pub fn lane_encode(&self, batch: &LaneEncodeBatch) -> Result<LaneEncoded, CudaError> {
@@ -249,7 +238,6 @@ impl Gpu {
         ))
     }
 
-    #[cfg(feature = "internals")]
     /// For benches: the best time in seconds of `reps` lane-encode launches over `batch`,
     /// uploaded once (the kernel alone).
     pub fn time_lane_encode(&self, batch: &LaneEncodeBatch, reps: usize) -> Result<f64, CudaError> {
